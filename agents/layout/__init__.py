@@ -1,0 +1,1 @@
+"""Pure core (stdlib + numpy): layouts, virtual parameter space, routing plans."""

@@ -1,0 +1,1 @@
+"""The node agent: a Celery worker on node.<name> that reports inventory and heartbeats."""

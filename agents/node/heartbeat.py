@@ -1,0 +1,71 @@
+"""The heartbeat loop: every interval, send the node's inventory to the control queue."""
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import datetime, timezone
+
+from celery import Celery
+from kombu.exceptions import OperationalError
+
+from agents import protocol
+from agents.node.config import AgentConfig
+
+log = logging.getLogger(__name__)
+
+
+def build_heartbeat(config: AgentConfig, gpus: tuple[protocol.GpuReport, ...]) -> protocol.AgentHeartbeat:
+    return protocol.AgentHeartbeat(
+        node=config.name,
+        host=config.host,
+        device=config.device,
+        pid=config.pid,
+        started_at=config.started_at,
+        sent_at=datetime.now(timezone.utc),
+        interval_seconds=config.heartbeat_seconds,
+        gpus=gpus,
+    )
+
+
+class HeartbeatSender:
+    """A daemon thread; stop() ends it. Broker outages are logged and retried next beat.
+
+    Each heartbeat expires after three intervals, so a backlog of stale heartbeats can
+    never mark a dead node alive again.
+    """
+
+    def __init__(self, app: Celery, config: AgentConfig, gpus: tuple[protocol.GpuReport, ...]) -> None:
+        self._app = app
+        self._config = config
+        self._gpus = gpus
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{config.name}", daemon=True)
+        self.sent = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def beat(self) -> None:
+        report = build_heartbeat(self._config, self._gpus)
+        self._app.send_task(
+            protocol.CONTROL_AGENT_HEARTBEAT,
+            kwargs={"report": report.model_dump(mode="json")},
+            queue=protocol.CONTROL_QUEUE,
+            expires=3 * self._config.heartbeat_seconds,
+            retry=True,
+            retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5},
+        )
+        self.sent += 1
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.beat()
+            except (OperationalError, OSError) as exc:  # broker down or unreachable: try next beat
+                log.warning("heartbeat from %s not sent: %s", self._config.name, exc)
+            self._stop.wait(self._config.heartbeat_seconds)

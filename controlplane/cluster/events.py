@@ -1,0 +1,113 @@
+"""Closed event schemas of the cluster stream (nodes, GPUs, jobs) and the pure
+snapshot arithmetic: apply_event(snapshot, event) -> snapshot."""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal, Union
+
+from pydantic import Field, TypeAdapter
+
+from controlplane.common.events import Closed
+
+STREAM = "cluster"
+GROUP = "cluster"
+
+NodeStateName = Literal["healthy", "lost"]
+GpuStateName = Literal["free", "allocated", "draining", "lost"]
+
+
+class NodeView(Closed):
+    name: str
+    host: str
+    device: Literal["cpu", "cuda"]
+    state: NodeStateName
+    last_heartbeat: datetime | None
+    gpu_count: int
+    gpu_memory_bytes: int
+
+
+class GpuView(Closed):
+    node: str
+    index: int
+    model_name: str
+    memory_bytes: int
+    state: GpuStateName
+    job: str | None
+
+    @property
+    def key(self) -> str:
+        return f"{self.node}/{self.index}"
+
+
+class JobView(Closed):
+    id: int
+    name: str
+    model: str
+    layout: str
+    state: str
+    gpus: int
+
+
+class NodeEvent(Closed):
+    type: Literal["node"] = "node"
+    op: Literal["upsert"] = "upsert"
+    seq: int
+    node: NodeView
+
+
+class GpuEvent(Closed):
+    type: Literal["gpu"] = "gpu"
+    op: Literal["upsert"] = "upsert"
+    seq: int
+    gpu: GpuView
+
+
+class JobEvent(Closed):
+    type: Literal["job"] = "job"
+    op: Literal["upsert", "remove"]
+    seq: int
+    job: JobView
+
+
+class HelloEvent(Closed):
+    """First message on a new connection: the stream's current seq."""
+
+    type: Literal["hello"] = "hello"
+    op: Literal["connected"] = "connected"
+    seq: int
+
+
+ClusterEvent = Annotated[Union[NodeEvent, GpuEvent, JobEvent, HelloEvent], Field(discriminator="type")]
+cluster_event_adapter: TypeAdapter = TypeAdapter(ClusterEvent)
+
+
+class ClusterSnapshot(Closed):
+    seq: int
+    nodes: tuple[NodeView, ...]
+    gpus: tuple[GpuView, ...]
+    jobs: tuple[JobView, ...]
+
+    def canonical(self) -> dict:
+        """Order-independent form, for comparing snapshots."""
+        return {
+            "nodes": {n.name: n.model_dump() for n in self.nodes},
+            "gpus": {g.key: g.model_dump() for g in self.gpus},
+            "jobs": {j.id: j.model_dump() for j in self.jobs},
+        }
+
+
+def apply_event(snapshot: ClusterSnapshot, event: NodeEvent | GpuEvent | JobEvent | HelloEvent) -> ClusterSnapshot:
+    """The snapshot after one event; events at or below the snapshot's seq are ignored
+    (they are already in it). This is what the browser does, in Python."""
+    if isinstance(event, HelloEvent) or event.seq <= snapshot.seq:
+        return snapshot
+    nodes, gpus, jobs = snapshot.nodes, snapshot.gpus, snapshot.jobs
+    if isinstance(event, NodeEvent):
+        nodes = tuple(n for n in nodes if n.name != event.node.name) + (event.node,)
+    elif isinstance(event, GpuEvent):
+        gpus = tuple(g for g in gpus if g.key != event.gpu.key) + (event.gpu,)
+    elif isinstance(event, JobEvent):
+        jobs = tuple(j for j in jobs if j.id != event.job.id)
+        if event.op == "upsert":
+            jobs += (event.job,)
+    return ClusterSnapshot(seq=event.seq, nodes=nodes, gpus=gpus, jobs=jobs)

@@ -1,0 +1,43 @@
+"""GPU inventory: nodes (one per agent) and their GPUs."""
+from __future__ import annotations
+
+from django.db import models
+
+from controlplane.cluster.lifecycle import GpuState, NodeState
+
+
+class Node(models.Model):
+    name = models.CharField(max_length=63, unique=True)
+    host = models.CharField(max_length=255)
+    device = models.CharField(max_length=8, choices=[("cpu", "virtual (CPU)"), ("cuda", "CUDA")])
+    state = models.CharField(max_length=16, choices=[(s.value, s.value) for s in NodeState], default=NodeState.HEALTHY)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    agent_pid = models.PositiveIntegerField(null=True, blank=True)
+    agent_started_at = models.DateTimeField(null=True, blank=True)
+    registered_at = models.DateTimeField(auto_now_add=True)
+    # Capacity as last reported.
+    gpu_count = models.PositiveIntegerField(default=0)
+    gpu_memory_bytes = models.BigIntegerField(default=0, help_text="sum over the node's GPUs")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.state})"
+
+
+class Gpu(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveIntegerField()
+    uuid = models.CharField(max_length=128, blank=True)
+    model_name = models.CharField(max_length=128)
+    memory_bytes = models.BigIntegerField()
+    state = models.CharField(max_length=16, choices=[(s.value, s.value) for s in GpuState], default=GpuState.FREE)
+    job = models.ForeignKey("jobs.Job", on_delete=models.SET_NULL, null=True, blank=True, related_name="gpus")
+
+    class Meta:
+        ordering = ["node__name", "index"]
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="unique_gpu_index_per_node")]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}/{self.index}"

@@ -1,0 +1,112 @@
+"""Writes to the inventory: heartbeats (registration, inventory, recovery) and the sweep
+that marks silent nodes lost. Each change emits one event on the cluster stream."""
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from agents.protocol import AgentHeartbeat
+from controlplane.cluster.events import GROUP, STREAM, GpuEvent, NodeEvent
+from controlplane.cluster.lifecycle import GpuState, GpuTrigger, NodeState, gpu_next_state
+from controlplane.cluster.models import Gpu, Node
+from controlplane.cluster.selectors import gpu_view, node_view
+from controlplane.common.events import next_seq, publish_on_commit
+
+log = logging.getLogger(__name__)
+
+
+def _emit_node(node: Node) -> None:
+    publish_on_commit(GROUP, NodeEvent(seq=next_seq(STREAM), node=node_view(node)))
+
+
+def _emit_gpu(gpu: Gpu) -> None:
+    publish_on_commit(GROUP, GpuEvent(seq=next_seq(STREAM), gpu=gpu_view(gpu)))
+
+
+def _set_gpu_state(gpu: Gpu, trigger: GpuTrigger) -> None:
+    new = gpu_next_state(GpuState(gpu.state), trigger, held_by_job=gpu.job_id is not None)
+    if new != gpu.state:
+        gpu.state = new
+        gpu.save(update_fields=["state"])
+        _emit_gpu(gpu)
+
+
+def node_record_heartbeat(*, report: AgentHeartbeat, received_at: datetime | None = None) -> Node:
+    """Register or refresh a node from its agent's heartbeat.
+
+    New node: created with its GPUs (free). Known node: inventory updated; a lost node
+    comes back healthy and its GPUs return to free/allocated; GPUs no longer reported are
+    marked lost. Only changes emit events (a steady heartbeat is silent).
+    """
+    now = received_at or timezone.now()
+    with transaction.atomic():
+        node, created = Node.objects.select_for_update().get_or_create(
+            name=report.node, defaults={"host": report.host, "device": report.device}
+        )
+        was = (node.state, node.host, node.device, node.gpu_count, node.gpu_memory_bytes)
+        came_back = node.state == NodeState.LOST
+        node.host, node.device = report.host, report.device
+        node.state = NodeState.HEALTHY
+        node.last_heartbeat = now
+        node.agent_pid, node.agent_started_at = report.pid, report.started_at
+        node.gpu_count = len(report.gpus)
+        node.gpu_memory_bytes = sum(g.memory_bytes for g in report.gpus)
+        node.save()
+        if created or was != (node.state, node.host, node.device, node.gpu_count, node.gpu_memory_bytes):
+            _emit_node(node)
+        if came_back:
+            log.info("node %s is back (pid %s)", node.name, report.pid)
+
+        known = {g.index: g for g in node.gpus.select_related("job")}
+        for reported in report.gpus:
+            gpu = known.pop(reported.index, None)
+            if gpu is None:
+                gpu = Gpu.objects.create(
+                    node=node, index=reported.index, uuid=reported.uuid, model_name=reported.model_name,
+                    memory_bytes=reported.memory_bytes, state=GpuState.FREE,
+                )
+                _emit_gpu(gpu)
+                continue
+            changed = (gpu.model_name, gpu.memory_bytes, gpu.uuid) != (
+                reported.model_name, reported.memory_bytes, reported.uuid
+            )
+            gpu.model_name, gpu.memory_bytes, gpu.uuid = reported.model_name, reported.memory_bytes, reported.uuid
+            if changed:
+                gpu.save(update_fields=["model_name", "memory_bytes", "uuid"])
+            if came_back or gpu.state == GpuState.LOST:
+                _set_gpu_state(gpu, GpuTrigger.NODE_BACK)
+            elif changed:
+                _emit_gpu(gpu)
+        for missing in known.values():  # the agent no longer reports these devices
+            _set_gpu_state(missing, GpuTrigger.NODE_LOST)
+    return node
+
+
+def nodes_mark_lost(*, silent_for: timedelta, now: datetime | None = None) -> list[str]:
+    """Mark nodes whose last heartbeat is older than `silent_for` lost, with their GPUs.
+    Returns the names of the nodes that were newly lost."""
+    cutoff = (now or timezone.now()) - silent_for
+    lost = []
+    with transaction.atomic():
+        for node in Node.objects.select_for_update().filter(state=NodeState.HEALTHY, last_heartbeat__lt=cutoff):
+            node.state = NodeState.LOST
+            node.save(update_fields=["state"])
+            _emit_node(node)
+            for gpu in node.gpus.select_related("job"):
+                _set_gpu_state(gpu, GpuTrigger.NODE_LOST)
+            lost.append(node.name)
+    for name in lost:
+        log.warning("node %s lost: no heartbeat for %.1f s", name, silent_for.total_seconds())
+    return lost
+
+
+def gpus_release(*, gpus) -> None:
+    """Detach GPUs from their job: allocated/draining ones become free, lost ones stay lost."""
+    for gpu in gpus.select_related("node", "job").select_for_update(of=("self",)):
+        gpu.job = None
+        gpu.state = gpu_next_state(GpuState(gpu.state), GpuTrigger.RELEASE)
+        gpu.save(update_fields=["job", "state"])
+        _emit_gpu(gpu)

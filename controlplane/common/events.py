@@ -1,0 +1,53 @@
+"""Live events: closed schemas, a sequence number per stream, sent after commit.
+
+Every server->browser event has `type`, `op` and `seq`. A page embeds a snapshot taken
+at some seq and applies events with larger seqs; a gap (seq != last + 1) makes the page
+fetch a fresh snapshot. Sequence numbers are allocated inside the writing transaction
+(row lock on the stream's counter), so their order is the commit order.
+"""
+from __future__ import annotations
+
+import logging
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+from django.db.models import F
+from pydantic import BaseModel, ConfigDict
+from redis.exceptions import RedisError
+
+from controlplane.common.models import EventStream
+
+log = logging.getLogger(__name__)
+
+
+class Closed(BaseModel):
+    """Base of every event and view model: unknown fields are rejected."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def next_seq(stream: str) -> int:
+    """Allocate the next sequence number of `stream`; call inside transaction.atomic()."""
+    EventStream.objects.get_or_create(name=stream)
+    EventStream.objects.filter(name=stream).update(seq=F("seq") + 1)
+    return EventStream.objects.values_list("seq", flat=True).get(name=stream)
+
+
+def current_seq(stream: str) -> int:
+    return EventStream.objects.filter(name=stream).values_list("seq", flat=True).first() or 0
+
+
+def send_now(group: str, event: Closed) -> None:
+    """Send one event to a channel-layer group. A broker outage loses the live event,
+    never the write: clients notice the seq gap and reload their snapshot."""
+    try:
+        async_to_sync(get_channel_layer().group_send)(
+            group, {"type": "event.message", "event": event.model_dump(mode="json")}
+        )
+    except (RedisError, OSError) as exc:
+        log.warning("event %s to %s not delivered: %s", event.__class__.__name__, group, exc)
+
+
+def publish_on_commit(group: str, event: Closed) -> None:
+    transaction.on_commit(lambda: send_now(group, event))

@@ -1,0 +1,58 @@
+"""Make a fresh installation usable: an admin user, its API token, optionally the demo job.
+
+Prints one JSON line: {"username", "password", "token", "database"}. The password comes
+from $DYNAPLANE_ADMIN_PASSWORD, else is generated once and kept in the var dir (0600).
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand
+from django.db import connection
+from rest_framework.authtoken.models import Token
+
+from controlplane.jobs.models import Job
+from controlplane.jobs.services import job_create
+
+DEMO_JOB = {"name": "demo", "model": "tiny-gpt", "layout": "tp=2,dp=2", "global_batch": 8, "seq_len": 128}
+
+
+def _stored_password() -> str:
+    if os.environ.get("DYNAPLANE_ADMIN_PASSWORD"):
+        return os.environ["DYNAPLANE_ADMIN_PASSWORD"]
+    path = settings.VAR_DIR / "admin_password"
+    if path.exists():
+        return path.read_text().strip()
+    password = secrets.token_urlsafe(12)
+    settings.VAR_DIR.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(password)
+    return password
+
+
+class Command(BaseCommand):
+    help = "Create the admin user and API token (and the demo job with --demo); print them as JSON."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--username", default=os.environ.get("DYNAPLANE_ADMIN_USER", "admin"))
+        parser.add_argument("--demo", action="store_true", help="create the demo job if it does not exist")
+
+    def handle(self, *args, username: str, demo: bool, **options) -> None:
+        password = _stored_password()
+        user, created = get_user_model().objects.get_or_create(
+            username=username, defaults={"is_staff": True, "is_superuser": True}
+        )
+        if created or not user.check_password(password):
+            user.set_password(password)
+            user.save()
+        token, _ = Token.objects.get_or_create(user=user)
+        if demo and not Job.objects.filter(name=DEMO_JOB["name"]).exists():
+            job_create(**DEMO_JOB, created_by=user)
+        database = f"{connection.vendor} {connection.settings_dict['NAME']}"
+        self.stdout.write(json.dumps({"username": username, "password": password, "token": token.key,
+                                      "database": database}))

@@ -1,0 +1,88 @@
+"""Job and transition lifecycles: documented enums, pure transition functions.
+
+Job:        pending -> starting -> running <-> switching ; running/starting/switching ->
+            stopping -> stopped ; any live state -> failed.
+Transition: planned -> preparing -> ready -> transferring -> verifying -> committed;
+            planned/preparing/ready -> aborted (old layout never left);
+            transferring/verifying -> rolled_back (old layout restored).
+"""
+from __future__ import annotations
+
+from enum import StrEnum
+
+from controlplane.cluster.lifecycle import IllegalTransition
+
+
+class JobState(StrEnum):
+    PENDING = "pending"
+    STARTING = "starting"
+    RUNNING = "running"
+    SWITCHING = "switching"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+class JobTrigger(StrEnum):
+    START = "start"
+    STARTED = "started"
+    SWITCH = "switch"
+    SWITCHED = "switched"
+    STOP = "stop"
+    STOPPED = "stopped"
+    FAIL = "fail"
+
+
+_JOB_EDGES: dict[tuple[JobState, JobTrigger], JobState] = {
+    (JobState.PENDING, JobTrigger.START): JobState.STARTING,
+    (JobState.STARTING, JobTrigger.STARTED): JobState.RUNNING,
+    (JobState.RUNNING, JobTrigger.SWITCH): JobState.SWITCHING,
+    (JobState.SWITCHING, JobTrigger.SWITCHED): JobState.RUNNING,
+    (JobState.PENDING, JobTrigger.STOP): JobState.STOPPED,
+    (JobState.STARTING, JobTrigger.STOP): JobState.STOPPING,
+    (JobState.RUNNING, JobTrigger.STOP): JobState.STOPPING,
+    (JobState.SWITCHING, JobTrigger.STOP): JobState.STOPPING,
+    (JobState.STOPPING, JobTrigger.STOPPED): JobState.STOPPED,
+}
+_LIVE = {JobState.STARTING, JobState.RUNNING, JobState.SWITCHING, JobState.STOPPING}
+DELETABLE_JOB_STATES = frozenset({JobState.PENDING, JobState.STOPPED, JobState.FAILED})
+
+
+def job_next_state(state: JobState, trigger: JobTrigger) -> JobState:
+    if trigger is JobTrigger.FAIL and state in _LIVE | {JobState.PENDING}:
+        return JobState.FAILED
+    try:
+        return _JOB_EDGES[(state, trigger)]
+    except KeyError:
+        raise IllegalTransition(f"job in state {state.value} cannot {trigger.value}") from None
+
+
+class TransitionState(StrEnum):
+    PLANNED = "planned"
+    PREPARING = "preparing"
+    READY = "ready"
+    TRANSFERRING = "transferring"
+    VERIFYING = "verifying"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+    ROLLED_BACK = "rolled_back"
+
+
+_FORWARD = [
+    TransitionState.PLANNED, TransitionState.PREPARING, TransitionState.READY,
+    TransitionState.TRANSFERRING, TransitionState.VERIFYING, TransitionState.COMMITTED,
+]
+TERMINAL_TRANSITION_STATES = frozenset({TransitionState.COMMITTED, TransitionState.ABORTED, TransitionState.ROLLED_BACK})
+
+
+def transition_next_state(state: TransitionState, target: TransitionState) -> TransitionState:
+    """Move a transition to `target` if the lifecycle allows it."""
+    if state in TERMINAL_TRANSITION_STATES:
+        raise IllegalTransition(f"transition already {state.value}")
+    if state in _FORWARD and target in _FORWARD and _FORWARD.index(target) == _FORWARD.index(state) + 1:
+        return target
+    if target is TransitionState.ABORTED and state in (TransitionState.PLANNED, TransitionState.PREPARING, TransitionState.READY):
+        return target
+    if target is TransitionState.ROLLED_BACK and state in (TransitionState.TRANSFERRING, TransitionState.VERIFYING):
+        return target
+    raise IllegalTransition(f"transition in state {state.value} cannot become {target.value}")

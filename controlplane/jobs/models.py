@@ -1,0 +1,92 @@
+"""Training jobs, their layout history (transitions) and a compact metric store."""
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from controlplane.jobs.lifecycle import JobState, TransitionState
+
+
+class Job(models.Model):
+    name = models.SlugField(max_length=63, unique=True)
+    model = models.CharField(max_length=200, help_text="catalog name or path to a Hugging Face config.json")
+    layout = models.CharField(max_length=500, help_text="current layout string (CONTRACTS.md section 1)")
+    world_size = models.PositiveIntegerField(help_text="GPUs the current layout spans")
+    state = models.CharField(max_length=16, choices=[(s.value, s.value) for s in JobState], default=JobState.PENDING)
+    global_batch = models.PositiveIntegerField(default=8)
+    micro_batch = models.PositiveIntegerField(default=1)
+    seq_len = models.PositiveIntegerField(default=128)
+    error = models.TextField(blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.name} [{self.layout}] {self.state}"
+
+
+class Transition(models.Model):
+    """One layout switch of a job: the layout history."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="transitions")
+    source_layout = models.CharField(max_length=500)
+    destination_layout = models.CharField(max_length=500)
+    state = models.CharField(
+        max_length=16, choices=[(s.value, s.value) for s in TransitionState], default=TransitionState.PLANNED
+    )
+    reason = models.TextField(blank=True, help_text="why it was requested, or why it aborted / rolled back")
+    plan_summary = models.JSONField(default=dict, blank=True)
+    plan_fingerprint = models.CharField(max_length=64, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    prepare_seconds = models.FloatField(null=True, blank=True)
+    pause_seconds = models.FloatField(null=True, blank=True)
+    transfer_seconds = models.FloatField(null=True, blank=True)
+    verify_seconds = models.FloatField(null=True, blank=True)
+    network_bytes = models.BigIntegerField(null=True, blank=True)
+    peak_staging_bytes = models.BigIntegerField(null=True, blank=True)
+    verification = models.JSONField(default=dict, blank=True, help_text="per-tensor digest comparison")
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.job.name}: {self.source_layout} -> {self.destination_layout} ({self.state})"
+
+
+class MetricSeries(models.Model):
+    """One time series: e.g. step_seconds of a job, or memory_bytes of rank 3 during a
+    transition. Points live in MetricChunk rows of up to CHUNK_POINTS samples."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metric_series")
+    transition = models.ForeignKey(Transition, on_delete=models.CASCADE, null=True, blank=True, related_name="metric_series")
+    name = models.CharField(max_length=64)
+    rank = models.IntegerField(null=True, blank=True)
+    unit = models.CharField(max_length=16, blank=True)
+    points = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            # NULL transition/rank compare unequal in SQL; metrics_series_get() is the one writer.
+            models.UniqueConstraint(fields=["job", "transition", "name", "rank"], name="unique_metric_series"),
+        ]
+
+    def __str__(self) -> str:
+        rank = f"[rank {self.rank}]" if self.rank is not None else ""
+        return f"{self.job.name}.{self.name}{rank}"
+
+
+class MetricChunk(models.Model):
+    series = models.ForeignKey(MetricSeries, on_delete=models.CASCADE, related_name="chunks")
+    first_point = models.PositiveIntegerField(help_text="index of this chunk's first point in the series")
+    count = models.PositiveIntegerField(default=0)
+    x = models.BinaryField(help_text="float64 little-endian: step or seconds")
+    y = models.BinaryField(help_text="float64 little-endian: the values")
+
+    class Meta:
+        ordering = ["series", "first_point"]
+        constraints = [models.UniqueConstraint(fields=["series", "first_point"], name="unique_metric_chunk")]

@@ -1,0 +1,1 @@
+"""The `dynaplane` command: runs the stack, the node agents and the tools."""

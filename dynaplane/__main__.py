@@ -1,0 +1,3 @@
+from dynaplane.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,82 @@
+"""`dynaplane <command>`: each subcommand imports only what it needs (the agent never
+imports Django; `up` only starts processes)."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+
+def _add_agent(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("agent", help="run a node agent (a Celery worker on node.<name>)")
+    p.add_argument("--name", required=True, help="node name: a lowercase DNS label, e.g. node-1")
+    p.add_argument("--gpus", type=int, default=0, help="devices to manage (cpu: virtual GPUs; cuda: first K, 0 = all)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--broker", default=None, help="Redis URL (default: $REDIS_URL, else redis://127.0.0.1:6379/0)")
+    p.add_argument("--gpu-memory-gib", type=float, default=None, help="memory of each virtual GPU (default: RAM / gpus)")
+    p.add_argument("--concurrency", type=int, default=2)
+    p.add_argument("--loglevel", default="INFO")
+    p.set_defaults(func=_run_agent)
+
+
+def _run_agent(args: argparse.Namespace) -> int:
+    from agents.node.app import run
+    from agents.node.config import AgentConfig
+
+    gpus = args.gpus if args.device == "cuda" or args.gpus else 1
+    try:
+        config = AgentConfig(
+            name=args.name,
+            gpus=gpus,
+            device=args.device,
+            broker_url=args.broker or os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+            virtual_gpu_memory_bytes=int(args.gpu_memory_gib * 2**30) if args.gpu_memory_gib else None,
+        )
+    except ValueError as exc:
+        print(f"dynaplane agent: {exc}", file=sys.stderr)
+        return 2
+    from agents.node.inventory import InventoryError
+
+    try:
+        run(config, concurrency=args.concurrency, loglevel=args.loglevel)
+    except InventoryError as exc:
+        print(f"dynaplane agent: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _add_up(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("up", help="run the whole stack locally: web, worker, agents, demo job")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="web port (0: pick a free one)")
+    p.add_argument("--agents", type=int, default=2)
+    p.add_argument("--gpus-per-agent", type=int, default=2)
+    p.add_argument("--var-dir", default=None, help="local state (database, logs); default ./var or $DYNAPLANE_VAR_DIR")
+    p.add_argument("--no-demo", action="store_true", help="do not create the demo job")
+    p.add_argument("--verbose", action="store_true", help="stream every process's log to the console")
+    p.set_defaults(func=_run_up)
+
+
+def _run_up(args: argparse.Namespace) -> int:
+    from dynaplane.stack import StackOptions, run_stack
+
+    try:
+        options = StackOptions.from_args(args)
+    except ValueError as exc:
+        print(f"dynaplane up: {exc}", file=sys.stderr)
+        return 2
+    return run_stack(options)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dynaplane", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_up(sub)
+    _add_agent(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)

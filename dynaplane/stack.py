@@ -1,0 +1,239 @@
+"""`dynaplane up`: the whole stack on one machine, embedded defaults when nothing is set.
+
+Order: var dir -> broker (embedded Valkey unless REDIS_URL) -> database migrations and
+bootstrap (admin user, API token, demo job) -> web (daphne, ASGI) -> control-plane worker
+(Celery + beat) -> agents. Ctrl-C stops agents, then worker and web, then the broker.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from dynaplane.processes import Child, stop_in_tiers
+
+READY_TIMEOUT_SECONDS = 90.0
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+@dataclass(frozen=True, slots=True)
+class StackOptions:
+    host: str
+    port: int
+    agents: int
+    gpus_per_agent: int
+    var_dir: Path
+    demo: bool
+    verbose: bool
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> StackOptions:
+        if not 0 <= args.agents <= 64:
+            raise ValueError(f"--agents {args.agents}: give 0 to 64 agents")
+        if not 1 <= args.gpus_per_agent <= 64:
+            raise ValueError(f"--gpus-per-agent {args.gpus_per_agent}: give 1 to 64 virtual GPUs")
+        port = args.port
+        if port == 0:
+            port = free_port(args.host)
+        elif not 1 <= port <= 65535:
+            raise ValueError(f"--port {port} is not a TCP port")
+        elif not _port_free(args.host, port):
+            raise ValueError(f"port {port} on {args.host} is in use; pass --port N (or --port 0 for any free port)")
+        var_dir = Path(args.var_dir or os.environ.get("DYNAPLANE_VAR_DIR") or "var").resolve()
+        return cls(args.host, port, args.agents, args.gpus_per_agent, var_dir, not args.no_demo, args.verbose)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/"
+
+
+class StackError(RuntimeError):
+    """The stack could not start; the message says which part and where its log is."""
+
+
+class Stack:
+    def __init__(self, options: StackOptions) -> None:
+        self.options = options
+        self.logs = options.var_dir / "logs"
+        self.env = dict(os.environ)
+        self.env.update(
+            DYNAPLANE_VAR_DIR=str(options.var_dir),
+            DJANGO_SETTINGS_MODULE="controlplane.settings",
+            PYTHONUNBUFFERED="1",
+        )
+        self.broker: list[Child] = []
+        self.services: list[Child] = []
+        self.agents: list[Child] = []
+        self.credentials: dict = {}
+        self.started = time.monotonic()
+
+    # --- output --------------------------------------------------------------------
+    def say(self, message: str) -> None:
+        print(f"dynaplane [{time.monotonic() - self.started:5.1f}s] {message}", flush=True)
+
+    def _child(self, name: str, argv: list[str], critical: bool) -> Child:
+        child = Child(name, argv, self.logs / f"{name}.log", critical)
+        child.start(self.env, stdout=None if not self.options.verbose else sys.stdout.buffer)
+        return child
+
+    # --- steps ---------------------------------------------------------------------
+    def start_broker(self) -> None:
+        if self.env.get("REDIS_URL"):
+            self.say(f"broker: {self.env['REDIS_URL']} (from REDIS_URL)")
+            return
+        child = Child(
+            "valkey",
+            [sys.executable, "-m", "dynaplane.embedded_valkey", "--data-dir", str(self.options.var_dir / "valkey")],
+            self.logs / "valkey.log",
+            critical=True,
+        )
+        child.start(self.env, stdout=subprocess.PIPE)
+        self.broker.append(child)
+        line = child.process.stdout.readline().decode().strip()
+        if not line.startswith("READY "):
+            raise StackError(f"embedded Valkey did not start; see {child.log_path}:\n{child.log_tail()}")
+        self.env["REDIS_URL"] = line.split(" ", 1)[1]
+        self.say(f"broker: embedded Valkey at {self.env['REDIS_URL']}")
+
+    def manage(self, *args: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "django", *args], env=self.env, capture_output=True, text=True, check=False
+        )
+        if result.returncode != 0:
+            raise StackError(f"`django-admin {' '.join(args)}` failed:\n{result.stderr.strip()[-3000:]}")
+        return result.stdout
+
+    def setup_database(self) -> None:
+        self.manage("migrate", "--noinput")
+        out = self.manage("dynaplane_bootstrap", *(["--demo"] if self.options.demo else []))
+        self.credentials = json.loads(out.strip().splitlines()[-1])
+        self.say(f"database: {self.credentials['database']} migrated")
+
+    def start_services(self) -> None:
+        o = self.options
+        self.services.append(
+            self._child("web", [sys.executable, "-m", "daphne", "-b", o.host, "-p", str(o.port),
+                                "controlplane.asgi:application"], critical=True)
+        )
+        self.services.append(
+            self._child("worker", [sys.executable, "-m", "celery", "-A", "controlplane", "worker",
+                                   "--beat", "--schedule", str(o.var_dir / "celerybeat-schedule"),
+                                   "--queues", "control", "--hostname", f"control@{socket.gethostname()}",
+                                   "--pool", "threads", "--concurrency", "4", "--loglevel", "INFO",
+                                   "--without-mingle", "--without-gossip"], critical=True)
+        )
+        for i in range(1, o.agents + 1):
+            self.agents.append(
+                self._child(f"agent-node-{i}", [sys.executable, "-m", "dynaplane", "agent", "--name", f"node-{i}",
+                                               "--gpus", str(o.gpus_per_agent)], critical=False)
+            )
+
+    def health(self) -> dict | None:
+        try:
+            with urllib.request.urlopen(self.options.url + "api/health", timeout=2) as response:
+                return json.loads(response.read())
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
+
+    def wait_ready(self) -> dict:
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        health = None
+        while time.monotonic() < deadline:
+            self.check_children()
+            health = self.health()
+            if health and health.get("status") == "ok" and health["agents"]["healthy"] >= self.options.agents:
+                return health
+            time.sleep(0.25)
+        raise StackError(f"not healthy after {READY_TIMEOUT_SECONDS:.0f} s; last /api/health: {health}; logs in {self.logs}")
+
+    def check_children(self) -> None:
+        for child in self.broker + self.services + self.agents:
+            code = child.poll()
+            if code is None or getattr(child, "reported", False):
+                continue
+            child.reported = True  # type: ignore[attr-defined]
+            if child.critical:
+                raise StackError(f"{child.name} exited with code {code}; last lines of {child.log_path}:\n{child.log_tail()}")
+            self.say(f"{child.name} exited with code {code} (its GPUs will be marked lost); log: {child.log_path}")
+
+    def write_state(self) -> None:
+        state = {
+            "url": self.options.url,
+            "redis_url": self.env["REDIS_URL"],
+            "launcher_pid": os.getpid(),
+            "pids": {c.name: c.pid for c in self.broker + self.services + self.agents},
+            **{k: self.credentials[k] for k in ("username", "password", "token") if k in self.credentials},
+        }
+        path = self.options.var_dir / "stack.json"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(state, handle, indent=2)
+
+    def stop(self) -> None:
+        stop_in_tiers([self.agents, self.services, self.broker])
+        try:
+            (self.options.var_dir / "stack.json").unlink()
+        except FileNotFoundError:
+            pass
+
+
+def _raise_keyboard_interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def run_stack(options: StackOptions) -> int:
+    options.var_dir.mkdir(parents=True, exist_ok=True)
+    stack = Stack(options)
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    code = 0
+    try:
+        stack.say(f"var dir {options.var_dir} (logs in {stack.logs})")
+        stack.start_broker()
+        stack.setup_database()
+        stack.start_services()
+        health = stack.wait_ready()
+        stack.write_state()
+        c = stack.credentials
+        stack.say(
+            f"ready: {options.url}  ({health['agents']['healthy']} agents, {health['gpus']['total']} GPUs)\n"
+            f"    login {c['username']} / {c['password']}   API token {c['token']}\n"
+            f"    Ctrl-C stops everything."
+        )
+        while True:
+            stack.check_children()
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        stack.say("stopping ...")
+    except StackError as exc:
+        print(f"dynaplane up: {exc}", file=sys.stderr, flush=True)
+        code = 1
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        stack.stop()
+        stack.say("stopped")
+    return code
