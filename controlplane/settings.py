@@ -132,7 +132,8 @@ USE_TZ = True
 STATIC_URL = "static/"
 # plotly.js comes from the plotly Python package: served locally, never from a CDN.
 STATICFILES_DIRS = [("vendor/plotly", Path(importlib.util.find_spec("plotly").origin).parent / "package_data")]
-STATIC_ROOT = VAR_DIR / "static"
+# Served from the apps (finders) unless collected (the container image sets DJANGO_STATIC_ROOT).
+STATIC_ROOT = os.environ.get("DJANGO_STATIC_ROOT") or None
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 

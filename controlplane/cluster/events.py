@@ -2,7 +2,6 @@
 snapshot arithmetic: apply_event(snapshot, event) -> snapshot."""
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Literal, Union
 
 from pydantic import Field, TypeAdapter
@@ -17,11 +16,13 @@ GpuStateName = Literal["free", "allocated", "draining", "lost"]
 
 
 class NodeView(Closed):
+    """What the live view shows of a node. Not the heartbeat time: steady heartbeats are
+    silent, so a field that changes with every beat would break the snapshot invariant."""
+
     name: str
     host: str
     device: Literal["cpu", "cuda"]
     state: NodeStateName
-    last_heartbeat: datetime | None
     gpu_count: int
     gpu_memory_bytes: int
 

@@ -13,7 +13,7 @@ from controlplane.common.events import current_seq
 def node_view(node: Node) -> NodeView:
     return NodeView(
         name=node.name, host=node.host, device=node.device, state=node.state,
-        last_heartbeat=node.last_heartbeat, gpu_count=node.gpu_count, gpu_memory_bytes=node.gpu_memory_bytes,
+        gpu_count=node.gpu_count, gpu_memory_bytes=node.gpu_memory_bytes,
     )
 
 

@@ -22,9 +22,8 @@ function renderGrid() {
   grid.replaceChildren(
     ...nodes.map((node) => {
       const row = el("div", { class: "node-row", role: "row", "data-node": node.name, "data-state": node.state });
-      const seen = node.last_heartbeat ? new Date(node.last_heartbeat).toLocaleTimeString() : "never";
       const head = el("div", { class: `node-head node-${node.state}`, role: "rowheader",
-        title: `${node.host} · ${node.device} · last heartbeat ${seen}` });
+        title: `${node.host} · ${node.device} · ${node.gpu_count} GPUs, ${gib(node.gpu_memory_bytes)}` });
       head.append(el("strong", {}, node.name), el("span", { class: "node-state" }, node.state));
       row.append(head);
       const gpus = snapshot.gpus.filter((g) => g.node === node.name).sort((a, b) => a.index - b.index);

@@ -1,0 +1,56 @@
+"""/ws/cluster/ through the real ASGI app and the real Redis channel layer."""
+from __future__ import annotations
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from rest_framework.authtoken.models import Token
+
+from controlplane.asgi import application
+from controlplane.cluster import services
+from controlplane.cluster.events import cluster_event_adapter
+from controlplane.jobs.services import job_create
+from tests.controlplane.conftest import heartbeat
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+ORIGIN = (b"origin", b"http://localhost")
+
+
+def _communicator(headers: list[tuple[bytes, bytes]]) -> WebsocketCommunicator:
+    return WebsocketCommunicator(application, "/ws/cluster/", headers=[ORIGIN, (b"host", b"localhost"), *headers])
+
+
+async def test_anonymous_socket_is_refused() -> None:
+    communicator = _communicator([])
+    connected, code = await communicator.connect()
+    assert not connected and code == 4401
+
+
+async def test_events_reach_a_token_client(user) -> None:
+    key = (await database_sync_to_async(Token.objects.create)(user=user)).key
+    communicator = _communicator([(b"authorization", f"Token {key}".encode())])
+    connected, _ = await communicator.connect()
+    assert connected
+    hello = cluster_event_adapter.validate_python(await communicator.receive_json_from(timeout=5))
+    assert (hello.type, hello.op) == ("hello", "connected")
+
+    await database_sync_to_async(services.node_record_heartbeat)(report=heartbeat("node-7", gpus=1))
+    node_event = cluster_event_adapter.validate_python(await communicator.receive_json_from(timeout=5))
+    gpu_event = cluster_event_adapter.validate_python(await communicator.receive_json_from(timeout=5))
+    assert (node_event.type, node_event.node.name, node_event.seq) == ("node", "node-7", hello.seq + 1)
+    assert (gpu_event.type, gpu_event.gpu.key, gpu_event.gpu.state, gpu_event.seq) == ("gpu", "node-7/0", "free",
+                                                                                       hello.seq + 2)
+
+    await database_sync_to_async(job_create)(name="wsjob", model="tiny-gpt", layout="dp=1")
+    job_event = cluster_event_adapter.validate_python(await communicator.receive_json_from(timeout=5))
+    assert (job_event.type, job_event.op, job_event.job.name, job_event.seq) == ("job", "upsert", "wsjob",
+                                                                                  hello.seq + 3)
+    await communicator.disconnect()
+
+
+async def test_wrong_origin_is_refused(user) -> None:
+    communicator = WebsocketCommunicator(application, "/ws/cluster/",
+                                         headers=[(b"origin", b"http://evil.example"), (b"host", b"localhost")])
+    connected, _ = await communicator.connect()
+    assert not connected

@@ -1,0 +1,47 @@
+"""The compact metric store: chunks fill up, then new ones start; reads return all."""
+from __future__ import annotations
+
+import pytest
+
+from controlplane.common.errors import InvalidInput
+from controlplane.jobs.metric_codec import CHUNK_POINTS, pack, unpack
+from controlplane.jobs.selectors import metric_points
+from controlplane.jobs.services import job_create, metrics_append, metrics_series_get
+
+pytestmark = pytest.mark.django_db
+
+
+def test_codec_round_trip_is_exact() -> None:
+    values = [0.0, -1.5, 1e-300, 3.141592653589793, float(2**53)]
+    assert unpack(pack(values)) == values
+    assert len(pack(values)) == 8 * len(values)
+
+
+def test_append_fills_chunks_and_reads_back_in_order() -> None:
+    job = job_create(name="m", model="tiny-gpt", layout="dp=1")
+    series = metrics_series_get(job=job, name="step_seconds", unit="s")
+    assert metrics_series_get(job=job, name="step_seconds").pk == series.pk
+    first = [(float(i), 0.5 + i) for i in range(CHUNK_POINTS - 10)]
+    metrics_append(series_id=series.pk, xs=[x for x, _ in first], ys=[y for _, y in first])
+    more = [(float(i), 0.25 * i) for i in range(CHUNK_POINTS - 10, 2 * CHUNK_POINTS + 5)]
+    total = metrics_append(series_id=series.pk, xs=[x for x, _ in more], ys=[y for _, y in more])
+    assert total == 2 * CHUNK_POINTS + 5
+    assert list(series.chunks.values_list("first_point", "count")) == [
+        (0, CHUNK_POINTS), (CHUNK_POINTS, CHUNK_POINTS), (2 * CHUNK_POINTS, 5)
+    ]
+    xs, ys = metric_points(series_id=series.pk)
+    assert xs == [x for x, _ in first + more] and ys == [y for _, y in first + more]
+
+
+def test_per_rank_series_are_separate() -> None:
+    job = job_create(name="m", model="tiny-gpt", layout="dp=2")
+    r0 = metrics_series_get(job=job, name="memory_bytes", rank=0)
+    r1 = metrics_series_get(job=job, name="memory_bytes", rank=1)
+    assert r0.pk != r1.pk
+
+
+def test_mismatched_lengths_are_refused() -> None:
+    job = job_create(name="m", model="tiny-gpt", layout="dp=1")
+    series = metrics_series_get(job=job, name="loss")
+    with pytest.raises(InvalidInput, match="2 x values but 1 y values"):
+        metrics_append(series_id=series.pk, xs=[1.0, 2.0], ys=[1.0])
