@@ -34,6 +34,6 @@ def gpu_state_figure(nodes: Iterable[str], gpus: Iterable[Mapping]) -> dict:
             "height": 240,
             "margin": {"l": 40, "r": 10, "t": 10, "b": 40},
             "yaxis": {"title": {"text": "GPUs"}, "dtick": 1, "rangemode": "tozero"},
-            "legend": {"orientation": "h", "y": -0.25},
+            "legend": {"orientation": "h", "y": -0.25, "traceorder": "normal"},
         },
     }
