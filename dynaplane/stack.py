@@ -208,6 +208,9 @@ def _raise_keyboard_interrupt(*_: object) -> None:
 def run_stack(options: StackOptions) -> int:
     options.var_dir.mkdir(parents=True, exist_ok=True)
     stack = Stack(options)
+    # Explicit handlers: a shell starts background jobs with SIGINT ignored, and Python
+    # keeps it ignored; `kill -INT` must stop the stack all the same.
+    signal.signal(signal.SIGINT, _raise_keyboard_interrupt)
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     code = 0
     try:

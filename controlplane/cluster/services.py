@@ -47,6 +47,12 @@ def node_record_heartbeat(*, report: AgentHeartbeat, received_at: datetime | Non
             name=report.node, defaults={"host": report.host, "device": report.device}
         )
         was = (node.state, node.host, node.device, node.gpu_count, node.gpu_memory_bytes)
+        if not created and node.state == NodeState.HEALTHY and (node.host, node.agent_pid) != (report.host, report.pid):
+            # A restart looks the same, but then the old agent has stopped beating; two
+            # live agents with one name make the node flap between them, so say so.
+            log.warning("node %s: heartbeat from agent pid %s on %s, previous one from pid %s on %s; "
+                        "if both are running, give them different --name", node.name, report.pid, report.host,
+                        node.agent_pid, node.host)
         came_back = node.state == NodeState.LOST
         node.host, node.device = report.host, report.device
         node.state = NodeState.HEALTHY

@@ -93,3 +93,12 @@ def test_heartbeat_task_rejects_malformed_reports(caplog) -> None:
     assert "rejected heartbeat 'node-1'" in caplog.text
     agent_heartbeat.run(report)
     assert Node.objects.filter(name="node-1", state="healthy").exists()
+
+
+def test_a_second_agent_with_the_same_name_is_reported(caplog) -> None:
+    services.node_record_heartbeat(report=heartbeat("node-1", pid=100, host="host-a"))
+    services.node_record_heartbeat(report=heartbeat("node-1", pid=100, host="host-a"))
+    assert "give them different --name" not in caplog.text
+    services.node_record_heartbeat(report=heartbeat("node-1", pid=200, host="host-b"))
+    assert "node node-1: heartbeat from agent pid 200 on host-b, previous one from pid 100 on host-a" in caplog.text
+    assert Node.objects.get(name="node-1").host == "host-b"
