@@ -1,0 +1,185 @@
+"""Rounds: the transfers cut, in the global tensor order, into rounds in which no rank
+stages more than the budget (bytes it packs to send plus bytes it receives). Every rank
+computes the same cut points, so each message sits in the same round for its sender and
+its receiver: a round's batched sends and receives always pair up (no deadlock).
+
+An item (one tensor's one state) that alone exceeds the budget is cut along dim 0 into
+equal slices (the same global cut points for all ranks) until every slice fits.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from agents.layout.errors import LayoutError
+from agents.layout.routing import Route
+from agents.layout.shards import chunk
+
+
+@dataclass(frozen=True)
+class Slice:
+    """Rows [a_lo, a_hi) of one item's transfers, in one round."""
+
+    item: int
+    a_lo: int
+    a_hi: int
+
+
+def _clip(route: Route, a_lo: int, a_hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(src, dst, elements) of the item's transfers within rows [a_lo, a_hi)."""
+    b = route.boxes
+    a0, a1 = np.maximum(b.a0, a_lo), np.minimum(b.a1, a_hi)
+    elems = np.maximum(a1 - a0, 0) * (b.b1 - b.b0)
+    keep = elems > 0
+    return route.src[keep], route.dst[keep], elems[keep]
+
+
+def _staging(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ranks touched and the bytes each stages (send + receive)."""
+    ranks = np.concatenate([src, dst])
+    weights = np.concatenate([nbytes, nbytes]).astype(np.float64)
+    uniq, inv = np.unique(ranks, return_inverse=True)
+    return uniq, np.bincount(inv, weights=weights)
+
+
+def cut_rounds(routes: list[Route], item_bytes: list[int], dim0: list[int], budget: int, world: int) -> list[list[Slice]]:
+    """Greedy, in item order: add an item (or its next slice) to the current round while
+    every rank's staging stays within `budget`; otherwise start a new round."""
+    rounds: list[list[Slice]] = [[]]
+    current = np.zeros(world, dtype=np.float64)
+    staging_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for i, (route, nbytes) in enumerate(zip(routes, item_bytes)):
+        if len(route.src) == 0:
+            rounds[-1].append(Slice(i, 0, dim0[i]))
+            continue
+        key = id(route)
+        if key not in staging_cache:
+            staging_cache[key] = _staging(route.src, route.dst, route.boxes.size)
+        ranks, elems = staging_cache[key]
+        slices = [(0, dim0[i], ranks, elems * nbytes)]
+        if (elems * nbytes).max() > budget:
+            slices = _split(route, nbytes, dim0[i], budget)
+        for a_lo, a_hi, ranks_s, bytes_s in slices:
+            if rounds[-1] and (current[ranks_s] + bytes_s).max() > budget:
+                rounds.append([])
+                current[:] = 0
+            current[ranks_s] += bytes_s
+            rounds[-1].append(Slice(i, a_lo, a_hi))
+    return [r for r in rounds if r] or [[]]
+
+
+def _split(route: Route, nbytes: int, n0: int, budget: int):
+    parts = 2
+    while True:
+        slices = []
+        for p in range(parts):
+            lo, hi = (int(x) for x in chunk(n0, parts, p))
+            if hi <= lo:
+                continue
+            src, dst, elems = _clip(route, lo, hi)
+            if len(src) == 0:
+                continue
+            ranks, staged = _staging(src, dst, elems)
+            slices.append((lo, hi, ranks, staged * nbytes))
+        if all(s[3].max() <= budget for s in slices):
+            return slices
+        if parts >= n0:
+            raise LayoutError(f"staging budget {budget} B is smaller than one row of a transfer "
+                              f"({max(s[3].max() for s in slices):.0f} B on one rank); raise --staging-mb")
+        parts = min(parts * 2, n0)
+
+
+@dataclass(frozen=True)
+class RoundStats:
+    """Per round and rank: bytes sent/received (split same-node / other-node) and peers."""
+
+    send_intra: np.ndarray  # [rounds, world]
+    send_inter: np.ndarray
+    recv_intra: np.ndarray
+    recv_inter: np.ndarray
+    messages: np.ndarray    # [rounds, world]: distinct peers (sends + receives)
+    transfers: int
+
+
+def round_stats(rounds: list[list[Slice]], routes: list[Route], item_bytes: list[int], world: int,
+                gpus_per_node: int) -> RoundStats:
+    shape = (len(rounds), world)
+    send_intra, send_inter, recv_intra, recv_inter, messages = (np.zeros(shape) for _ in range(5))
+    transfers = 0
+    for k, round_slices in enumerate(rounds):
+        pair_keys = []
+        for s in round_slices:
+            if len(routes[s.item].src) == 0:
+                continue
+            src, dst, elems = _clip(routes[s.item], s.a_lo, s.a_hi)
+            transfers += len(src)
+            nbytes = elems * item_bytes[s.item]
+            same = (src // gpus_per_node) == (dst // gpus_per_node)
+            send_intra[k] += np.bincount(src[same], nbytes[same], minlength=world)
+            send_inter[k] += np.bincount(src[~same], nbytes[~same], minlength=world)
+            recv_intra[k] += np.bincount(dst[same], nbytes[same], minlength=world)
+            recv_inter[k] += np.bincount(dst[~same], nbytes[~same], minlength=world)
+            pair_keys.append(src * world + dst)
+        if pair_keys:
+            pairs = np.unique(np.concatenate(pair_keys))
+            messages[k] += np.bincount(pairs // world, minlength=world) + np.bincount(pairs % world, minlength=world)
+    return RoundStats(send_intra, send_inter, recv_intra, recv_inter, messages, transfers)
+
+
+Sparse = tuple[np.ndarray, np.ndarray]  # (ranks, bytes)
+
+
+def memory_wave(rounds: list[list[Slice]], src_boxes: list[Sparse], dst_boxes: list[Sparse],
+                local_ranks: list[np.ndarray], stats: RoundStats, world: int,
+                held: list[Sparse]) -> tuple[np.ndarray, np.ndarray]:
+    """Predicted state bytes on every rank after each round, and the peak within it.
+
+    Per item: the bytes of its source / destination box on each rank holding one, and the
+    ranks that copy part of it locally. Within a round: pack (send staging allocated; a
+    source box whose last transfer this was is freed, unless a local copy still reads it)
+    -> exchange (receive staging) -> item by item in the global order: allocate the
+    destination box (in its item's first round), copy the local part and unpack, free the
+    source box kept for the local copy -> staging freed. `held` is every item's source bytes per rank (the starting point;
+    boxes a rank keeps unchanged are in `held` but zero in src/dst_boxes).
+    Returns (after[rounds + 1, world], peak[rounds, world]).
+    """
+    n_items = len(src_boxes)
+    first = np.full(n_items, len(rounds), dtype=np.int64)
+    last = np.full(n_items, -1, dtype=np.int64)
+    for k, round_slices in enumerate(rounds):
+        for s in round_slices:
+            first[s.item] = min(first[s.item], k)
+            last[s.item] = max(last[s.item], k)
+
+    def total(items: np.ndarray, boxes: list[Sparse], only_local: bool | None = None) -> np.ndarray:
+        out = np.zeros(world)
+        for i in items:
+            ranks, nbytes = boxes[i]
+            if only_local is not None:
+                is_local = np.isin(ranks, local_ranks[i])
+                keep = is_local if only_local else ~is_local
+                ranks, nbytes = ranks[keep], nbytes[keep]
+            out += np.bincount(ranks, nbytes, minlength=world)
+        return out
+
+    mem = total(np.arange(n_items), held)
+    after, peaks = [mem.copy()], []
+    for k in range(len(rounds)):
+        ending = np.flatnonzero(last == k)
+        early = total(ending, src_boxes, only_local=False)
+        send = stats.send_intra[k] + stats.send_inter[k]
+        recv = stats.recv_intra[k] + stats.recv_inter[k]
+        # Unpack item by item: allocate its destination, copy/unpack into it, then free a
+        # source box that was kept only for a local copy.
+        running, running_peak = np.zeros(world), np.zeros(world)
+        for i in sorted(set(np.flatnonzero(first == k)) | set(ending)):
+            if first[i] == k:
+                running += total([i], dst_boxes)
+                np.maximum(running_peak, running, out=running_peak)
+            if last[i] == k:
+                running -= total([i], src_boxes, only_local=True)
+        peaks.append(np.maximum(mem + send, mem - early + send + recv + running_peak))
+        mem = mem - early + running
+        after.append(mem.copy())
+    return np.array(after), np.array(peaks)
