@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_up(sub)
     _add_agent(sub)
+    from dynaplane.layout_commands import add_commands
+
+    add_commands(sub)
     return parser
 
 

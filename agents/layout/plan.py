@@ -64,25 +64,25 @@ class RoutingPlan:
     @cached_property
     def waves(self) -> tuple[np.ndarray, np.ndarray]:
         """(after[rounds+1, world], peak[rounds, world]) predicted state bytes per rank."""
-        src_boxes, dst_boxes, local, base = [], [], [], []
-        cache: dict[tuple, tuple] = {}
+        per_route: dict[int, tuple] = {}
+        held, early, late, alloc = [], [], [], []
         for item in self.items:
-            tensor = self.model.tensors[item.tensor]
-            key = (item.tensor, STATE_CLASS[item.state])
-            if key not in cache:
-                s = holder_boxes(self.src, tensor, STATE_CLASS[item.state])
-                d = holder_boxes(self.dst, tensor, STATE_CLASS[item.state])
-                cache[key] = ((s.rank, s.size), (d.rank, d.size))
-            (sr, ss), (dr, ds) = cache[key]
+            r = item.route
+            if id(r) not in per_route:
+                (sr, ss), (dr, ds) = r.src_holders, r.dst_holders
+                loc = r.local
+                # A rank whose box is unchanged keeps the tensor as it is: nothing freed or allocated.
+                loc_elems = r.elements(loc)
+                kept = loc.rank[(loc_elems == ss[np.searchsorted(sr, loc.rank)])
+                                & (loc_elems == ds[np.searchsorted(dr, loc.rank)])]
+                src_kept, src_local = np.isin(sr, kept), np.isin(sr, loc.rank)
+                per_route[id(r)] = ((sr, ss), (sr[~src_local], ss[~src_local]),
+                                    (sr[src_local & ~src_kept], ss[src_local & ~src_kept]),
+                                    (dr[~np.isin(dr, kept)], ds[~np.isin(dr, kept)]))
             nbytes = self._bytes(item)
-            # A rank whose box is unchanged keeps the tensor as it is: nothing freed or allocated.
-            loc = item.route.local
-            kept = loc.rank[(loc.size == ss[np.searchsorted(sr, loc.rank)]) & (loc.size == ds[np.searchsorted(dr, loc.rank)])]
-            src_boxes.append((sr, np.where(np.isin(sr, kept), 0, ss * nbytes)))
-            dst_boxes.append((dr, np.where(np.isin(dr, kept), 0, ds * nbytes)))
-            local.append(loc.rank)
-            base.append((sr, ss * nbytes))
-        return memory_wave(self.rounds, src_boxes, dst_boxes, local, self.stats, self.world, base)
+            for out, (ranks, elems) in zip((held, early, late, alloc), per_route[id(r)]):
+                out.append((ranks, elems * nbytes))
+        return memory_wave(self.rounds, held, early, late, alloc, self.stats, self.world)
 
     def _sum(self, what) -> int:
         return int(sum(int(what(i.route)) * self._bytes(i) for i in self.items))
@@ -115,10 +115,10 @@ class RoutingPlan:
         send = stats.send_intra + stats.send_inter
         recv = stats.recv_intra + stats.recv_inter
         seconds, _ = estimate_seconds(stats, self.options.network)
-        state_src = self._sum(lambda r: 0) + int(after[0].sum())
+        state_src = int(after[0].sum())
         network = self._sum(lambda r: r.transfer_elems)
-        local = self._sum(lambda r: r.local.size.sum())
-        derived = self._sum(lambda r: r.derived.size.sum())
+        local = self._sum(lambda r: r.elements(r.local).sum())
+        derived = self._sum(lambda r: r.elements(r.derived).sum())
         need = self._sum(lambda r: r.need_elems)
         return {
             "model": self.model.name, "src": str(self.src.layout), "dst": str(self.dst.layout),
@@ -132,7 +132,11 @@ class RoutingPlan:
             "peak_staging_bytes": int((send + recv).max(initial=0)),
             "staging_budget_bytes": self.options.staging_bytes,
             "predicted_peak_bytes": int(peak.max(initial=0)),
-            "checkpoint_bytes": state_src + need,
+            # Per rank max(source, destination) + staging: the peak a perfect schedule reaches.
+            "ranks_over_memory_bound": int((peak.max(axis=0, initial=0)
+                                            > np.maximum(after[0], after[-1]) + self.options.staging_bytes).sum()),
+            # Checkpoint-restart writes every logical state element once and reads it once.
+            "checkpoint_bytes": 2 * self.model.param_count * sum(STATE_BYTES.values()),
             "plan_seconds": round(self.plan_seconds, 4), "estimated_seconds": seconds,
             "fingerprint": self.fingerprint,
         }

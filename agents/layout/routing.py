@@ -56,7 +56,7 @@ class Pieces:
 @dataclass(frozen=True)
 class Route:
     """The outcome for one (tensor, state class): transfers src -> dst of boxes, local
-    copies and derived boxes; sizes in elements."""
+    copies and derived boxes. Boxes are (A, B) areas; `unit` elements per area unit."""
 
     src: np.ndarray
     dst: np.ndarray
@@ -64,10 +64,16 @@ class Route:
     local: Pieces
     derived: Pieces
     need_elems: int
+    src_holders: tuple[np.ndarray, np.ndarray]  # (ranks, elements) of the source boxes
+    dst_holders: tuple[np.ndarray, np.ndarray]  # (ranks, elements) of the destination boxes
+    unit: int
+
+    def elements(self, pieces: Pieces) -> np.ndarray:
+        return pieces.size * self.unit
 
     @property
     def transfer_elems(self) -> int:
-        return int(self.boxes.size.sum())
+        return int(self.elements(self.boxes).sum())
 
 
 def _lookup(holders: HolderBoxes, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -191,4 +197,5 @@ def route(src: HolderBoxes, dst: HolderBoxes, dst_master: HolderBoxes | None, *,
     order = np.lexsort((boxes.a0, boxes.b0, boxes.rank, sender)) if len(sender) else np.zeros(0, dtype=I64)
     boxes = Pieces(*(getattr(boxes, f)[order] for f in ("rank", "a0", "a1", "b0", "b1")))
     return Route(src=sender[order], dst=boxes.rank, boxes=boxes, local=local, derived=derived,
-                 need_elems=int(dst.size.sum()))
+                 need_elems=int(dst.size.sum()), src_holders=(src.rank, src.size), dst_holders=(dst.rank, dst.size),
+                 unit=dst.unit)

@@ -30,7 +30,7 @@ def _clip(route: Route, a_lo: int, a_hi: int) -> tuple[np.ndarray, np.ndarray, n
     """(src, dst, elements) of the item's transfers within rows [a_lo, a_hi)."""
     b = route.boxes
     a0, a1 = np.maximum(b.a0, a_lo), np.minimum(b.a1, a_hi)
-    elems = np.maximum(a1 - a0, 0) * (b.b1 - b.b0)
+    elems = np.maximum(a1 - a0, 0) * (b.b1 - b.b0) * route.unit
     keep = elems > 0
     return route.src[keep], route.dst[keep], elems[keep]
 
@@ -55,7 +55,7 @@ def cut_rounds(routes: list[Route], item_bytes: list[int], dim0: list[int], budg
             continue
         key = id(route)
         if key not in staging_cache:
-            staging_cache[key] = _staging(route.src, route.dst, route.boxes.size)
+            staging_cache[key] = _staging(route.src, route.dst, route.elements(route.boxes))
         ranks, elems = staging_cache[key]
         slices = [(0, dim0[i], ranks, elems * nbytes)]
         if (elems * nbytes).max() > budget:
@@ -108,43 +108,40 @@ def round_stats(rounds: list[list[Slice]], routes: list[Route], item_bytes: list
     send_intra, send_inter, recv_intra, recv_inter, messages = (np.zeros(shape) for _ in range(5))
     transfers = 0
     for k, round_slices in enumerate(rounds):
-        pair_keys = []
-        for s in round_slices:
-            if len(routes[s.item].src) == 0:
-                continue
-            src, dst, elems = _clip(routes[s.item], s.a_lo, s.a_hi)
-            transfers += len(src)
-            nbytes = elems * item_bytes[s.item]
-            same = (src // gpus_per_node) == (dst // gpus_per_node)
-            send_intra[k] += np.bincount(src[same], nbytes[same], minlength=world)
-            send_inter[k] += np.bincount(src[~same], nbytes[~same], minlength=world)
-            recv_intra[k] += np.bincount(dst[same], nbytes[same], minlength=world)
-            recv_inter[k] += np.bincount(dst[~same], nbytes[~same], minlength=world)
-            pair_keys.append(src * world + dst)
-        if pair_keys:
-            pairs = np.unique(np.concatenate(pair_keys))
-            messages[k] += np.bincount(pairs // world, minlength=world) + np.bincount(pairs % world, minlength=world)
+        parts = [_clip(routes[s.item], s.a_lo, s.a_hi) + (item_bytes[s.item],)
+                 for s in round_slices if len(routes[s.item].src)]
+        if not parts:
+            continue
+        src = np.concatenate([p[0] for p in parts])
+        dst = np.concatenate([p[1] for p in parts])
+        nbytes = np.concatenate([p[2] * p[3] for p in parts]).astype(np.float64)
+        transfers += len(src)
+        same = (src // gpus_per_node) == (dst // gpus_per_node)
+        send_intra[k] = np.bincount(src[same], nbytes[same], minlength=world)
+        send_inter[k] = np.bincount(src[~same], nbytes[~same], minlength=world)
+        recv_intra[k] = np.bincount(dst[same], nbytes[same], minlength=world)
+        recv_inter[k] = np.bincount(dst[~same], nbytes[~same], minlength=world)
+        pairs = np.unique(src * world + dst)
+        messages[k] = np.bincount(pairs // world, minlength=world) + np.bincount(pairs % world, minlength=world)
     return RoundStats(send_intra, send_inter, recv_intra, recv_inter, messages, transfers)
 
 
 Sparse = tuple[np.ndarray, np.ndarray]  # (ranks, bytes)
 
 
-def memory_wave(rounds: list[list[Slice]], src_boxes: list[Sparse], dst_boxes: list[Sparse],
-                local_ranks: list[np.ndarray], stats: RoundStats, world: int,
-                held: list[Sparse]) -> tuple[np.ndarray, np.ndarray]:
+def memory_wave(rounds: list[list[Slice]], held: list[Sparse], free_early: list[Sparse], free_late: list[Sparse],
+                alloc: list[Sparse], stats: RoundStats, world: int) -> tuple[np.ndarray, np.ndarray]:
     """Predicted state bytes on every rank after each round, and the peak within it.
 
-    Per item: the bytes of its source / destination box on each rank holding one, and the
-    ranks that copy part of it locally. Within a round: pack (send staging allocated; a
-    source box whose last transfer this was is freed, unless a local copy still reads it)
-    -> exchange (receive staging) -> item by item in the global order: allocate the
-    destination box (in its item's first round), copy the local part and unpack, free the
-    source box kept for the local copy -> staging freed. `held` is every item's source bytes per rank (the starting point;
-    boxes a rank keeps unchanged are in `held` but zero in src/dst_boxes).
-    Returns (after[rounds + 1, world], peak[rounds, world]).
+    Per item, sparse (ranks, bytes): `held` its source boxes (the start), `free_early` the
+    source boxes freed once packed, `free_late` those kept for a local copy, `alloc` the
+    destination boxes (boxes a rank keeps unchanged are in none of the last three).
+    Within a round: pack (send staging allocated, early sources freed) -> exchange
+    (receive staging) -> item by item in the global order: allocate the destination box
+    (in its item's first round), copy the local part and unpack, free the late source ->
+    staging freed. Returns (after[rounds + 1, world], peak[rounds, world]).
     """
-    n_items = len(src_boxes)
+    n_items = len(held)
     first = np.full(n_items, len(rounds), dtype=np.int64)
     last = np.full(n_items, -1, dtype=np.int64)
     for k, round_slices in enumerate(rounds):
@@ -152,33 +149,28 @@ def memory_wave(rounds: list[list[Slice]], src_boxes: list[Sparse], dst_boxes: l
             first[s.item] = min(first[s.item], k)
             last[s.item] = max(last[s.item], k)
 
-    def total(items: np.ndarray, boxes: list[Sparse], only_local: bool | None = None) -> np.ndarray:
-        out = np.zeros(world)
-        for i in items:
-            ranks, nbytes = boxes[i]
-            if only_local is not None:
-                is_local = np.isin(ranks, local_ranks[i])
-                keep = is_local if only_local else ~is_local
-                ranks, nbytes = ranks[keep], nbytes[keep]
-            out += np.bincount(ranks, nbytes, minlength=world)
-        return out
+    def total(items, boxes: list[Sparse]) -> np.ndarray:
+        items = list(items)
+        if not items:
+            return np.zeros(world)
+        return np.bincount(np.concatenate([boxes[i][0] for i in items]),
+                           np.concatenate([boxes[i][1] for i in items]).astype(np.float64), minlength=world)
 
-    mem = total(np.arange(n_items), held)
+    mem = total(range(n_items), held)
     after, peaks = [mem.copy()], []
     for k in range(len(rounds)):
-        ending = np.flatnonzero(last == k)
-        early = total(ending, src_boxes, only_local=False)
+        starting, ending = np.flatnonzero(first == k), np.flatnonzero(last == k)
+        early = total(ending, free_early)
         send = stats.send_intra[k] + stats.send_inter[k]
         recv = stats.recv_intra[k] + stats.recv_inter[k]
-        # Unpack item by item: allocate its destination, copy/unpack into it, then free a
-        # source box that was kept only for a local copy.
         running, running_peak = np.zeros(world), np.zeros(world)
-        for i in sorted(set(np.flatnonzero(first == k)) | set(ending)):
-            if first[i] == k:
-                running += total([i], dst_boxes)
+        ending_set = set(ending.tolist())
+        for i in sorted(set(starting.tolist()) | ending_set):
+            if first[i] == k and len(alloc[i][0]):
+                running[alloc[i][0]] += alloc[i][1]
                 np.maximum(running_peak, running, out=running_peak)
-            if last[i] == k:
-                running -= total([i], src_boxes, only_local=True)
+            if i in ending_set and len(free_late[i][0]):
+                running[free_late[i][0]] -= free_late[i][1]
         peaks.append(np.maximum(mem + send, mem - early + send + recv + running_peak))
         mem = mem - early + running
         after.append(mem.copy())

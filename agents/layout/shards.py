@@ -65,10 +65,12 @@ class HolderBoxes:
     a1: np.ndarray
     b0: np.ndarray
     b1: np.ndarray
+    unit: int  # elements per (A, B) cell: the product of the dims that are never cut
 
     @property
     def size(self) -> np.ndarray:
-        return (self.a1 - self.a0) * (self.b1 - self.b0)
+        """Elements of each box."""
+        return (self.a1 - self.a0) * (self.b1 - self.b0) * self.unit
 
 
 def holder_boxes(placement: Placement, tensor: TensorSpec, state_class: str) -> HolderBoxes:
@@ -100,7 +102,14 @@ def holder_boxes(placement: Placement, tensor: TensorSpec, state_class: str) -> 
         a0, a1 = a0 + start, a0 + stop
     keep = (a1 > a0) & (b1 > b0)
     order = np.argsort(rank[keep], kind="stable")
-    return HolderBoxes(*(np.ascontiguousarray(x[keep][order]) for x in (rank, a0, a1, b0, b1)))
+    return HolderBoxes(*(np.ascontiguousarray(x[keep][order]) for x in (rank, a0, a1, b0, b1)),
+                       unit=cell_elements(tensor))
+
+
+def cell_elements(tensor: TensorSpec) -> int:
+    """Elements per unit of A x B: the product of the dims other than 0 and the B dim."""
+    bd = b_dim(tensor)
+    return int(np.prod([n for i, n in enumerate(tensor.shape) if i not in (0, bd)], dtype=np.int64))
 
 
 def full_box(tensor: TensorSpec, a0: int, a1: int, b0: int, b1: int) -> tuple[list[int], list[int]]:

@@ -36,6 +36,15 @@ def test_every_destination_element_is_written_once_with_the_right_value(case) ->
     summary = plan.summary()
     assert summary["network_bytes"] == summary["min_network_bytes"]
     assert summary["local_bytes"] + summary["derived_bytes"] + summary["network_bytes"] == summary["state_bytes_dst"]
+    # Byte counts agree with the shards and transfers written out element by element.
+    from agents.layout.tensors import STATE_BYTES
+
+    dump = plan.dump()
+    nbytes = lambda rows: sum(int(np.prod(r["lengths"])) * STATE_BYTES[r["state"]] for r in rows)  # noqa: E731
+    assert nbytes(dump["dst"]["shards"]) == summary["state_bytes_dst"]
+    assert nbytes(dump["src"]["shards"]) == summary["state_bytes_src"]
+    assert nbytes(dump["transfers"]) == summary["network_bytes"]
+    assert nbytes(dump["local"]) == summary["local_bytes"]
 
 
 @SETTINGS
@@ -87,36 +96,15 @@ def test_plan_and_fingerprint_are_the_same_in_another_process(case) -> None:
     assert dump == json.loads(json.dumps(plan.dump()))
 
 
-def _largest_box(plan, placement) -> np.ndarray:
-    """Per rank, the bytes of the largest single (tensor, state) box it holds."""
-    from agents.layout.shards import STATE_CLASS, holder_boxes
-    from agents.layout.tensors import STATE_BYTES
-
-    out = np.zeros(plan.world)
-    for tensor in plan.model.tensors:
-        for state in ("param", "master"):
-            boxes = holder_boxes(placement, tensor, STATE_CLASS[state])
-            np.maximum.at(out, boxes.rank, boxes.size * STATE_BYTES[state])
-    return out
-
-
 @SETTINGS
 @given(transitions())
-def test_memory_wave_stays_bounded_when_the_pipeline_cut_is_kept(case) -> None:
-    """Same pp and vpp: every rank's predicted peak stays within max(source, destination)
-    + the staging budget + its largest single box (boxes are freed whole, so one box in
-    flight is the granularity). docs/benchmarks.md measures the general case."""
-    from hypothesis import assume
-
-    from agents.layout.spec import parse_layout
-
+def test_memory_wave_never_holds_both_layouts_plus_more_than_the_budget(case) -> None:
+    """The predicted peak of every rank stays within source + destination bytes + the
+    staging budget, and the wave ends at the destination layout's bytes. (The tighter
+    max(source, destination) + budget is measured, not guaranteed: docs/benchmarks.md.)"""
     model, src, dst, options = case
-    a, b = parse_layout(src), parse_layout(dst)
-    assume(all((x.pp, x.vpp) == (y.pp, y.vpp) for x, y in zip(a.modules, b.modules)))
     plan = plan_routes(model, src, dst, options)
     after, peak = plan.waves
-    bound = np.maximum(after[0], after[-1]) + options.staging_bytes + np.maximum(
-        _largest_box(plan, plan.src), _largest_box(plan, plan.dst))
-    assert (peak.max(axis=0, initial=0) <= bound).all()
-    # The wave ends exactly at the destination layout's state bytes.
+    assert (peak.max(axis=0, initial=0) <= after[0] + after[-1] + options.staging_bytes).all()
+    assert (after >= 0).all()
     assert after[-1].sum() == plan.summary()["state_bytes_dst"]
