@@ -1,6 +1,6 @@
-"""Rounds: the transfers cut, in the global tensor order, into rounds in which no rank
+"""Rounds: the transfers placed, in the global tensor order, into rounds in which no rank
 stages more than the budget (bytes it packs to send plus bytes it receives). Every rank
-computes the same cut points, so each message sits in the same round for its sender and
+computes the same placement, so each message sits in the same round for its sender and
 its receiver: a round's batched sends and receives always pair up (no deadlock).
 
 An item (one tensor's one state) that alone exceeds the budget is cut along dim 0 into
@@ -44,14 +44,33 @@ def _staging(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> tuple[np.n
 
 
 def cut_rounds(routes: list[Route], item_bytes: list[int], dim0: list[int], budget: int, world: int) -> list[list[Slice]]:
-    """Greedy, in item order: add an item (or its next slice) to the current round while
-    every rank's staging stays within `budget`; otherwise start a new round."""
-    rounds: list[list[Slice]] = [[]]
-    current = np.zeros(world, dtype=np.float64)
+    """Place items (or their slices) into rounds, in item order, each at the first round,
+    from the latest round any of its ranks already uses, where every one of its ranks
+    still has room in the budget. Each rank so works through its items in the global
+    order, while ranks that share nothing (e.g. different pipeline stages) fill the same
+    rounds in parallel instead of waiting for each other."""
+    loads: list[np.ndarray] = []
+    rounds: list[list[Slice]] = []
+    cursor = np.zeros(world, dtype=np.int64)  # per rank: the latest round it is in
     staging_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def place(ranks: np.ndarray, nbytes: np.ndarray, piece: Slice) -> None:
+        k = int(cursor[ranks].max(initial=0))
+        while True:
+            if k == len(rounds):
+                rounds.append([])
+                loads.append(np.zeros(world))
+            if len(nbytes) == 0 or (loads[k][ranks] + nbytes).max() <= budget:
+                break
+            k += 1
+        loads[k][ranks] += nbytes
+        rounds[k].append(piece)
+        cursor[ranks] = k
+
     for i, (route, nbytes) in enumerate(zip(routes, item_bytes)):
-        if len(route.src) == 0:
-            rounds[-1].append(Slice(i, 0, dim0[i]))
+        if len(route.src) == 0:  # local copies / derived only: with the rest of its ranks' work
+            ranks = np.union1d(route.src_holders[0], route.dst_holders[0])
+            place(ranks, np.zeros(len(ranks)), Slice(i, 0, dim0[i]))
             continue
         key = id(route)
         if key not in staging_cache:
@@ -61,12 +80,8 @@ def cut_rounds(routes: list[Route], item_bytes: list[int], dim0: list[int], budg
         if (elems * nbytes).max() > budget:
             slices = _split(route, nbytes, dim0[i], budget)
         for a_lo, a_hi, ranks_s, bytes_s in slices:
-            if rounds[-1] and (current[ranks_s] + bytes_s).max() > budget:
-                rounds.append([])
-                current[:] = 0
-            current[ranks_s] += bytes_s
-            rounds[-1].append(Slice(i, a_lo, a_hi))
-    return [r for r in rounds if r] or [[]]
+            place(ranks_s, bytes_s, Slice(i, a_lo, a_hi))
+    return rounds or [[]]
 
 
 def _split(route: Route, nbytes: int, n0: int, budget: int):
