@@ -53,6 +53,7 @@ def cut_rounds(routes: list[Route], item_bytes: list[int], dim0: list[int], budg
     rounds: list[list[Slice]] = []
     cursor = np.zeros(world, dtype=np.int64)  # per rank: the latest round it is in
     staging_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    split_cache: dict[tuple, list] = {}
 
     def place(ranks: np.ndarray, nbytes: np.ndarray, piece: Slice) -> None:
         k = int(cursor[ranks].max(initial=0))
@@ -78,7 +79,10 @@ def cut_rounds(routes: list[Route], item_bytes: list[int], dim0: list[int], budg
         ranks, elems = staging_cache[key]
         slices = [(0, dim0[i], ranks, elems * nbytes)]
         if (elems * nbytes).max() > budget:
-            slices = _split(route, nbytes, dim0[i], budget)
+            split_key = (key, nbytes, dim0[i])  # routes are shared by layers and by the 3 fp32 states
+            if split_key not in split_cache:
+                split_cache[split_key] = _split(route, nbytes, dim0[i], budget)
+            slices = split_cache[split_key]
         for a_lo, a_hi, ranks_s, bytes_s in slices:
             place(ranks_s, bytes_s, Slice(i, a_lo, a_hi))
     return rounds or [[]]
