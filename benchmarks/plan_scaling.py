@@ -1,8 +1,8 @@
 """Planner benchmark (issue 3): plan time and planner memory at scale, network bytes
 against checkpoint-restart, estimated switch time. Prints a markdown table.
 
-    .venv/bin/python benchmarks/plan_scaling.py            # all cases (~1 min)
-    .venv/bin/python benchmarks/plan_scaling.py --quick    # the two headline cases
+    .venv/bin/python -m benchmarks.plan_scaling            # all cases (~1 min)
+    .venv/bin/python -m benchmarks.plan_scaling --quick    # the two headline cases
 """
 from __future__ import annotations
 
