@@ -15,8 +15,8 @@ import numpy as np
 from agents.layout.estimate import Network, estimate_seconds
 from agents.layout.placement import Placement, place
 from agents.layout.routing import Route, route
-from agents.layout.schedule import RoundStats, Slice, cut_rounds, memory_wave, round_stats
-from agents.layout.shards import OPTIM, PARAM, STATE_CLASS, full_box, holder_boxes
+from agents.layout.schedule import RoundStats, Slice, SliceMemory, cut_rounds, memory_wave, round_stats
+from agents.layout.shards import OPTIM, PARAM, STATE_CLASS, HolderBoxes, full_box, holder_boxes
 from agents.layout.spec import Layout
 from agents.layout.tensors import STATE_BYTES, STATES, Model
 
@@ -64,25 +64,32 @@ class RoutingPlan:
     @cached_property
     def waves(self) -> tuple[np.ndarray, np.ndarray]:
         """(after[rounds+1, world], peak[rounds, world]) predicted state bytes per rank."""
-        per_route: dict[int, tuple] = {}
-        held, early, late, alloc = [], [], [], []
+        start = np.zeros(self.world)
         for item in self.items:
-            r = item.route
-            if id(r) not in per_route:
-                (sr, ss), (dr, ds) = r.src_holders, r.dst_holders
-                loc = r.local
-                # A rank whose box is unchanged keeps the tensor as it is: nothing freed or allocated.
-                loc_elems = r.elements(loc)
-                kept = loc.rank[(loc_elems == ss[np.searchsorted(sr, loc.rank)])
-                                & (loc_elems == ds[np.searchsorted(dr, loc.rank)])]
-                src_kept, src_local = np.isin(sr, kept), np.isin(sr, loc.rank)
-                per_route[id(r)] = ((sr, ss), (sr[~src_local], ss[~src_local]),
-                                    (sr[src_local & ~src_kept], ss[src_local & ~src_kept]),
-                                    (dr[~np.isin(dr, kept)], ds[~np.isin(dr, kept)]))
-            nbytes = self._bytes(item)
-            for out, (ranks, elems) in zip((held, early, late, alloc), per_route[id(r)]):
-                out.append((ranks, elems * nbytes))
-        return memory_wave(self.rounds, held, early, late, alloc, self.stats, self.world)
+            src = item.route.src_holders
+            np.add.at(start, src.rank, src.size * self._bytes(item))
+        effects: dict[tuple[int, int, int], SliceMemory] = {}
+        per_route: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for round_slices in self.rounds:
+            for sl in round_slices:
+                item = self.items[sl.item]
+                r, nbytes = item.route, self._bytes(item)
+                if id(r) not in per_route:
+                    # A rank whose box is unchanged keeps the tensor as it is; ranks with a local
+                    # copy free their source rows only after copying them.
+                    src, dst, loc = r.src_holders, r.dst_holders, r.local
+                    loc_elems = r.elements(loc)
+                    same = (loc_elems == src.size[np.searchsorted(src.rank, loc.rank)]) & (
+                        loc_elems == dst.size[np.searchsorted(dst.rank, loc.rank)])
+                    per_route[id(r)] = (loc.rank[same], loc.rank)
+                kept, local = per_route[id(r)]
+                src_ranks, src_bytes = _rows(r.src_holders, sl.a_lo, sl.a_hi, nbytes, kept)
+                dst_ranks, dst_bytes = _rows(r.dst_holders, sl.a_lo, sl.a_hi, nbytes, kept)
+                late = np.isin(src_ranks, local)
+                effects[(sl.item, sl.a_lo, sl.a_hi)] = SliceMemory(
+                    early=(src_ranks[~late], src_bytes[~late]), late=(src_ranks[late], src_bytes[late]),
+                    alloc=(dst_ranks, dst_bytes))
+        return memory_wave(self.rounds, start, effects, self.stats, self.world)
 
     def _sum(self, what) -> int:
         return int(sum(int(what(i.route)) * self._bytes(i) for i in self.items))
@@ -182,6 +189,14 @@ class RoutingPlan:
                         row["from_state"] = "master"
                     out[kind].append(row)
         return out
+
+
+def _rows(boxes: HolderBoxes, a_lo: int, a_hi: int, nbytes: int, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ranks, bytes) of the boxes' rows within [a_lo, a_hi), leaving out `kept` ranks."""
+    rows = np.maximum(np.minimum(boxes.a1, a_hi) - np.maximum(boxes.a0, a_lo), 0)
+    nb = rows * (boxes.b1 - boxes.b0) * boxes.unit * nbytes
+    keep = (nb > 0) & ~np.isin(boxes.rank, kept)
+    return boxes.rank[keep], nb[keep].astype(np.float64)
 
 
 def _stage_fractions(model: Model, placement: Placement) -> dict[int, float]:

@@ -64,8 +64,8 @@ class Route:
     local: Pieces
     derived: Pieces
     need_elems: int
-    src_holders: tuple[np.ndarray, np.ndarray]  # (ranks, elements) of the source boxes
-    dst_holders: tuple[np.ndarray, np.ndarray]  # (ranks, elements) of the destination boxes
+    src_holders: HolderBoxes  # the source boxes
+    dst_holders: HolderBoxes  # the destination boxes
     unit: int
 
     def elements(self, pieces: Pieces) -> np.ndarray:
@@ -197,5 +197,5 @@ def route(src: HolderBoxes, dst: HolderBoxes, dst_master: HolderBoxes | None, *,
     order = np.lexsort((boxes.a0, boxes.b0, boxes.rank, sender)) if len(sender) else np.zeros(0, dtype=I64)
     boxes = Pieces(*(getattr(boxes, f)[order] for f in ("rank", "a0", "a1", "b0", "b1")))
     return Route(src=sender[order], dst=boxes.rank, boxes=boxes, local=local, derived=derived,
-                 need_elems=int(dst.size.sum()), src_holders=(src.rank, src.size), dst_holders=(dst.rank, dst.size),
+                 need_elems=int(dst.size.sum()), src_holders=src, dst_holders=dst,
                  unit=dst.unit)

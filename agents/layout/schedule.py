@@ -70,7 +70,7 @@ def cut_rounds(routes: list[Route], item_bytes: list[int], dim0: list[int], budg
 
     for i, (route, nbytes) in enumerate(zip(routes, item_bytes)):
         if len(route.src) == 0:  # local copies / derived only: with the rest of its ranks' work
-            ranks = np.union1d(route.src_holders[0], route.dst_holders[0])
+            ranks = np.union1d(route.src_holders.rank, route.dst_holders.rank)
             place(ranks, np.zeros(len(ranks)), Slice(i, 0, dim0[i]))
             continue
         key = id(route)
@@ -148,48 +148,47 @@ def round_stats(rounds: list[list[Slice]], routes: list[Route], item_bytes: list
 Sparse = tuple[np.ndarray, np.ndarray]  # (ranks, bytes)
 
 
-def memory_wave(rounds: list[list[Slice]], held: list[Sparse], free_early: list[Sparse], free_late: list[Sparse],
-                alloc: list[Sparse], stats: RoundStats, world: int) -> tuple[np.ndarray, np.ndarray]:
+@dataclass(frozen=True)
+class SliceMemory:
+    """What one slice (rows [a_lo, a_hi) of one item) does to each rank's state memory:
+    source rows freed once packed (`early`) or after the round's local copy (`late`), and
+    destination rows allocated. Rows a rank keeps unchanged appear in none."""
+
+    early: Sparse
+    late: Sparse
+    alloc: Sparse
+
+
+def memory_wave(rounds: list[list[Slice]], start: np.ndarray, effects: dict[tuple[int, int, int], SliceMemory],
+                stats: RoundStats, world: int) -> tuple[np.ndarray, np.ndarray]:
     """Predicted state bytes on every rank after each round, and the peak within it.
 
-    Per item, sparse (ranks, bytes): `held` its source boxes (the start), `free_early` the
-    source boxes freed once packed, `free_late` those kept for a local copy, `alloc` the
-    destination boxes (boxes a rank keeps unchanged are in none of the last three).
-    Within a round: pack (send staging allocated, early sources freed) -> exchange
-    (receive staging) -> item by item in the global order: allocate the destination box
-    (in its item's first round), copy the local part and unpack, free the late source ->
-    staging freed. Returns (after[rounds + 1, world], peak[rounds, world]).
+    State is freed and allocated by row chunk, at the same global cut points as the
+    rounds (the engine keeps a box as row chunks, so a chunk goes as soon as it is sent).
+    Within a round: pack (send staging allocated, early rows freed) -> exchange (receive
+    staging) -> slice by slice in the global order: allocate destination rows, copy the
+    local part and unpack, free the late rows -> staging freed.
+    Returns (after[rounds + 1, world], peak[rounds, world]).
     """
-    n_items = len(held)
-    first = np.full(n_items, len(rounds), dtype=np.int64)
-    last = np.full(n_items, -1, dtype=np.int64)
-    for k, round_slices in enumerate(rounds):
-        for s in round_slices:
-            first[s.item] = min(first[s.item], k)
-            last[s.item] = max(last[s.item], k)
+    def add(out: np.ndarray, sparse: Sparse, sign: float = 1.0) -> None:
+        ranks, nbytes = sparse
+        if len(ranks):
+            np.add.at(out, ranks, sign * nbytes)
 
-    def total(items, boxes: list[Sparse]) -> np.ndarray:
-        items = list(items)
-        if not items:
-            return np.zeros(world)
-        return np.bincount(np.concatenate([boxes[i][0] for i in items]),
-                           np.concatenate([boxes[i][1] for i in items]).astype(np.float64), minlength=world)
-
-    mem = total(range(n_items), held)
+    mem = start.astype(np.float64).copy()
     after, peaks = [mem.copy()], []
-    for k in range(len(rounds)):
-        starting, ending = np.flatnonzero(first == k), np.flatnonzero(last == k)
-        early = total(ending, free_early)
+    for k, round_slices in enumerate(rounds):
+        early = np.zeros(world)
+        running, running_peak = np.zeros(world), np.zeros(world)
+        for s in round_slices:
+            add(early, effects[(s.item, s.a_lo, s.a_hi)].early)
+        for s in round_slices:
+            effect = effects[(s.item, s.a_lo, s.a_hi)]
+            add(running, effect.alloc)
+            np.maximum(running_peak, running, out=running_peak)
+            add(running, effect.late, -1.0)
         send = stats.send_intra[k] + stats.send_inter[k]
         recv = stats.recv_intra[k] + stats.recv_inter[k]
-        running, running_peak = np.zeros(world), np.zeros(world)
-        ending_set = set(ending.tolist())
-        for i in sorted(set(starting.tolist()) | ending_set):
-            if first[i] == k and len(alloc[i][0]):
-                running[alloc[i][0]] += alloc[i][1]
-                np.maximum(running_peak, running, out=running_peak)
-            if i in ending_set and len(free_late[i][0]):
-                running[free_late[i][0]] -= free_late[i][1]
         peaks.append(np.maximum(mem + send, mem - early + send + recv + running_peak))
         mem = mem - early + running
         after.append(mem.copy())
