@@ -1,0 +1,1 @@
+"""The transition engine (torch): executes a routing plan on real tensors."""

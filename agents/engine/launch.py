@@ -1,0 +1,72 @@
+"""run_ranks(n, fn): n local processes joined in one gloo process group (file:// rendezvous
+in a fresh folder, so runs never collide on ports), each calling fn(rank, world, *args).
+
+Used by the tests and by local multi-process commands. Every group gets a timeout; a rank
+that raises or dies fails the whole run with its traceback, never a hang.
+"""
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import queue
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from agents.engine.errors import EngineError
+
+
+def _entry(rank: int, world: int, init_file: str, timeout_s: float, fn: Callable, args: tuple, results) -> None:
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        try:
+            results.put((rank, "ok", fn(rank, world, *args)))
+        finally:
+            dist.destroy_process_group()
+    except BaseException as exc:  # report everything, including KeyboardInterrupt in a child
+        results.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+def run_ranks(world: int, fn: Callable[..., Any], *args: Any, timeout_s: float = 60.0) -> list[Any]:
+    """Run fn(rank, world, *args) on `world` processes; return their results by rank."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    with tempfile.TemporaryDirectory(prefix="dynaplane-ranks-") as folder:
+        init_file = os.path.join(folder, "rendezvous")
+        procs = [ctx.Process(target=_entry, args=(r, world, init_file, timeout_s, fn, args, results), daemon=True)
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        out: dict[int, Any] = {}
+        errors: dict[int, str] = {}
+        deadline = time.monotonic() + timeout_s + 30
+        try:
+            while len(out) + len(errors) < world:
+                try:
+                    rank, status, value = results.get(timeout=0.5)
+                    (out if status == "ok" else errors)[rank] = value
+                    continue
+                except queue.Empty:
+                    pass
+                for r, p in enumerate(procs):  # a rank that died without a word
+                    if r not in out and r not in errors and p.exitcode is not None and results.empty():
+                        errors[r] = f"rank {r} died with exit code {p.exitcode} and no report"
+                if time.monotonic() > deadline:
+                    missing = sorted(set(range(world)) - set(out) - set(errors))
+                    raise EngineError(f"ranks {missing} gave no result within {timeout_s + 30:.0f} s")
+        finally:
+            for p in procs:
+                p.join(timeout=10)
+                if p.is_alive():
+                    p.kill()
+        if errors:
+            first = min(errors, key=lambda r: ("died with exit code" in errors[r], r))  # a traceback first
+            raise EngineError(f"{len(errors)} of {world} ranks failed ({sorted(errors)}); rank {first}:\n"
+                              f"{errors[first]}")
+    return [out[r] for r in range(world)]

@@ -1,0 +1,131 @@
+"""The engine on real gloo process groups: a plan executed on id-derived tensors leaves
+every rank holding exactly its destination boxes, and the digests agree."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agents.engine.digest import compare_digests, state_digests
+from agents.engine.errors import EngineError
+from agents.engine.execute import execute_plan
+from agents.engine.launch import run_ranks
+from agents.engine.shards import LocalShard, box_shape, rank_boxes
+from agents.layout.catalog import get_model
+from agents.layout.plan import PlanOptions, plan_routes
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
+
+
+def truth(model, key, box) -> torch.Tensor:
+    """The value of every element, a function of (tensor, state, global index) only; bf16
+    `param` is the cast of `master`, as mixed-precision training keeps it."""
+    index, state = key
+    tensor = model.tensors[index]
+    shard = LocalShard(tensor, state, box, torch.empty(box_shape(tensor, box)))
+    from agents.engine.digest import _global_index
+
+    g = _global_index(shard).to(torch.float64)
+    base = torch.sin(g * 0.37 + index * 1.3)
+    values = {"master": base, "param": base, "exp_avg": torch.cos(g * 0.11 + index), "exp_avg_sq": base * base}
+    dtype = torch.bfloat16 if state == "param" else torch.float32
+    return values[state].to(torch.float32).to(dtype)
+
+
+def _switch(rank: int, world: int, model_name: str, src: str, dst: str, staging: int, corrupt: bool):
+    model = get_model(model_name)
+    plan = plan_routes(model, src, dst, PlanOptions(gpus_per_node=2, staging_bytes=staging))
+    old = {key: LocalShard(model.tensors[key[0]], key[1], box, truth(model, key, box))
+           for key, box in (rank_boxes(plan.src, rank).items() if rank < plan.src.world else [])}
+    before = state_digests(plan.src, rank, old)
+    samples: list[int] = []
+    new = execute_plan(plan, rank, old, sample=lambda label, live: samples.append(live))
+    expected = rank_boxes(plan.dst, rank) if rank < plan.dst.world else {}
+    assert set(new) == set(expected)
+    for key, box in expected.items():
+        assert new[key].box == box
+        assert torch.equal(new[key].data, truth(model, key, box)), (model.tensors[key[0]].name, key[1], rank)
+    if corrupt and rank == 1:
+        key = sorted(k for k in new if k[1] == "exp_avg")[0]
+        new[key].data.view(-1)[0] += 1.0
+    after = state_digests(plan.dst, rank, new)
+    try:
+        compare_digests(model, before, after)
+        return ("ok", max(samples, default=0))
+    except EngineError as exc:
+        return ("mismatch", str(exc))
+
+
+CASES = [
+    ("same size, tp and zero change", "tp=2,dp=2,zero=1", "tp=4,zero=0"),
+    ("grow, pp and zero=3", "dp=2,zero=1", "tp=2,pp=2,zero=3"),
+    ("shrink, pp to dp", "tp=2,pp=2,zero=1", "dp=2,zero=3"),
+    ("pp change with vpp", "pp=2,vpp=2,dp=2", "tp=2,pp=2,zero=2"),
+]
+
+
+@pytest.mark.parametrize(("name", "src", "dst"), CASES, ids=[c[0] for c in CASES])
+def test_switch_is_exact_and_verified(name: str, src: str, dst: str) -> None:
+    from agents.layout.spec import parse_layout
+
+    world = max(parse_layout(src).world, parse_layout(dst).world)
+    results = run_ranks(world, _switch, "tiny-gpt", src, dst, 64 * 1024, False, timeout_s=90)
+    assert all(status == "ok" for status, _ in results), results
+
+
+def test_heterogeneous_multimodal_switch_is_exact() -> None:
+    results = run_ranks(4, _switch, "tiny-vlm", "tp=2,dp=2", "encoder:dp=2,ranks=0-1;llm:tp=2,ranks=2-3",
+                        16 * 1024, False, timeout_s=90)
+    assert all(status == "ok" for status, _ in results), results
+
+
+def test_digest_names_a_corrupted_tensor() -> None:
+    results = run_ranks(4, _switch, "tiny-gpt", "tp=2,dp=2,zero=1", "tp=4", 64 * 1024, True, timeout_s=90)
+    statuses = {status for status, _ in results}
+    assert statuses == {"mismatch"}, results
+    assert "verification failed for 1 tensor states" in results[0][1]
+    assert "/exp_avg" in results[0][1]
+
+
+def _mismatched_plan(rank: int, world: int):
+    model = get_model("tiny-gpt")
+    plan = plan_routes(model, "dp=2", "tp=2" if rank == 0 else "dp=2,zero=1")
+    try:
+        execute_plan(plan, rank, {})
+    except EngineError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_mismatched_plans_fail_before_moving_anything() -> None:
+    results = run_ranks(2, _mismatched_plan, timeout_s=60)
+    assert all("plan fingerprints differ" in r for r in results), results
+
+
+def _dies_mid_switch(rank: int, world: int):
+    import os
+
+    model = get_model("tiny-gpt")
+    plan = plan_routes(model, "tp=2,dp=2,zero=1", "tp=4", PlanOptions(staging_bytes=16 * 1024))
+    old = {key: LocalShard(model.tensors[key[0]], key[1], box, truth(model, key, box))
+           for key, box in rank_boxes(plan.src, rank).items()}
+
+    def sample(label: str, live: int) -> None:
+        if rank == 1 and label == "round 1 exchange":
+            os._exit(3)  # a rank lost in the middle of the switch
+
+    execute_plan(plan, rank, old, sample=sample)
+    return "finished"
+
+
+def test_a_rank_dying_mid_switch_fails_the_others_within_the_timeout() -> None:
+    import time
+
+    started = time.monotonic()
+    with pytest.raises(EngineError) as failure:
+        run_ranks(4, _dies_mid_switch, timeout_s=20)
+    assert time.monotonic() - started < 60
+    message = str(failure.value)
+    assert "rank 1 died with exit code 3" in message or "[0, 1, 2, 3]" in message
+    import re
+
+    assert re.search(r"round \d+ of \d+ failed exchanging with ranks \[[^]]*1", message), message
