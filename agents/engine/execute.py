@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from agents.engine.errors import EngineError
-from agents.engine.shards import Box, Key, LocalShard, empty_shard, rank_boxes
+from agents.engine.shards import DTYPES, Box, Key, LocalShard, box_shape, empty_shard, rank_boxes
 from agents.layout.plan import RoutingPlan
 
 Sampler = Callable[[str, int], None]  # (label, live bytes)
@@ -33,72 +34,103 @@ def check_fingerprint(plan: RoutingPlan, group=None) -> None:
                           f"{sorted({everyone[r][:12] for r in odd})}; refusing to switch")
 
 
-def _pieces(plan: RoutingPlan, rank: int, round_slices) -> tuple[dict, dict, list]:
-    """This rank's sends and receives per peer, and local copies, in one round (plan order)."""
-    sends: dict[int, list[tuple[Key, Box]]] = defaultdict(list)
-    recvs: dict[int, list[tuple[Key, Box]]] = defaultdict(list)
-    local: list[tuple[Key, Box]] = []
+@dataclass
+class SlicePieces:
+    """What one slice of a round means for this rank, in the plan's order."""
+
+    key: Key
+    sends: list[tuple[int, Box]]  # (peer, box)
+    recvs: list[tuple[int, Box]]
+    local: list[Box]
+
+
+def _slices(plan: RoutingPlan, rank: int, round_slices) -> list[SlicePieces]:
+    out = []
     for sl in round_slices:
         item = plan.items[sl.item]
-        key, r = (item.tensor, item.state), item.route
-        b = r.boxes
+        r, b = item.route, item.route.boxes
         a0, a1 = np.maximum(b.a0, sl.a_lo), np.minimum(b.a1, sl.a_hi)
+        pieces = SlicePieces((item.tensor, item.state), [], [], [])
         for i in np.flatnonzero(((r.src == rank) | (r.dst == rank)) & (a1 > a0)):
             box = (int(a0[i]), int(a1[i]), int(b.b0[i]), int(b.b1[i]))
             if r.src[i] == rank:
-                sends[int(r.dst[i])].append((key, box))
+                pieces.sends.append((int(r.dst[i]), box))
             else:
-                recvs[int(r.src[i])].append((key, box))
+                pieces.recvs.append((int(r.src[i]), box))
         loc = r.local
         for i in np.flatnonzero(loc.rank == rank):
             la0, la1 = max(int(loc.a0[i]), sl.a_lo), min(int(loc.a1[i]), sl.a_hi)
             if la1 > la0:
-                local.append((key, (la0, la1, int(loc.b0[i]), int(loc.b1[i]))))
-    return sends, recvs, local
+                pieces.local.append((la0, la1, int(loc.b0[i]), int(loc.b1[i])))
+        out.append(pieces)
+    return out
 
 
 def _flat_bytes(view: torch.Tensor) -> torch.Tensor:
     return view.contiguous().view(-1).view(torch.uint8)
 
 
+def _nbytes(model, key: Key, box: Box) -> int:
+    return int(np.prod(box_shape(model.tensors[key[0]], box))) * DTYPES[key[1]].itemsize
+
+
 def execute_plan(plan: RoutingPlan, rank: int, old: dict[Key, LocalShard], group=None,
                  sample: Sampler | None = None) -> dict[Key, LocalShard]:
-    """Move this rank's state from plan.src to plan.dst; returns the new shards."""
+    """Move this rank's state from plan.src to plan.dst; returns the new shards.
+
+    Memory follows the planner's model (agents/layout/schedule.py memory_wave): per round,
+    pack -> free sources read for the last time (unless a local copy still needs them) ->
+    exchange -> slice by slice: allocate the destination on first touch, copy locally,
+    unpack, free sources after their last local copy.
+    """
     check_fingerprint(plan, group)
     model = plan.model
     new_boxes = rank_boxes(plan.dst, rank)
     new: dict[Key, LocalShard] = {}
-    # Boxes this rank keeps exactly are reused as they are: no copy, no new memory.
-    for key, box in new_boxes.items():
+    for key, box in new_boxes.items():  # boxes kept exactly: reused, no copy, no new memory
         if key in old and old[key].box == box:
             new[key] = old[key]
-    per_round = [_pieces(plan, rank, rs) for rs in plan.rounds]
-    last_read: dict[Key, int] = {}
-    for k, (sends, _, local) in enumerate(per_round):
-        for key, _ in [p for peer in sends.values() for p in peer] + local:
-            last_read[key] = k
+    per_round = [_slices(plan, rank, rs) for rs in plan.rounds]
+    last_send: dict[Key, int] = {}
+    last_local: dict[Key, tuple[int, int]] = {}
+    for k, slices in enumerate(per_round):
+        for j, p in enumerate(slices):
+            if p.sends:
+                last_send[p.key] = k
+            if p.local:
+                last_local[p.key] = (k, j)
     old = dict(old)
+
+    def release(key: Key) -> None:
+        if key in old and not (key in new and new[key] is old[key]):
+            del old[key]
+
     for key in list(old):
-        if key not in last_read and key not in new:
-            del old[key]  # never read and not kept: free before the first round
+        if key not in last_send and key not in last_local:
+            release(key)  # never read again: free before the first round
 
     def live_bytes(extra: int = 0) -> int:
-        ids = {id(s.data): s.nbytes for s in list(old.values()) + list(new.values())}
-        return sum(ids.values()) + extra
+        return sum({id(s.data): s.nbytes for s in [*old.values(), *new.values()]}.values()) + extra
 
     def target(key: Key) -> LocalShard:
         if key not in new:
-            tensor = model.tensors[key[0]]
-            new[key] = empty_shard(tensor, key[1], new_boxes[key])
+            new[key] = empty_shard(model.tensors[key[0]], key[1], new_boxes[key])
         return new[key]
 
-    for k, (sends, recvs, local) in enumerate(per_round):
-        send_bufs = {peer: torch.cat([_flat_bytes(old[key].region(box)) for key, box in pieces])
-                     for peer, pieces in sorted(sends.items())}
-        recv_bufs = {}
-        for peer, pieces in sorted(recvs.items()):
-            size = sum(target(key).region(box).numel() * target(key).data.element_size() for key, box in pieces)
-            recv_bufs[peer] = torch.empty(size, dtype=torch.uint8)
+    for k, slices in enumerate(per_round):
+        outgoing: dict[int, list[torch.Tensor]] = defaultdict(list)
+        incoming: dict[int, int] = defaultdict(int)
+        for p in slices:
+            for peer, box in p.sends:
+                outgoing[peer].append(_flat_bytes(old[p.key].region(box)))
+            for peer, box in p.recvs:
+                incoming[peer] += _nbytes(model, p.key, box)
+        send_bufs = {peer: torch.cat(parts) for peer, parts in sorted(outgoing.items())}
+        del outgoing
+        for key in {p.key for p in slices if last_send.get(p.key) == k}:
+            if last_local.get(key, (-1, -1))[0] < k or key not in last_local:
+                release(key)  # its last transfer is packed and no local copy is pending
+        recv_bufs = {peer: torch.empty(n, dtype=torch.uint8) for peer, n in sorted(incoming.items())}
         staging = sum(b.numel() for b in send_bufs.values()) + sum(b.numel() for b in recv_bufs.values())
         if sample:
             sample(f"round {k} exchange", live_bytes(staging))
@@ -111,22 +143,25 @@ def execute_plan(plan: RoutingPlan, rank: int, old: dict[Key, LocalShard], group
             except RuntimeError as exc:  # gloo/NCCL: a dead peer or a timeout
                 raise EngineError(f"rank {rank}: round {k} of {len(per_round)} failed exchanging with ranks "
                                   f"{sorted(set(send_bufs) | set(recv_bufs))}: {exc}") from exc
-        for key, box in local:
-            target(key).region(box).copy_(old[key].region(box))
-        for peer, pieces in sorted(recvs.items()):
-            buf, offset = recv_bufs[peer], 0
-            for key, box in pieces:
-                view = target(key).region(box)
-                nbytes = view.numel() * view.element_size()
-                view.copy_(buf[offset:offset + nbytes].view(view.dtype).view(view.shape))
-                offset += nbytes
-            if offset != buf.numel():
+        cursor: dict[int, int] = defaultdict(int)
+        for j, p in enumerate(slices):
+            for box in p.local:
+                target(p.key).region(box).copy_(old[p.key].region(box))
+            for peer, box in p.recvs:
+                view = target(p.key).region(box)
+                n = view.numel() * view.element_size()
+                view.copy_(recv_bufs[peer][cursor[peer]:cursor[peer] + n].view(view.dtype).view(view.shape))
+                cursor[peer] += n
+            if p.recvs or p.local:
+                if sample:
+                    sample(f"round {k} unpack", live_bytes(staging))
+            if last_local.get(p.key) == (k, j) and last_send.get(p.key, -1) <= k:
+                release(p.key)
+        for peer, buf in recv_bufs.items():
+            if cursor[peer] != buf.numel():
                 raise EngineError(f"rank {rank}: round {k} from rank {peer}: {buf.numel()} bytes received, "
-                                  f"{offset} unpacked")
+                                  f"{cursor[peer]} unpacked")
         del send_bufs, recv_bufs
-        for key in [key for key, last in last_read.items() if last == k]:
-            if key in old and not (key in new and new[key] is old[key]):
-                del old[key]
         if sample:
             sample(f"round {k} done", live_bytes())
 

@@ -70,25 +70,30 @@ class RoutingPlan:
             np.add.at(start, src.rank, src.size * self._bytes(item))
         effects: dict[tuple[int, int, int], SliceMemory] = {}
         per_route: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        for round_slices in self.rounds:
-            for sl in round_slices:
-                item = self.items[sl.item]
-                r, nbytes = item.route, self._bytes(item)
-                if id(r) not in per_route:
-                    # A rank whose box is unchanged keeps the tensor as it is; ranks with a local
-                    # copy free their source rows only after copying them.
-                    src, dst, loc = r.src_holders, r.dst_holders, r.local
-                    loc_elems = r.elements(loc)
-                    same = (loc_elems == src.size[np.searchsorted(src.rank, loc.rank)]) & (
-                        loc_elems == dst.size[np.searchsorted(dst.rank, loc.rank)])
-                    per_route[id(r)] = (loc.rank[same], loc.rank)
-                kept, local = per_route[id(r)]
-                src_ranks, src_bytes = _rows(r.src_holders, sl.a_lo, sl.a_hi, nbytes, kept)
-                dst_ranks, dst_bytes = _rows(r.dst_holders, sl.a_lo, sl.a_hi, nbytes, kept)
-                late = np.isin(src_ranks, local)
-                effects[(sl.item, sl.a_lo, sl.a_hi)] = SliceMemory(
-                    early=(src_ranks[~late], src_bytes[~late]), late=(src_ranks[late], src_bytes[late]),
-                    alloc=(dst_ranks, dst_bytes))
+        order = [sl for round_slices in self.rounds for sl in round_slices]
+        first_slice = {sl.item: sl for sl in reversed(order)}
+        last_slice = {sl.item: sl for sl in order}
+        none = (np.zeros(0, dtype=np.int64), np.zeros(0))
+        for sl in order:
+            item = self.items[sl.item]
+            r, nbytes = item.route, self._bytes(item)
+            if id(r) not in per_route:
+                # A rank whose box is unchanged keeps the tensor as it is; ranks with a local
+                # copy free their source box only after copying it.
+                src, dst, loc = r.src_holders, r.dst_holders, r.local
+                loc_elems = r.elements(loc)
+                same = (loc_elems == src.size[np.searchsorted(src.rank, loc.rank)]) & (
+                    loc_elems == dst.size[np.searchsorted(dst.rank, loc.rank)])
+                per_route[id(r)] = (loc.rank[same], loc.rank)
+            kept, local = per_route[id(r)]
+            early, late, alloc = none, none, none
+            if sl is first_slice[sl.item]:
+                alloc = _boxes(r.dst_holders, nbytes, kept)
+            if sl is last_slice[sl.item]:
+                ranks, nb = _boxes(r.src_holders, nbytes, kept)
+                is_late = np.isin(ranks, local)
+                early, late = (ranks[~is_late], nb[~is_late]), (ranks[is_late], nb[is_late])
+            effects[(sl.item, sl.a_lo, sl.a_hi)] = SliceMemory(early=early, late=late, alloc=alloc)
         return memory_wave(self.rounds, start, effects, self.stats, self.world)
 
     def _sum(self, what) -> int:
@@ -191,12 +196,10 @@ class RoutingPlan:
         return out
 
 
-def _rows(boxes: HolderBoxes, a_lo: int, a_hi: int, nbytes: int, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(ranks, bytes) of the boxes' rows within [a_lo, a_hi), leaving out `kept` ranks."""
-    rows = np.maximum(np.minimum(boxes.a1, a_hi) - np.maximum(boxes.a0, a_lo), 0)
-    nb = rows * (boxes.b1 - boxes.b0) * boxes.unit * nbytes
-    keep = (nb > 0) & ~np.isin(boxes.rank, kept)
-    return boxes.rank[keep], nb[keep].astype(np.float64)
+def _boxes(boxes: HolderBoxes, nbytes: int, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ranks, bytes) of the boxes, leaving out `kept` ranks."""
+    keep = ~np.isin(boxes.rank, kept)
+    return boxes.rank[keep], (boxes.size[keep] * nbytes).astype(np.float64)
 
 
 def _stage_fractions(model: Model, placement: Placement) -> dict[int, float]:

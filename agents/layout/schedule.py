@@ -150,9 +150,10 @@ Sparse = tuple[np.ndarray, np.ndarray]  # (ranks, bytes)
 
 @dataclass(frozen=True)
 class SliceMemory:
-    """What one slice (rows [a_lo, a_hi) of one item) does to each rank's state memory:
-    source rows freed once packed (`early`) or after the round's local copy (`late`), and
-    destination rows allocated. Rows a rank keeps unchanged appear in none."""
+    """What one slice (rows [a_lo, a_hi) of one item) does to each rank's state memory.
+    Shards are whole tensors: the item's first slice allocates the destination boxes, its
+    last frees the source boxes, once packed (`early`) or after the round's local copies
+    (`late`). Boxes a rank keeps unchanged appear in none."""
 
     early: Sparse
     late: Sparse
@@ -163,11 +164,9 @@ def memory_wave(rounds: list[list[Slice]], start: np.ndarray, effects: dict[tupl
                 stats: RoundStats, world: int) -> tuple[np.ndarray, np.ndarray]:
     """Predicted state bytes on every rank after each round, and the peak within it.
 
-    State is freed and allocated by row chunk, at the same global cut points as the
-    rounds (the engine keeps a box as row chunks, so a chunk goes as soon as it is sent).
-    Within a round: pack (send staging allocated, early rows freed) -> exchange (receive
-    staging) -> slice by slice in the global order: allocate destination rows, copy the
-    local part and unpack, free the late rows -> staging freed.
+    Mirrors agents/engine/execute.py. Within a round: pack (send staging allocated, early sources freed) -> exchange (receive
+    staging) -> slice by slice in the global order: allocate destination boxes, copy the
+    local part and unpack, free the late sources -> staging freed.
     Returns (after[rounds + 1, world], peak[rounds, world]).
     """
     def add(out: np.ndarray, sparse: Sparse, sign: float = 1.0) -> None:

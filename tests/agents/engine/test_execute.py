@@ -48,9 +48,13 @@ def _switch(rank: int, world: int, model_name: str, src: str, dst: str, staging:
         key = sorted(k for k in new if k[1] == "exp_avg")[0]
         new[key].data.view(-1)[0] += 1.0
     after = state_digests(plan.dst, rank, new)
+    _, peak = plan.waves
+    predicted = float(peak[:, rank].max(initial=0)) if rank < peak.shape[1] else 0.0
+    measured = max(samples, default=0)
+    assert measured <= predicted, f"rank {rank}: measured peak {measured} B above the predicted {predicted:.0f} B"
     try:
         compare_digests(model, before, after)
-        return ("ok", max(samples, default=0))
+        return ("ok", (measured, predicted))
     except EngineError as exc:
         return ("mismatch", str(exc))
 
