@@ -69,6 +69,42 @@ def _run_up(args: argparse.Namespace) -> int:
     return run_stack(options)
 
 
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
+    p = bench.add_parser("switch", help="engine switch vs checkpoint-restart (DCP) on local ranks")
+    p.add_argument("--model", required=True)
+    p.add_argument("--world", type=int, required=True, help="local processes (the union of both layouts' ranks)")
+    p.add_argument("--from", dest="src", required=True)
+    p.add_argument("--to", dest="dst", required=True)
+    p.add_argument("--staging-mb", type=float, default=256.0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_run_bench_switch)
+
+
+def _run_bench_switch(args: argparse.Namespace) -> int:
+    import json
+
+    from agents.engine.bench import bench_rank, summarize
+    from agents.engine.errors import EngineError
+    from agents.engine.launch import run_ranks
+
+    try:
+        ranks = run_ranks(args.world, bench_rank, args.model, args.src, args.dst, args.staging_mb, timeout_s=600)
+    except EngineError as exc:
+        print(f"dynaplane bench switch: {exc}", file=sys.stderr)
+        return 1
+    result = summarize(args.model, args.world, args.src, args.dst, ranks)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        r = result
+        print(f"{r['model']} {r['src']} -> {r['dst']} on {r['world']} ranks: switch {r['switch_seconds']:.3f} s, "
+              f"checkpoint {r['checkpoint_seconds']:.3f} s ({r['speedup']:.1f}x); {r['network_bytes'] / 2**20:.0f} MiB "
+              f"in {r['rounds']} rounds at {r['achieved_gbps']:.2f} GB/s (raw p2p {r['p2p_gbps']:.2f} GB/s); "
+              f"bitexact {r['bitexact']}")
+    return 0 if result["bitexact"] else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dynaplane", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -77,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     from dynaplane.layout_commands import add_commands
 
     add_commands(sub)
+    _add_bench(sub)
     return parser
 
 

@@ -1,12 +1,12 @@
 """A layout-independent digest of every logical state tensor, computed on the shards
 (nothing is gathered) and compared before and after a switch.
 
-digest(tensor, state) = sum over its elements of h(e) mod P, P = 2^31 - 1, with
-h(e) = (bits(e) mod P + 1) * mix(global index of e) mod P and mix in [1, P-1]. Every
-element is counted once: among ranks holding an identical box (replicas), the lowest one
-counts it. Exact integer arithmetic, so the same values give the same digest in any
-layout; changing any one element changes it (unless its bit pattern moves by a multiple
-of P, which a 16- or 32-bit pattern can do only by exactly P).
+digest(tensor, state) = sum over its elements of (bits(e) + 1) * mix(i) modulo 2^64, where
+i is the element's global flat index and mix(i) = (i * K + C) | 1 is odd. Every element
+is counted once: among ranks holding an identical box (replicas), the lowest one counts
+it. Integer arithmetic wraps modulo 2^64 on every rank and in the all-reduce alike, so
+the same values give the same digest in any layout, and changing any one element always
+changes it (an odd multiplier times a non-zero difference below 2^32 is never 0 mod 2^64).
 """
 from __future__ import annotations
 
@@ -16,12 +16,13 @@ import torch.distributed as dist
 
 from agents.engine.errors import EngineError
 from agents.engine.shards import Key, LocalShard
+from agents.engine.state_fill import global_index
 from agents.layout.placement import Placement
-from agents.layout.shards import STATE_CLASS, b_dim, holder_boxes
+from agents.layout.shards import STATE_CLASS, holder_boxes
 from agents.layout.tensors import STATES
 
-P = 2**31 - 1
-_A, _B = 1_103_515_245 % P, 12_345
+_K = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64 (golden-ratio constant)
+_C = 0x632BE59BD9B4E019
 
 
 def _owned(placement: Placement, rank: int) -> set[Key]:
@@ -40,20 +41,7 @@ def _owned(placement: Placement, rank: int) -> set[Key]:
 
 
 def _global_index(shard: LocalShard) -> torch.Tensor:
-    """Flat index in the logical tensor of every element of the shard (int64)."""
-    shape = shard.tensor.shape
-    strides = [int(np.prod(shape[d + 1:], dtype=np.int64)) for d in range(len(shape))]
-    offsets = [0] * len(shape)
-    offsets[0] = shard.box[0]
-    bd = b_dim(shard.tensor)
-    if bd is not None:
-        offsets[bd] = shard.box[2]
-    index = torch.zeros(shard.data.shape, dtype=torch.int64)
-    for d, n in enumerate(shard.data.shape):
-        view = [1] * len(shape)
-        view[d] = n
-        index += ((torch.arange(n, dtype=torch.int64) + offsets[d]) * strides[d]).view(view)
-    return index
+    return global_index(shard.tensor, shard.box, tuple(shard.data.shape))
 
 
 def shard_digest(shard: LocalShard) -> int:
@@ -64,8 +52,8 @@ def shard_digest(shard: LocalShard) -> int:
         bits = data.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
     else:
         raise EngineError(f"digest: unsupported dtype {data.dtype} for {shard.tensor.name}/{shard.state}")
-    mix = ((_global_index(shard) % P) * _A + _B) % (P - 1) + 1
-    return int((((bits % P) + 1) * mix % P).sum().item() % P)
+    mix = _global_index(shard).mul_(_K).add_(_C).bitwise_or_(1)  # int64 arithmetic wraps mod 2^64
+    return int(bits.add_(1).mul_(mix).sum().item())
 
 
 def state_digests(placement: Placement, rank: int, shards: dict[Key, LocalShard], group=None) -> dict[Key, int]:
@@ -75,7 +63,7 @@ def state_digests(placement: Placement, rank: int, shards: dict[Key, LocalShard]
     local = torch.tensor([shard_digest(shards[k]) if k in owned and k in shards else 0 for k in keys],
                          dtype=torch.int64)
     dist.all_reduce(local, group=group)
-    return {k: int(v) % P for k, v in zip(keys, local.tolist())}
+    return dict(zip(keys, local.tolist()))
 
 
 def compare_digests(model, before: dict[Key, int], after: dict[Key, int]) -> None:

@@ -20,8 +20,12 @@ from agents.engine.errors import EngineError
 
 
 def _entry(rank: int, world: int, init_file: str, timeout_s: float, fn: Callable, args: tuple, results) -> None:
+    import torch
     import torch.distributed as dist
 
+    # One intra-op thread per rank: n ranks on a few CPU cores otherwise oversubscribe them
+    # (2 threads x 4 ranks on 2 cores made collectives 10-50x slower).
+    torch.set_num_threads(int(os.environ.get("DYNAPLANE_RANK_THREADS", "1")))
     try:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s))

@@ -196,6 +196,8 @@ _CATALOG: dict[str, ModelConfig] = {c.name: c for c in (
         description="Qwen3 235B-A22B MoE, 128 experts top-8"),
     ModelConfig("llava-vitl-llama3-8b", "llava", _LLAMA3_8B, VisionConfig(1024, 24, 16, 4096, 14, 336, 3, 4096),
                 description="CLIP ViT-L/14-336 + MLP projector + Llama 3 8B (LLaVA-NeXT 8B)"),
+    ModelConfig("llama-124m", "llama", _llama(768, 12, 12, 4, 2048, 32000),
+                description="Llama-style 124M model for switch benchmarks on one machine"),
     ModelConfig("tiny-vlm", "llava", _TINY, VisionConfig(32, 2, 2, 64, 4, 16, 3, 64),
                 description="toy ViT + projector + tiny-gpt, for CPU tests"),
 )}

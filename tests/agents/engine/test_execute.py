@@ -9,7 +9,8 @@ from agents.engine.digest import compare_digests, state_digests
 from agents.engine.errors import EngineError
 from agents.engine.execute import execute_plan
 from agents.engine.launch import run_ranks
-from agents.engine.shards import LocalShard, box_shape, rank_boxes
+from agents.engine.shards import LocalShard, rank_boxes
+from agents.engine.state_fill import value
 from agents.layout.catalog import get_model
 from agents.layout.plan import PlanOptions, plan_routes
 
@@ -17,18 +18,8 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
 
 
 def truth(model, key, box) -> torch.Tensor:
-    """The value of every element, a function of (tensor, state, global index) only; bf16
-    `param` is the cast of `master`, as mixed-precision training keeps it."""
-    index, state = key
-    tensor = model.tensors[index]
-    shard = LocalShard(tensor, state, box, torch.empty(box_shape(tensor, box)))
-    from agents.engine.digest import _global_index
-
-    g = _global_index(shard).to(torch.float64)
-    base = torch.sin(g * 0.37 + index * 1.3)
-    values = {"master": base, "param": base, "exp_avg": torch.cos(g * 0.11 + index), "exp_avg_sq": base * base}
-    dtype = torch.bfloat16 if state == "param" else torch.float32
-    return values[state].to(torch.float32).to(dtype)
+    """Every element a function of (tensor, state, global index); param = bf16(master)."""
+    return value(model, key, box)
 
 
 def _switch(rank: int, world: int, model_name: str, src: str, dst: str, staging: int, corrupt: bool):

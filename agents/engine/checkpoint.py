@@ -1,0 +1,86 @@
+"""The checkpoint-restart baseline: the same state written with torch.distributed.checkpoint
+in the source layout and loaded, resharded by DCP, into the destination layout.
+
+Each rank's boxes become DTensors on per-(module, stage) device meshes whose placements
+reproduce CONTRACTS section 2 exactly (checked against our shard maps in
+tests/agents/layout/test_shards_vs_dtensor.py): mesh dims (tp, data) with
+(Shard(tp_dim) | Replicate, Shard(0) for ZeRO | Replicate) for dense tensors, and
+(ep, tp, expert-data) with (Shard(0), Shard(tp_dim) | Replicate, Shard(0) | Replicate) for
+experts. Layouts DTensor cannot express (kv heads fewer than tp) are refused.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+
+from agents.engine.errors import EngineError
+from agents.engine.shards import Key, LocalShard, empty_shard, rank_boxes
+from agents.layout.placement import Placement
+from agents.layout.shards import STATE_CLASS, is_sharded
+
+
+def _meshes(placement: Placement) -> dict[tuple[str, int, bool], DeviceMesh]:
+    """(module, stage, expert) -> mesh; built by every rank of the world in the same order."""
+    meshes = {}
+    for module in placement.model.modules:
+        ml = placement.modules[module.name]
+        data = ml.dp * ml.cp
+        for stage in range(ml.pp):
+            ranks = torch.arange(ml.tp * data) + ml.offset + stage * ml.tp * data
+            grid = ranks.view(data, ml.tp)  # rank = tp_rank + tp * d
+            meshes[(module.name, stage, False)] = DeviceMesh("cpu", grid.t().contiguous(), mesh_dim_names=("tp", "data"))
+            if module.num_experts:
+                # d = ep_rank + ep * edp_rank  ->  dims (ep, tp, edp)
+                experts = grid.view(data // ml.ep, ml.ep, ml.tp).permute(1, 2, 0).contiguous()
+                meshes[(module.name, stage, True)] = DeviceMesh("cpu", experts, mesh_dim_names=("ep", "tp", "edp"))
+    return meshes
+
+
+def _placements(tensor, state: str, ml) -> list:
+    split = tensor.split
+    if split.tp_units is not None and split.tp_units < ml.tp:
+        raise EngineError(f"{tensor.name}: {split.tp_units} heads replicated over tp={ml.tp} cannot be a DTensor; "
+                          f"the checkpoint baseline needs tp <= kv heads")
+    tp = Shard(split.tp_dim) if split.tp_dim is not None else Replicate()
+    zero = Shard(0) if is_sharded(STATE_CLASS[state], ml.zero) else Replicate()
+    return [Shard(0), tp, zero] if split.ep_dim is not None else [tp, zero]
+
+
+def check_expressible(placement: Placement) -> None:
+    """Fail before any work when a layout has boxes DTensor cannot describe."""
+    for tensor in placement.model.tensors:
+        for state in ("param", "master"):
+            _placements(tensor, state, placement.modules[tensor.split.module])
+
+
+def to_dtensors(placement: Placement, rank: int, shards: dict[Key, LocalShard]) -> dict[str, DTensor]:
+    """This rank's shards as DTensors (keys "tensor/state")."""
+    meshes = _meshes(placement)
+    out = {}
+    for (index, state), shard in sorted(shards.items()):
+        tensor = placement.model.tensors[index]
+        ml = placement.modules[tensor.split.module]
+        stages = [s for s in placement.tensor_stages(tensor)
+                  if (meshes[(tensor.split.module, s, tensor.is_expert)].mesh == rank).any()]
+        mesh = meshes[(tensor.split.module, stages[0], tensor.is_expert)]
+        global_stride = torch.empty(tensor.shape, device="meta").stride()
+        out[f"{tensor.name}/{state}"] = DTensor.from_local(
+            shard.data, mesh, _placements(tensor, state, ml), run_check=False,
+            shape=torch.Size(tensor.shape), stride=global_stride)
+    return out
+
+
+def checkpoint_switch(src: Placement, dst: Placement, rank: int, shards: dict[Key, LocalShard],
+                      path: str) -> dict[Key, LocalShard]:
+    """Save `shards` (layout src) with DCP, load them into layout dst; returns the new shards."""
+    # Every rank builds every mesh (group creation is collective), holder or not.
+    saved = to_dtensors(src, rank, shards)
+    dcp.save(saved, checkpoint_id=path)
+    del saved
+    boxes = rank_boxes(dst, rank) if rank < dst.world else {}
+    new = {key: empty_shard(dst.model.tensors[key[0]], key[1], box) for key, box in boxes.items()}
+    state = to_dtensors(dst, rank, new)
+    dcp.load(state, checkpoint_id=path)  # DCP reads into the DTensors' local tensors, i.e. into `new`
+    return new
