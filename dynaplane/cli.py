@@ -100,7 +100,8 @@ def _run_bench_switch(args: argparse.Namespace) -> int:
         r = result
         print(f"{r['model']} {r['src']} -> {r['dst']} on {r['world']} ranks: switch {r['switch_seconds']:.3f} s, "
               f"checkpoint {r['checkpoint_seconds']:.3f} s ({r['speedup']:.1f}x); {r['network_bytes'] / 2**20:.0f} MiB "
-              f"in {r['rounds']} rounds at {r['achieved_gbps']:.2f} GB/s (raw p2p {r['p2p_gbps']:.2f} GB/s); "
+              f"in {r['rounds']} rounds at {r['achieved_gbps']:.2f} GB/s (raw p2p {r['p2p_gbps']:.2f} GB/s, "
+              f"same messages replayed {r['replay_gbps']:.2f} GB/s); "
               f"bitexact {r['bitexact']}")
     return 0 if result["bitexact"] else 1
 

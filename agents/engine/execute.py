@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from agents.engine.errors import EngineError
-from agents.engine.shards import DTYPES, Box, Key, LocalShard, box_shape, empty_shard, rank_boxes
+from agents.engine.shards import DTYPES, Box, Key, LocalShard, box_shape, empty_shard
 from agents.layout.plan import RoutingPlan
 
 Sampler = Callable[[str, int], None]  # (label, live bytes)
@@ -44,21 +44,25 @@ class SlicePieces:
     local: list[Box]
 
 
-def _slices(plan: RoutingPlan, rank: int, round_slices) -> list[SlicePieces]:
+def _slices(plan: RoutingPlan, rank: int, round_slices, mine: dict) -> list[SlicePieces]:
     out = []
     for sl in round_slices:
         item = plan.items[sl.item]
         r, b = item.route, item.route.boxes
-        a0, a1 = np.maximum(b.a0, sl.a_lo), np.minimum(b.a1, sl.a_hi)
+        if id(r) not in mine:  # this rank's rows of a route, found once per route
+            mine[id(r)] = (np.flatnonzero((r.src == rank) | (r.dst == rank)), np.flatnonzero(r.local.rank == rank))
+        rows, local_rows = mine[id(r)]
+        a0, a1 = np.maximum(b.a0[rows], sl.a_lo), np.minimum(b.a1[rows], sl.a_hi)
         pieces = SlicePieces((item.tensor, item.state), [], [], [])
-        for i in np.flatnonzero(((r.src == rank) | (r.dst == rank)) & (a1 > a0)):
-            box = (int(a0[i]), int(a1[i]), int(b.b0[i]), int(b.b1[i]))
+        for j in np.flatnonzero(a1 > a0):
+            i = rows[j]
+            box = (int(a0[j]), int(a1[j]), int(b.b0[i]), int(b.b1[i]))
             if r.src[i] == rank:
                 pieces.sends.append((int(r.dst[i]), box))
             else:
                 pieces.recvs.append((int(r.src[i]), box))
         loc = r.local
-        for i in np.flatnonzero(loc.rank == rank):
+        for i in local_rows:
             la0, la1 = max(int(loc.a0[i]), sl.a_lo), min(int(loc.a1[i]), sl.a_hi)
             if la1 > la0:
                 pieces.local.append((la0, la1, int(loc.b0[i]), int(loc.b1[i])))
@@ -66,8 +70,40 @@ def _slices(plan: RoutingPlan, rank: int, round_slices) -> list[SlicePieces]:
     return out
 
 
-def _flat_bytes(view: torch.Tensor) -> torch.Tensor:
-    return view.contiguous().view(-1).view(torch.uint8)
+@dataclass
+class RankProgram:
+    """Everything one rank does in a switch, worked out from the plan ahead of time (while
+    training goes on), so that the pause is only the exchange itself."""
+
+    rank: int
+    new_boxes: dict[Key, Box]
+    rounds: list[list[SlicePieces]]
+    last_send: dict[Key, int]
+    last_local: dict[Key, tuple[int, int]]
+
+
+def _boxes_from_routes(plan: RoutingPlan, rank: int) -> dict[Key, Box]:
+    out: dict[Key, Box] = {}
+    for item in plan.items:
+        h = item.route.dst_holders
+        hit = int(np.searchsorted(h.rank, rank))
+        if hit < len(h.rank) and h.rank[hit] == rank:
+            out[(item.tensor, item.state)] = (int(h.a0[hit]), int(h.a1[hit]), int(h.b0[hit]), int(h.b1[hit]))
+    return out
+
+
+def prepare(plan: RoutingPlan, rank: int) -> RankProgram:
+    mine: dict = {}
+    rounds = [_slices(plan, rank, rs, mine) for rs in plan.rounds]
+    last_send: dict[Key, int] = {}
+    last_local: dict[Key, tuple[int, int]] = {}
+    for k, slices in enumerate(rounds):
+        for j, p in enumerate(slices):
+            if p.sends:
+                last_send[p.key] = k
+            if p.local:
+                last_local[p.key] = (k, j)
+    return RankProgram(rank, _boxes_from_routes(plan, rank), rounds, last_send, last_local)
 
 
 def _nbytes(model, key: Key, box: Box) -> int:
@@ -75,7 +111,7 @@ def _nbytes(model, key: Key, box: Box) -> int:
 
 
 def execute_plan(plan: RoutingPlan, rank: int, old: dict[Key, LocalShard], group=None,
-                 sample: Sampler | None = None) -> dict[Key, LocalShard]:
+                 sample: Sampler | None = None, program: RankProgram | None = None) -> dict[Key, LocalShard]:
     """Move this rank's state from plan.src to plan.dst; returns the new shards.
 
     Memory follows the planner's model (agents/layout/schedule.py memory_wave): per round,
@@ -85,20 +121,13 @@ def execute_plan(plan: RoutingPlan, rank: int, old: dict[Key, LocalShard], group
     """
     check_fingerprint(plan, group)
     model = plan.model
-    new_boxes = rank_boxes(plan.dst, rank)
+    program = program or prepare(plan, rank)
+    new_boxes, per_round = program.new_boxes, program.rounds
+    last_send, last_local = program.last_send, program.last_local
     new: dict[Key, LocalShard] = {}
     for key, box in new_boxes.items():  # boxes kept exactly: reused, no copy, no new memory
         if key in old and old[key].box == box:
             new[key] = old[key]
-    per_round = [_slices(plan, rank, rs) for rs in plan.rounds]
-    last_send: dict[Key, int] = {}
-    last_local: dict[Key, tuple[int, int]] = {}
-    for k, slices in enumerate(per_round):
-        for j, p in enumerate(slices):
-            if p.sends:
-                last_send[p.key] = k
-            if p.local:
-                last_local[p.key] = (k, j)
     old = dict(old)
 
     def release(key: Key) -> None:
@@ -118,15 +147,21 @@ def execute_plan(plan: RoutingPlan, rank: int, old: dict[Key, LocalShard], group
         return new[key]
 
     for k, slices in enumerate(per_round):
-        outgoing: dict[int, list[torch.Tensor]] = defaultdict(list)
+        outgoing: dict[int, int] = defaultdict(int)
         incoming: dict[int, int] = defaultdict(int)
         for p in slices:
             for peer, box in p.sends:
-                outgoing[peer].append(_flat_bytes(old[p.key].region(box)))
+                outgoing[peer] += _nbytes(model, p.key, box)
             for peer, box in p.recvs:
                 incoming[peer] += _nbytes(model, p.key, box)
-        send_bufs = {peer: torch.cat(parts) for peer, parts in sorted(outgoing.items())}
-        del outgoing
+        send_bufs = {peer: torch.empty(n, dtype=torch.uint8) for peer, n in sorted(outgoing.items())}
+        packed: dict[int, int] = defaultdict(int)
+        for p in slices:  # pack straight into each peer's buffer: one copy per byte
+            for peer, box in p.sends:
+                view = old[p.key].region(box)
+                n = view.numel() * view.element_size()
+                send_bufs[peer][packed[peer]:packed[peer] + n].view(view.dtype).view(view.shape).copy_(view)
+                packed[peer] += n
         for key in {p.key for p in slices if last_send.get(p.key) == k}:
             if last_local.get(key, (-1, -1))[0] < k or key not in last_local:
                 release(key)  # its last transfer is packed and no local copy is pending
