@@ -52,6 +52,7 @@ def _slices(plan: RoutingPlan, rank: int, round_slices, mine: dict) -> list[Slic
         if id(r) not in mine:  # this rank's rows of a route, found once per route
             mine[id(r)] = (np.flatnonzero((r.src == rank) | (r.dst == rank)), np.flatnonzero(r.local.rank == rank))
         rows, local_rows = mine[id(r)]
+        rows = rows[(rows >= sl.t_lo) & (rows < (len(r.src) if sl.t_hi is None else sl.t_hi))]
         a0, a1 = np.maximum(b.a0[rows], sl.a_lo), np.minimum(b.a1[rows], sl.a_hi)
         pieces = SlicePieces((item.tensor, item.state), [], [], [])
         for j in np.flatnonzero(a1 > a0):
@@ -62,7 +63,7 @@ def _slices(plan: RoutingPlan, rank: int, round_slices, mine: dict) -> list[Slic
             else:
                 pieces.recvs.append((int(r.src[i]), box))
         loc = r.local
-        for i in local_rows:
+        for i in (local_rows if sl.t_lo == 0 else ()):  # local copies once per row range
             la0, la1 = max(int(loc.a0[i]), sl.a_lo), min(int(loc.a1[i]), sl.a_hi)
             if la1 > la0:
                 pieces.local.append((la0, la1, int(loc.b0[i]), int(loc.b1[i])))

@@ -68,7 +68,7 @@ class RoutingPlan:
         for item in self.items:
             src = item.route.src_holders
             np.add.at(start, src.rank, src.size * self._bytes(item))
-        effects: dict[tuple[int, int, int], SliceMemory] = {}
+        effects: dict[tuple, SliceMemory] = {}
         per_route: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         order = [sl for round_slices in self.rounds for sl in round_slices]
         first_slice = {sl.item: sl for sl in reversed(order)}
@@ -93,7 +93,7 @@ class RoutingPlan:
                 ranks, nb = _boxes(r.src_holders, nbytes, kept)
                 is_late = np.isin(ranks, local)
                 early, late = (ranks[~is_late], nb[~is_late]), (ranks[is_late], nb[is_late])
-            effects[(sl.item, sl.a_lo, sl.a_hi)] = SliceMemory(early=early, late=late, alloc=alloc)
+            effects[sl.key] = SliceMemory(early=early, late=late, alloc=alloc)
         return memory_wave(self.rounds, start, effects, self.stats, self.world)
 
     def _sum(self, what) -> int:
@@ -117,7 +117,7 @@ class RoutingPlan:
                             r.local.a1, r.local.b0, r.local.b1, r.derived.rank, r.derived.a0, r.derived.a1):
                     h.update(np.ascontiguousarray(arr, dtype="<i8").tobytes())
         for k, round_slices in enumerate(self.rounds):
-            h.update(f"R{k}:".encode() + ",".join(f"{s.item}/{s.a_lo}/{s.a_hi}" for s in round_slices).encode())
+            h.update(f"R{k}:".encode() + ",".join(f"{s.item}/{s.a_lo}/{s.a_hi}/{s.t_lo}/{s.t_hi}" for s in round_slices).encode())
         return h.hexdigest()
 
     def summary(self) -> dict:
@@ -177,7 +177,7 @@ class RoutingPlan:
             for sl in round_slices:
                 item = self.items[sl.item]
                 t, r = tensors[item.tensor], item.route
-                for i in range(len(r.src)):
+                for i in sl.transfers(r):
                     a0, a1 = max(int(r.boxes.a0[i]), sl.a_lo), min(int(r.boxes.a1[i]), sl.a_hi)
                     if a1 > a0:
                         off, ln = full_box(t, a0, a1, r.boxes.b0[i], r.boxes.b1[i])

@@ -19,20 +19,33 @@ from agents.layout.shards import chunk
 
 @dataclass(frozen=True)
 class Slice:
-    """Rows [a_lo, a_hi) of one item's transfers, in one round."""
+    """Rows [a_lo, a_hi) of one item's transfers [t_lo, t_hi) (route order), in one round.
+    The transfer range only narrows when a single row is too big for the budget (a row
+    sent to many peers); local copies of the rows happen in the slice with t_lo == 0."""
 
     item: int
     a_lo: int
     a_hi: int
+    t_lo: int = 0
+    t_hi: int | None = None
+
+    @property
+    def key(self) -> tuple[int, int, int, int]:
+        return (self.item, self.a_lo, self.a_hi, self.t_lo)
+
+    def transfers(self, route: Route) -> np.ndarray:
+        """Indices of the route's transfers this slice carries (before row clipping)."""
+        return np.arange(self.t_lo, len(route.src) if self.t_hi is None else self.t_hi)
 
 
-def _clip(route: Route, a_lo: int, a_hi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(src, dst, elements) of the item's transfers within rows [a_lo, a_hi)."""
+def _clip(route: Route, a_lo: int, a_hi: int, t_lo: int = 0, t_hi: int | None = None):
+    """(src, dst, elements) of the item's transfers [t_lo, t_hi) within rows [a_lo, a_hi)."""
     b = route.boxes
-    a0, a1 = np.maximum(b.a0, a_lo), np.minimum(b.a1, a_hi)
-    elems = np.maximum(a1 - a0, 0) * (b.b1 - b.b0) * route.unit
+    sel = slice(t_lo, t_hi)
+    a0, a1 = np.maximum(b.a0[sel], a_lo), np.minimum(b.a1[sel], a_hi)
+    elems = np.maximum(a1 - a0, 0) * (b.b1[sel] - b.b0[sel]) * route.unit
     keep = elems > 0
-    return route.src[keep], route.dst[keep], elems[keep]
+    return route.src[sel][keep], route.dst[sel][keep], elems[keep]
 
 
 def _staging(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -77,18 +90,21 @@ def cut_rounds(routes: list[Route], item_bytes: list[int], dim0: list[int], budg
         if key not in staging_cache:
             staging_cache[key] = _staging(route.src, route.dst, route.elements(route.boxes))
         ranks, elems = staging_cache[key]
-        slices = [(0, dim0[i], ranks, elems * nbytes)]
+        slices = [(0, dim0[i], 0, None, ranks, elems * nbytes)]
         if (elems * nbytes).max() > budget:
             split_key = (key, nbytes, dim0[i])  # routes are shared by layers and by the 3 fp32 states
             if split_key not in split_cache:
                 split_cache[split_key] = _split(route, nbytes, dim0[i], budget)
             slices = split_cache[split_key]
-        for a_lo, a_hi, ranks_s, bytes_s in slices:
-            place(ranks_s, bytes_s, Slice(i, a_lo, a_hi))
+        for a_lo, a_hi, t_lo, t_hi, ranks_s, bytes_s in slices:
+            place(ranks_s, bytes_s, Slice(i, a_lo, a_hi, t_lo, t_hi))
     return rounds or [[]]
 
 
 def _split(route: Route, nbytes: int, n0: int, budget: int):
+    """Equal row slices (the same global cut points on every rank), doubling their number
+    until each fits; rows that cannot fit alone (one row sent to many peers) are cut
+    further by transfers, in route order."""
     parts = 2
     while True:
         slices = []
@@ -100,13 +116,39 @@ def _split(route: Route, nbytes: int, n0: int, budget: int):
             if len(src) == 0:
                 continue
             ranks, staged = _staging(src, dst, elems)
-            slices.append((lo, hi, ranks, staged * nbytes))
-        if all(s[3].max() <= budget for s in slices):
+            slices.append((lo, hi, 0, None, ranks, staged * nbytes))
+        if all(s[5].max() <= budget for s in slices):
             return slices
         if parts >= n0:
-            raise LayoutError(f"staging budget {budget} B is smaller than one row of a transfer "
-                              f"({max(s[3].max() for s in slices):.0f} B on one rank); raise --staging-mb")
+            return [piece for s in slices for piece in
+                    ([s] if s[5].max() <= budget else _split_transfers(route, nbytes, s[0], s[1], budget))]
         parts = min(parts * 2, n0)
+
+
+def _split_transfers(route: Route, nbytes: int, lo: int, hi: int, budget: int):
+    """Rows [lo, hi) cut into runs of consecutive transfers that each fit the budget."""
+    b = route.boxes
+    elems = np.maximum(np.minimum(b.a1, hi) - np.maximum(b.a0, lo), 0) * (b.b1 - b.b0) * route.unit * nbytes
+    pieces, start, load = [], 0, {}
+    for t in range(len(route.src)):
+        if elems[t] == 0:
+            continue
+        if elems[t] * (2 if route.src[t] == route.dst[t] else 1) > budget:
+            raise LayoutError(f"staging budget {budget} B is smaller than one row of one transfer "
+                              f"({elems[t]} B); raise --staging-mb")
+        s, d = int(route.src[t]), int(route.dst[t])
+        if load.get(s, 0) + elems[t] > budget or load.get(d, 0) + elems[t] > budget:
+            pieces.append((start, t))
+            start, load = t, {}
+        load[s] = load.get(s, 0) + elems[t]
+        load[d] = load.get(d, 0) + elems[t]
+    pieces.append((start, len(route.src)))
+    out = []
+    for t_lo, t_hi in pieces:
+        src, dst, el = _clip(route, lo, hi, t_lo, t_hi)
+        ranks, staged = _staging(src, dst, el) if len(src) else (np.zeros(0, np.int64), np.zeros(0))
+        out.append((lo, hi, t_lo, t_hi, ranks, staged * nbytes))
+    return out
 
 
 @dataclass(frozen=True)
@@ -127,7 +169,7 @@ def round_stats(rounds: list[list[Slice]], routes: list[Route], item_bytes: list
     send_intra, send_inter, recv_intra, recv_inter, messages = (np.zeros(shape) for _ in range(5))
     transfers = 0
     for k, round_slices in enumerate(rounds):
-        parts = [_clip(routes[s.item], s.a_lo, s.a_hi) + (item_bytes[s.item],)
+        parts = [_clip(routes[s.item], s.a_lo, s.a_hi, s.t_lo, s.t_hi) + (item_bytes[s.item],)
                  for s in round_slices if len(routes[s.item].src)]
         if not parts:
             continue
@@ -160,7 +202,7 @@ class SliceMemory:
     alloc: Sparse
 
 
-def memory_wave(rounds: list[list[Slice]], start: np.ndarray, effects: dict[tuple[int, int, int], SliceMemory],
+def memory_wave(rounds: list[list[Slice]], start: np.ndarray, effects: dict[tuple, SliceMemory],
                 stats: RoundStats, world: int) -> tuple[np.ndarray, np.ndarray]:
     """Predicted state bytes on every rank after each round, and the peak within it.
 
@@ -180,9 +222,9 @@ def memory_wave(rounds: list[list[Slice]], start: np.ndarray, effects: dict[tupl
         early = np.zeros(world)
         running, running_peak = np.zeros(world), np.zeros(world)
         for s in round_slices:
-            add(early, effects[(s.item, s.a_lo, s.a_hi)].early)
+            add(early, effects[s.key].early)
         for s in round_slices:
-            effect = effects[(s.item, s.a_lo, s.a_hi)]
+            effect = effects[s.key]
             add(running, effect.alloc)
             np.maximum(running_peak, running, out=running_peak)
             add(running, effect.late, -1.0)

@@ -58,6 +58,11 @@ CASES = [
 ]
 
 
+def test_rows_fanned_out_beyond_the_budget_are_sent_over_several_rounds() -> None:
+    results = run_ranks(4, _switch, "tiny-gpt", "dp=1", "dp=4", 2048, False, timeout_s=120)
+    assert all(status == "ok" for status, _ in results), results
+
+
 @pytest.mark.parametrize(("name", "src", "dst"), CASES, ids=[c[0] for c in CASES])
 def test_switch_is_exact_and_verified(name: str, src: str, dst: str) -> None:
     from agents.layout.spec import parse_layout

@@ -108,3 +108,17 @@ def test_memory_wave_never_holds_both_layouts_plus_more_than_the_budget(case) ->
     assert (peak.max(axis=0, initial=0) <= after[0] + after[-1] + options.staging_bytes).all()
     assert (after >= 0).all()
     assert after[-1].sum() == plan.summary()["state_bytes_dst"]
+
+
+def test_a_row_sent_to_many_peers_is_cut_by_transfers() -> None:
+    """One row fanned out to 7 new ranks is 7x its size for the sender: rows cannot be cut
+    further, so the transfers are spread over rounds instead."""
+    from agents.layout.tensors import Model, ModuleSpec, TensorSpec, TensorSplit
+
+    row = TensorSpec("llm.layers.0.x.weight", (1, 64), TensorSplit("llm", 0, None, None, None, None))
+    model = Model("one-row", "llama", (ModuleSpec("llm", 1, 1, 1),), (row,))
+    plan = plan_routes(model, "dp=1", "dp=8", PlanOptions(staging_bytes=1024, gpus_per_node=1))
+    simulate(plan)
+    stats = plan.stats
+    assert (stats.send_intra + stats.send_inter + stats.recv_intra + stats.recv_inter).max() <= 1024
+    assert any(s.t_lo > 0 for r in plan.rounds for s in r)
