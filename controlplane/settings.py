@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import secrets
+import time
 from pathlib import Path
 
 import dj_database_url
@@ -35,13 +36,22 @@ def _secret_key() -> str:
     try:
         return path.read_text().strip()
     except FileNotFoundError:
+        pass
+    try:
         VAR_DIR.mkdir(parents=True, exist_ok=True)
         key = secrets.token_urlsafe(50)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as handle:
             handle.write(key)
         return key
-    except OSError:
+    except FileExistsError:  # another process created it first: use theirs, once written
+        for _ in range(50):
+            key = path.read_text().strip()
+            if key:
+                return key
+            time.sleep(0.02)
+        raise
+    except OSError:  # read-only var dir: sessions last as long as the process
         return secrets.token_urlsafe(50)
 
 
