@@ -17,7 +17,7 @@ import torch.distributed as dist
 from agents.engine.checkpoint import check_expressible, checkpoint_switch
 from agents.engine.digest import compare_digests, state_digests
 from agents.engine.errors import EngineError
-from agents.engine.execute import execute_plan, prepare
+from agents.engine.execute import execute_plan, message_sizes, prepare
 from agents.engine.state_fill import filled_shards
 from agents.layout.catalog import get_model
 from agents.layout.plan import PlanOptions, plan_routes
@@ -47,18 +47,9 @@ def p2p_gbps(rank: int, world: int, nbytes: int = P2P_BYTES, repeats: int = 3) -
 def replay_seconds(program, model) -> float:
     """The switch's exact messages (same peers, sizes and rounds) with ready-made buffers:
     what the transport alone needs for this traffic, without packing or unpacking."""
-    from collections import defaultdict
-
-    from agents.engine.execute import _nbytes
-
     rounds = []
     for slices in program.rounds:
-        out, inc = defaultdict(int), defaultdict(int)
-        for p in slices:
-            for peer, box in p.sends:
-                out[peer] += _nbytes(model, p.key, box)
-            for peer, box in p.recvs:
-                inc[peer] += _nbytes(model, p.key, box)
+        out, inc = message_sizes(model, slices)
         rounds.append(([(peer, torch.empty(n, dtype=torch.uint8)) for peer, n in sorted(out.items())],
                        [(peer, torch.empty(n, dtype=torch.uint8)) for peer, n in sorted(inc.items())]))
     dist.barrier()

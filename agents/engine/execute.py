@@ -111,6 +111,18 @@ def _nbytes(model, key: Key, box: Box) -> int:
     return int(np.prod(box_shape(model.tensors[key[0]], box))) * DTYPES[key[1]].itemsize
 
 
+def message_sizes(model, slices: list[SlicePieces]) -> tuple[dict[int, int], dict[int, int]]:
+    """Bytes this rank sends to and receives from each peer in one round."""
+    outgoing: dict[int, int] = defaultdict(int)
+    incoming: dict[int, int] = defaultdict(int)
+    for p in slices:
+        for peer, box in p.sends:
+            outgoing[peer] += _nbytes(model, p.key, box)
+        for peer, box in p.recvs:
+            incoming[peer] += _nbytes(model, p.key, box)
+    return outgoing, incoming
+
+
 def execute_plan(plan: RoutingPlan, rank: int, old: dict[Key, LocalShard], group=None,
                  sample: Sampler | None = None, program: RankProgram | None = None) -> dict[Key, LocalShard]:
     """Move this rank's state from plan.src to plan.dst; returns the new shards.
@@ -148,13 +160,7 @@ def execute_plan(plan: RoutingPlan, rank: int, old: dict[Key, LocalShard], group
         return new[key]
 
     for k, slices in enumerate(per_round):
-        outgoing: dict[int, int] = defaultdict(int)
-        incoming: dict[int, int] = defaultdict(int)
-        for p in slices:
-            for peer, box in p.sends:
-                outgoing[peer] += _nbytes(model, p.key, box)
-            for peer, box in p.recvs:
-                incoming[peer] += _nbytes(model, p.key, box)
+        outgoing, incoming = message_sizes(model, slices)
         send_bufs = {peer: torch.empty(n, dtype=torch.uint8) for peer, n in sorted(outgoing.items())}
         packed: dict[int, int] = defaultdict(int)
         for p in slices:  # pack straight into each peer's buffer: one copy per byte
