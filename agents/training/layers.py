@@ -67,15 +67,16 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, rope: Rope | None = None) -> Tensor:
         b, t, _ = x.shape
-        q = self.q(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        # -1 heads: under tensor parallelism a rank holds heads/tp query and kv_heads/tp kv heads.
+        q = self.q(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = self.k(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = self.v(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)  # Qwen3 normalizes each head before rotating it
         if rope is not None:
             q, k = apply_rope(q, rope), apply_rope(k, rope)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=self.kv_heads != self.heads)
-        return self.o(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+        return self.o(out.transpose(1, 2).reshape(b, t, -1))
 
 
 class SwiGLU(nn.Module):

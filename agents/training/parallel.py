@@ -1,0 +1,311 @@
+"""ParallelTrainer: one rank of a decoder LLM trained on a layout (CONTRACTS sections 1-2)
+with torch's own parallelism: DTensor tensor parallelism (`parallelize_module`), a
+replicated / ZeRO-1 data-parallel optimizer (agents/training/zero.py) and
+`torch.distributed.pipelining` for pp > 1. gloo on CPU, NCCL on CUDA, one code path.
+
+A trainer is always built from local shards (one tensor per (tensor, state) box the rank
+holds, agents/engine/shards.py): from initial values at the start, from the transition
+engine's output after a switch. The shards are adopted, not copied, and `hand_over()`
+returns them and drops every other reference, so a switch can free what it has sent.
+
+Mesh: (pp, dp, tp) over ranks 0..world-1, which is the contract's rank order
+`tp_rank + tp * (dp_rank + dp * pp_rank)`. Every rank of the process group, member or
+not, builds the mesh (creating process groups is collective); ranks outside it hold no
+state in this layout.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from agents.engine.shards import DTYPES, Key, LocalShard, box_shape, rank_boxes
+from agents.layout.catalog import get_config, get_model
+from agents.layout.placement import Placement, place
+from agents.layout.shards import b_dim
+from agents.layout.spec import DEFAULT_MODULE
+from agents.training.data import DataPosition, SyntheticTokens
+from agents.training.init import initial_value
+from agents.training.model import build_training_model
+from agents.training.stage import DecoderStage
+from agents.training.zero import ParamSlot, ShardedAdamW, chunk_rows
+
+
+class TrainingError(ValueError):
+    """A layout or run setting the trainer cannot train, with the reason."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: str = "tiny-gpt"
+    global_batch: int = 8
+    seq_len: int = 32
+    micro_batches: int = 2
+    seed: int = 0
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 5
+    total_steps: int = 100   # length of the cosine schedule
+    weight_decay: float = 0.01
+
+    def lr_at(self, step: int) -> float:
+        """Linear warmup, then cosine decay to min_lr_ratio * lr at total_steps: a pure function
+        of the step, so carrying the step count carries the schedule."""
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
+        return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+@dataclass
+class TrainScalars:
+    """What a switch carries besides the tensors: step (also the LR schedule's position),
+    the data position and the RNG state of the ranks."""
+
+    step: int = 0
+    data: DataPosition = field(default_factory=DataPosition)
+    rng: Tensor = field(default_factory=torch.get_rng_state)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: int
+    loss: float
+    seconds: float
+    tokens: int
+
+
+def check_trainable(config: TrainConfig, placement: Placement) -> None:
+    """Raise TrainingError naming the first setting this trainer cannot train."""
+    layout = placement.layout
+    if len(layout.modules) != 1 or layout.modules[0].module != DEFAULT_MODULE:
+        raise TrainingError(f"{layout}: per-module (heterogeneous) layouts are not trained yet (issue 8)")
+    ml = next(iter(placement.modules.values()))
+    mc = get_config(config.model)
+    c = mc.llm
+    for name, value in (("cp", ml.cp), ("ep", ml.ep), ("vpp", ml.vpp)):
+        if value != 1:
+            raise TrainingError(f"{name}={value}: the trainer supports tp, pp, dp and zero; {name} must be 1")
+    if mc.encoder is not None:
+        raise TrainingError(f"{config.model} is multimodal; the parallel trainer trains decoder-only models")
+    if c.kv_heads < ml.tp:
+        raise TrainingError(f"tp={ml.tp} exceeds the {c.kv_heads} kv heads of {config.model}: replicated kv heads "
+                            "are not expressible with DTensor; use tp <= kv_heads")
+    if c.tied and (ml.tp > 1 or ml.pp > 1):
+        raise TrainingError(f"{config.model} ties its embedding and head: train it with tp=1 and pp=1")
+    if c.experts and ml.tp > 1:
+        raise TrainingError(f"{config.model} has MoE layers: the trainer supports them with tp=1 only")
+    per_rank = config.global_batch / ml.dp
+    if config.global_batch % (ml.dp * config.micro_batches):
+        raise TrainingError(f"global batch {config.global_batch} must divide into dp={ml.dp} x "
+                            f"{config.micro_batches} micro-batches (got {per_rank:g} samples per dp rank)")
+    if ml.zero == 3:
+        raise TrainingError("zero=3 is not trained yet; use zero 0, 1 or 2")
+
+
+def layout_mesh(placement: Placement) -> DeviceMesh:
+    ml = next(iter(placement.modules.values()))
+    return DeviceMesh(_device_type(), torch.arange(ml.world).view(ml.pp, ml.dp, ml.tp),
+                      mesh_dim_names=("pp", "dp", "tp"))
+
+
+def _device_type() -> str:
+    return "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
+
+
+def _tp_plan(stage: DecoderStage) -> dict:
+    plan: dict = {}
+    if stage.first:
+        plan["llm.embed"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    if stage.last and stage.llm.head is not None:
+        plan["llm.head"] = ColwiseParallel(output_layouts=Replicate())
+    for i, layer in stage.llm.layers.items():
+        p = f"llm.layers.{i}"
+        for proj in ("q", "k", "v"):
+            plan[f"{p}.attn.{proj}"] = ColwiseParallel()
+        plan[f"{p}.attn.o"] = RowwiseParallel()
+        if getattr(layer, "mlp", None) is not None:
+            if hasattr(layer.mlp, "gate"):
+                plan.update({f"{p}.mlp.gate": ColwiseParallel(), f"{p}.mlp.up": ColwiseParallel(),
+                             f"{p}.mlp.down": RowwiseParallel()})
+            else:
+                plan.update({f"{p}.mlp.fc1": ColwiseParallel(), f"{p}.mlp.fc2": RowwiseParallel()})
+    return plan
+
+
+def _local(p: Tensor) -> Tensor:
+    return p.to_local() if isinstance(p, DTensor) else p
+
+
+def initial_shards(model_name: str, placement: Placement, rank: int, seed: int) -> dict[Key, LocalShard]:
+    """This rank's boxes of a freshly initialized model (agents/training/init.py values):
+    master = the fp32 value, param = its bf16 cast, Adam moments zero."""
+    spec = get_model(model_name)
+    out: dict[Key, LocalShard] = {}
+    full: dict[int, Tensor] = {}
+    for (index, state), box in rank_boxes(placement, rank).items():
+        tensor = spec.tensors[index]
+        shape = box_shape(tensor, box)
+        if state in ("exp_avg", "exp_avg_sq"):
+            data = torch.zeros(shape, dtype=DTYPES[state])
+        else:
+            if index not in full:
+                full[index] = initial_value(tensor.name, tensor.shape, seed)
+            whole = (0, tensor.shape[0], 0, tensor.shape[b_dim(tensor)] if b_dim(tensor) is not None else 0)
+            data = LocalShard(tensor, state, whole, full[index]).region(box).to(DTYPES[state]).contiguous()
+        out[(index, state)] = LocalShard(tensor, state, box, data)
+    return out
+
+
+class ParallelTrainer:
+    """One rank's training program for `layout` (a rank outside the layout's world gets
+    `active == False` and holds nothing)."""
+
+    def __init__(self, config: TrainConfig, layout: str, rank: int, shards: dict[Key, LocalShard],
+                 scalars: TrainScalars | None = None) -> None:
+        self.config, self.rank = config, rank
+        self.spec = get_model(config.model)
+        self.placement = place(self.spec, layout)
+        check_trainable(config, self.placement)
+        self.ml = next(iter(self.placement.modules.values()))
+        self.scalars = scalars or TrainScalars()
+        self.mesh = layout_mesh(self.placement)  # collective: every rank of the group builds it
+        self.group = dist.new_group(ranks=list(range(self.ml.world)))
+        coordinate = self.mesh.get_coordinate()
+        self.active = coordinate is not None
+        if not self.active:
+            return
+        self.pp_rank, self.dp_rank, self.tp_rank = coordinate
+        self.data = SyntheticTokens(get_config(config.model).llm.vocab, config.seq_len, seed=config.seed)
+        model = build_training_model(get_config(config.model), device="meta", dtype=torch.bfloat16)
+        self.stage = DecoderStage(model, self.pp_rank, self.ml.pp)
+        del model
+        if self.ml.tp > 1:
+            parallelize_module(self.stage, self.mesh["tp"], _tp_plan(self.stage))
+        self._adopt(shards)
+        self.pipeline = self._build_pipeline() if self.ml.pp > 1 else None
+
+    # --- state in and out ---------------------------------------------------------
+    def _adopt(self, shards: dict[Key, LocalShard]) -> None:
+        """Install the shards as this rank's parameters, masters and Adam moments (no copies)."""
+        index_of = {t.name: i for i, t in enumerate(self.spec.tensors)}
+        expected = rank_boxes(self.placement, self.rank)
+        missing = sorted(set(expected) - set(shards))
+        if missing:
+            raise TrainingError(f"rank {self.rank}: no shard for {len(missing)} boxes of the layout, e.g. "
+                                f"{[(self.spec.tensors[i].name, s) for i, s in missing[:3]]}")
+        D = self.ml.dp if self.ml.zero >= 1 else 1
+        slots, moments = [], {}
+        for name, p in list(self.stage.named_parameters()):
+            index = index_of[name]
+            param = shards[(index, "param")]
+            local_shape = tuple(_local(p).shape)
+            if tuple(param.data.shape) != local_shape:
+                raise TrainingError(f"rank {self.rank}: {name} param box {tuple(param.data.shape)} does not match "
+                                    f"the parameter's local shape {local_shape}")
+            data = param.data
+            new = (DTensor.from_local(data, p.device_mesh, p.placements, run_check=False, shape=p.shape,
+                                      stride=p.stride()) if isinstance(p, DTensor) else data)
+            module_name, _, attr = name.rpartition(".")
+            self.stage.get_submodule(module_name).register_parameter(attr, nn.Parameter(new))
+            master = shards[(index, "master")]
+            rows = chunk_rows(local_shape[0], D, self.dp_rank if D > 1 else 0)
+            if master.data.shape[0] != rows[1] - rows[0]:
+                raise TrainingError(f"rank {self.rank}: {name} master box has {master.data.shape[0]} rows, the "
+                                    f"ZeRO chunk {rows}")
+            slots.append(ParamSlot(name, data, rows, master.data))
+            moments[name] = (shards[(index, "exp_avg")].data, shards[(index, "exp_avg_sq")].data)
+        self.slots = slots
+        self.optimizer = ShardedAdamW(slots, self.mesh["dp"].get_group() if self.ml.dp > 1 else None, self.ml.dp,
+                                      lr=self.config.lr, weight_decay=self.config.weight_decay, moments=moments,
+                                      step=self.scalars.step)
+        by_name = {s.name: s for s in slots}
+        for name, p in self.stage.named_parameters():
+            slot = by_name[name]
+            p.register_post_accumulate_grad_hook(self._grad_hook(slot))
+
+    def _grad_hook(self, slot: ParamSlot):
+        def hook(p: Tensor) -> None:
+            self.optimizer.accumulate(slot, _local(p.grad))
+            p.grad = None
+        return hook
+
+    def hand_over(self) -> tuple[dict[Key, LocalShard], TrainScalars]:
+        """This rank's state as local shards; the trainer is unusable afterwards (it keeps no
+        reference, so the transition engine can free each shard after sending it)."""
+        if not self.active:
+            return {}, self.scalars
+        index_of = {t.name: i for i, t in enumerate(self.spec.tensors)}
+        boxes = rank_boxes(self.placement, self.rank)
+        out: dict[Key, LocalShard] = {}
+        for slot in self.slots:
+            index = index_of[slot.name]
+            exp_avg, exp_avg_sq = self.optimizer.moments(slot)
+            for state, data in (("param", slot.local), ("master", slot.master), ("exp_avg", exp_avg),
+                                ("exp_avg_sq", exp_avg_sq)):
+                key = (index, state)
+                out[key] = LocalShard(self.spec.tensors[index], state, boxes[key], data.detach())
+        self.slots, self.optimizer, self.stage, self.pipeline = [], None, None, None
+        self.active = False
+        return out, self.scalars
+
+    # --- training -----------------------------------------------------------------
+    def _build_pipeline(self):
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        stage = PipelineStage(self.stage, self.pp_rank, self.ml.pp, torch.device(_device_type()),
+                              group=self.mesh["pp"].get_group())
+        schedule = Schedule1F1B if self.config.micro_batches >= self.ml.pp else ScheduleGPipe
+        micro = self.config.micro_batches
+        # Each micro-batch's loss is divided here, as the pp=1 loop does: the gradient hooks
+        # take every gradient as it is produced, so the schedule's own scale_grads would see none.
+        return schedule(stage, micro, loss_fn=lambda logits, y: _loss(logits, y) / micro, scale_grads=False)
+
+    def _local_batch(self) -> tuple[Tensor, Tensor]:
+        per_dp = self.config.global_batch // self.ml.dp
+        return self.data.batch(self.scalars.data.samples + self.dp_rank * per_dp, per_dp)
+
+    def step(self) -> StepResult | None:
+        """One optimizer step over the global batch; the loss is the global mean (every rank
+        of the layout returns it). Ranks outside the layout return None."""
+        if not self.active:
+            return None
+        started = time.perf_counter()
+        tokens, targets = self._local_batch()
+        loss_sum = torch.zeros(1, dtype=torch.float64)
+        micro = self.config.micro_batches
+        if self.pipeline is None:
+            for x, y in zip(tokens.chunk(micro), targets.chunk(micro)):
+                loss = _loss(self.stage(x), y)
+                (loss / micro).backward()
+                loss_sum += loss.detach().double()
+        else:
+            losses: list[Tensor] = []
+            if self.pp_rank == 0:
+                self.pipeline.step(tokens)
+            elif self.pp_rank == self.ml.pp - 1:
+                self.pipeline.step(target=targets, losses=losses)
+            else:
+                self.pipeline.step()
+            loss_sum += sum(float(v.detach()) for v in losses) * micro
+        self.optimizer.step(self.config.lr_at(self.scalars.step))
+        # Global mean loss: the last stage's TP rank 0 of every dp replica contributes.
+        if not (self.pp_rank == self.ml.pp - 1 and self.tp_rank == 0):
+            loss_sum.zero_()
+        dist.all_reduce(loss_sum, group=self.group)
+        self.scalars.step += 1
+        self.scalars.data = self.scalars.data.advance(self.config.global_batch)
+        return StepResult(self.scalars.step, float(loss_sum.item()) / (micro * self.ml.dp),
+                          time.perf_counter() - started, self.config.global_batch * self.config.seq_len)
+
+
+def _loss(logits: Tensor, targets: Tensor) -> Tensor:
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())

@@ -1,0 +1,134 @@
+"""Training with online layout switches, one process per rank (what `dynaplane train` runs).
+
+Every process of the union world (the largest layout's size) runs `train_rank`: ranks
+outside the current layout wait at the next switch. At a switch step, at the step
+boundary: the trainer hands over its shards, the scalars (step, data position, RNG) go
+from rank 0 to everyone, every rank plans the same transition and checks fingerprints,
+the engine moves the state, a layout-independent digest of every logical tensor is
+compared before and after (any difference fails the switch and names the tensor), and a
+trainer for the new layout adopts the new shards.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from agents.engine.digest import compare_digests, state_digests
+from agents.engine.execute import execute_plan, prepare
+from agents.engine.shards import Key, LocalShard
+from agents.layout.catalog import get_model
+from agents.layout.placement import place
+from agents.layout.plan import PlanOptions, plan_routes
+from agents.training.parallel import ParallelTrainer, StepResult, TrainConfig, TrainingError, TrainScalars, initial_shards
+
+
+@dataclass(frozen=True)
+class Switch:
+    step: int      # switch before this step runs (after `step` steps in the old layout)
+    layout: str
+
+
+@dataclass
+class SwitchReport:
+    step: int
+    src: str
+    dst: str
+    seconds: float            # state transfer (the pause beyond the step boundary)
+    verify_seconds: float
+    network_bytes: int
+    rounds: int
+    peak_bytes: int           # measured on this rank: state + staging
+    predicted_peak_bytes: int  # the planner's prediction for this rank
+    verified: bool
+    fingerprint: str
+
+
+@dataclass
+class RankLog:
+    steps: list[StepResult] = field(default_factory=list)
+    switches: list[SwitchReport] = field(default_factory=list)
+
+
+def parse_switch(text: str) -> Switch:
+    """'STEP:LAYOUT', e.g. '20:tp=2,pp=1,dp=2,zero=1'."""
+    step, sep, layout = text.partition(":")
+    if not sep or not step.strip().isdigit() or not layout.strip():
+        raise TrainingError(f"--switch {text!r}: expected STEP:LAYOUT, e.g. 20:tp=2,pp=1,dp=2,zero=1")
+    return Switch(int(step), layout.strip())
+
+
+def union_world(config: TrainConfig, layout: str, switches: list[Switch]) -> int:
+    spec = get_model(config.model)
+    return max(place(spec, lay).world for lay in [layout, *(s.layout for s in switches)])
+
+
+def check_schedule(steps: int, switches: list[Switch]) -> None:
+    last = 0
+    for s in switches:
+        if not 0 < s.step < steps or s.step <= last:
+            raise TrainingError(f"switch at step {s.step}: switch steps must increase and lie in 1..{steps - 1}")
+        last = s.step
+
+
+def switch_trainer(trainer: ParallelTrainer, layout: str, *, staging_bytes: int = 64 * 2**20,
+                   gpus_per_node: int = 8) -> tuple[ParallelTrainer, SwitchReport]:
+    """Move a live trainer's state to `layout` at a step boundary; every rank of the union world calls this."""
+    rank, config = trainer.rank, trainer.config
+    src = str(trainer.placement.layout)
+    shards, scalars = trainer.hand_over()
+    box = [scalars]
+    dist.broadcast_object_list(box, src=0)  # rank 0 is in every layout
+    scalars = box[0]
+    spec = trainer.spec
+    plan = plan_routes(spec, src, layout, PlanOptions(gpus_per_node=gpus_per_node, staging_bytes=staging_bytes))
+    program = prepare(plan, rank)
+    before = state_digests(plan.src, rank, shards)
+    peak = [0]
+
+    def sample(_label: str, live: int) -> None:
+        peak[0] = max(peak[0], live)
+
+    sample("start", sum(s.nbytes for s in shards.values()))
+    dist.barrier()
+    started = time.perf_counter()
+    new: dict[Key, LocalShard] = execute_plan(plan, rank, shards, sample=sample, program=program)
+    del shards
+    seconds = time.perf_counter() - started
+    verify_started = time.perf_counter()
+    after = state_digests(plan.dst, rank, new)
+    compare_digests(spec, before, after)  # raises EngineError naming the tensors that differ
+    verify_seconds = time.perf_counter() - verify_started
+    torch.set_rng_state(scalars.rng)
+    _, predicted = plan.waves
+    summary = plan.summary()
+    report = SwitchReport(scalars.step, src, layout, seconds, verify_seconds, summary["network_bytes"],
+                          summary["rounds"], peak[0], int(predicted[:, rank].max(initial=0)) if rank < plan.world else 0,
+                          True, plan.fingerprint)
+    return ParallelTrainer(config, layout, rank, new, scalars), report
+
+
+def train_rank(rank: int, world: int, config: TrainConfig, layout: str, steps: int, switches: list[Switch],
+               staging_bytes: int = 64 * 2**20, on_step=None) -> RankLog:
+    """The whole run on one rank; `on_step(rank, StepResult | SwitchReport)` sees progress."""
+    check_schedule(steps, switches)
+    placement = place(get_model(config.model), layout)
+    shards = initial_shards(config.model, placement, rank, config.seed) if rank < placement.world else {}
+    trainer = ParallelTrainer(config, layout, rank, shards, TrainScalars())
+    del shards
+    pending = {s.step: s for s in switches}
+    log = RankLog()
+    for step in range(steps):
+        if step in pending:
+            trainer, report = switch_trainer(trainer, pending[step].layout, staging_bytes=staging_bytes)
+            log.switches.append(report)
+            if on_step:
+                on_step(rank, report)
+        result = trainer.step()
+        if result is not None:
+            log.steps.append(result)
+            if on_step:
+                on_step(rank, result)
+    return log

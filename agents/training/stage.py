@@ -1,0 +1,62 @@
+"""One pipeline stage of a decoder LLM, cut from the full model so parameter names stay the
+catalog's ("llm.layers.5.attn.q.weight" stays that on whichever stage holds layer 5).
+
+The first stage maps tokens to hidden states (embedding, learned positions), every stage
+runs its layers, the last one applies the final norm and the output head. Which layers a
+stage holds is the contract's rule (agents/layout/placement.layer_stages): with
+L % pp = r, the first r stages hold one layer more.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from agents.layout.placement import layer_stages
+from agents.training.layers import rope_cos_sin
+from agents.training.model import TrainingModel
+
+
+class DecoderStage(nn.Module):
+    """Holds `llm.{embed,pos_embed}` (first stage), `llm.layers.<i>` for its layers, and
+    `llm.{final_norm,head}` (last stage). forward: tokens [B, T] (first stage) or hidden
+    [B, T, H] -> hidden [B, T, H], or logits [B, T, vocab] on the last stage."""
+
+    def __init__(self, model: TrainingModel, stage: int, stages: int) -> None:
+        super().__init__()
+        if model.encoder is not None:
+            raise ValueError(f"{model.config.name}: pipeline stages of multimodal models are not supported yet "
+                             "(heterogeneous layouts are issue 8); train a decoder-only model")
+        llm = model.llm
+        if llm.head is None and stages > 1:
+            raise ValueError(f"{model.config.name}: tied embeddings across {stages} pipeline stages are not "
+                             "supported by the trainer; use pp=1")
+        self.first, self.last = stage == 0, stage == stages - 1
+        self.config, self.rope_theta, self.gpt = llm.config, llm.rope_theta, llm.gpt
+        mine = [i for i, s in enumerate(layer_stages(len(llm.layers), stages)) if s == stage]
+        self.llm = nn.Module()
+        self.llm.embed = llm.embed if self.first else None
+        self.llm.pos_embed = llm.pos_embed if self.first else None
+        # A ModuleDict keyed by the global index keeps every layer's catalog name.
+        self.llm.layers = nn.ModuleDict({str(i): llm.layers[i] for i in mine})
+        self.llm.final_norm = llm.final_norm if self.last else None
+        self.llm.head = llm.head if self.last else None
+        self.tied = llm.head is None
+
+    def forward(self, x: Tensor) -> Tensor:
+        llm = self.llm
+        if self.first:
+            x = llm.embed(x)
+        length = x.shape[1]
+        rope = None
+        if self.gpt:
+            if self.first:
+                x = x + llm.pos_embed(torch.arange(length, device=x.device))
+        else:
+            rope = rope_cos_sin(length, self.config.head_dim, self.rope_theta, x.device)
+        for layer in llm.layers.values():
+            x = layer(x, rope)
+        if not self.last:
+            return x
+        x = llm.final_norm(x)
+        head = llm.embed if self.tied else llm.head
+        return head(x) if not self.tied else torch.nn.functional.linear(x, head.weight)

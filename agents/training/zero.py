@@ -1,0 +1,121 @@
+"""Mixed-precision AdamW for the replicated / ZeRO-1/2 data-parallel path.
+
+Every rank keeps its tensor-parallel box of each parameter in bf16 (the `param` state,
+replicated over data parallelism) and, for a chunk of that box, the fp32 `master` and
+Adam's `exp_avg` / `exp_avg_sq`: with zero >= 1 the chunk is part d of D = dp along dim 0
+(torch.chunk semantics, as CONTRACTS section 2 says); with zero=0 it is the whole box.
+
+A step: the fp32 gradients (accumulated over micro-batches by the trainer) are averaged
+over the data-parallel group in one flat all-reduce, each rank updates its chunk with
+torch.optim.AdamW, casts it to bf16 and the chunks are all-gathered back into every
+rank's bf16 box (one flat all-gather). zero=2 keeps the same state as zero=1 (it only
+shards gradients, which are not training state) and runs the same way here.
+
+Why not FSDP2 for these stages: fully_shard always shards the parameter itself (ZeRO-3);
+with zero < 3 the contract has each rank hold the whole bf16 box, which is this path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from agents.layout.shards import chunk
+
+
+@dataclass
+class ParamSlot:
+    """One parameter as the optimizer sees it."""
+
+    name: str
+    local: Tensor       # the rank's bf16 tensor-parallel box (a view of the live parameter)
+    rows: tuple[int, int]  # the master chunk's rows of that box
+    master: Tensor      # fp32 [rows, ...]
+    grad: Tensor | None = None  # fp32, the whole box, accumulated over micro-batches
+
+
+def chunk_rows(n: int, parts: int, index: int) -> tuple[int, int]:
+    lo, hi = chunk(n, parts, index)
+    return int(lo), int(hi)
+
+
+class ShardedAdamW:
+    """AdamW over the masters of `slots`; `group` is the data-parallel process group (or
+    None when dp == 1)."""
+
+    def __init__(self, slots: list[ParamSlot], group, dp: int, *, lr: float, betas=(0.9, 0.95), eps: float = 1e-8,
+                 weight_decay: float = 0.0, moments: dict[str, tuple[Tensor, Tensor]] | None = None,
+                 step: int = 0) -> None:
+        self.slots, self.group, self.dp = slots, group, dp
+        decay = [s.master for s in slots if s.master.dim() >= 2]
+        no_decay = [s.master for s in slots if s.master.dim() < 2]
+        self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                                            {"params": no_decay, "weight_decay": 0.0}],
+                                           lr=lr, betas=betas, eps=eps, foreach=False)
+        moments = moments or {}
+        for s in slots:  # state up front: it is training state a switch moves, even before step 1
+            exp_avg, exp_avg_sq = moments.get(s.name) or (torch.zeros_like(s.master), torch.zeros_like(s.master))
+            self.optimizer.state[s.master] = {"step": torch.tensor(float(step)), "exp_avg": exp_avg,
+                                              "exp_avg_sq": exp_avg_sq}
+
+    def moments(self, slot: ParamSlot) -> tuple[Tensor, Tensor]:
+        state = self.optimizer.state[slot.master]
+        return state["exp_avg"], state["exp_avg_sq"]
+
+    def accumulate(self, slot: ParamSlot, grad: Tensor) -> None:
+        if slot.grad is None:
+            slot.grad = grad.float().clone()
+        else:
+            slot.grad.add_(grad.float())
+
+    @torch.no_grad()
+    def step(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        grads = [s.grad if s.grad is not None else torch.zeros(s.local.shape) for s in self.slots]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        if self.dp > 1:
+            dist.all_reduce(flat, group=self.group)
+            flat.div_(self.dp)
+        offset = 0
+        for s, g in zip(self.slots, grads):
+            full = flat[offset:offset + g.numel()].view(g.shape)
+            offset += g.numel()
+            s.master.grad = full[s.rows[0]:s.rows[1]].clone()
+            s.grad = None
+        del flat
+        self.optimizer.step()
+        for s in self.slots:
+            s.master.grad = None
+        self._publish()
+
+    def _publish(self) -> None:
+        """Cast every rank's updated chunk to bf16 and all-gather the chunks into the boxes."""
+        if self.dp == 1 or all(s.rows == (0, s.local.shape[0]) for s in self.slots):
+            for s in self.slots:
+                s.local.copy_(s.master)
+            return
+        # One padded flat buffer: each parameter's chunk padded to the largest chunk size.
+        sizes = []
+        for s in self.slots:
+            row = s.local[0].numel() if s.local.dim() > 1 else 1
+            sizes.append(-(-s.local.shape[0] // self.dp) * row)
+        mine = torch.zeros(sum(sizes), dtype=torch.bfloat16)
+        offset = 0
+        for s, size in zip(self.slots, sizes):
+            mine[offset:offset + s.master.numel()] = s.master.reshape(-1)
+            offset += size
+        # Moved as raw bytes: gloo has no 16-bit integer type and its bfloat16 all_gather is not reliable.
+        everyone = [torch.empty_like(mine) for _ in range(self.dp)]
+        dist.all_gather([b.view(torch.uint8) for b in everyone], mine.view(torch.uint8), group=self.group)
+        offset = 0
+        for s, size in zip(self.slots, sizes):
+            n = s.local.shape[0]
+            for d, buf in enumerate(everyone):
+                lo, hi = chunk_rows(n, self.dp, d)
+                if hi > lo:
+                    s.local[lo:hi].copy_(buf[offset:offset + (hi - lo) * (size // -(-n // self.dp))]
+                                         .view((hi - lo, *s.local.shape[1:])))
+            offset += size
