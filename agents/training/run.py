@@ -73,29 +73,26 @@ def check_schedule(steps: int, switches: list[Switch]) -> None:
         last = s.step
 
 
-def switch_trainer(trainer: ParallelTrainer, layout: str, *, staging_bytes: int = 64 * 2**20,
-                   gpus_per_node: int = 8) -> tuple[ParallelTrainer, SwitchReport]:
-    """Move a live trainer's state to `layout` at a step boundary; every rank of the union world calls this."""
-    rank, config = trainer.rank, trainer.config
-    src = str(trainer.placement.layout)
-    shards, scalars = trainer.hand_over()
+def switch_state(spec, shards: dict[Key, LocalShard], scalars: TrainScalars, src: str, dst: str, rank: int, *,
+                 staging_bytes: int = 64 * 2**20, gpus_per_node: int = 8
+                 ) -> tuple[dict[Key, LocalShard], TrainScalars, SwitchReport]:
+    """Move handed-over state from layout src to dst; every rank of the union world calls
+    this. Consumes `shards` (the engine frees each as soon as it has been sent)."""
     box = [scalars]
     dist.broadcast_object_list(box, src=0)  # rank 0 is in every layout
     scalars = box[0]
-    spec = trainer.spec
-    plan = plan_routes(spec, src, layout, PlanOptions(gpus_per_node=gpus_per_node, staging_bytes=staging_bytes))
+    plan = plan_routes(spec, src, dst, PlanOptions(gpus_per_node=gpus_per_node, staging_bytes=staging_bytes))
     program = prepare(plan, rank)
     before = state_digests(plan.src, rank, shards)
-    peak = [0]
+    peak = [sum(s.nbytes for s in shards.values())]
 
     def sample(_label: str, live: int) -> None:
         peak[0] = max(peak[0], live)
 
-    sample("start", sum(s.nbytes for s in shards.values()))
     dist.barrier()
     started = time.perf_counter()
     new: dict[Key, LocalShard] = execute_plan(plan, rank, shards, sample=sample, program=program)
-    del shards
+    shards.clear()
     seconds = time.perf_counter() - started
     verify_started = time.perf_counter()
     after = state_digests(plan.dst, rank, new)
@@ -104,10 +101,18 @@ def switch_trainer(trainer: ParallelTrainer, layout: str, *, staging_bytes: int 
     torch.set_rng_state(scalars.rng)
     _, predicted = plan.waves
     summary = plan.summary()
-    report = SwitchReport(scalars.step, src, layout, seconds, verify_seconds, summary["network_bytes"],
-                          summary["rounds"], peak[0], int(predicted[:, rank].max(initial=0)) if rank < plan.world else 0,
-                          True, plan.fingerprint)
-    return ParallelTrainer(config, layout, rank, new, scalars), report
+    report = SwitchReport(scalars.step, str(plan.src.layout), str(plan.dst.layout), seconds, verify_seconds,
+                          summary["network_bytes"], summary["rounds"], peak[0],
+                          int(predicted[:, rank].max(initial=0)) if rank < plan.world else 0, True, plan.fingerprint)
+    return new, scalars, report
+
+
+def switch_trainer(trainer: ParallelTrainer, layout: str, **options) -> tuple[ParallelTrainer, SwitchReport]:
+    """Hand a live trainer's state over to a trainer for `layout`, at a step boundary."""
+    src = str(trainer.placement.layout)
+    shards, scalars = trainer.hand_over()
+    new, scalars, report = switch_state(trainer.spec, shards, scalars, src, layout, trainer.rank, **options)
+    return ParallelTrainer(trainer.config, layout, trainer.rank, new, scalars), report
 
 
 def train_rank(rank: int, world: int, config: TrainConfig, layout: str, steps: int, switches: list[Switch],
