@@ -106,6 +106,31 @@ def _run_bench_switch(args: argparse.Namespace) -> int:
     return 0 if result["bitexact"] else 1
 
 
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train on local ranks (one process each), with online layout switches")
+    p.add_argument("--model", default="tiny-gpt")
+    p.add_argument("--layout", required=True, help="e.g. tp=2,pp=1,dp=2,zero=1")
+    p.add_argument("--world", type=int, default=0, help="local processes (default: the largest layout's ranks)")
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--switch", action="append", metavar="STEP:LAYOUT",
+                   help="switch to LAYOUT before step STEP+1 (repeatable; worlds may grow or shrink)")
+    p.add_argument("--global-batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=32)
+    p.add_argument("--micro-batches", type=int, default=2)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--staging-mb", type=float, default=64.0)
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds before a silent rank fails the run")
+    p.add_argument("--json", action="store_true", help="print rank 0's steps and switches as JSON at the end")
+    p.set_defaults(func=_run_train)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from agents.training.cli import train_main
+
+    return train_main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dynaplane", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -115,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_commands(sub)
     _add_bench(sub)
+    _add_train(sub)
     return parser
 
 
