@@ -32,10 +32,12 @@ from agents.layout.catalog import get_config, get_model
 from agents.layout.placement import Placement, place
 from agents.layout.shards import b_dim
 from agents.layout.spec import DEFAULT_MODULE
+from agents.layout.tensors import STATES
 from agents.training.data import DataPosition, SyntheticTokens
 from agents.training.init import initial_value
 from agents.training.model import build_training_model
 from agents.training.stage import DecoderStage
+from agents.training.fsdp import FullyShardedState, State
 from agents.training.zero import ParamSlot, ShardedAdamW, chunk_rows
 
 
@@ -107,8 +109,6 @@ def check_trainable(config: TrainConfig, placement: Placement) -> None:
     if config.global_batch % (ml.dp * config.micro_batches):
         raise TrainingError(f"global batch {config.global_batch} must divide into dp={ml.dp} x "
                             f"{config.micro_batches} micro-batches (got {per_rank:g} samples per dp rank)")
-    if ml.zero == 3:
-        raise TrainingError("zero=3 is not trained yet; use zero 0, 1 or 2")
 
 
 def layout_mesh(placement: Placement) -> DeviceMesh:
@@ -185,52 +185,60 @@ class ParallelTrainer:
             return
         self.pp_rank, self.dp_rank, self.tp_rank = coordinate
         self.data = SyntheticTokens(get_config(config.model).llm.vocab, config.seq_len, seed=config.seed)
-        model = build_training_model(get_config(config.model), device="meta", dtype=torch.bfloat16)
+        # zero=3 keeps fp32 parameters (FSDP2's shards are the masters); otherwise the model is bf16.
+        dtype = torch.float32 if self.ml.zero == 3 else torch.bfloat16
+        model = build_training_model(get_config(config.model), device="meta", dtype=dtype)
         self.stage = DecoderStage(model, self.pp_rank, self.ml.pp)
         del model
         if self.ml.tp > 1:
             parallelize_module(self.stage, self.mesh["tp"], _tp_plan(self.stage))
-        self._adopt(shards)
+        state = self._states_by_name(shards)
+        if self.ml.zero == 3:
+            self.optimizer = FullyShardedState(self.stage, self.mesh["dp"], torch.device(_device_type()), state,
+                                               lr=config.lr, weight_decay=config.weight_decay,
+                                               step=self.scalars.step, rank=rank)
+        else:
+            self._adopt(state)
         self.pipeline = self._build_pipeline() if self.ml.pp > 1 else None
 
     # --- state in and out ---------------------------------------------------------
-    def _adopt(self, shards: dict[Key, LocalShard]) -> None:
-        """Install the shards as this rank's parameters, masters and Adam moments (no copies)."""
-        index_of = {t.name: i for i, t in enumerate(self.spec.tensors)}
+    def _states_by_name(self, shards: dict[Key, LocalShard]) -> dict[str, State]:
+        """(param, master, exp_avg, exp_avg_sq) local boxes by parameter name, checked complete."""
         expected = rank_boxes(self.placement, self.rank)
         missing = sorted(set(expected) - set(shards))
         if missing:
             raise TrainingError(f"rank {self.rank}: no shard for {len(missing)} boxes of the layout, e.g. "
                                 f"{[(self.spec.tensors[i].name, s) for i, s in missing[:3]]}")
+        names = {i for i, _ in expected}
+        return {self.spec.tensors[i].name: tuple(shards[(i, state)].data for state in STATES) for i in sorted(names)}
+
+    def _adopt(self, state: dict[str, State]) -> None:
+        """zero < 3: install the bf16 boxes as the parameters and the fp32 chunks as the
+        optimizer's masters and moments (no copies)."""
         D = self.ml.dp if self.ml.zero >= 1 else 1
         slots, moments = [], {}
         for name, p in list(self.stage.named_parameters()):
-            index = index_of[name]
-            param = shards[(index, "param")]
+            data, master, exp_avg, exp_avg_sq = state[name]
             local_shape = tuple(_local(p).shape)
-            if tuple(param.data.shape) != local_shape:
-                raise TrainingError(f"rank {self.rank}: {name} param box {tuple(param.data.shape)} does not match "
+            if tuple(data.shape) != local_shape:
+                raise TrainingError(f"rank {self.rank}: {name} param box {tuple(data.shape)} does not match "
                                     f"the parameter's local shape {local_shape}")
-            data = param.data
             new = (DTensor.from_local(data, p.device_mesh, p.placements, run_check=False, shape=p.shape,
                                       stride=p.stride()) if isinstance(p, DTensor) else data)
             module_name, _, attr = name.rpartition(".")
             self.stage.get_submodule(module_name).register_parameter(attr, nn.Parameter(new))
-            master = shards[(index, "master")]
             rows = chunk_rows(local_shape[0], D, self.dp_rank if D > 1 else 0)
-            if master.data.shape[0] != rows[1] - rows[0]:
-                raise TrainingError(f"rank {self.rank}: {name} master box has {master.data.shape[0]} rows, the "
+            if master.shape[0] != rows[1] - rows[0]:
+                raise TrainingError(f"rank {self.rank}: {name} master box has {master.shape[0]} rows, the "
                                     f"ZeRO chunk {rows}")
-            slots.append(ParamSlot(name, data, rows, master.data))
-            moments[name] = (shards[(index, "exp_avg")].data, shards[(index, "exp_avg_sq")].data)
-        self.slots = slots
+            slots.append(ParamSlot(name, data, rows, master))
+            moments[name] = (exp_avg, exp_avg_sq)
         self.optimizer = ShardedAdamW(slots, self.mesh["dp"].get_group() if self.ml.dp > 1 else None, self.ml.dp,
                                       lr=self.config.lr, weight_decay=self.config.weight_decay, moments=moments,
                                       step=self.scalars.step)
         by_name = {s.name: s for s in slots}
         for name, p in self.stage.named_parameters():
-            slot = by_name[name]
-            p.register_post_accumulate_grad_hook(self._grad_hook(slot))
+            p.register_post_accumulate_grad_hook(self._grad_hook(by_name[name]))
 
     def _grad_hook(self, slot: ParamSlot):
         def hook(p: Tensor) -> None:
@@ -246,14 +254,12 @@ class ParallelTrainer:
         index_of = {t.name: i for i, t in enumerate(self.spec.tensors)}
         boxes = rank_boxes(self.placement, self.rank)
         out: dict[Key, LocalShard] = {}
-        for slot in self.slots:
-            index = index_of[slot.name]
-            exp_avg, exp_avg_sq = self.optimizer.moments(slot)
-            for state, data in (("param", slot.local), ("master", slot.master), ("exp_avg", exp_avg),
-                                ("exp_avg_sq", exp_avg_sq)):
+        for name, tensors in self.optimizer.hand_over().items():
+            index = index_of[name]
+            for state, data in zip(STATES, tensors):
                 key = (index, state)
                 out[key] = LocalShard(self.spec.tensors[index], state, boxes[key], data.detach())
-        self.slots, self.optimizer, self.stage, self.pipeline = [], None, None, None
+        self.optimizer, self.stage, self.pipeline = None, None, None
         self.active = False
         return out, self.scalars
 

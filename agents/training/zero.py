@@ -64,6 +64,12 @@ class ShardedAdamW:
         state = self.optimizer.state[slot.master]
         return state["exp_avg"], state["exp_avg_sq"]
 
+    def hand_over(self) -> dict[str, tuple[Tensor, Tensor, Tensor, Tensor]]:
+        """(param, master, exp_avg, exp_avg_sq) by name; drops every reference this holds."""
+        out = {s.name: (s.local, s.master, *self.moments(s)) for s in self.slots}
+        self.slots, self.optimizer = [], None
+        return out
+
     def accumulate(self, slot: ParamSlot, grad: Tensor) -> None:
         if slot.grad is None:
             slot.grad = grad.float().clone()
