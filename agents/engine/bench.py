@@ -17,7 +17,7 @@ import torch.distributed as dist
 from agents.engine.checkpoint import check_expressible, checkpoint_switch
 from agents.engine.digest import compare_digests, state_digests
 from agents.engine.errors import EngineError
-from agents.engine.execute import execute_plan, message_sizes, prepare
+from agents.engine.execute import execute_plan, prepare, round_messages
 from agents.engine.state_fill import filled_shards
 from agents.layout.catalog import get_model
 from agents.layout.plan import PlanOptions, plan_routes
@@ -49,13 +49,16 @@ def replay_seconds(program, model) -> float:
     what the transport alone needs for this traffic, without packing or unpacking."""
     rounds = []
     for slices in program.rounds:
-        out, inc = message_sizes(model, slices)
-        rounds.append(([(peer, torch.empty(n, dtype=torch.uint8)) for peer, n in sorted(out.items())],
-                       [(peer, torch.empty(n, dtype=torch.uint8)) for peer, n in sorted(inc.items())]))
+        out, inc = round_messages(model, slices)
+        rounds.append(([(peer, tag, torch.empty(n, dtype=torch.uint8)) for peer, sizes in sorted(out.items())
+                        for tag, n in enumerate(sizes)],
+                       [(peer, tag, torch.empty(n, dtype=torch.uint8)) for peer, sizes in sorted(inc.items())
+                        for tag, n in enumerate(sizes)]))
     dist.barrier()
     started = time.perf_counter()
     for sends, recvs in rounds:
-        ops = [dist.P2POp(dist.isend, b, peer) for peer, b in sends] + [dist.P2POp(dist.irecv, b, peer) for peer, b in recvs]
+        ops = ([dist.P2POp(dist.isend, b, peer, None, tag) for peer, tag, b in sends]
+               + [dist.P2POp(dist.irecv, b, peer, None, tag) for peer, tag, b in recvs])
         if ops:
             for work in dist.batch_isend_irecv(ops):
                 work.wait()

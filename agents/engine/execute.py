@@ -19,6 +19,7 @@ import torch.distributed as dist
 from agents.engine.errors import EngineError
 from agents.engine.shards import DTYPES, Box, Key, LocalShard, box_shape, empty_shard
 from agents.layout.plan import RoutingPlan
+from agents.layout.shards import b_dim
 
 Sampler = Callable[[str, int], None]  # (label, live bytes)
 
@@ -36,12 +37,30 @@ def check_fingerprint(plan: RoutingPlan, group=None) -> None:
 
 @dataclass
 class SlicePieces:
-    """What one slice of a round means for this rank, in the plan's order."""
+    """What one slice of a round means for this rank, in the plan's order. A piece is
+    `direct` when its region is contiguous in the receiver's new box: it then travels as a
+    message of its own and lands in place (no unpack copy); a direct send that is the whole
+    source box also leaves without a pack copy (`whole`)."""
 
     key: Key
-    sends: list[tuple[int, Box]]  # (peer, box)
-    recvs: list[tuple[int, Box]]
+    sends: list[tuple[int, Box, bool, bool]]  # (peer, box, direct, whole)
+    recvs: list[tuple[int, Box, bool]]        # (peer, box, direct)
     local: list[Box]
+
+
+def contiguous_in(tensor, holder: Box, piece: Box) -> bool:
+    """Is `piece` one contiguous run of memory inside a C-contiguous tensor of box `holder`?
+    Rows (dim 0) of a box are contiguous when the B range is the box's whole B range, or
+    when it is a single row whose dims before B are all 1."""
+    bd = b_dim(tensor)
+    if bd is None or (piece[2], piece[3]) == (holder[2], holder[3]):
+        return True
+    return piece[1] - piece[0] == 1 and int(np.prod(tensor.shape[1:bd], dtype=np.int64)) == 1
+
+
+def _box_of(holders, rank: int) -> Box:
+    i = int(np.searchsorted(holders.rank, rank))
+    return (int(holders.a0[i]), int(holders.a1[i]), int(holders.b0[i]), int(holders.b1[i]))
 
 
 def _slices(plan: RoutingPlan, rank: int, round_slices, mine: dict) -> list[SlicePieces]:
@@ -55,13 +74,16 @@ def _slices(plan: RoutingPlan, rank: int, round_slices, mine: dict) -> list[Slic
         rows = rows[(rows >= sl.t_lo) & (rows < (len(r.src) if sl.t_hi is None else sl.t_hi))]
         a0, a1 = np.maximum(b.a0[rows], sl.a_lo), np.minimum(b.a1[rows], sl.a_hi)
         pieces = SlicePieces((item.tensor, item.state), [], [], [])
+        tensor = plan.model.tensors[item.tensor]
         for j in np.flatnonzero(a1 > a0):
             i = rows[j]
             box = (int(a0[j]), int(a1[j]), int(b.b0[i]), int(b.b1[i]))
             if r.src[i] == rank:
-                pieces.sends.append((int(r.dst[i]), box))
+                peer = int(r.dst[i])
+                direct = contiguous_in(tensor, _box_of(r.dst_holders, peer), box)
+                pieces.sends.append((peer, box, direct, direct and box == _box_of(r.src_holders, rank)))
             else:
-                pieces.recvs.append((int(r.src[i]), box))
+                pieces.recvs.append((int(r.src[i]), box, contiguous_in(tensor, _box_of(r.dst_holders, rank), box)))
         loc = r.local
         for i in (local_rows if sl.t_lo == 0 else ()):  # local copies once per row range
             la0, la1 = max(int(loc.a0[i]), sl.a_lo), min(int(loc.a1[i]), sl.a_hi)
@@ -111,16 +133,39 @@ def _nbytes(model, key: Key, box: Box) -> int:
     return int(np.prod(box_shape(model.tensors[key[0]], box))) * DTYPES[key[1]].itemsize
 
 
-def message_sizes(model, slices: list[SlicePieces]) -> tuple[dict[int, int], dict[int, int]]:
-    """Bytes this rank sends to and receives from each peer in one round."""
+def packed_sizes(model, slices: list[SlicePieces]) -> tuple[dict[int, int], dict[int, int]]:
+    """Bytes of the packed (non-direct) pieces this rank sends to and receives from each
+    peer in one round."""
     outgoing: dict[int, int] = defaultdict(int)
     incoming: dict[int, int] = defaultdict(int)
     for p in slices:
-        for peer, box in p.sends:
-            outgoing[peer] += _nbytes(model, p.key, box)
-        for peer, box in p.recvs:
-            incoming[peer] += _nbytes(model, p.key, box)
+        for peer, box, direct, _ in p.sends:
+            if not direct:
+                outgoing[peer] += _nbytes(model, p.key, box)
+        for peer, box, direct in p.recvs:
+            if not direct:
+                incoming[peer] += _nbytes(model, p.key, box)
     return outgoing, incoming
+
+
+def round_messages(model, slices: list[SlicePieces]) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """Sizes of the messages this rank sends to and receives from each peer in one round, in
+    the order both ends post them: the packed buffer (if any), then each direct piece."""
+    packed_out, packed_in = packed_sizes(model, slices)
+    outgoing: dict[int, list[int]] = {peer: [n] for peer, n in packed_out.items()}
+    incoming: dict[int, list[int]] = {peer: [n] for peer, n in packed_in.items()}
+    for p in slices:
+        for peer, box, direct, _ in p.sends:
+            if direct:
+                outgoing.setdefault(peer, []).append(_nbytes(model, p.key, box))
+        for peer, box, direct in p.recvs:
+            if direct:
+                incoming.setdefault(peer, []).append(_nbytes(model, p.key, box))
+    return outgoing, incoming
+
+
+def _bytes_view(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8)
 
 
 def execute_plan(plan: RoutingPlan, rank: int, old: dict[Key, LocalShard], group=None,
@@ -160,36 +205,61 @@ def execute_plan(plan: RoutingPlan, rank: int, old: dict[Key, LocalShard], group
         return new[key]
 
     for k, slices in enumerate(per_round):
-        outgoing, incoming = message_sizes(model, slices)
-        send_bufs = {peer: torch.empty(n, dtype=torch.uint8) for peer, n in sorted(outgoing.items())}
+        packed_out, packed_in = packed_sizes(model, slices)
+        send_msgs: dict[int, list[torch.Tensor]] = {peer: [torch.empty(n, dtype=torch.uint8)]
+                                                    for peer, n in sorted(packed_out.items())}
         packed: dict[int, int] = defaultdict(int)
+        staging = sum(n for n in packed_out.values())
+        whole_sent: dict[Key, int] = {}
         for p in slices:  # pack straight into each peer's buffer: one copy per byte
-            for peer, box in p.sends:
+            for peer, box, direct, whole in p.sends:
                 view = old[p.key].region(box)
+                if direct:  # a message of its own; a whole box leaves without a copy
+                    if whole:
+                        send_msgs.setdefault(peer, []).append(_bytes_view(old[p.key].data))
+                        whole_sent[p.key] = old[p.key].nbytes
+                    else:
+                        send_msgs.setdefault(peer, []).append(_bytes_view(view.contiguous()))
+                        staging += view.numel() * view.element_size()
+                    continue
                 n = view.numel() * view.element_size()
-                send_bufs[peer][packed[peer]:packed[peer] + n].view(view.dtype).view(view.shape).copy_(view)
+                send_msgs[peer][0][packed[peer]:packed[peer] + n].view(view.dtype).view(view.shape).copy_(view)
                 packed[peer] += n
         for key in {p.key for p in slices if last_send.get(p.key) == k}:
             if last_local.get(key, (-1, -1))[0] < k or key not in last_local:
                 release(key)  # its last transfer is packed and no local copy is pending
-        recv_bufs = {peer: torch.empty(n, dtype=torch.uint8) for peer, n in sorted(incoming.items())}
-        staging = sum(b.numel() for b in send_bufs.values()) + sum(b.numel() for b in recv_bufs.values())
+        # A box sent whole stays alive until the exchange is done: count it as staging once released.
+        staging += sum(n for key, n in whole_sent.items() if key not in old)
+        recv_bufs = {peer: torch.empty(n, dtype=torch.uint8) for peer, n in sorted(packed_in.items())}
+        recv_msgs: dict[int, list[torch.Tensor]] = {peer: [buf] for peer, buf in recv_bufs.items()}
+        for p in slices:
+            for peer, box, direct in p.recvs:
+                if direct:  # lands in place
+                    recv_msgs.setdefault(peer, []).append(_bytes_view(target(p.key).region(box)))
+        staging += sum(packed_in.values())
         if sample:
             sample(f"round {k} exchange", live_bytes(staging))
-        ops = [dist.P2POp(dist.isend, buf, peer, group) for peer, buf in send_bufs.items()]
-        ops += [dist.P2POp(dist.irecv, buf, peer, group) for peer, buf in recv_bufs.items()]
+        ops = [dist.P2POp(dist.isend, buf, peer, group, tag) for peer, msgs in sorted(send_msgs.items())
+               for tag, buf in enumerate(msgs)]
+        ops += [dist.P2POp(dist.irecv, buf, peer, group, tag) for peer, msgs in sorted(recv_msgs.items())
+                for tag, buf in enumerate(msgs)]
         if ops:
             try:
                 for work in dist.batch_isend_irecv(ops):
                     work.wait()
             except RuntimeError as exc:  # gloo/NCCL: a dead peer or a timeout
                 raise EngineError(f"rank {rank}: round {k} of {len(per_round)} failed exchanging with ranks "
-                                  f"{sorted(set(send_bufs) | set(recv_bufs))}: {exc}") from exc
+                                  f"{sorted(set(send_msgs) | set(recv_msgs))}: {exc}") from exc
+        del ops, send_msgs, recv_msgs
+        if sample:
+            sample(f"round {k} received", live_bytes(staging))
         cursor: dict[int, int] = defaultdict(int)
         for j, p in enumerate(slices):
             for box in p.local:
                 target(p.key).region(box).copy_(old[p.key].region(box))
-            for peer, box in p.recvs:
+            for peer, box, direct in p.recvs:
+                if direct:
+                    continue
                 view = target(p.key).region(box)
                 n = view.numel() * view.element_size()
                 view.copy_(recv_bufs[peer][cursor[peer]:cursor[peer] + n].view(view.dtype).view(view.shape))
@@ -203,7 +273,7 @@ def execute_plan(plan: RoutingPlan, rank: int, old: dict[Key, LocalShard], group
             if cursor[peer] != buf.numel():
                 raise EngineError(f"rank {rank}: round {k} from rank {peer}: {buf.numel()} bytes received, "
                                   f"{cursor[peer]} unpacked")
-        del send_bufs, recv_bufs
+        del recv_bufs
         if sample:
             sample(f"round {k} done", live_bytes())
 
