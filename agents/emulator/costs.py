@@ -1,0 +1,23 @@
+"""Seconds of one op on a device: compute ops by the profile's roofline, collectives by network.py."""
+from __future__ import annotations
+
+from agents.emulator.devices import DeviceProfile
+from agents.emulator.network import collective_seconds
+from agents.emulator.trace import CommOp, ComputeOp, Op
+
+
+def compute_seconds(op: ComputeOp, profile: DeviceProfile) -> float:
+    """max(compute roof, memory roof) + launch gap. Memory-bound ops compute at the fp32 CUDA-core rate."""
+    if op.kind == "matmul":
+        rate = profile.peak(op.dtype) * profile.matmul_efficiency(op.shape)
+    elif op.kind == "attention":
+        rate = profile.peak(op.dtype) * profile.attention_efficiency(op.shape)
+    else:
+        rate = profile.peak("fp32")
+    return max(op.flops / rate, op.bytes / profile.memory_bandwidth) + profile.launch_seconds
+
+
+def op_seconds(op: Op, profile: DeviceProfile, gpus_per_node: int = 8) -> float:
+    if isinstance(op, CommOp):
+        return collective_seconds(op, profile, gpus_per_node)
+    return compute_seconds(op, profile)

@@ -1,0 +1,317 @@
+"""Discrete-event simulation of one training step across the pipeline stages.
+
+One rank per pipeline stage is simulated: TP/CP/DP/EP replicas are symmetric (their
+collectives take the same time on every member), so the cost grows with pp*vpp*m, not
+with the number of GPUs.
+
+Per rank, a compute stream runs its schedule (schedule.py) action by action. An action
+is one micro-batch's forward or backward of one (virtual) stage:
+- its ops run in program order: compute ops by the device model, inline collectives
+  (TP/CP/EP, any non-p2p op) by the network model, on the critical path;
+- ZeRO-3 parameter all-gathers of the phase run on a side stream, prefetched one ahead
+  (gather j+1 is issued when gather j is consumed); the compute stalls only when a
+  gather is late;
+- recompute "full" re-runs the whole forward (ops and inline collectives) at the start
+  of each backward, "selective" re-runs the forward's attention ops (Megatron's
+  selective recompute of core attention). Per-layer interleaving of the recomputation
+  is not modelled, only its cost;
+- pp send/recv ops are not run on the stream: they are the transfer time on the edge
+  to the next stage (forward) or previous stage (backward), max(sender's sends,
+  receiver's recvs). Sends are asynchronous; the receiver waits.
+An action starts when its rank is free and its input has arrived. Data-parallel
+gradient buckets are issued on a DP stream as the backward reaches their op (last
+micro-batch only, or every micro-batch) and run one after another; the optimizer waits
+for the stream to drain, then step-phase syncs (ZeRO-1 all-gather) run exposed.
+The step ends when the last rank ends.
+
+Breakdown of a rank (sums to step_seconds exactly): compute (all compute ops incl.
+recompute and optimizer), tp_comm (inline TP/CP/EP collectives), dp_comm (gather stalls,
+exposed gradient sync, inline DP and step syncs), pp_comm (waits while an input was in
+flight, inline pp ops), bubble (every other idle moment, incl. waiting for the slowest
+rank). The result's breakdown is the busiest rank's (least bubble).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from agents.emulator.costs import op_seconds
+from agents.emulator.devices import DeviceProfile
+from agents.emulator.errors import require
+from agents.emulator.schedule import rank_orders
+from agents.emulator.trace import CommOp, ComputeOp, Op, StageTrace, Trace
+
+RECOMPUTE = ("none", "selective", "full")
+PARTS = ("compute", "tp_comm", "dp_comm", "pp_comm")
+BREAKDOWN = PARTS + ("bubble",)
+_CATEGORY = {"tp": "tp_comm", "cp": "tp_comm", "ep": "tp_comm", "dp": "dp_comm", "pp": "pp_comm"}
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One interval on a rank's timeline (for charts)."""
+
+    rank: int
+    kind: str            # forward, backward, grad_sync, optimizer, param_sync
+    start: float
+    end: float
+    micro_batch: int = -1
+    stage: int = -1      # virtual stage
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """One pipeline rank: memory in bytes, its time breakdown in seconds."""
+
+    stage: int
+    params: int
+    grads: int
+    optimizer: int
+    activations: int     # peak bytes of activations held (micro-batches in flight)
+    temporary: int
+    peak: int
+    in_flight: int       # most micro-batch forwards (per chunk) held at once
+    breakdown: dict[str, float]
+    end_seconds: float
+
+
+@dataclass(frozen=True)
+class SimResult:
+    step_seconds: float
+    breakdown: dict[str, float]
+    per_stage: tuple[StageResult, ...]
+    critical_stage: int
+    peak_bytes: int
+    hbm_bytes: int
+    events: tuple[Event, ...] = field(default=())
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.hbm_bytes
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["fits"] = self.fits
+        return out
+
+
+# --- per-stage costs ----------------------------------------------------------------
+def _is_p2p(op: Op) -> bool:
+    return isinstance(op, CommOp) and op.dim == "pp" and op.kind in ("send", "recv")
+
+
+def _category(op: Op) -> str:
+    return "compute" if isinstance(op, ComputeOp) else _CATEGORY[op.dim]
+
+
+def recomputed_ops(stage: StageTrace, recompute: str) -> tuple[Op, ...]:
+    """The forward ops a backward re-runs under a recompute mode."""
+    require(recompute in RECOMPUTE, f"recompute={recompute!r} not in {RECOMPUTE}")
+    if recompute == "full":
+        return tuple(op for op in stage.forward if not _is_p2p(op))
+    if recompute == "selective":
+        return tuple(op for op in stage.forward if isinstance(op, ComputeOp) and op.kind == "attention")
+    return ()
+
+
+@dataclass
+class _Phase:
+    seconds: float
+    parts: dict[str, float]
+    op_end: list[float]  # offset at which each op ends
+
+
+def _run_phase(timed: list[tuple[float, str]], gathers: list[tuple[int, float, str]]) -> _Phase:
+    """Ops back to back; gather j must end before op gathers[j][0] starts; gather j+1 is
+    issued when gather j is consumed (one ahead), gather 0 at the phase start."""
+    t, parts, ends = 0.0, dict.fromkeys(PARTS, 0.0), []
+    j, gather_end = 0, (gathers[0][1] if gathers else 0.0)
+
+    def consume(index: int) -> None:
+        nonlocal t, j, gather_end
+        while j < len(gathers) and gathers[j][0] <= index:
+            stall = max(0.0, gather_end - t)
+            parts[gathers[j][2]] += stall
+            t += stall
+            j += 1
+            if j < len(gathers):
+                gather_end = t + gathers[j][1]
+
+    for i, (seconds, category) in enumerate(timed):
+        consume(i)
+        t += seconds
+        parts[category] += seconds
+        ends.append(t)
+    consume(len(timed))
+    return _Phase(t, parts, ends)
+
+
+@dataclass
+class _StageCost:
+    forward: _Phase
+    backward: _Phase
+    grad_ready: list[float]            # offset in the backward at which each bucket is issued
+    grad_buckets: list[tuple[float, str]]
+    f_send: float
+    f_recv: float
+    b_send: float
+    b_recv: float
+    optimizer: dict[str, float]
+    step_syncs: list[tuple[float, str]]
+    activations: int
+
+
+def _stage_cost(stage: StageTrace, profile: DeviceProfile, gpn: int, recompute: str) -> _StageCost:
+    cache: dict[int, float] = {}
+
+    def seconds(op: Op) -> float:
+        key = id(op)
+        if key not in cache:
+            cache[key] = op_seconds(op, profile, gpn)
+        return cache[key]
+
+    def timed(ops) -> list[tuple[float, str]]:
+        return [(seconds(op), _category(op)) for op in ops if not _is_p2p(op)]
+
+    def p2p(ops, kind: str) -> float:
+        return sum(seconds(op) for op in ops if _is_p2p(op) and op.kind == kind)
+
+    def gathers(phase: str, shift: int = 0) -> list[tuple[int, float, str]]:
+        return [(at + shift, seconds(op), _category(op)) for at, op in stage.gathers(phase)]
+
+    # p2p ops are not on the stream, so gather positions count the remaining ops only
+    fwd_index = _index_without_p2p(stage.forward)
+    bwd_index = _index_without_p2p(stage.backward)
+    rec = timed(recomputed_ops(stage, recompute))
+    forward = _run_phase(timed(stage.forward), [(fwd_index[a], s, c) for a, s, c in gathers("forward")])
+    backward = _run_phase(rec + timed(stage.backward),
+                          [(bwd_index[a] + len(rec), s, c) for a, s, c in gathers("backward")])
+    ready = []
+    for after in stage.grad_ready_after():
+        i = len(rec) + bwd_index[after]
+        ready.append(backward.op_end[i - 1] if i > 0 else 0.0)
+    optimizer = dict.fromkeys(PARTS, 0.0)
+    for s, c in timed(stage.optimizer):
+        optimizer[c] += s
+    steps = [(seconds(op), _category(op)) for op, p in zip(stage.param_sync, stage.phases()) if p == "step"]
+    return _StageCost(forward, backward, ready, [(seconds(op), _category(op)) for op in stage.grad_sync],
+                      p2p(stage.forward, "send"), p2p(stage.forward, "recv"),
+                      p2p(stage.backward, "send"), p2p(stage.backward, "recv"),
+                      optimizer, steps, stage.memory.activations(recompute))
+
+
+def _index_without_p2p(ops: tuple[Op, ...]) -> list[int]:
+    """index[i] = how many non-p2p ops precede position i (i in 0..len)."""
+    out, n = [], 0
+    for op in ops:
+        out.append(n)
+        n += not _is_p2p(op)
+    out.append(n)
+    return out
+
+
+# --- the step -------------------------------------------------------------------------
+def simulate(trace: Trace, profile: DeviceProfile, gpus_per_node: int = 8, recompute: str = "none",
+             record_events: bool = False) -> SimResult:
+    require(isinstance(trace, Trace), f"trace must be a Trace, got {type(trace).__name__}")
+    require(isinstance(profile, DeviceProfile), f"profile must be a DeviceProfile, got {type(profile).__name__}")
+    require(isinstance(gpus_per_node, int) and gpus_per_node >= 1,
+            f"gpus_per_node={gpus_per_node!r} must be a positive integer")
+    require(recompute in RECOMPUTE, f"recompute={recompute!r} not in {RECOMPUTE}")
+    pp, vpp, m = trace.pp, trace.vpp, trace.micro_batches
+    K = pp * vpp
+    costs = [_stage_cost(s, profile, gpus_per_node, recompute) for s in trace.stages]
+    orders = rank_orders(pp, vpp, m)
+    fwd_edge = [max(costs[k].f_send, costs[k + 1].f_recv) for k in range(K - 1)]
+    bwd_edge = [max(costs[k + 1].b_send, costs[k].b_recv) for k in range(K - 1)]
+
+    end: dict[tuple[str, int, int], float] = {}
+    free = [0.0] * pp
+    ptr = [0] * pp
+    parts = [dict.fromkeys(PARTS, 0.0) for _ in range(pp)]
+    dp_stream = [0.0] * pp
+    events: list[Event] = []
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for r in range(pp):
+            while ptr[r] < len(orders[r]):
+                kind, mb, chunk = orders[r][ptr[r]]
+                k = chunk * pp + r
+                if kind == "F":
+                    dep, edge = (("F", mb, k - 1), fwd_edge[k - 1]) if k > 0 else (None, 0.0)
+                else:
+                    dep, edge = (("B", mb, k + 1), bwd_edge[k]) if k < K - 1 else (("F", mb, k), 0.0)
+                if dep is not None and dep not in end:
+                    break
+                arrival = end[dep] + edge if dep is not None else 0.0
+                start = max(free[r], arrival)
+                parts[r]["pp_comm"] += min(start - free[r], edge)
+                phase = costs[k].forward if kind == "F" else costs[k].backward
+                for key, value in phase.parts.items():
+                    parts[r][key] += value
+                end[(kind, mb, k)] = free[r] = start + phase.seconds
+                if record_events:
+                    events.append(Event(r, "forward" if kind == "F" else "backward", start, free[r], mb, k))
+                if kind == "B" and (mb == m - 1 or trace.stages[k].grad_sync_each_microbatch):
+                    for offset, (seconds, _) in zip(costs[k].grad_ready, costs[k].grad_buckets):
+                        begin = max(dp_stream[r], start + offset)
+                        dp_stream[r] = begin + seconds
+                        if record_events:
+                            events.append(Event(r, "grad_sync", begin, dp_stream[r], mb, k))
+                ptr[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:  # a schedule bug, not a user error
+            raise RuntimeError(f"pipeline schedule deadlocked at {[orders[r][ptr[r]] for r in range(pp) if ptr[r] < len(orders[r])]}")
+
+    rank_end = []
+    for r in range(pp):
+        t = max(free[r], dp_stream[r])
+        parts[r]["dp_comm"] += t - free[r]
+        chunks = [costs[c * pp + r] for c in range(vpp)]
+        optimizer = sum(sum(c.optimizer.values()) for c in chunks)
+        for c in chunks:
+            for key, value in c.optimizer.items():
+                parts[r][key] += value
+        if record_events and optimizer:
+            events.append(Event(r, "optimizer", t, t + optimizer))
+        t += optimizer
+        for c in chunks:
+            for seconds, category in c.step_syncs:
+                parts[r][category] += seconds
+                if record_events:
+                    events.append(Event(r, "param_sync", t, t + seconds))
+                t += seconds
+        rank_end.append(t)
+    step = max(rank_end)
+
+    per_stage = []
+    for r in range(pp):
+        breakdown = dict(parts[r])
+        breakdown["bubble"] = max(0.0, step - sum(breakdown.values()))
+        per_stage.append(_memory(trace, r, orders[r], costs, breakdown, rank_end[r]))
+    critical = min(range(pp), key=lambda r: per_stage[r].breakdown["bubble"])
+    peak = max(s.peak for s in per_stage)
+    return SimResult(step, dict(per_stage[critical].breakdown), tuple(per_stage), critical, peak,
+                     profile.hbm_bytes, tuple(sorted(events, key=lambda e: (e.start, e.rank))))
+
+
+def _memory(trace: Trace, r: int, order, costs: list[_StageCost], breakdown: dict[str, float],
+            end_seconds: float) -> StageResult:
+    """Static state summed over the rank's chunks; activations from walking its order
+    (a forward allocates its micro-batch's activations, the backward frees them)."""
+    pp = trace.pp
+    chunks = [trace.stages[c * pp + r] for c in range(trace.vpp)]
+    held = count = peak_held = peak_count = 0
+    for kind, _, chunk in order:
+        act = costs[chunk * pp + r].activations
+        sign = 1 if kind == "F" else -1
+        held += sign * act
+        count += sign
+        peak_held, peak_count = max(peak_held, held), max(peak_count, count)
+    params = sum(s.memory.params for s in chunks)
+    grads = sum(s.memory.grads for s in chunks)
+    optimizer = sum(s.memory.optimizer for s in chunks)
+    temporary = max(s.memory.temporary for s in chunks)
+    return StageResult(r, params, grads, optimizer, peak_held, temporary,
+                       params + grads + optimizer + peak_held + temporary, peak_count, breakdown, end_seconds)
