@@ -111,10 +111,27 @@ def check_trainable(config: TrainConfig, placement: Placement) -> None:
                             f"{config.micro_batches} micro-batches (got {per_rank:g} samples per dp rank)")
 
 
-def layout_mesh(placement: Placement) -> DeviceMesh:
-    ml = next(iter(placement.modules.values()))
-    return DeviceMesh(_device_type(), torch.arange(ml.world).view(ml.pp, ml.dp, ml.tp),
-                      mesh_dim_names=("pp", "dp", "tp"))
+@dataclass(frozen=True)
+class LayoutMeshes:
+    """The (pp, dp, tp) mesh of a layout, its one-dimensional slices, and a group over all
+    its ranks. Built once, outside any FakeTensorMode (slicing a mesh runs real tensor ops)."""
+
+    mesh: DeviceMesh
+    tp: DeviceMesh
+    dp: DeviceMesh
+    pp: DeviceMesh
+    everyone: object  # ProcessGroup over ranks 0..world-1
+
+    @classmethod
+    def build(cls, placement: Placement) -> LayoutMeshes:
+        """Collective over the default group: every process builds it, member of the layout or not."""
+        ml = next(iter(placement.modules.values()))
+        mesh = DeviceMesh(_device_type(), torch.arange(ml.world).view(ml.pp, ml.dp, ml.tp),
+                          mesh_dim_names=("pp", "dp", "tp"))
+        everyone = dist.new_group(ranks=list(range(ml.world)))
+        if mesh.get_coordinate() is None:
+            return cls(mesh, mesh, mesh, mesh, everyone)
+        return cls(mesh, mesh["tp"], mesh["dp"], mesh["pp"], everyone)
 
 
 def _device_type() -> str:
@@ -170,16 +187,15 @@ class ParallelTrainer:
     `active == False` and holds nothing)."""
 
     def __init__(self, config: TrainConfig, layout: str, rank: int, shards: dict[Key, LocalShard],
-                 scalars: TrainScalars | None = None) -> None:
+                 scalars: TrainScalars | None = None, meshes: LayoutMeshes | None = None) -> None:
         self.config, self.rank = config, rank
         self.spec = get_model(config.model)
         self.placement = place(self.spec, layout)
         check_trainable(config, self.placement)
         self.ml = next(iter(self.placement.modules.values()))
         self.scalars = scalars or TrainScalars()
-        self.mesh = layout_mesh(self.placement)  # collective: every rank of the group builds it
-        self.group = dist.new_group(ranks=list(range(self.ml.world)))
-        coordinate = self.mesh.get_coordinate()
+        self.meshes = meshes or LayoutMeshes.build(self.placement)  # collective
+        coordinate = self.meshes.mesh.get_coordinate()
         self.active = coordinate is not None
         if not self.active:
             return
@@ -191,10 +207,10 @@ class ParallelTrainer:
         self.stage = DecoderStage(model, self.pp_rank, self.ml.pp)
         del model
         if self.ml.tp > 1:
-            parallelize_module(self.stage, self.mesh["tp"], _tp_plan(self.stage))
+            parallelize_module(self.stage, self.meshes.tp, _tp_plan(self.stage))
         state = self._states_by_name(shards)
         if self.ml.zero == 3:
-            self.optimizer = FullyShardedState(self.stage, self.mesh["dp"], torch.device(_device_type()), state,
+            self.optimizer = FullyShardedState(self.stage, self.meshes.dp, torch.device(_device_type()), state,
                                                lr=config.lr, weight_decay=config.weight_decay,
                                                step=self.scalars.step, rank=rank)
         else:
@@ -233,7 +249,7 @@ class ParallelTrainer:
                                     f"ZeRO chunk {rows}")
             slots.append(ParamSlot(name, data, rows, master))
             moments[name] = (exp_avg, exp_avg_sq)
-        self.optimizer = ShardedAdamW(slots, self.mesh["dp"].get_group() if self.ml.dp > 1 else None, self.ml.dp,
+        self.optimizer = ShardedAdamW(slots, self.meshes.dp.get_group() if self.ml.dp > 1 else None, self.ml.dp,
                                       lr=self.config.lr, weight_decay=self.config.weight_decay, moments=moments,
                                       step=self.scalars.step)
         by_name = {s.name: s for s in slots}
@@ -242,7 +258,16 @@ class ParallelTrainer:
 
     def _grad_hook(self, slot: ParamSlot):
         def hook(p: Tensor) -> None:
-            self.optimizer.accumulate(slot, _local(p.grad))
+            grad = p.grad
+            # DTensor may hand back a gradient in another placement than its parameter's (the
+            # row-parallel embedding's comes back replicated): take this rank's shard of it.
+            if isinstance(grad, DTensor) and tuple(grad.placements) != tuple(p.placements):
+                grad = grad.redistribute(p.device_mesh, p.placements)
+            local = _local(grad)
+            if tuple(local.shape) != tuple(slot.local.shape):
+                raise TrainingError(f"rank {self.rank}: {slot.name} gradient {tuple(local.shape)} does not match "
+                                    f"the parameter box {tuple(slot.local.shape)}")
+            self.optimizer.accumulate(slot, local)
             p.grad = None
         return hook
 
@@ -268,7 +293,7 @@ class ParallelTrainer:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
         stage = PipelineStage(self.stage, self.pp_rank, self.ml.pp, torch.device(_device_type()),
-                              group=self.mesh["pp"].get_group())
+                              group=self.meshes.pp.get_group())
         schedule = Schedule1F1B if self.config.micro_batches >= self.ml.pp else ScheduleGPipe
         micro = self.config.micro_batches
         # Each micro-batch's loss is divided here, as the pp=1 loop does: the gradient hooks
@@ -306,7 +331,7 @@ class ParallelTrainer:
         # Global mean loss: the last stage's TP rank 0 of every dp replica contributes.
         if not (self.pp_rank == self.ml.pp - 1 and self.tp_rank == 0):
             loss_sum.zero_()
-        dist.all_reduce(loss_sum, group=self.group)
+        dist.all_reduce(loss_sum, group=self.meshes.everyone)
         self.scalars.step += 1
         self.scalars.data = self.scalars.data.advance(self.config.global_batch)
         return StepResult(self.scalars.step, float(loss_sum.item()) / (micro * self.ml.dp),

@@ -53,7 +53,7 @@ class ShardedAdamW:
         no_decay = [s.master for s in slots if s.master.dim() < 2]
         self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
                                             {"params": no_decay, "weight_decay": 0.0}],
-                                           lr=lr, betas=betas, eps=eps, foreach=False)
+                                           lr=lr, betas=betas, eps=eps, foreach=True)
         moments = moments or {}
         for s in slots:  # state up front: it is training state a switch moves, even before step 1
             exp_avg, exp_avg_sq = moments.get(s.name) or (torch.zeros_like(s.master), torch.zeros_like(s.master))
