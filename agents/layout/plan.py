@@ -15,12 +15,12 @@ import numpy as np
 from agents.layout.estimate import Network, estimate_seconds
 from agents.layout.placement import Placement, place
 from agents.layout.routing import Route, route
-from agents.layout.schedule import RoundStats, Slice, SliceMemory, cut_rounds, memory_wave, round_stats
-from agents.layout.shards import OPTIM, PARAM, STATE_CLASS, HolderBoxes, full_box, holder_boxes
+from agents.layout.schedule import RoundStats, Slice, cut_rounds, memory_wave, round_stats, slice_memory
+from agents.layout.shards import OPTIM, PARAM, STATE_CLASS, full_box, holder_boxes
 from agents.layout.spec import Layout
-from agents.layout.tensors import STATE_BYTES, STATES, Model
+from agents.layout.tensors import STATE_BYTES, STATES, Model, TensorSpec
 
-PLANNER_VERSION = 1
+PLANNER_VERSION = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,34 +67,28 @@ class RoutingPlan:
         start = np.zeros(self.world)
         for item in self.items:
             src = item.route.src_holders
-            np.add.at(start, src.rank, src.size * self._bytes(item))
-        effects: dict[tuple, SliceMemory] = {}
-        per_route: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        order = [sl for round_slices in self.rounds for sl in round_slices]
-        first_slice = {sl.item: sl for sl in reversed(order)}
-        last_slice = {sl.item: sl for sl in order}
-        none = (np.zeros(0, dtype=np.int64), np.zeros(0))
-        for sl in order:
-            item = self.items[sl.item]
+            start[src.rank] += src.size * self._bytes(item)  # one box per rank
+        effects, never_read, never_written = slice_memory(
+            self.rounds, [i.route for i in self.items], [self._bytes(i) for i in self.items], self.world)
+        return memory_wave(self.rounds, start, effects, self.stats, self.world, never_read, never_written)
+
+    @cached_property
+    def largest_boxes(self) -> np.ndarray:
+        """Per rank: the largest box (bytes) it frees or allocates, i.e. of a (tensor,
+        state) whose box differs between the layouts. Boxes are freed whole, so a rank can
+        need up to this much over max(source, destination) + staging (two ranks swapping
+        boxes larger than the staging budget: docs/planner.md)."""
+        out = np.zeros(self.world)
+        seen: set[tuple[int, int]] = set()
+        for item in self.items:
             r, nbytes = item.route, self._bytes(item)
-            if id(r) not in per_route:
-                # A rank whose box is unchanged keeps the tensor as it is; ranks with a local
-                # copy free their source box only after copying it.
-                src, dst, loc = r.src_holders, r.dst_holders, r.local
-                loc_elems = r.elements(loc)
-                same = (loc_elems == src.size[np.searchsorted(src.rank, loc.rank)]) & (
-                    loc_elems == dst.size[np.searchsorted(dst.rank, loc.rank)])
-                per_route[id(r)] = (loc.rank[same], loc.rank)
-            kept, local = per_route[id(r)]
-            early, late, alloc = none, none, none
-            if sl is first_slice[sl.item]:
-                alloc = _boxes(r.dst_holders, nbytes, kept)
-            if sl is last_slice[sl.item]:
-                ranks, nb = _boxes(r.src_holders, nbytes, kept)
-                is_late = np.isin(ranks, local)
-                early, late = (ranks[~is_late], nb[~is_late]), (ranks[is_late], nb[is_late])
-            effects[sl.key] = SliceMemory(early=early, late=late, alloc=alloc)
-        return memory_wave(self.rounds, start, effects, self.stats, self.world)
+            if (id(r), nbytes) in seen:
+                continue
+            seen.add((id(r), nbytes))
+            for h in (r.src_holders, r.dst_holders):
+                moving = ~np.isin(h.rank, r.kept)
+                np.maximum.at(out, h.rank[moving], h.size[moving] * float(nbytes))
+        return out
 
     def _sum(self, what) -> int:
         return int(sum(int(what(i.route)) * self._bytes(i) for i in self.items))
@@ -124,6 +118,8 @@ class RoutingPlan:
         """CONTRACTS section 3's --json object (and a few more fields)."""
         stats = self.stats
         after, peak = self.waves
+        rank_peak = peak.max(axis=0, initial=0)
+        bound = np.maximum(after[0], after[-1]) + self.options.staging_bytes
         send = stats.send_intra + stats.send_inter
         recv = stats.recv_intra + stats.recv_inter
         seconds, _ = estimate_seconds(stats, self.options.network)
@@ -144,9 +140,10 @@ class RoutingPlan:
             "peak_staging_bytes": int((send + recv).max(initial=0)),
             "staging_budget_bytes": self.options.staging_bytes,
             "predicted_peak_bytes": int(peak.max(initial=0)),
-            # Per rank max(source, destination) + staging: the peak a perfect schedule reaches.
-            "ranks_over_memory_bound": int((peak.max(axis=0, initial=0)
-                                            > np.maximum(after[0], after[-1]) + self.options.staging_bytes).sum()),
+            # Per rank max(source, destination) + staging: the peak a perfect schedule reaches
+            # when state could be freed byte by byte; with whole boxes, + the largest box.
+            "ranks_over_memory_bound": int((rank_peak > bound).sum()),
+            "ranks_over_box_bound": int((rank_peak > bound + self.largest_boxes).sum()),
             # Checkpoint-restart writes every logical state element once and reads it once.
             "checkpoint_bytes": 2 * self.model.param_count * sum(STATE_BYTES.values()),
             "plan_seconds": round(self.plan_seconds, 4), "estimated_seconds": seconds,
@@ -196,12 +193,6 @@ class RoutingPlan:
         return out
 
 
-def _boxes(boxes: HolderBoxes, nbytes: int, kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(ranks, bytes) of the boxes, leaving out `kept` ranks."""
-    keep = ~np.isin(boxes.rank, kept)
-    return boxes.rank[keep], (boxes.size[keep] * nbytes).astype(np.float64)
-
-
 def _stage_fractions(model: Model, placement: Placement) -> dict[int, float]:
     """Each layer tensor's position within the pipeline stage holding it, in [0, 1]."""
     layers: dict[tuple[str, int], list[int]] = {}
@@ -217,16 +208,46 @@ def _stage_fractions(model: Model, placement: Placement) -> dict[int, float]:
     return {i: position[(t.split.module, t.split.layer)] for i, t in enumerate(model.tensors) if t.split.layer is not None}
 
 
-def transfer_order(model: Model, src: Placement, dst: Placement) -> list[int]:
-    """The global order in which tensors move: by position within their pipeline stage
-    (mean of source and destination), so that a rank that changes stage frees its old
-    layers while it fills its new ones instead of holding both; embeddings first and
-    output layers last. Every rank computes the same order."""
-    fs, fd = _stage_fractions(model, src), _stage_fractions(model, dst)
-    place_key = {"first": 0.0, "first+last": 0.0, "last": 1.0}
-    keys = [((fs[i] + fd[i]) / 2 if t.split.layer is not None else place_key[t.split.place], i)
-            for i, t in enumerate(model.tensors)]
-    return [i for _, i in sorted(keys)]
+def _kind(tensor: TensorSpec) -> str:
+    """A layer tensor's name without its layer index ("llm.layers.*.mlp.up.weight"): the
+    tensors of one kind have the same shape in every layer."""
+    parts = tensor.name.split(".")
+    if str(tensor.split.layer) in parts:
+        parts[parts.index(str(tensor.split.layer))] = "*"
+    return ".".join(parts)
+
+
+def transfer_order(model: Model, src: Placement, dst: Placement) -> list[tuple[int, str]]:
+    """The global order in which (tensor, state) items move; every rank computes the same.
+
+    Kind first: the items of one layer-tensor kind and state (say the `exp_avg` of every
+    layer's mlp.up) move together, kinds in the order a layer lists them, states in STATES
+    order; within such a group, layers by their position inside their source pipeline
+    stage, so that all stages proceed at once. A rank then frees its old boxes and fills
+    its new ones group by group, at the same pace even when its pipeline stage changes
+    (its old and new layers are different tensors), and each group is a small part of its
+    memory. Several modules' groups interleave by their relative position. Tensors outside
+    the layers: first-stage ones (embeddings) first, last-stage ones last.
+    The earlier order, whole layers by their position in the stage, let a rank that
+    changes stage fill new layers well before it freed old ones (up to 1.27x max(source,
+    destination) + staging; docs/benchmarks.md)."""
+    position = _stage_fractions(model, src)
+    kinds: dict[str, dict[str, int]] = {}
+    for t in model.tensors:
+        if t.split.layer is not None:
+            module = kinds.setdefault(t.split.module, {})
+            module.setdefault(_kind(t), len(module))
+    place_key = {"first": -1.0, "first+last": -1.0, "last": 2.0}
+    keys = []
+    for i, t in enumerate(model.tensors):
+        for s, state in enumerate(STATES):
+            if t.split.layer is None:
+                keys.append(((place_key[t.split.place], 0.0, i, s), (i, state)))
+            else:
+                module = kinds[t.split.module]
+                group = (module[_kind(t)] * len(STATES) + s + 0.5) / (len(module) * len(STATES))
+                keys.append(((group, position[i], i, s), (i, state)))
+    return [item for _, item in sorted(keys)]
 
 
 def plan_routes(model: Model, src: Layout | str, dst: Layout | str, options: PlanOptions | None = None) -> RoutingPlan:
@@ -236,20 +257,18 @@ def plan_routes(model: Model, src: Layout | str, dst: Layout | str, options: Pla
     src_p, dst_p = place(model, src), place(model, dst)
     routes: dict[tuple, Route] = {}
     items: list[Item] = []
-    for index in transfer_order(model, src_p, dst_p):
+    for index, state in transfer_order(model, src_p, dst_p):
         tensor = model.tensors[index]
-        split = tensor.split
+        split, state_class = tensor.split, STATE_CLASS[state]
         geometry = (tensor.shape, split.module, split.tp_dim, split.tp_units, split.ep_dim, split.place,
                     src_p.tensor_stages(tensor), dst_p.tensor_stages(tensor))
-        for state_class in (PARAM, OPTIM):
-            key = (geometry, state_class)
-            if key not in routes:
-                dst_boxes = holder_boxes(dst_p, tensor, state_class)
-                master = holder_boxes(dst_p, tensor, OPTIM) if state_class == PARAM else None
-                routes[key] = route(holder_boxes(src_p, tensor, state_class), dst_boxes, master,
-                                    gpus_per_node=options.gpus_per_node, salt=len(routes))
-        for state in STATES:
-            items.append(Item(index, state, routes[(geometry, STATE_CLASS[state])]))
+        key = (geometry, state_class)
+        if key not in routes:  # tensors of one geometry share a route
+            dst_boxes = holder_boxes(dst_p, tensor, state_class)
+            master = holder_boxes(dst_p, tensor, OPTIM) if state_class == PARAM else None
+            routes[key] = route(holder_boxes(src_p, tensor, state_class), dst_boxes, master,
+                                gpus_per_node=options.gpus_per_node, salt=len(routes))
+        items.append(Item(index, state, routes[key]))
     world = max(src_p.world, dst_p.world)
     rounds = cut_rounds([i.route for i in items], [STATE_BYTES[i.state] for i in items],
                         [model.tensors[i.tensor].shape[0] for i in items], options.staging_bytes, world)

@@ -11,6 +11,7 @@ Everything is vectorized over ranks with numpy: a 8,192-rank world is a few thou
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -74,6 +75,25 @@ class Route:
     @property
     def transfer_elems(self) -> int:
         return int(self.elements(self.boxes).sum())
+
+    @cached_property
+    def kept(self) -> np.ndarray:
+        """Ranks whose box is the same in both layouts: they keep the tensor as it is (no
+        copy, no new memory), so the memory wave neither frees nor allocates it."""
+        loc = self.local
+        if not len(loc):
+            return loc.rank
+        size = self.elements(loc)
+        src, dst = self.src_holders, self.dst_holders  # a local piece's rank holds both boxes
+        same = (size == src.size[np.searchsorted(src.rank, loc.rank)]) & (
+            size == dst.size[np.searchsorted(dst.rank, loc.rank)])
+        return loc.rank[same]
+
+    def copying(self, a_lo: int, a_hi: int) -> np.ndarray:
+        """Ranks (not keeping their box) with a local copy of some row in [a_lo, a_hi)."""
+        loc = self.local
+        rows = (np.minimum(loc.a1, a_hi) > np.maximum(loc.a0, a_lo)) & ~np.isin(loc.rank, self.kept)
+        return loc.rank[rows]
 
 
 def _lookup(holders: HolderBoxes, ranks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -48,10 +48,13 @@ def _clip(route: Route, a_lo: int, a_hi: int, t_lo: int = 0, t_hi: int | None = 
     return route.src[sel][keep], route.dst[sel][keep], elems[keep]
 
 
-def _staging(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Ranks touched and the bytes each stages (send + receive)."""
-    ranks = np.concatenate([src, dst])
-    weights = np.concatenate([nbytes, nbytes]).astype(np.float64)
+def _staging(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray,
+             copying: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Ranks touched and the bytes each stages (send + receive); ranks that only copy
+    locally (`copying`) are touched with 0 bytes."""
+    copying = np.zeros(0, dtype=np.int64) if copying is None else copying
+    ranks = np.concatenate([src, dst, copying])
+    weights = np.concatenate([nbytes, nbytes, np.zeros(len(copying))]).astype(np.float64)
     uniq, inv = np.unique(ranks, return_inverse=True)
     return uniq, np.bincount(inv, weights=weights)
 
@@ -61,7 +64,9 @@ def cut_rounds(routes: list[Route], item_bytes: list[int], dim0: list[int], budg
     from the latest round any of its ranks already uses, where every one of its ranks
     still has room in the budget. Each rank so works through its items in the global
     order, while ranks that share nothing (e.g. different pipeline stages) fill the same
-    rounds in parallel instead of waiting for each other."""
+    rounds in parallel instead of waiting for each other. A rank that only copies locally
+    in a slice counts as one of its ranks (with 0 bytes), so that it too meets its items
+    in the global order (what memory_wave's bound relies on)."""
     loads: list[np.ndarray] = []
     rounds: list[list[Slice]] = []
     cursor = np.zeros(world, dtype=np.int64)  # per rank: the latest round it is in
@@ -88,7 +93,8 @@ def cut_rounds(routes: list[Route], item_bytes: list[int], dim0: list[int], budg
             continue
         key = id(route)
         if key not in staging_cache:
-            staging_cache[key] = _staging(route.src, route.dst, route.elements(route.boxes))
+            staging_cache[key] = _staging(route.src, route.dst, route.elements(route.boxes),
+                                          route.copying(0, dim0[i]))
         ranks, elems = staging_cache[key]
         slices = [(0, dim0[i], 0, None, ranks, elems * nbytes)]
         if (elems * nbytes).max() > budget:
@@ -104,7 +110,8 @@ def cut_rounds(routes: list[Route], item_bytes: list[int], dim0: list[int], budg
 def _split(route: Route, nbytes: int, n0: int, budget: int):
     """Equal row slices (the same global cut points on every rank), doubling their number
     until each fits; rows that cannot fit alone (one row sent to many peers) are cut
-    further by transfers, in route order."""
+    further by transfers, in route order. A row slice with local copies but no transfer
+    is kept (the engine copies a slice's rows locally only in its slices)."""
     parts = 2
     while True:
         slices = []
@@ -113,9 +120,10 @@ def _split(route: Route, nbytes: int, n0: int, budget: int):
             if hi <= lo:
                 continue
             src, dst, elems = _clip(route, lo, hi)
-            if len(src) == 0:
+            copying = route.copying(lo, hi)
+            if len(src) == 0 and len(copying) == 0:
                 continue
-            ranks, staged = _staging(src, dst, elems)
+            ranks, staged = _staging(src, dst, elems, copying)
             slices.append((lo, hi, 0, None, ranks, staged * nbytes))
         if all(s[5].max() <= budget for s in slices):
             return slices
@@ -146,7 +154,7 @@ def _split_transfers(route: Route, nbytes: int, lo: int, hi: int, budget: int):
     out = []
     for t_lo, t_hi in pieces:
         src, dst, el = _clip(route, lo, hi, t_lo, t_hi)
-        ranks, staged = _staging(src, dst, el) if len(src) else (np.zeros(0, np.int64), np.zeros(0))
+        ranks, staged = _staging(src, dst, el, route.copying(lo, hi) if t_lo == 0 else None)
         out.append((lo, hi, t_lo, t_hi, ranks, staged * nbytes))
     return out
 
@@ -188,46 +196,172 @@ def round_stats(rounds: list[list[Slice]], routes: list[Route], item_bytes: list
 
 
 Sparse = tuple[np.ndarray, np.ndarray]  # (ranks, bytes)
+_NONE: Sparse = (np.zeros(0, dtype=np.int64), np.zeros(0))
 
 
 @dataclass(frozen=True)
 class SliceMemory:
     """What one slice (rows [a_lo, a_hi) of one item) does to each rank's state memory.
-    Shards are whole tensors: the item's first slice allocates the destination boxes, its
-    last frees the source boxes, once packed (`early`) or after the round's local copies
+    Shards are whole tensors: a rank allocates its destination box in the round of the
+    first slice that writes into it: before the exchange when it receives a piece of it in
+    that round (the engine lets pieces land in place; `ready`), else at its local copy
+    (`alloc`). It frees its source box in the last slice that reads it: once packed
+    (`early`) or, when a local copy reads it in that round or later, after that copy
     (`late`). Boxes a rank keeps unchanged appear in none."""
 
     early: Sparse
     late: Sparse
     alloc: Sparse
+    ready: Sparse = _NONE
+
+
+@dataclass(frozen=True)
+class _Touches:
+    """For one route and one list of slices: per source holder (not keeping its box) the
+    last slice that sends from it and the last that copies from it locally, per
+    destination holder the first slice that writes into it (receives or copies) and the
+    first in which it receives; -1 for none."""
+
+    src_rank: np.ndarray
+    src_elems: np.ndarray
+    last_send: np.ndarray
+    last_local: np.ndarray
+    dst_rank: np.ndarray
+    dst_elems: np.ndarray
+    first_write: np.ndarray
+    first_recv: np.ndarray
+
+
+def _touches(route: Route, slices: list[Slice]) -> _Touches:
+    src, dst = route.src_holders, route.dst_holders
+    last_send = np.full(len(src.rank), -1)
+    last_local = np.full(len(src.rank), -1)
+    first_write = np.full(len(dst.rank), -1)
+    first_recv = np.full(len(dst.rank), -1)
+    for t in range(len(slices) - 1, -1, -1):  # backwards: the first write is assigned last
+        sl = slices[t]
+        senders, receivers, _ = _clip(route, sl.a_lo, sl.a_hi, sl.t_lo, sl.t_hi)
+        copying = route.copying(sl.a_lo, sl.a_hi) if sl.t_lo == 0 else np.zeros(0, dtype=np.int64)
+        first_write[np.searchsorted(dst.rank, np.concatenate([receivers, copying]))] = t
+        first_recv[np.searchsorted(dst.rank, receivers)] = t
+        for last, ranks in ((last_send, senders), (last_local, copying)):
+            hit = np.searchsorted(src.rank, ranks)
+            last[hit[last[hit] < 0]] = t
+    moving_src, moving_dst = ~np.isin(src.rank, route.kept), ~np.isin(dst.rank, route.kept)
+    return _Touches(src.rank[moving_src], src.size[moving_src], last_send[moving_src], last_local[moving_src],
+                    dst.rank[moving_dst], dst.size[moving_dst], first_write[moving_dst], first_recv[moving_dst])
+
+
+def _effects(tc: _Touches, round_of: list[int], nbytes: float) -> tuple[list[SliceMemory], Sparse, Sparse]:
+    """One item's SliceMemory per slice (slices in rounds `round_of`), and what its ranks
+    free before the first round / allocate after the last."""
+    rnd = np.array([*round_of, -1])  # index -1: no such slice
+    src_bytes, dst_bytes = tc.src_elems * nbytes, tc.dst_elems * nbytes
+    never = (tc.last_send < 0) & (tc.last_local < 0)
+    early = ~never & ((tc.last_local < 0) | (rnd[tc.last_local] < rnd[tc.last_send]))
+    late = ~never & ~early
+    blank = tc.first_write < 0
+    # Allocated before the exchange: a piece of the box arrives in the round of its first write.
+    ready = ~blank & (tc.first_recv >= 0) & (rnd[tc.first_recv] == rnd[tc.first_write])
+    per_slice = []
+
+    def part(ranks: np.ndarray, nbytes: np.ndarray, mask: np.ndarray) -> Sparse:
+        return (ranks[mask], nbytes[mask]) if mask.any() else _NONE
+
+    for t in range(len(round_of)):
+        written = tc.first_write == t
+        per_slice.append(SliceMemory(early=part(tc.src_rank, src_bytes, early & (tc.last_send == t)),
+                                     late=part(tc.src_rank, src_bytes, late & (tc.last_local == t)),
+                                     alloc=part(tc.dst_rank, dst_bytes, written & ~ready),
+                                     ready=part(tc.dst_rank, dst_bytes, written & ready)))
+    return per_slice, (tc.src_rank[never], src_bytes[never]), (tc.dst_rank[blank], dst_bytes[blank])
+
+
+def slice_memory(rounds: list[list[Slice]], routes: list[Route], item_bytes: list[int],
+                 world: int) -> tuple[dict[tuple, SliceMemory], np.ndarray, np.ndarray]:
+    """Every slice's SliceMemory, as agents/engine/execute.py frees and allocates, rank by
+    rank; plus the bytes each rank frees before the first round (source boxes it never
+    reads) and allocates after the last (destination boxes only derived, e.g. a bf16
+    `param` cast from the new `master`)."""
+    placed: dict[int, list[tuple[int, Slice]]] = {}
+    for k, round_slices in enumerate(rounds):
+        for sl in round_slices:
+            placed.setdefault(sl.item, []).append((k, sl))
+    effects: dict[tuple, SliceMemory] = {}
+    unread: list[Sparse] = []
+    unwritten: list[Sparse] = []
+    touches: dict[tuple, _Touches] = {}
+    done: dict[tuple, tuple[list[SliceMemory], Sparse, Sparse]] = {}
+    for item, where in placed.items():
+        route, nbytes = routes[item], item_bytes[item]
+        slices = [sl for _, sl in where]
+        cuts = (id(route), tuple((sl.a_lo, sl.a_hi, sl.t_lo, sl.t_hi) for sl in slices))
+        # Routes and their slicing are shared by layers and by the fp32 states; only which
+        # of an item's slices share a round decides between an early and a late free.
+        key = (*cuts, nbytes, tuple(k - where[0][0] for k, _ in where))
+        if key not in done:
+            if cuts not in touches:
+                touches[cuts] = _touches(route, slices)
+            done[key] = _effects(touches[cuts], [k for k, _ in where], float(nbytes))
+        per_slice, never_read, never_written = done[key]
+        for sl, effect in zip(slices, per_slice):
+            effects[sl.key] = effect
+        unread.append(never_read)
+        unwritten.append(never_written)
+
+    def total(parts: list[Sparse]) -> np.ndarray:
+        if not parts:
+            return np.zeros(world)
+        return np.bincount(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                           minlength=world).astype(np.float64)
+
+    return effects, total(unread), total(unwritten)
 
 
 def memory_wave(rounds: list[list[Slice]], start: np.ndarray, effects: dict[tuple, SliceMemory],
-                stats: RoundStats, world: int) -> tuple[np.ndarray, np.ndarray]:
+                stats: RoundStats, world: int, never_read: np.ndarray | None = None,
+                never_written: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Predicted state bytes on every rank after each round, and the peak within it.
 
-    Mirrors agents/engine/execute.py. Within a round: pack (send staging allocated, early sources freed) -> exchange (receive
-    staging) -> slice by slice in the global order: allocate destination boxes, copy the
-    local part and unpack, free the late sources -> staging freed.
+    Mirrors agents/engine/execute.py. Source boxes never read are freed before the first
+    round (counted in round 0's pack). Within a round: pack (send staging allocated, early
+    sources freed) -> destination boxes receiving in the round allocated, receive staging
+    -> exchange -> slice by slice in the global order: allocate the other destination
+    boxes, copy the local part and unpack, free the late sources -> staging freed.
+    Destination boxes nobody writes (derived only) are allocated at the end (counted in
+    the last round, with its staging: an upper bound).
+
+    Bound (tested as a property): a rank meets its items in the global order (cut_rounds),
+    holds a box past its item only while that item's slices last, and within a round frees
+    what it packs before allocating, except that the sources its local copies read are
+    freed only after the round's receiving boxes are allocated. So its peak is at most the
+    order's one-item-at-a-time peak (each item's new box allocated before its old box is
+    freed) + the staging it uses in a round (<= the budget) + the source bytes it copies
+    locally within one round.
     Returns (after[rounds + 1, world], peak[rounds, world]).
     """
     def add(out: np.ndarray, sparse: Sparse, sign: float = 1.0) -> None:
         ranks, nbytes = sparse
         if len(ranks):
-            np.add.at(out, ranks, sign * nbytes)
+            out[ranks] += sign * nbytes  # a rank appears once in a slice's effect
 
     mem = start.astype(np.float64).copy()
     after, peaks = [mem.copy()], []
     for k, round_slices in enumerate(rounds):
-        early = np.zeros(world)
+        early = np.zeros(world) if k or never_read is None else never_read.astype(np.float64).copy()
         running, running_peak = np.zeros(world), np.zeros(world)
         for s in round_slices:
             add(early, effects[s.key].early)
+            add(running, effects[s.key].ready)
+        np.maximum(running_peak, running, out=running_peak)
         for s in round_slices:
             effect = effects[s.key]
             add(running, effect.alloc)
             np.maximum(running_peak, running, out=running_peak)
             add(running, effect.late, -1.0)
+        if k == len(rounds) - 1 and never_written is not None:
+            running += never_written
+            np.maximum(running_peak, running, out=running_peak)
         send = stats.send_intra[k] + stats.send_inter[k]
         recv = stats.recv_intra[k] + stats.recv_inter[k]
         peaks.append(np.maximum(mem + send, mem - early + send + recv + running_peak))

@@ -22,7 +22,27 @@ def _region(offsets, lengths):
     return tuple(slice(o, o + n) for o, n in zip(offsets, lengths))
 
 
+def local_copies_are_scheduled(plan: RoutingPlan) -> None:
+    """The engine copies a slice's rows locally only in that item's slices that start its
+    transfers (t_lo == 0): every local piece's rows must lie in such slices."""
+    rows: dict[int, list[tuple[int, int]]] = {}
+    for round_slices in plan.rounds:
+        for sl in round_slices:
+            if sl.t_lo == 0:
+                rows.setdefault(sl.item, []).append((sl.a_lo, sl.a_hi))
+    for i, item in enumerate(plan.items):
+        loc = item.route.local
+        covered = sorted(rows.get(i, []))
+        for a0, a1 in zip(loc.a0.tolist(), loc.a1.tolist()):
+            for lo, hi in covered:
+                if lo <= a0 < hi:
+                    a0 = hi
+            assert a0 >= a1, (f"{plan.model.tensors[item.tensor].name}/{item.state}: local rows from {a0} "
+                              f"to {a1} are in no slice")
+
+
 def simulate(plan: RoutingPlan) -> None:
+    local_copies_are_scheduled(plan)
     dump = plan.dump()
     index = {t.name: i for i, t in enumerate(plan.model.tensors)}
     shapes = {t.name: t.shape for t in plan.model.tensors}
