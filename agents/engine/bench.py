@@ -17,7 +17,7 @@ import torch.distributed as dist
 from agents.engine.checkpoint import check_expressible, checkpoint_switch
 from agents.engine.digest import compare_digests, state_digests
 from agents.engine.errors import EngineError
-from agents.engine.execute import execute_plan, prepare, round_messages
+from agents.engine.execute import execute_plan, preallocate, prepare, round_messages
 from agents.engine.state_fill import filled_shards
 from agents.layout.catalog import get_model
 from agents.layout.plan import PlanOptions, plan_routes
@@ -82,10 +82,11 @@ def bench_rank(rank: int, world: int, model_name: str, src: str, dst: str, stagi
 
     started = time.perf_counter()
     program = prepare(plan, rank)  # done while training runs in the product: not part of the pause
+    ready = preallocate(plan, program) if not old else None  # a joining rank, idle until the switch
     prepare_seconds = time.perf_counter() - started
     dist.barrier()
     started = time.perf_counter()
-    new = execute_plan(plan, rank, old, sample=sample, program=program)
+    new = execute_plan(plan, rank, old, sample=sample, program=program, ready=ready)
     dist.barrier()
     switch_seconds = time.perf_counter() - started
     after = state_digests(plan.dst, rank, new)

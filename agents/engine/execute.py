@@ -168,8 +168,20 @@ def _bytes_view(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
+def preallocate(plan: RoutingPlan, program: RankProgram) -> dict[Key, LocalShard]:
+    """A joining rank (one that holds no source state) allocates and touches all its new
+    shards ahead of the switch, while the old world still trains: its memory then is its
+    destination bytes, which it reaches anyway, and the exchange does not stall on first-touch
+    page faults (CPU) or allocator growth (GPU). Ranks holding source state must not: it would
+    break the bound max(source, destination) + staging."""
+    return {key: LocalShard(s.tensor, s.state, s.box, s.data.zero_())
+            for key, s in ((key, empty_shard(plan.model.tensors[key[0]], key[1], box))
+                           for key, box in program.new_boxes.items())}
+
+
 def execute_plan(plan: RoutingPlan, rank: int, old: dict[Key, LocalShard], group=None,
-                 sample: Sampler | None = None, program: RankProgram | None = None) -> dict[Key, LocalShard]:
+                 sample: Sampler | None = None, program: RankProgram | None = None,
+                 ready: dict[Key, LocalShard] | None = None) -> dict[Key, LocalShard]:
     """Move this rank's state from plan.src to plan.dst; returns the new shards.
 
     Memory follows the planner's model (agents/layout/schedule.py memory_wave): per round,
@@ -182,7 +194,9 @@ def execute_plan(plan: RoutingPlan, rank: int, old: dict[Key, LocalShard], group
     program = program or prepare(plan, rank)
     new_boxes, per_round = program.new_boxes, program.rounds
     last_send, last_local = program.last_send, program.last_local
-    new: dict[Key, LocalShard] = {}
+    if ready and old:
+        raise EngineError(f"rank {rank}: preallocated shards are only for joining ranks (no source state)")
+    new: dict[Key, LocalShard] = dict(ready or {})
     for key, box in new_boxes.items():  # boxes kept exactly: reused, no copy, no new memory
         if key in old and old[key].box == box:
             new[key] = old[key]

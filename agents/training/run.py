@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from agents.engine.digest import compare_digests, state_digests
-from agents.engine.execute import execute_plan, prepare
+from agents.engine.execute import execute_plan, preallocate, prepare
 from agents.engine.shards import Key, LocalShard
 from agents.layout.catalog import get_model
 from agents.layout.placement import place
@@ -83,6 +83,7 @@ def switch_state(spec, shards: dict[Key, LocalShard], scalars: TrainScalars, src
     scalars = box[0]
     plan = plan_routes(spec, src, dst, PlanOptions(gpus_per_node=gpus_per_node, staging_bytes=staging_bytes))
     program = prepare(plan, rank)
+    ready = preallocate(plan, program) if not shards else None  # a joining rank: idle until now
     before = state_digests(plan.src, rank, shards)
     peak = [sum(s.nbytes for s in shards.values())]
 
@@ -91,7 +92,7 @@ def switch_state(spec, shards: dict[Key, LocalShard], scalars: TrainScalars, src
 
     dist.barrier()
     started = time.perf_counter()
-    new: dict[Key, LocalShard] = execute_plan(plan, rank, shards, sample=sample, program=program)
+    new: dict[Key, LocalShard] = execute_plan(plan, rank, shards, sample=sample, program=program, ready=ready)
     shards.clear()
     seconds = time.perf_counter() - started
     verify_started = time.perf_counter()
