@@ -131,6 +131,29 @@ def _run_train(args: argparse.Namespace) -> int:
     return train_main(args)
 
 
+def _add_emulate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("emulate", help="predict step time, throughput and memory of a configuration at any scale")
+    p.add_argument("--model", required=True)
+    p.add_argument("--layout", required=True)
+    p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--gpu", default="h100", help="a100, h100, h200, b200 or cpu")
+    p.add_argument("--global-batch", type=int, required=True)
+    p.add_argument("--micro-batch", type=int, default=1)
+    p.add_argument("--seq", type=int, required=True)
+    p.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--profile", help="a calibrated device profile (JSON) instead of --gpu's built-in one")
+    p.add_argument("--no-cache", action="store_true", help="trace again even when a cached trace exists")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_run_emulate)
+
+
+def _run_emulate(args: argparse.Namespace) -> int:
+    from agents.emulator.cli import emulate_main
+
+    return emulate_main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dynaplane", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -141,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_commands(sub)
     _add_bench(sub)
     _add_train(sub)
+    _add_emulate(sub)
     return parser
 
 

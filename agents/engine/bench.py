@@ -114,6 +114,9 @@ def bench_rank(rank: int, world: int, model_name: str, src: str, dst: str, stagi
         "prepare_seconds": prepare_seconds,
         "digests_match": digests_match, "same_as_checkpoint": same_as_checkpoint,
         "peak_measured": peak[0],
+        # The memory target for this rank: max(source bytes, destination bytes) + staging.
+        "peak_bound": (float(max(plan.waves[0][0, rank], plan.waves[0][-1, rank])) + plan.options.staging_bytes
+                       if rank < plan.world else 0.0),
         "peak_predicted": float(predicted[:, rank].max(initial=0)) if rank < predicted.shape[1] else 0.0,
         "sent_bytes": float((stats.send_intra + stats.send_inter)[:, rank].sum()) if rank < plan.world else 0.0,
         "received_bytes": float((stats.recv_intra + stats.recv_inter)[:, rank].sum()) if rank < plan.world else 0.0,
@@ -144,5 +147,6 @@ def summarize(model: str, world: int, src: str, dst: str, ranks: list[dict]) -> 
         "replay_gbps": busiest / max(r["replay_seconds"] for r in ranks) / 1e9,
         "peak_bytes_measured": [r["peak_measured"] for r in ranks],
         "peak_bytes_predicted": [int(r["peak_predicted"]) for r in ranks],
+        "peak_bytes_bound": [int(r["peak_bound"]) for r in ranks],
         "bitexact": all(r["digests_match"] and r["same_as_checkpoint"] for r in ranks),
     }

@@ -1,0 +1,41 @@
+"""`dynaplane emulate`: one configuration's predicted step time, throughput and memory."""
+from __future__ import annotations
+
+import json
+import sys
+
+from agents.emulator.emulate import EmulateRequest, emulate
+from agents.emulator.errors import EmulatorError
+
+GiB = 2**30
+
+
+def emulate_main(args) -> int:
+    request = EmulateRequest(model=args.model, layout=args.layout, gpus=args.gpus, gpu=args.gpu,
+                             global_batch=args.global_batch, micro_batch=args.micro_batch, seq=args.seq,
+                             recompute=args.recompute, gpus_per_node=args.gpus_per_node, profile=args.profile)
+    progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    try:
+        result = emulate(request, use_cache=not args.no_cache, progress=progress)
+    except EmulatorError as exc:
+        print(f"dynaplane emulate: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    r, m, b = result, result["memory"], result["breakdown"]
+    print(f"{r['model']} {r['layout']} on {r['gpus']} x {r['gpu']}, global batch {r['global_batch']} "
+          f"({r['micro_batches']} micro-batches of {r['micro_batch']}) x seq {r['seq']}, recompute {r['recompute']}")
+    print(f"  step {r['step_seconds']:.3f} s   {r['tokens_per_second']:,.0f} tokens/s   "
+          f"{r['model_tflops_per_gpu']:.0f} model TFLOP/s per GPU (MFU {r['mfu']:.1%}), "
+          f"{r['hardware_tflops_per_gpu']:.0f} hardware")
+    print("  breakdown " + ", ".join(f"{k} {v:.3f} s" for k, v in b.items()))
+    verdict = "fits" if m["fits"] else "DOES NOT FIT"
+    print(f"  memory peak {m['peak_bytes'] / GiB:.1f} GiB of {m['capacity_bytes'] / GiB:.1f} GiB: {verdict}")
+    for s in m["per_stage"]:
+        print(f"    stage {s['stage']:3d}: params {s['params'] / GiB:6.2f}  grads {s['grads'] / GiB:6.2f}  "
+              f"optimizer {s['optimizer'] / GiB:6.2f}  activations {s['activations'] / GiB:6.2f}  "
+              f"peak {s['peak'] / GiB:6.2f} GiB")
+    print(f"  {r['ranks_emulated']} ranks emulated from {r['ranks_traced']} traced stage classes "
+          f"in {r['wall_seconds']:.1f} s" + (" (trace cached)" if r["trace_cached"] else ""))
+    return 0 if m["fits"] else 3

@@ -1,0 +1,233 @@
+"""OpRecorder: a TorchDispatchMode that writes down what a (fake) training step does.
+
+Every aten op becomes a compute record (FLOPs from torch.utils.flop_counter's formulas,
+bytes = its tensors' sizes in and out) and every c10d collective a communication record
+(kind, bytes, the process group's ranks). Live tensor memory is tracked exactly: each
+output storage is counted when created and uncounted when Python frees it, so the
+recorder's peak is the peak of live tensor bytes of the program (no allocator slack).
+
+It runs under FakeTensorMode with torch's fake process group: nothing is computed or
+sent, the shapes and the order are those of the real program.
+"""
+from __future__ import annotations
+
+import weakref
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+
+aten = torch.ops.aten
+
+MATMUL = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten._scaled_mm}
+# CPU's attention kernels are not in flop_counter's registry; their FLOPs follow flash attention's.
+CPU_ATTENTION = {"_scaled_dot_product_flash_attention_for_cpu": "forward",
+                 "_scaled_dot_product_flash_attention_for_cpu_backward": "backward"}
+ATTENTION_NAMES = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention")
+
+COLLECTIVES = {  # op name (functional or c10d) -> kind
+    "all_reduce": "all_reduce", "allreduce_": "all_reduce",
+    "all_gather_into_tensor": "all_gather", "allgather_": "all_gather", "_allgather_base_": "all_gather",
+    "allgather_into_tensor_coalesced_": "all_gather", "all_gather_into_tensor_coalesced": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_": "reduce_scatter",
+    "_reduce_scatter_base_": "reduce_scatter", "reduce_scatter_tensor_coalesced_": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "all_to_all_single": "all_to_all", "alltoall_base_": "all_to_all",
+    "broadcast_": "broadcast", "send": "send", "recv_": "recv",
+}
+IGNORED = {"wait_tensor", "barrier", "monitored_barrier_"}
+# Ops that only describe a tensor differently: no kernel, no memory traffic.
+VIEW_LIKE = {"view", "_unsafe_view", "reshape", "expand", "t", "transpose", "permute", "as_strided", "slice",
+             "select", "unsqueeze", "squeeze", "alias", "detach", "split", "split_with_sizes", "unbind", "narrow",
+             "_reshape_alias", "view_as", "lift_fresh", "chunk"}
+
+
+@dataclass
+class ComputeRecord:
+    name: str
+    kind: str  # matmul | attention | memory
+    flops: float
+    bytes: float
+    shape: tuple[int, ...]  # matmul (m, n, k) or (batch, m, n, k); attention (b, heads, s_q, s_kv, d)
+    phase: str
+    dtype: str = "bf16"
+
+
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def _matmul_shape(name: str, args) -> tuple[int, ...]:
+    a, b = (args[1], args[2]) if name in ("addmm", "baddbmm") else (args[0], args[1])
+    if a.dim() == 3:
+        return (a.shape[0], a.shape[1], b.shape[2], a.shape[2])
+    return (a.shape[0], b.shape[1], a.shape[1])
+
+
+def _attention_shape(q: torch.Tensor, k: torch.Tensor) -> tuple[int, ...]:
+    return (q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3])
+
+
+@dataclass
+class CommRecord:
+    name: str
+    kind: str
+    bytes: float
+    ranks: tuple[int, ...]
+    phase: str
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _tensors(tree) -> list[torch.Tensor]:
+    return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
+
+
+def _group_ranks(args, kwargs) -> tuple[int, ...]:
+    """The ranks of the process group a c10d op runs on (functional ops name the group;
+    c10d ops pass the ProcessGroup object)."""
+    for a in [*args, *kwargs.values()]:
+        if isinstance(a, str):
+            try:
+                pg = dist.distributed_c10d._resolve_process_group(a)
+            except (RuntimeError, ValueError, KeyError):
+                continue
+            return tuple(dist.get_process_group_ranks(pg))
+        if isinstance(a, torch.ScriptObject):
+            try:
+                pg = dist.ProcessGroup.unbox(a)
+            except (RuntimeError, TypeError):
+                continue
+            return tuple(dist.get_process_group_ranks(pg))
+    return ()
+
+
+@dataclass
+class OpRecorder(TorchDispatchMode):
+    """Records ops into `records` tagged with the current `phase`; tracks live bytes."""
+
+    phase: str = "forward"
+    suspended: int = 0  # > 0 while DTensor propagates shapes (see ignoring_sharding_propagation)
+    records: list = field(default_factory=list)
+    live: int = 0
+    peak: int = 0
+    phase_peak: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__init__()
+        self._seen: set[int] = set()
+
+    def set_phase(self, phase: str) -> None:
+        self.phase = phase
+
+    def reset_peak(self) -> None:
+        self.peak = self.live
+
+    def track(self, t: torch.Tensor) -> None:
+        """Count a tensor's storage as live until Python frees it (idempotent)."""
+        storage = t.untyped_storage()
+        key = id(storage)
+        if key in self._seen:
+            return
+        n = storage.nbytes()
+        self._seen.add(key)
+        self.live += n
+
+        def release(key=key, n=n, recorder=weakref.ref(self)) -> None:
+            me = recorder()
+            if me is not None:
+                me.live -= n
+                me._seen.discard(key)
+
+        weakref.finalize(storage, release)
+        self._bump()
+
+    def _bump(self) -> None:
+        self.peak = max(self.peak, self.live)
+        self.phase_peak[self.phase] = max(self.phase_peak.get(self.phase, 0), self.live)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if DTensor in types:
+            # A mode sees DTensor ops first, with global shapes. NotImplemented hands them to
+            # DTensor with this mode still active: the local ops and collectives it runs (what a
+            # rank really does) come back here as plain tensors and are recorded.
+            return NotImplemented
+        out = func(*args, **kwargs)
+        if self.suspended:
+            return out  # DTensor working out an output's shape on global fake tensors: not a kernel
+        name = func.__name__.split(".")[0]
+        namespace = func.namespace
+        if namespace in ("_c10d_functional", "c10d", "_c10d_functional_autograd"):
+            if name in COLLECTIVES:
+                # c10d ops take the tensor list first; functional ones the tensor itself.
+                tensors = _tensors(args[0] if args else ())
+                size = sum(_nbytes(t) for t in tensors)
+                if COLLECTIVES[name] == "all_gather":  # the gathered output is what moves
+                    size = sum(_nbytes(t) for t in _tensors(out)) or size * len(_group_ranks(args, kwargs) or (1,))
+                self.records.append(CommRecord(name, COLLECTIVES[name], float(size), _group_ranks(args, kwargs),
+                                               self.phase))
+            elif name not in IGNORED:
+                raise NotImplementedError(f"recorder: unknown collective {namespace}.{name}")
+            for t in _tensors(out):
+                self.track(t)
+            return out
+        if name in VIEW_LIKE or namespace == "prim":  # metadata only (prim.device, views): no kernel
+            return out
+        ins, outs = _tensors((args, kwargs)), _tensors(out)
+        moved = float(sum(_nbytes(t) for t in ins) + sum(_nbytes(t) for t in outs))
+        packet = func._overloadpacket
+        flops = 0.0
+        if packet in flop_registry:
+            flops = float(flop_registry[packet](*args, **kwargs, out_val=out))
+        elif name in CPU_ATTENTION:
+            q, k, v = args[0:3] if CPU_ATTENTION[name] == "forward" else args[1:4]
+            flops = float(sdpa_flop_count(q.shape, k.shape, v.shape) if CPU_ATTENTION[name] == "forward"
+                          else sdpa_backward_flop_count(args[0].shape, q.shape, k.shape, v.shape))
+        kind = ("matmul" if packet in MATMUL else
+                "attention" if any(a in name for a in ATTENTION_NAMES) else "memory")
+        shape: tuple[int, ...] = ()
+        if kind == "matmul":
+            shape = _matmul_shape(name, args)
+        elif kind == "attention":
+            q, k = (args[0], args[1]) if "backward" not in name else (args[1], args[2])
+            if q.dim() == 4 and k.dim() == 4:
+                shape = _attention_shape(q, k)
+        dtype = _DTYPES.get(outs[0].dtype, "fp32") if outs and outs[0].is_floating_point() else "fp32"
+        self.records.append(ComputeRecord(name, kind, flops, moved, tuple(int(d) for d in shape), self.phase,
+                                          dtype))
+        for t in outs:
+            self.track(t)
+        return out
+
+
+@contextmanager
+def ignoring_sharding_propagation(recorder: OpRecorder):
+    """DTensor infers an op's output shape by running it on global-shape fake tensors in the
+    active FakeTensorMode (ShardingPropagator._propagate_tensor_meta_non_cached, once per
+    signature). On real hardware that is metadata work; here it would look like a full,
+    unsharded kernel. Suspend recording while it runs. (A private torch method: if it is
+    renamed, the tracer fails loudly rather than miscounting.)"""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    name = "_propagate_tensor_meta_non_cached"
+    original = getattr(ShardingPropagator, name)
+
+    def wrapped(self, *args, **kwargs):
+        recorder.suspended += 1
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            recorder.suspended -= 1
+
+    setattr(ShardingPropagator, name, wrapped)
+    try:
+        yield
+    finally:
+        setattr(ShardingPropagator, name, original)

@@ -1,0 +1,115 @@
+"""The tracer runs the real training program on fake tensors: what it records must be what
+a rank of the target world really holds and computes."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from agents.emulator.emulate import EmulateRequest, check_request, emulate
+from agents.emulator.errors import EmulatorError
+from agents.emulator.trace import ComputeOp
+from agents.emulator.tracer import TraceRequest, trace
+from agents.engine.shards import box_shape, rank_boxes
+from agents.layout.catalog import get_model
+from agents.layout.placement import place
+
+pytestmark = [pytest.mark.timeout(300)]
+
+MODEL, MB, SEQ, M = "tiny-gpt", 2, 16, 4
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DYNAPLANE_TRACE_CACHE", str(tmp_path / "traces"))
+
+
+def _elements(placement, rank: int, state: str, stage_tensors: set[int]) -> int:
+    spec = placement.model
+    return sum(int(np.prod(box_shape(spec.tensors[i], box))) for (i, s), box in rank_boxes(placement, rank).items()
+               if s == state and i in stage_tensors)
+
+
+@pytest.mark.parametrize("layout", ["tp=2,pp=2,dp=2,zero=1", "tp=2,pp=2,dp=2,zero=0", "tp=1,pp=2,dp=4,zero=3"])
+def test_static_memory_is_the_analytic_count_of_the_ranks_boxes(layout: str) -> None:
+    traced, info = trace(TraceRequest(MODEL, layout, MB, SEQ, M))
+    assert info["stages_traced"] == 2  # first and last stage: dp and tp replicas are symmetric
+    placement = place(get_model(MODEL), layout)
+    ml = next(iter(placement.modules.values()))
+    for stage in traced.stages:
+        rank = stage.stage * ml.dp * ml.tp
+        mine = {i for (i, _s) in rank_boxes(placement, rank)}
+        param, master = (_elements(placement, rank, s, mine) for s in ("param", "master"))
+        if ml.zero == 3:  # FSDP2: fp32 shards are the masters, fp32 sharded grads, two moments
+            assert stage.memory.params == 4 * master and stage.memory.grads == 4 * master
+            assert stage.memory.optimizer == 8 * master
+        else:  # bf16 TP box, its fp32 accumulated gradient, fp32 master + two moments of the ZeRO chunk
+            assert stage.memory.params == 2 * param and stage.memory.grads == 4 * param
+            assert stage.memory.optimizer == 12 * master
+        assert stage.memory.activations_per_microbatch > 0
+
+
+def test_recorded_matmul_flops_are_the_ranks_local_matmuls() -> None:
+    """Forward matmul FLOPs = 2 x tokens x the rank's local weight elements used in matmuls
+    (TP shards, not global shapes: DTensor's own shape propagation is not counted)."""
+    layout = "tp=2,pp=2,dp=1,zero=1"
+    traced, _ = trace(TraceRequest(MODEL, layout, MB, SEQ, M))
+    placement = place(get_model(MODEL), layout)
+    spec = placement.model
+    for stage in traced.stages:
+        rank = stage.stage * 2
+        weights = sum(int(np.prod(box_shape(spec.tensors[i], box)))
+                      for (i, s), box in rank_boxes(placement, rank).items()
+                      if s == "param" and len(spec.tensors[i].shape) == 2 and "embed" not in spec.tensors[i].name)
+        matmul = sum(op.flops for op in stage.forward if isinstance(op, ComputeOp) and op.kind == "matmul")
+        assert matmul == 2 * MB * SEQ * weights
+        tp_comm = [op for op in stage.forward if getattr(op, "dim", None) == "tp"]
+        assert tp_comm and all(op.group_size == 2 and op.nodes == 1 for op in tp_comm)
+
+
+def test_a_second_trace_of_the_same_configuration_comes_from_the_cache() -> None:
+    request = TraceRequest(MODEL, "tp=1,pp=2,dp=1,zero=1", MB, SEQ, M)
+    first, info = trace(request)
+    again, info2 = trace(request)
+    assert not info["cached"] and info2["cached"]
+    assert again == first
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"gpus": 6}, "needs 8 GPUs"),
+    ({"global_batch": 10}, "global batch 10 is not a multiple of micro-batch 2 x dp 2 = 4"),
+    ({"layout": "tp=3,pp=1,dp=2"}, "tp=3 does not divide 4 attention heads"),
+    ({"recompute": "most"}, "--recompute 'most'"),
+])
+def test_bad_configurations_are_refused_with_the_reason(changes, message) -> None:
+    base = dict(model=MODEL, layout="tp=2,pp=2,dp=2,zero=1", gpus=8, gpu="h100", global_batch=16, micro_batch=2,
+                seq=SEQ)
+    with pytest.raises(EmulatorError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_request(EmulateRequest(**{**base, **changes}))
+
+
+def test_a_configuration_that_does_not_fit_says_so() -> None:
+    result = emulate(EmulateRequest(model="llama-124m", layout="tp=1,pp=1,dp=1,zero=0", gpus=1, gpu="cpu",
+                                    global_batch=64, micro_batch=64, seq=2048))
+    memory = result["memory"]
+    assert memory["fits"] is False and memory["peak_bytes"] > memory["capacity_bytes"]
+
+
+def test_emulate_command_prints_the_contract_json() -> None:
+    out = subprocess.run([sys.executable, "-m", "dynaplane", "emulate", "--model", MODEL, "--layout",
+                          "tp=2,pp=2,dp=2,zero=1", "--gpus", "8", "--gpu", "h100", "--global-batch", "16",
+                          "--micro-batch", "2", "--seq", str(SEQ), "--json"], capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert {"step_seconds", "tokens_per_second", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "memory",
+            "breakdown", "ranks_emulated", "ranks_traced", "wall_seconds"} <= set(result)
+    assert {"peak_bytes", "per_stage"} <= set(result["memory"])
+    assert set(result["breakdown"]) == {"compute", "tp_comm", "dp_comm", "pp_comm", "bubble"}
+    assert [s["stage"] for s in result["memory"]["per_stage"]] == [0, 1]
+    assert {"stage", "params", "grads", "optimizer", "activations", "peak"} <= set(result["memory"]["per_stage"][0])
+    assert result["ranks_emulated"] == 8 and result["ranks_traced"] == 2
+    assert result["step_seconds"] > 0 and 0 < result["mfu"] < 1
