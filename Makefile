@@ -20,7 +20,7 @@ run: install
 	$(BIN)/dynaplane up
 
 test: install
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not integration and not browser"
