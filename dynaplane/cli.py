@@ -148,6 +148,30 @@ def _add_emulate(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run_emulate)
 
 
+def _add_compare_and_search(sub: argparse._SubParsersAction) -> None:
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--model", required=True)
+        p.add_argument("--gpus", type=int, required=True)
+        p.add_argument("--gpu", default="h100", help="a100, h100, h200, b200 or cpu")
+        p.add_argument("--global-batch", type=int, required=True)
+        p.add_argument("--seq", type=int, required=True)
+        p.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
+        p.add_argument("--gpus-per-node", type=int, default=8)
+        p.add_argument("--profile", help="a calibrated device profile (JSON)")
+        p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("compare", help="emulate several layouts side by side")
+    common(p)
+    p.add_argument("--layout", action="append", required=True, help="repeat for each layout to compare")
+    p.add_argument("--micro-batch", type=int, default=1)
+    p.set_defaults(func=lambda a: __import__("agents.emulator.cli", fromlist=["compare_main"]).compare_main(a))
+    p = sub.add_parser("search", help="feasible layouts for a GPU count, ranked by predicted throughput")
+    common(p)
+    p.add_argument("--top", type=int, default=5)
+    p.add_argument("--max-candidates", type=int, default=24, help="emulate at most this many layouts")
+    p.set_defaults(func=lambda a: __import__("agents.emulator.cli", fromlist=["search_main"]).search_main(a))
+
+
 def _run_emulate(args: argparse.Namespace) -> int:
     from agents.emulator.cli import emulate_main
 
@@ -165,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     _add_train(sub)
     _add_emulate(sub)
+    _add_compare_and_search(sub)
     return parser
 
 

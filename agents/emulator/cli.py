@@ -39,3 +39,65 @@ def emulate_main(args) -> int:
     print(f"  {r['ranks_emulated']} ranks emulated from {r['ranks_traced']} traced stage classes "
           f"in {r['wall_seconds']:.1f} s" + (" (trace cached)" if r["trace_cached"] else ""))
     return 0 if m["fits"] else 3
+
+
+def _row(r: dict) -> str:
+    if "error" in r:
+        return f"| `{r['layout']}` | error: {r['error']} |||||||"
+    m, b = r["memory"], r["breakdown"]
+    return (f"| `{r['layout']}` | {r['micro_batch']} | {r['step_seconds']:.3f} | {r['tokens_per_second']:,.0f} | "
+            f"{r['model_tflops_per_gpu']:.0f} | {r['mfu']:.1%} | {m['peak_bytes'] / GiB:.1f} | "
+            f"{'yes' if m['fits'] else 'NO'} | " + " / ".join(f"{b[k]:.2f}" for k in
+                                                             ("compute", "tp_comm", "dp_comm", "pp_comm", "bubble"))
+            + " |")
+
+
+HEADER = ("| layout | micro-batch | step s | tokens/s | model TFLOP/s/GPU | MFU | peak GiB | fits | "
+          "compute / tp / dp / pp / bubble s |\n|---|---|---|---|---|---|---|---|---|")
+
+
+def compare_main(args) -> int:
+    from agents.emulator.search import compare
+
+    requests = [EmulateRequest(model=args.model, layout=layout, gpus=args.gpus, gpu=args.gpu,
+                               global_batch=args.global_batch, micro_batch=args.micro_batch, seq=args.seq,
+                               recompute=args.recompute, gpus_per_node=args.gpus_per_node, profile=args.profile)
+                for layout in args.layout]
+    progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    results = compare(requests, progress=progress)
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        print(HEADER)
+        for r in results:
+            print(_row(r))
+    return 2 if all("error" in r for r in results) else 0
+
+
+def search_main(args) -> int:
+    from agents.emulator.search import SearchRequest, search
+
+    request = SearchRequest(model=args.model, gpus=args.gpus, gpu=args.gpu, global_batch=args.global_batch,
+                            seq=args.seq, top=args.top, gpus_per_node=args.gpus_per_node, recompute=args.recompute,
+                            profile=args.profile, max_candidates=args.max_candidates)
+    progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    try:
+        result = search(request, progress=progress)
+    except EmulatorError as exc:
+        print(f"dynaplane search: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"{result['model']} on {result['gpus']} x {result['gpu']}, global batch {result['global_batch']} x seq "
+          f"{result['seq']}: {result['candidates']} layouts, {result['emulated']} emulated, "
+          f"{len(result['top'])} best that fit:")
+    print(HEADER)
+    for r in result["top"]:
+        print(_row(r))
+    if not result["top"]:
+        print("nothing fits; the closest misses:")
+        for d in result["does_not_fit"][:5]:
+            print(f"  {d['layout']} (micro-batch {d['micro_batch']}): {d['reason']}")
+        return 3
+    return 0

@@ -107,7 +107,12 @@ def _trace_classes(config: TrainConfig, request: TraceRequest, classes: dict[tup
 
 def _trace_stage_dict(config: TrainConfig, request: TraceRequest, stage: int) -> dict:
     torch.set_num_threads(1)
-    return _stage_to_dict(_trace_stage(config, request, stage))
+    try:
+        return _stage_to_dict(_trace_stage(config, request, stage))
+    except EmulatorError:
+        raise
+    except Exception as exc:  # torch errors may hold objects that cannot cross a process boundary
+        raise EmulatorError(f"tracing {request.layout} (stage {stage}) failed: {type(exc).__name__}: {exc}") from None
 
 
 def _fake_shards(spec, placement, rank: int) -> dict:

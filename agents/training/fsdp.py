@@ -13,6 +13,7 @@ import warnings
 
 import torch
 from torch import Tensor, nn
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -30,9 +31,12 @@ class FullyShardedState:
         # harmless here, nothing modifies a stage's output in place.
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for layer in stage.llm.layers.values():
-            fully_shard(layer, mesh=dp_mesh, mp_policy=policy)
-        fully_shard(stage, mesh=dp_mesh, mp_policy=policy)
+        # The parameters are still on the meta device here. fully_shard's mesh bookkeeping runs
+        # real tensor ops (nonzero), which a FakeTensorMode (the emulator's tracer) cannot.
+        with unset_fake_temporarily():
+            for layer in stage.llm.layers.values():
+                fully_shard(layer, mesh=dp_mesh, mp_policy=policy)
+            fully_shard(stage, mesh=dp_mesh, mp_policy=policy)
         stage.to_empty(device=device)
         self.stage = stage
         self.params: dict[str, nn.Parameter] = dict(stage.named_parameters())

@@ -113,3 +113,29 @@ def test_emulate_command_prints_the_contract_json() -> None:
     assert {"stage", "params", "grads", "optimizer", "activations", "peak"} <= set(result["memory"]["per_stage"][0])
     assert result["ranks_emulated"] == 8 and result["ranks_traced"] == 2
     assert result["step_seconds"] > 0 and 0 < result["mfu"] < 1
+
+
+def test_static_bytes_used_to_prune_search_equal_the_traced_static_memory() -> None:
+    from agents.emulator.search import static_bytes
+
+    for layout in ("tp=2,pp=2,dp=2,zero=1", "tp=1,pp=2,dp=4,zero=3"):
+        traced, _ = trace(TraceRequest(MODEL, layout, MB, SEQ, M))
+        assert static_bytes(MODEL, layout) == max(s.memory.static for s in traced.stages)
+
+
+def test_search_ranks_feasible_layouts_and_compare_reports_errors_per_layout() -> None:
+    from agents.emulator.search import SearchRequest, candidate_layouts, compare, search
+
+    request = SearchRequest(model=MODEL, gpus=4, gpu="h100", global_batch=8, seq=SEQ, top=2,
+                            micro_batches=(2,), zero=(1,), max_candidates=3)
+    layouts = candidate_layouts(request)
+    assert ("tp=4,pp=1,dp=1,zero=1", 2) not in layouts  # tiny-gpt has 2 kv heads: tp <= 2
+    assert all(place(get_model(MODEL), lay).world == 4 for lay, _ in layouts)
+    result = search(request)
+    top = result["top"]
+    assert 1 <= len(top) <= 2 and result["emulated"] == 3
+    assert [r["tokens_per_second"] for r in top] == sorted((r["tokens_per_second"] for r in top), reverse=True)
+    base = EmulateRequest(MODEL, top[0]["layout"], 4, "h100", 8, 2, SEQ)
+    both = compare([base, EmulateRequest(MODEL, "tp=3,pp=1,dp=1", 4, "h100", 8, 2, SEQ)])
+    assert both[0]["tokens_per_second"] == top[0]["tokens_per_second"]
+    assert "tp=3 does not divide" in both[1]["error"]
