@@ -18,8 +18,15 @@ NODE_QUEUE_PREFIX = "node."
 # Tasks the control-plane worker runs (queue "control").
 CONTROL_AGENT_HEARTBEAT = "control.agent_heartbeat"
 CONTROL_SWEEP_LOST_NODES = "control.sweep_lost_nodes"
+CONTROL_EMULATION_PROGRESS = "control.emulation_progress"
 # Tasks one agent runs (queue "node.<name>").
 NODE_PING = "node.ping"
+# Tasks any agent runs (queue "emulate").
+EMULATE_RUN = "emulate.run"
+
+# Device profiles the emulator knows (agents/emulator/devices.py; a test keeps them equal).
+EMULATOR_DEVICES = ("a100", "h100", "h200", "b200", "cpu")
+RECOMPUTE_MODES = ("none", "selective", "full")
 
 HEARTBEAT_SECONDS = 2.0
 PROTOCOL_VERSION = 1
@@ -82,3 +89,32 @@ class AgentHeartbeat(_Message):
         if len(set(indices)) != len(indices):
             raise ValueError(f"duplicate GPU indices in inventory: {sorted(indices)}")
         return value
+
+
+class EmulationOrder(_Message):
+    """Control plane -> agent (queue "emulate"): emulate one stored EmulationRun."""
+
+    version: Literal[1] = PROTOCOL_VERSION
+    run_id: int = Field(gt=0)
+    model: str = Field(min_length=1, max_length=200)
+    layout: str = Field(min_length=1, max_length=500)
+    gpus: int = Field(gt=0)
+    gpu: Literal["a100", "h100", "h200", "b200", "cpu"]
+    global_batch: int = Field(gt=0)
+    micro_batch: int = Field(gt=0)
+    seq: int = Field(gt=0)
+    recompute: Literal["none", "selective", "full"] = "none"
+    gpus_per_node: int = Field(default=8, gt=0)
+
+
+class EmulationProgress(_Message):
+    """Agent -> control plane (queue "control"): where an emulation run is."""
+
+    version: Literal[1] = PROTOCOL_VERSION
+    run_id: int = Field(gt=0)
+    state: Literal["running", "done", "failed"]
+    message: str = Field(default="", max_length=500)
+    result: dict | None = None
+    error: str = Field(default="", max_length=4000)
+    wall_seconds: float | None = Field(default=None, ge=0)
+    agent: str = Field(default="", max_length=63)

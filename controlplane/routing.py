@@ -2,7 +2,9 @@
 from django.urls import path
 
 from controlplane.cluster.consumers import ClusterConsumer
+from controlplane.emulation.consumers import EmulationConsumer
 
 websocket_urlpatterns = [
     path("ws/cluster/", ClusterConsumer.as_asgi()),
+    path("ws/emulations/", EmulationConsumer.as_asgi()),
 ]

@@ -55,7 +55,13 @@ class TraceRequest:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("DYNAPLANE_TRACE_CACHE", Path.home() / ".cache" / "dynaplane" / "traces"))
+    """DYNAPLANE_TRACE_CACHE, else the stack's var dir (agents run with DYNAPLANE_VAR_DIR),
+    else ~/.cache/dynaplane/traces."""
+    if os.environ.get("DYNAPLANE_TRACE_CACHE"):
+        return Path(os.environ["DYNAPLANE_TRACE_CACHE"])
+    if os.environ.get("DYNAPLANE_VAR_DIR"):
+        return Path(os.environ["DYNAPLANE_VAR_DIR"]) / "traces"
+    return Path.home() / ".cache" / "dynaplane" / "traces"
 
 
 def trace(request: TraceRequest, *, use_cache: bool = True, progress=None) -> tuple[Trace, dict]:

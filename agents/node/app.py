@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from celery import Celery, signals
 
@@ -35,6 +36,12 @@ def build_app(config: AgentConfig) -> tuple[Celery, HeartbeatSender]:
 
         return build_heartbeat(config, gpus).model_dump(mode="json")
 
+    @app.task(name=protocol.EMULATE_RUN)
+    def emulate_run(order: dict) -> None:
+        """Emulate one configuration (agents/emulator) and report progress and the result to
+        the control plane. Tracing runs in child processes; this thread only waits."""
+        run_emulation(app, config.name, order)
+
     @signals.worker_ready.connect(weak=False)
     def _start_heartbeats(sender=None, **_: object) -> None:
         log.info("agent %s ready on %s with %d %s device(s)", config.name, config.queue, len(gpus), config.device)
@@ -62,3 +69,31 @@ def run(config: AgentConfig, concurrency: int = 2, loglevel: str = "INFO") -> No
             "--without-gossip",
         ]
     )
+
+
+def run_emulation(app: Celery, agent: str, order: dict) -> None:
+    def report(**fields: object) -> None:
+        progress = protocol.EmulationProgress(run_id=parsed.run_id, agent=agent, **fields)
+        app.send_task(protocol.CONTROL_EMULATION_PROGRESS, args=[progress.model_dump(mode="json")],
+                      queue=protocol.CONTROL_QUEUE)
+
+    parsed = protocol.EmulationOrder.model_validate(order)
+    started = time.perf_counter()
+    report(state="running", message="tracing")
+    from agents.emulator.emulate import EmulateRequest, emulate  # torch: loaded only when an emulation runs
+    from agents.emulator.errors import EmulatorError
+
+    request = EmulateRequest(model=parsed.model, layout=parsed.layout, gpus=parsed.gpus, gpu=parsed.gpu,
+                             global_batch=parsed.global_batch, micro_batch=parsed.micro_batch, seq=parsed.seq,
+                             recompute=parsed.recompute, gpus_per_node=parsed.gpus_per_node)
+    try:
+        result = emulate(request, progress=lambda line: report(state="running", message=line[:500]))
+    except EmulatorError as exc:
+        report(state="failed", error=str(exc)[:4000], wall_seconds=time.perf_counter() - started)
+        return
+    except Exception as exc:  # an emulator bug: the run must not stay "running" forever
+        log.exception("emulation %d failed", parsed.run_id)
+        report(state="failed", error=f"internal error: {type(exc).__name__}: {exc}"[:4000],
+               wall_seconds=time.perf_counter() - started)
+        return
+    report(state="done", result=result, wall_seconds=time.perf_counter() - started)

@@ -1,8 +1,13 @@
-"""REST: emulation runs (read; running them arrives with the emulator)."""
+"""REST: emulation runs. POST one configuration, or {"configs": [...]}, to queue runs on the
+agents' `emulate` queue; GET lists and reads them (result = `dynaplane emulate --json`)."""
 from __future__ import annotations
 
-from rest_framework import serializers, viewsets
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.response import Response
 
+from agents import protocol
+from controlplane.emulation import services
 from controlplane.emulation.models import EmulationRun
 
 
@@ -10,9 +15,36 @@ class EmulationRunSerializer(serializers.ModelSerializer):
     class Meta:
         model = EmulationRun
         fields = ["id", "model", "layout", "gpus", "gpu_type", "global_batch", "micro_batch", "seq_len", "recompute",
-                  "state", "result", "error", "created_at", "finished_at", "wall_seconds"]
+                  "state", "message", "result", "error", "created_at", "finished_at", "wall_seconds"]
 
 
-class EmulationRunViewSet(viewsets.ReadOnlyModelViewSet):
+class EmulationConfigSerializer(serializers.Serializer):
+    model = serializers.CharField(max_length=200)
+    layout = serializers.CharField(max_length=500)
+    gpus = serializers.IntegerField(min_value=1)
+    gpu_type = serializers.ChoiceField(choices=protocol.EMULATOR_DEVICES, default="h100")
+    global_batch = serializers.IntegerField(min_value=1)
+    micro_batch = serializers.IntegerField(min_value=1, default=1)
+    seq_len = serializers.IntegerField(min_value=1)
+    recompute = serializers.ChoiceField(choices=protocol.RECOMPUTE_MODES, default="none")
+
+
+class EmulationRequestSerializer(serializers.Serializer):
+    configs = EmulationConfigSerializer(many=True, allow_empty=False, max_length=32)
+
+
+class EmulationRunsSerializer(serializers.Serializer):
+    runs = EmulationRunSerializer(many=True)
+
+
+class EmulationRunViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     queryset = EmulationRun.objects.all()
     serializer_class = EmulationRunSerializer
+
+    @extend_schema(request=EmulationRequestSerializer, responses={201: EmulationRunsSerializer})
+    def create(self, request, *args, **kwargs):
+        body = request.data if "configs" in request.data else {"configs": [request.data]}
+        incoming = EmulationRequestSerializer(data=body)
+        incoming.is_valid(raise_exception=True)
+        runs = services.emulation_create(configs=incoming.validated_data["configs"], created_by=request.user)
+        return Response({"runs": EmulationRunSerializer(runs, many=True).data}, status=status.HTTP_201_CREATED)

@@ -23,6 +23,7 @@ class EmulationRun(models.Model):
     state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
     result = models.JSONField(default=dict, blank=True, help_text="the `dynaplane emulate --json` object")
     error = models.TextField(blank=True)
+    message = models.CharField(max_length=500, blank=True, help_text="the latest progress line")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)

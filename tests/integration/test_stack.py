@@ -49,6 +49,30 @@ def test_real_websocket_client_gets_live_events(stack) -> None:
         assert event.seq > hello.seq
 
 
+def test_an_emulation_posted_to_the_api_runs_on_an_agent(stack) -> None:
+    """POST /api/emulations -> the `emulate` queue -> an agent traces and simulates -> the
+    run is done with the `dynaplane emulate --json` result, progress seen on /ws/emulations/."""
+    url = stack.url.replace("http://", "ws://") + "ws/emulations/"
+    with connect(url, additional_headers={"Authorization": f"Token {stack.state['token']}"},
+                 origin=stack.url.rstrip("/"), open_timeout=10) as socket:
+        json.loads(socket.recv(timeout=10))  # hello
+        started = time.monotonic()
+        (run,) = stack.post("api/emulations", {"model": "tiny-gpt", "layout": "tp=2,pp=2,dp=2,zero=1", "gpus": 8,
+                                               "gpu_type": "h100", "global_batch": 16, "micro_batch": 2,
+                                               "seq_len": 32})["runs"]
+        states = []
+        while not states or states[-1] not in ("done", "failed"):
+            event = json.loads(socket.recv(timeout=150))
+            if event["type"] == "emulation" and event["run"]["id"] == run["id"]:
+                states.append(event["run"]["state"])
+        seconds = time.monotonic() - started
+    assert states[0] == "queued" and "running" in states and states[-1] == "done", states
+    done = stack.get(f"api/emulations/{run['id']}")
+    assert done["state"] == "done" and done["result"]["ranks_emulated"] == 8
+    assert done["result"]["step_seconds"] > 0 and done["result"]["memory"]["per_stage"]
+    print(f"emulation queued -> done through an agent in {seconds:.1f} s")
+
+
 def test_agent_loss_and_return(stack, tmp_path) -> None:
     """Kill an agent: its node and GPUs are lost within 15 s; start it again: healthy."""
     os.kill(stack.child_pids()["agent-node-1"], signal.SIGKILL)

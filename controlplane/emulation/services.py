@@ -1,0 +1,93 @@
+"""Emulation runs: create and dispatch to the agents' `emulate` queue, record progress."""
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from agents import protocol
+from agents.layout.catalog import get_model
+from agents.layout.errors import LayoutError
+from agents.layout.placement import place
+from controlplane.common.errors import InvalidInput
+from controlplane.common.events import next_seq, publish_on_commit
+from controlplane.emulation.events import GROUP, STREAM, EmulationEvent, EmulationView
+from controlplane.emulation.models import EmulationRun
+
+
+def emulation_view(run: EmulationRun) -> EmulationView:
+    return EmulationView(id=run.pk, model=run.model, layout=run.layout, gpus=run.gpus, gpu_type=run.gpu_type,
+                         state=run.state, message=run.message, error=run.error, result=run.result or None,
+                         wall_seconds=run.wall_seconds)
+
+
+def _emit(run: EmulationRun) -> None:
+    publish_on_commit(GROUP, EmulationEvent(seq=next_seq(STREAM), run=emulation_view(run)))
+
+
+def check_config(config: dict) -> list[str]:
+    """What is wrong with one configuration, as field-named messages (empty when fine).
+    The emulator checks again; these are the mistakes worth a 400 before queueing."""
+    problems = []
+    try:
+        spec = get_model(config["model"])
+    except (KeyError, ValueError, OSError) as exc:
+        return [f"model: {exc}"]
+    try:
+        placement = place(spec, config["layout"])
+    except LayoutError as exc:
+        return [f"layout: {exc}"]
+    if placement.world != config["gpus"]:
+        problems.append(f"gpus: layout {config['layout']} needs {placement.world} GPUs, not {config['gpus']}")
+    ml = next(iter(placement.modules.values()))
+    per_replica = config["micro_batch"] * ml.dp
+    if config["global_batch"] % per_replica:
+        problems.append(f"global_batch: {config['global_batch']} is not a multiple of micro_batch "
+                        f"{config['micro_batch']} x dp {ml.dp} = {per_replica}")
+    return problems
+
+
+def emulation_create(*, configs: list[dict], created_by=None) -> list[EmulationRun]:
+    """Store one queued run per configuration and send each to the `emulate` queue once the
+    transaction commits. All or nothing: one bad configuration refuses the request."""
+    errors = {f"configs[{i}]": problems for i, c in enumerate(configs) if (problems := check_config(c))}
+    if errors:
+        raise InvalidInput(errors)
+    with transaction.atomic():
+        runs = [EmulationRun.objects.create(
+            model=c["model"], layout=c["layout"], gpus=c["gpus"], gpu_type=c["gpu_type"],
+            global_batch=c["global_batch"], micro_batch=c["micro_batch"], seq_len=c["seq_len"],
+            recompute=c["recompute"], created_by=created_by) for c in configs]
+        for run in runs:
+            _emit(run)
+            order = protocol.EmulationOrder(run_id=run.pk, model=run.model, layout=run.layout, gpus=run.gpus,
+                                            gpu=run.gpu_type, global_batch=run.global_batch,
+                                            micro_batch=run.micro_batch, seq=run.seq_len, recompute=run.recompute)
+            transaction.on_commit(lambda order=order: _dispatch(order))
+    return runs
+
+
+def _dispatch(order: protocol.EmulationOrder) -> None:
+    from controlplane.celery import app
+
+    app.send_task(protocol.EMULATE_RUN, args=[order.model_dump(mode="json")], queue=protocol.EMULATE_QUEUE)
+
+
+def emulation_record_progress(*, progress: protocol.EmulationProgress) -> EmulationRun | None:
+    """Apply an agent's report. Reports of a finished run are ignored (a late 'running'
+    message must not reopen it); a run that no longer exists is ignored."""
+    with transaction.atomic():
+        run = EmulationRun.objects.select_for_update().filter(pk=progress.run_id).first()
+        if run is None or run.state in (EmulationRun.State.DONE, EmulationRun.State.FAILED):
+            return run
+        run.state = progress.state
+        run.message = progress.message or run.message
+        if progress.state == "done":
+            run.result = progress.result or {}
+        if progress.state == "failed":
+            run.error = progress.error or "failed without a reason"
+        if progress.state in ("done", "failed"):
+            run.finished_at = timezone.now()
+            run.wall_seconds = progress.wall_seconds
+        run.save()
+        _emit(run)
+    return run

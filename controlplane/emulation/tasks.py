@@ -1,0 +1,22 @@
+"""Control-queue task fed by the agents that run emulations. Thin: validate, call a service."""
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from pydantic import ValidationError
+
+from agents import protocol
+from controlplane.emulation import services
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(name=protocol.CONTROL_EMULATION_PROGRESS)
+def emulation_progress(report: dict) -> None:
+    try:
+        progress = protocol.EmulationProgress.model_validate(report)
+    except ValidationError as exc:
+        log.error("rejected emulation progress %r: %s", report.get("run_id"), exc)
+        return
+    services.emulation_record_progress(progress=progress)
