@@ -172,6 +172,13 @@ def _add_compare_and_search(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lambda a: __import__("agents.emulator.cli", fromlist=["search_main"]).search_main(a))
 
 
+def _add_calibrate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("calibrate", help="measure this machine as an emulator device profile (--profile)")
+    p.add_argument("--out", required=True, help="the profile JSON to write")
+    p.add_argument("--ranks", type=int, default=2, help="ranks that will share this machine (measured at once)")
+    p.set_defaults(func=lambda a: __import__("agents.emulator.cli", fromlist=["calibrate_main"]).calibrate_main(a))
+
+
 def _run_emulate(args: argparse.Namespace) -> int:
     from agents.emulator.cli import emulate_main
 
@@ -190,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_emulate(sub)
     _add_compare_and_search(sub)
+    _add_calibrate(sub)
     return parser
 
 

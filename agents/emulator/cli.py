@@ -101,3 +101,17 @@ def search_main(args) -> int:
             print(f"  {d['layout']} (micro-batch {d['micro_batch']}): {d['reason']}")
         return 3
     return 0
+
+
+def calibrate_main(args) -> int:
+    from agents.emulator.calibrate import calibrate
+    from agents.emulator.devices import save_profile
+
+    print(f"measuring this machine with {args.ranks} ranks at once ...", file=sys.stderr, flush=True)
+    profile = calibrate(args.ranks)
+    save_profile(profile, args.out)
+    print(f"wrote {args.out}: bf16 matmul {profile.peak('bf16') / 1e9:.0f} GFLOP/s, fp32 "
+          f"{profile.peak('fp32') / 1e9:.0f} GFLOP/s, attention {profile.attention_fraction:.0%} of bf16, memory "
+          f"{profile.memory_bandwidth / 1e9:.1f} GB/s, {profile.launch_seconds * 1e6:.1f} us per op, all-reduce "
+          f"{profile.intra_bw / 1e9:.2f} GB/s + {profile.intra_node_latency * 1e6:.0f} us per hop (per rank)")
+    return 0

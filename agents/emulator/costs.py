@@ -14,6 +14,7 @@ def compute_seconds(op: ComputeOp, profile: DeviceProfile) -> float:
         rate = profile.peak(op.dtype) * profile.attention_efficiency(op.shape)
     else:
         rate = profile.peak("fp32")
+        return max(op.flops / rate, op.bytes / profile.op_memory_bandwidth(op.name)) + profile.launch_seconds
     return max(op.flops / rate, op.bytes / profile.memory_bandwidth) + profile.launch_seconds
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from agents.emulator.errors import EmulatorError, require
@@ -55,6 +55,10 @@ class DeviceProfile:
     attention_block: int = 128
     gpus_per_node: int = 8
     notes: str = ""
+    # Measured bytes/s of particular memory-bound ops by aten name (no "_foreach_" prefix, no
+    # trailing "_"): on a CPU, sqrt or a dtype cast is not bandwidth-bound like an add. Empty
+    # for the GPU profiles (there all of them are); `dynaplane calibrate` fills it.
+    op_bandwidth: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         require(isinstance(self.name, str) and self.name, f"profile name={self.name!r} must be a non-empty string")
@@ -114,6 +118,11 @@ class DeviceProfile:
         batch, heads, seq_q, seq_kv, _ = shape
         blocks = batch * heads * math.ceil(seq_q / self.attention_block)
         return self.attention_fraction * self._waves(blocks) * seq_kv / (seq_kv + self.attention_seq_half)
+
+    def op_memory_bandwidth(self, name: str) -> float:
+        """Achievable bytes/s of one memory-bound op (its measured rate when calibrated)."""
+        base = name.removeprefix("_foreach_").rstrip("_")
+        return self.op_bandwidth.get(base, self.memory_bandwidth)
 
     @property
     def memory_bandwidth(self) -> float:

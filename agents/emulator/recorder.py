@@ -40,7 +40,7 @@ COLLECTIVES = {  # op name (functional or c10d) -> kind
     "all_to_all_single": "all_to_all", "alltoall_base_": "all_to_all",
     "broadcast_": "broadcast", "send": "send", "recv_": "recv",
 }
-IGNORED = {"wait_tensor", "barrier", "monitored_barrier_"}
+IGNORED = {"wait_tensor", "barrier", "monitored_barrier_", "_wrap_tensor_autograd"}
 # Ops that only describe a tensor differently: no kernel, no memory traffic.
 VIEW_LIKE = {"view", "_unsafe_view", "reshape", "expand", "t", "transpose", "permute", "as_strided", "slice",
              "select", "unsqueeze", "squeeze", "alias", "detach", "split", "split_with_sizes", "unbind", "narrow",

@@ -139,3 +139,18 @@ def test_search_ranks_feasible_layouts_and_compare_reports_errors_per_layout() -
     both = compare([base, EmulateRequest(MODEL, "tp=3,pp=1,dp=1", 4, "h100", 8, 2, SEQ)])
     assert both[0]["tokens_per_second"] == top[0]["tokens_per_second"]
     assert "tp=3 does not divide" in both[1]["error"]
+
+
+def test_calibrate_writes_a_profile_that_emulate_uses(tmp_path) -> None:
+    out = tmp_path / "cpu.json"
+    done = subprocess.run([sys.executable, "-m", "dynaplane", "calibrate", "--out", str(out), "--ranks", "2"],
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    from agents.emulator.devices import load_profile
+
+    profile = load_profile(out)
+    assert profile.peak("bf16") > 1e9 and profile.launch_seconds > 0 and profile.intra_bw > 0
+    assert {"sqrt", "add", "cat", "copy"} <= set(profile.op_bandwidth)
+    result = emulate(EmulateRequest(MODEL, "tp=2,pp=1,dp=1,zero=1", 2, "cpu", 4, 1, SEQ, gpus_per_node=2,
+                                    profile=str(out)))
+    assert result["gpu"] == "cpu-calibrated" and result["step_seconds"] > 0

@@ -1,0 +1,194 @@
+"""`dynaplane calibrate`: measure this machine as a device profile for `--profile`.
+
+All `ranks` processes measure at the same time, as a training run's ranks would share
+the machine: each process's numbers are what one rank gets (on a CPU with fewer cores
+than ranks they share the cores). Measured, per rank:
+- bf16 / fp32 matmul rate (the best of a few GEMM shapes) and how it falls off for a short
+  inner dimension (matmul_k_half);
+- scaled-dot-product attention rate against the bf16 matmul rate (attention_fraction);
+- memory-bound throughput (out-of-place elementwise ops on large tensors, allocation
+  included, as eager PyTorch runs them);
+- per-op overhead: a small transformer-like block's forward + backward on tiny tensors,
+  divided by the aten ops it runs (counted with the emulator's own recorder);
+- gloo all-reduce time between the ranks at several sizes, fitted to the ring model
+  2(n-1) alpha + 2(n-1)/n S / B (intra_node_latency, intra_node_bandwidth).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from agents.emulator.devices import DeviceProfile
+
+GiB = 2**30
+
+
+def _best_rate(fn, flops: float, repeats: int = 3) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - started)
+    return flops / best
+
+
+def _matmul_rate(m: int, n: int, k: int, dtype: torch.dtype) -> float:
+    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+    return _best_rate(lambda: a @ b, 2.0 * m * n * k)
+
+
+def _attention_rate() -> float:
+    q = torch.randn(1, 12, 256, 64, dtype=torch.bfloat16)
+    flops = 4.0 * 12 * 256 * 256 * 64
+    return _best_rate(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True), flops)
+
+
+def _memory_bandwidth() -> float:
+    x = torch.randn(8_000_000)
+
+    def run() -> None:
+        for _ in range(4):
+            y = x * 1.5
+            del y
+    return _best_rate(run, 4 * 2 * x.numel() * 4.0)  # bytes moved per second: read x, write y
+
+
+def _op_bandwidths() -> dict[str, float]:
+    """Bytes/s (inputs + outputs, as the recorder counts them) of the memory-bound ops a
+    training step runs, on 16 fresh 16 MB tensors each, as the optimizer and gradient code
+    meet them."""
+    # Tensors larger than the caches, as parameters and optimizer states are; values like an
+    # Adam second moment (small, some exactly zero), which e.g. sqrt is slower on than on 1.0.
+    xs = [torch.rand(1 << 22) * 1e-6 * (torch.rand(1 << 22) > 0.1) for _ in range(16)]
+    ys = [torch.rand(1 << 22) + 0.5 for _ in range(16)]
+    halves = [x.to(torch.bfloat16) for x in xs]
+    n = sum(x.numel() for x in xs) * 4.0  # bytes of one fp32 list
+
+    def each(fn):
+        def run() -> None:
+            out = [fn(a, b) for a, b in zip(xs, ys)]
+            del out
+        return run
+
+    cases = {  # name: (work, bytes in + out)
+        "mul": (lambda: torch._foreach_mul(xs, 0.9), 2 * n),
+        "add": (lambda: torch._foreach_add(xs, ys), 3 * n),
+        "sqrt": (lambda: torch._foreach_sqrt(xs), 2 * n),
+        "div": (lambda: torch._foreach_div(xs, ys), 3 * n),
+        "addcdiv": (lambda: torch._foreach_addcdiv(xs, ys, xs), 4 * n),
+        "addcmul": (lambda: torch._foreach_addcmul(xs, ys, xs), 4 * n),
+        "lerp": (lambda: torch._foreach_lerp(xs, ys, 0.1), 3 * n),
+        "copy": (each(lambda a, h: torch.empty_like(a, dtype=torch.bfloat16).copy_(a)), 1.5 * n),
+        "_to_copy": (each(lambda a, h: a.to(torch.bfloat16)), 1.5 * n),
+        "cat": (lambda: torch.cat(xs), 2 * n),
+        "clone": (each(lambda a, h: a.clone()), 2 * n),
+        "fill": (each(lambda a, h: torch.empty_like(a).fill_(1.0)), n),
+        "zero": (each(lambda a, h: torch.empty_like(a).zero_()), n),
+        "silu": (each(lambda a, h: torch.nn.functional.silu(a)), 2 * n),
+        "rsqrt": (each(lambda a, h: a.rsqrt()), 2 * n),
+        "pow": (each(lambda a, h: a.pow(2)), 2 * n),
+        "mean": (each(lambda a, h: a.mean()), n),
+        "sum": (each(lambda a, h: a.sum()), n),
+        "neg": (each(lambda a, h: a.neg()), 2 * n),
+        "exp": (each(lambda a, h: a.exp()), 2 * n),
+    }
+    del halves
+    return {name: _best_rate(work, nbytes) for name, (work, nbytes) in cases.items()}
+
+
+def _op_overhead() -> float:
+    """Seconds per aten op of a tiny block's forward + backward (Python, dispatcher, autograd)."""
+    from agents.emulator.recorder import OpRecorder
+
+    block = torch.nn.Sequential(torch.nn.LayerNorm(16), torch.nn.Linear(16, 16), torch.nn.GELU(),
+                                torch.nn.Linear(16, 16))
+    x = torch.randn(2, 4, 16)
+
+    def step() -> None:
+        block(x).sum().backward()
+
+    recorder = OpRecorder()
+    with recorder:
+        step()
+    ops = len(recorder.records)
+    step()
+    samples = []
+    for _ in range(5):
+        started = time.perf_counter()
+        for _ in range(20):
+            step()
+        samples.append((time.perf_counter() - started) / 20)
+    return statistics.median(samples) / max(ops, 1)
+
+
+def _allreduce_fit(world: int) -> tuple[float, float]:
+    """(latency per hop, bytes/s) of the ring model 2(n-1) alpha + 2(n-1)/n S / B, least
+    squares over all-reduce times (median of 7) from 4 KiB to 32 MiB."""
+    if world < 2:
+        return 1e-6, 10e9
+    sizes, times = [], []
+    for size in (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24, 1 << 25):
+        t = torch.ones(size // 4)
+        samples = []
+        for _ in range(7):
+            dist.barrier()
+            started = time.perf_counter()
+            dist.all_reduce(t)
+            samples.append(time.perf_counter() - started)
+        sizes.append(float(size))
+        times.append(statistics.median(samples[1:]))
+    slope, intercept = _least_squares(sizes, times)
+    hops = 2 * (world - 1)
+    return max(intercept / hops, 1e-7), hops / world / max(slope, 1e-15)
+
+
+def _least_squares(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return slope, max(my - slope * mx, 0.0)
+
+
+def calibrate_rank(rank: int, world: int) -> dict:
+    torch.manual_seed(rank)
+    dist.barrier()
+    bf16 = max(_matmul_rate(m, n, k, torch.bfloat16) for m, n, k in ((512, 768, 768), (512, 2048, 768),
+                                                                     (512, 768, 2048), (1024, 1024, 1024)))
+    fp32 = max(_matmul_rate(m, n, k, torch.float32) for m, n, k in ((512, 768, 768), (1024, 1024, 1024)))
+    short_k = _matmul_rate(512, 768, 32, torch.bfloat16)
+    dist.barrier()
+    attention = _attention_rate()
+    memory = _memory_bandwidth()
+    ops = _op_bandwidths()
+    overhead = _op_overhead()
+    dist.barrier()
+    alpha, bandwidth = _allreduce_fit(world)
+    return {"bf16": bf16, "fp32": fp32, "short_k": short_k, "attention": attention, "memory": memory,
+            "overhead": overhead, "alpha": alpha, "bandwidth": bandwidth, "ops": ops}
+
+
+def calibrate(ranks: int = 2) -> DeviceProfile:
+    from agents.engine.launch import run_ranks
+
+    results = run_ranks(ranks, calibrate_rank, timeout_s=300)
+
+    def median(key: str) -> float:
+        return statistics.median(r[key] for r in results)
+
+    bf16 = median("bf16")
+    k_half = max(1.0, 32 * (bf16 / max(median("short_k"), 1.0) - 1))  # eff(k) = k / (k + k_half)
+    memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return DeviceProfile(
+        name="cpu-calibrated", peak_flops={"bf16": bf16, "fp32": median("fp32")}, hbm_bytes=memory_bytes // ranks,
+        hbm_bandwidth=median("memory"), sm_count=0, matmul_max_fraction=1.0,
+        attention_fraction=min(1.0, median("attention") / bf16), memory_fraction=1.0,
+        launch_seconds=median("overhead"), intra_node_bandwidth=median("bandwidth"), intra_node_efficiency=1.0,
+        intra_node_latency=median("alpha"), inter_node_bandwidth=median("bandwidth"), inter_node_efficiency=1.0,
+        inter_node_latency=median("alpha"), matmul_k_half=k_half, gpus_per_node=ranks,
+        op_bandwidth={name: statistics.median(r["ops"][name] for r in results) for name in results[0]["ops"]},
+        notes=f"measured by dynaplane calibrate with {ranks} ranks on {os.cpu_count()} CPUs")

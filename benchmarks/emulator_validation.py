@@ -1,0 +1,93 @@
+"""The emulator against real CPU runs of the same program (issue 5's validation).
+
+    .venv/bin/dynaplane calibrate --out var/cpu-profile.json --ranks 2
+    .venv/bin/python -m benchmarks.emulator_validation var/cpu-profile.json
+
+For each layout of llama-124m on 2 local ranks: the real ParallelTrainer runs warm-up
+steps then measured steps (median step time, batches made ahead: the emulator predicts
+the training step, not the data pipeline; peak = the rank's parameters and optimizer
+state + the live tensor bytes of one step, gradients included, counted as the tracer
+counts them but on real tensors);
+`emulate --gpu cpu --profile` predicts the same configuration. Prints a markdown table.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+MODEL, GLOBAL_BATCH, MICRO_BATCH, SEQ, WORLD = "llama-124m", 4, 1, 128, 2
+LAYOUTS = ["tp=2,pp=1,dp=1,zero=1", "tp=1,pp=1,dp=2,zero=1", "tp=1,pp=1,dp=2,zero=3", "tp=1,pp=2,dp=1,zero=1",
+           "tp=1,pp=2,dp=1,zero=0"]
+WARMUP, MEASURED = 2, 4
+
+
+def real_rank(rank: int, world: int, layout: str) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from agents.emulator.recorder import OpRecorder
+    from agents.emulator.tracer import _static_bytes
+    from agents.layout.catalog import get_model
+    from agents.layout.placement import place
+    from agents.training.parallel import ParallelTrainer, TrainConfig, initial_shards
+
+    ml = next(iter(place(get_model(MODEL), layout).modules.values()))
+    config = TrainConfig(model=MODEL, global_batch=GLOBAL_BATCH, seq_len=SEQ,
+                         micro_batches=GLOBAL_BATCH // (MICRO_BATCH * ml.dp))
+    placement = place(get_model(MODEL), layout)
+    trainer = ParallelTrainer(config, layout, rank, initial_shards(MODEL, placement, rank, config.seed))
+    # The emulator predicts the training step, not the data pipeline: batches are made ahead.
+    made = {}
+    real_batch = trainer.data.batch
+    for step in range(WARMUP + MEASURED + 1):
+        for d in range(ml.dp):
+            position = step * GLOBAL_BATCH + d * (GLOBAL_BATCH // ml.dp)
+            made[(position, GLOBAL_BATCH // ml.dp)] = real_batch(position, GLOBAL_BATCH // ml.dp)
+    trainer.data.batch = lambda position, n: made[(position, n)]
+    state = _static_bytes(trainer, ml.zero)
+    # Gradients are allocated during the step, so the recorder counts them; the rest is held throughout.
+    static = state["params"] + state["optimizer"]
+    times = []
+    for step in range(WARMUP + MEASURED):
+        dist.barrier()
+        started = time.perf_counter()
+        trainer.step()
+        elapsed = torch.tensor([time.perf_counter() - started], dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        if step >= WARMUP:
+            times.append(float(elapsed))
+    recorder = OpRecorder()
+    with recorder:
+        trainer.step()
+    return {"step": statistics.median(times), "static": sum(state.values()), "peak": static + recorder.peak}
+
+
+def main(profile: str) -> None:
+    from agents.emulator.emulate import EmulateRequest, emulate
+    from agents.engine.launch import run_ranks
+
+    print("| layout | real step s | emulated step s | error | static bytes real = emulated | "
+          "peak real GiB | peak emulated GiB | peak error |")
+    print("|---|---|---|---|---|---|---|---|")
+    errors = []
+    for layout in LAYOUTS:
+        real = run_ranks(WORLD, real_rank, layout, timeout_s=900)
+        emulated = emulate(EmulateRequest(MODEL, layout, WORLD, "cpu", GLOBAL_BATCH, MICRO_BATCH, SEQ,
+                                          gpus_per_node=WORLD, profile=profile))
+        stages = emulated["memory"]["per_stage"]
+        real_step = max(r["step"] for r in real)
+        error = emulated["step_seconds"] / real_step - 1
+        errors.append(abs(error))
+        static_real = [r["static"] for r in real]
+        static_emulated = [s["params"] + s["grads"] + s["optimizer"] for s in stages]
+        peak_real = max(r["peak"] for r in real)
+        peak_emulated = emulated["memory"]["peak_bytes"]
+        print(f"| `{layout}` | {real_step:.3f} | {emulated['step_seconds']:.3f} | {error:+.1%} | "
+              f"{max(static_real) == max(static_emulated)} ({max(static_real):,}) | {peak_real / 2**30:.3f} | "
+              f"{peak_emulated / 2**30:.3f} | {peak_emulated / peak_real - 1:+.1%} |", flush=True)
+    print(f"\nmean absolute step-time error: {statistics.mean(errors):.1%}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
