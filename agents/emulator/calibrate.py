@@ -11,7 +11,8 @@ than ranks they share the cores). Measured, per rank:
 - per-op overhead: a small transformer-like block's forward + backward on tiny tensors,
   divided by the aten ops it runs (counted with the emulator's own recorder);
 - gloo all-reduce time between the ranks at several sizes, fitted to the ring model
-  2(n-1) alpha + 2(n-1)/n S / B (intra_node_latency, intra_node_bandwidth).
+  2(n-1) alpha + 2(n-1)/n S / B (intra_node_latency from small sizes, intra_node_bandwidth
+  from large ones).
 """
 from __future__ import annotations
 
@@ -127,31 +128,27 @@ def _op_overhead() -> float:
 
 
 def _allreduce_fit(world: int) -> tuple[float, float]:
-    """(latency per hop, bytes/s) of the ring model 2(n-1) alpha + 2(n-1)/n S / B, least
-    squares over all-reduce times (median of 7) from 4 KiB to 32 MiB."""
+    """(latency per hop, bytes/s) of the ring model 2(n-1) alpha + 2(n-1)/n S / B: alpha from
+    the small sizes (<= 256 KiB, where latency is all there is: on a busy CPU it is the
+    scheduler's wake-up, not the wire), B from the large ones net of that latency. Each
+    point is the median of 8 all-reduces issued back to back, as training issues them."""
     if world < 2:
         return 1e-6, 10e9
-    sizes, times = [], []
-    for size in (1 << 12, 1 << 16, 1 << 20, 1 << 22, 1 << 24, 1 << 25):
+    hops = 2 * (world - 1)
+    measured = {}
+    for size in (1 << 12, 1 << 16, 1 << 18, 1 << 22, 1 << 24):
         t = torch.ones(size // 4)
+        dist.barrier()
         samples = []
-        for _ in range(7):
-            dist.barrier()
+        for _ in range(9):
             started = time.perf_counter()
             dist.all_reduce(t)
             samples.append(time.perf_counter() - started)
-        sizes.append(float(size))
-        times.append(statistics.median(samples[1:]))
-    slope, intercept = _least_squares(sizes, times)
-    hops = 2 * (world - 1)
-    return max(intercept / hops, 1e-7), hops / world / max(slope, 1e-15)
-
-
-def _least_squares(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    return slope, max(my - slope * mx, 0.0)
+        measured[size] = statistics.median(samples[1:])
+    alpha = max(statistics.median(v for s, v in measured.items() if s <= 1 << 18) / hops, 1e-7)
+    bandwidth = statistics.median(hops / world * s / max(v - hops * alpha, 1e-9)
+                                  for s, v in measured.items() if s >= 1 << 22)
+    return alpha, bandwidth
 
 
 def calibrate_rank(rank: int, world: int) -> dict:
