@@ -186,8 +186,8 @@ def execute_plan(plan: RoutingPlan, rank: int, old: dict[Key, LocalShard], group
 
     Memory follows the planner's model (agents/layout/schedule.py memory_wave): per round,
     pack -> free sources read for the last time (unless a local copy still needs them) ->
-    exchange -> slice by slice: allocate the destination on first touch, copy locally,
-    unpack, free sources after their last local copy.
+    local copies slice by slice (destination allocated on first touch, sources freed after
+    their last copy) -> receiving boxes and buffers allocated -> exchange -> unpack.
     """
     check_fingerprint(plan, group)
     model = plan.model
@@ -242,6 +242,22 @@ def execute_plan(plan: RoutingPlan, rank: int, old: dict[Key, LocalShard], group
         for key in {p.key for p in slices if last_send.get(p.key) == k}:
             if last_local.get(key, (-1, -1))[0] < k or key not in last_local:
                 release(key)  # its last transfer is packed and no local copy is pending
+        send_ops = [dist.P2POp(dist.isend, buf, peer, group, tag) for peer, msgs in sorted(send_msgs.items())
+                    for tag, buf in enumerate(msgs)]
+        # gloo sends one message at a time and needs nothing from the peer to start it: post the
+        # sends now so they travel while this rank copies locally. (NCCL must post a round's sends
+        # and receives in one group, or two ranks sending to each other deadlock.)
+        early_works = _post(send_ops, rank, k, len(per_round)) if send_ops and _backend(group) == "gloo" else None
+        # Local copies before the exchange: their sources are freed before this round's
+        # receiving boxes and buffers are allocated.
+        for j, p in enumerate(slices):
+            for box in p.local:
+                target(p.key).region(box).copy_(old[p.key].region(box))
+            if p.local and sample:
+                sample(f"round {k} local", live_bytes(staging + sum(n for key, n in whole_sent.items()
+                                                                    if key not in old)))
+            if last_local.get(p.key) == (k, j) and last_send.get(p.key, -1) <= k:
+                release(p.key)
         # A box sent whole stays alive until the exchange is done: count it as staging once released.
         staging += sum(n for key, n in whole_sent.items() if key not in old)
         recv_bufs = {peer: torch.empty(n, dtype=torch.uint8) for peer, n in sorted(packed_in.items())}
@@ -253,24 +269,22 @@ def execute_plan(plan: RoutingPlan, rank: int, old: dict[Key, LocalShard], group
         staging += sum(packed_in.values())
         if sample:
             sample(f"round {k} exchange", live_bytes(staging))
-        ops = [dist.P2POp(dist.isend, buf, peer, group, tag) for peer, msgs in sorted(send_msgs.items())
-               for tag, buf in enumerate(msgs)]
-        ops += [dist.P2POp(dist.irecv, buf, peer, group, tag) for peer, msgs in sorted(recv_msgs.items())
-                for tag, buf in enumerate(msgs)]
-        if ops:
-            try:
-                for work in dist.batch_isend_irecv(ops):
-                    work.wait()
-            except RuntimeError as exc:  # gloo/NCCL: a dead peer or a timeout
-                raise EngineError(f"rank {rank}: round {k} of {len(per_round)} failed exchanging with ranks "
-                                  f"{sorted(set(send_msgs) | set(recv_msgs))}: {exc}") from exc
-        del ops, send_msgs, recv_msgs
+        recv_ops = [dist.P2POp(dist.irecv, buf, peer, group, tag) for peer, msgs in sorted(recv_msgs.items())
+                    for tag, buf in enumerate(msgs)]
+        peers = sorted(set(send_msgs) | set(recv_msgs))
+        try:
+            works = (early_works or []) + _post(recv_ops if early_works is not None else send_ops + recv_ops,
+                                                rank, k, len(per_round))
+            for work in works:
+                work.wait()
+        except RuntimeError as exc:  # gloo/NCCL: a dead peer or a timeout
+            raise EngineError(f"rank {rank}: round {k} of {len(per_round)} failed exchanging with ranks "
+                              f"{peers}: {exc}") from exc
+        del send_ops, recv_ops, send_msgs, recv_msgs, works, early_works
         if sample:
             sample(f"round {k} received", live_bytes(staging))
         cursor: dict[int, int] = defaultdict(int)
-        for j, p in enumerate(slices):
-            for box in p.local:
-                target(p.key).region(box).copy_(old[p.key].region(box))
+        for p in slices:
             for peer, box, direct in p.recvs:
                 if direct:
                     continue
@@ -278,11 +292,8 @@ def execute_plan(plan: RoutingPlan, rank: int, old: dict[Key, LocalShard], group
                 n = view.numel() * view.element_size()
                 view.copy_(recv_bufs[peer][cursor[peer]:cursor[peer] + n].view(view.dtype).view(view.shape))
                 cursor[peer] += n
-            if p.recvs or p.local:
-                if sample:
-                    sample(f"round {k} unpack", live_bytes(staging))
-            if last_local.get(p.key) == (k, j) and last_send.get(p.key, -1) <= k:
-                release(p.key)
+            if p.recvs and sample:
+                sample(f"round {k} unpack", live_bytes(staging))
         for peer, buf in recv_bufs.items():
             if cursor[peer] != buf.numel():
                 raise EngineError(f"rank {rank}: round {k} from rank {peer}: {buf.numel()} bytes received, "
@@ -296,6 +307,19 @@ def execute_plan(plan: RoutingPlan, rank: int, old: dict[Key, LocalShard], group
     if missing:
         raise EngineError(f"rank {rank}: the plan left {len(missing)} shards unfilled, e.g. {sorted(missing)[:3]}")
     return new
+
+
+def _backend(group) -> str:
+    return dist.get_backend(group)
+
+
+def _post(ops: list, rank: int, k: int, rounds: int) -> list:
+    if not ops:
+        return []
+    try:
+        return dist.batch_isend_irecv(ops)
+    except RuntimeError as exc:
+        raise EngineError(f"rank {rank}: round {k} of {rounds}: posting transfers failed: {exc}") from exc
 
 
 def _derive(plan: RoutingPlan, rank: int, new: dict[Key, LocalShard], target) -> None:

@@ -230,6 +230,7 @@ class _Touches:
     dst_elems: np.ndarray
     first_write: np.ndarray
     first_recv: np.ndarray
+    first_copy: np.ndarray
 
 
 def _touches(route: Route, slices: list[Slice]) -> _Touches:
@@ -238,18 +239,21 @@ def _touches(route: Route, slices: list[Slice]) -> _Touches:
     last_local = np.full(len(src.rank), -1)
     first_write = np.full(len(dst.rank), -1)
     first_recv = np.full(len(dst.rank), -1)
+    first_copy = np.full(len(dst.rank), -1)
     for t in range(len(slices) - 1, -1, -1):  # backwards: the first write is assigned last
         sl = slices[t]
         senders, receivers, _ = _clip(route, sl.a_lo, sl.a_hi, sl.t_lo, sl.t_hi)
         copying = route.copying(sl.a_lo, sl.a_hi) if sl.t_lo == 0 else np.zeros(0, dtype=np.int64)
         first_write[np.searchsorted(dst.rank, np.concatenate([receivers, copying]))] = t
         first_recv[np.searchsorted(dst.rank, receivers)] = t
+        first_copy[np.searchsorted(dst.rank, copying)] = t
         for last, ranks in ((last_send, senders), (last_local, copying)):
             hit = np.searchsorted(src.rank, ranks)
             last[hit[last[hit] < 0]] = t
     moving_src, moving_dst = ~np.isin(src.rank, route.kept), ~np.isin(dst.rank, route.kept)
     return _Touches(src.rank[moving_src], src.size[moving_src], last_send[moving_src], last_local[moving_src],
-                    dst.rank[moving_dst], dst.size[moving_dst], first_write[moving_dst], first_recv[moving_dst])
+                    dst.rank[moving_dst], dst.size[moving_dst], first_write[moving_dst], first_recv[moving_dst],
+                    first_copy[moving_dst])
 
 
 def _effects(tc: _Touches, round_of: list[int], nbytes: float) -> tuple[list[SliceMemory], Sparse, Sparse]:
@@ -261,8 +265,11 @@ def _effects(tc: _Touches, round_of: list[int], nbytes: float) -> tuple[list[Sli
     early = ~never & ((tc.last_local < 0) | (rnd[tc.last_local] < rnd[tc.last_send]))
     late = ~never & ~early
     blank = tc.first_write < 0
-    # Allocated before the exchange: a piece of the box arrives in the round of its first write.
-    ready = ~blank & (tc.first_recv >= 0) & (rnd[tc.first_recv] == rnd[tc.first_write])
+    # The engine runs a round's local copies before its exchange: a box first written in a
+    # round where it gets a local copy is allocated at that copy (`alloc`, in the copy's
+    # slice); otherwise it receives in that round and is allocated before the exchange (`ready`).
+    copied_first = ~blank & (tc.first_copy >= 0) & (rnd[tc.first_copy] == rnd[tc.first_write])
+    ready = ~blank & ~copied_first
     per_slice = []
 
     def part(ranks: np.ndarray, nbytes: np.ndarray, mask: np.ndarray) -> Sparse:
@@ -272,7 +279,7 @@ def _effects(tc: _Touches, round_of: list[int], nbytes: float) -> tuple[list[Sli
         written = tc.first_write == t
         per_slice.append(SliceMemory(early=part(tc.src_rank, src_bytes, early & (tc.last_send == t)),
                                      late=part(tc.src_rank, src_bytes, late & (tc.last_local == t)),
-                                     alloc=part(tc.dst_rank, dst_bytes, written & ~ready),
+                                     alloc=part(tc.dst_rank, dst_bytes, copied_first & (tc.first_copy == t)),
                                      ready=part(tc.dst_rank, dst_bytes, written & ready)))
     return per_slice, (tc.src_rank[never], src_bytes[never]), (tc.dst_rank[blank], dst_bytes[blank])
 
@@ -325,19 +332,20 @@ def memory_wave(rounds: list[list[Slice]], start: np.ndarray, effects: dict[tupl
 
     Mirrors agents/engine/execute.py. Source boxes never read are freed before the first
     round (counted in round 0's pack). Within a round: pack (send staging allocated, early
-    sources freed) -> destination boxes receiving in the round allocated, receive staging
-    -> exchange -> slice by slice in the global order: allocate the other destination
-    boxes, copy the local part and unpack, free the late sources -> staging freed.
+    sources freed) -> local copies slice by slice in the global order (a destination box
+    allocated at its first copy, a source freed after its last) -> the other destination
+    boxes written in the round allocated, receive staging -> exchange -> unpack ->
+    staging freed.
     Destination boxes nobody writes (derived only) are allocated at the end (counted in
     the last round, with its staging: an upper bound).
 
     Bound (tested as a property): a rank meets its items in the global order (cut_rounds),
     holds a box past its item only while that item's slices last, and within a round frees
-    what it packs before allocating, except that the sources its local copies read are
-    freed only after the round's receiving boxes are allocated. So its peak is at most the
-    order's one-item-at-a-time peak (each item's new box allocated before its old box is
-    freed) + the staging it uses in a round (<= the budget) + the source bytes it copies
-    locally within one round.
+    what it packs before allocating, and frees the sources of its local copies before the
+    round's receiving boxes are allocated. So its peak is at most the order's
+    one-item-at-a-time peak (each item's new box allocated before its old box is freed) +
+    the staging it uses in a round (<= the budget) (+ the source bytes it copies locally
+    within one round, the term the tests still allow).
     Returns (after[rounds + 1, world], peak[rounds, world]).
     """
     def add(out: np.ndarray, sparse: Sparse, sign: float = 1.0) -> None:
@@ -349,22 +357,23 @@ def memory_wave(rounds: list[list[Slice]], start: np.ndarray, effects: dict[tupl
     after, peaks = [mem.copy()], []
     for k, round_slices in enumerate(rounds):
         early = np.zeros(world) if k or never_read is None else never_read.astype(np.float64).copy()
-        running, running_peak = np.zeros(world), np.zeros(world)
+        ready = np.zeros(world)
         for s in round_slices:
             add(early, effects[s.key].early)
-            add(running, effects[s.key].ready)
-        np.maximum(running_peak, running, out=running_peak)
+            add(ready, effects[s.key].ready)
+        local, local_peak = np.zeros(world), np.zeros(world)  # the local-copy phase, before the exchange
         for s in round_slices:
             effect = effects[s.key]
-            add(running, effect.alloc)
-            np.maximum(running_peak, running, out=running_peak)
-            add(running, effect.late, -1.0)
-        if k == len(rounds) - 1 and never_written is not None:
-            running += never_written
-            np.maximum(running_peak, running, out=running_peak)
+            add(local, effect.alloc)
+            np.maximum(local_peak, local, out=local_peak)
+            add(local, effect.late, -1.0)
         send = stats.send_intra[k] + stats.send_inter[k]
         recv = stats.recv_intra[k] + stats.recv_inter[k]
-        peaks.append(np.maximum(mem + send, mem - early + send + recv + running_peak))
-        mem = mem - early + running
+        exchange = mem - early + send + local + ready + recv
+        if k == len(rounds) - 1 and never_written is not None:
+            exchange = exchange + never_written
+            ready = ready + never_written
+        peaks.append(np.maximum.reduce([mem + send, mem - early + send + local_peak, exchange]))
+        mem = mem - early + local + ready
         after.append(mem.copy())
     return np.array(after), np.array(peaks)
