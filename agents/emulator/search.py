@@ -101,6 +101,15 @@ def static_bytes(model: str, layout: str) -> int:
     return worst
 
 
+def _fields(layout: str) -> dict[str, int]:
+    return {k: int(v) for k, v in (part.split("=") for part in layout.split(","))}
+
+
+def _model_parallel(layout: str) -> int:
+    fields = _fields(layout)
+    return fields.get("tp", 1) * fields.get("pp", 1)
+
+
 def search(request: SearchRequest, progress=None) -> dict:
     profile = load_profile(request.profile) if request.profile else get_profile(request.gpu)
     candidates = candidate_layouts(request)
@@ -120,21 +129,36 @@ def search(request: SearchRequest, progress=None) -> dict:
                             "reason": f"static state {need / 2**30:.1f} GiB > {profile.hbm_bytes / 2**30:.1f} GiB"})
         else:
             feasible.append((need, layout, mb))
-    # Cheapest-looking first: little pipelining and tensor parallelism, then the least memory.
-    feasible.sort(key=lambda x: (x[1].count("pp=1,") == 0, x[0]))
+    # Likeliest fastest first: the least model parallelism (tp * pp: fewer collectives on the
+    # critical path, no bubble). Within one (tp, pp), the least memory first (ZeRO-3, the
+    # smallest micro-batch): when that does not fit, no variant with more memory is tried.
+    feasible.sort(key=lambda x: (_model_parallel(x[1]), _fields(x[1])["tp"], -_fields(x[1]).get("zero", 0), x[2]))
     results = []
     base = EmulateRequest(request.model, "", request.gpus, request.gpu, request.global_batch, 1, request.seq,
                           request.recompute, request.gpus_per_node, request.profile)
-    for n, (_, layout, mb) in enumerate(feasible[:request.max_candidates]):
+    too_big: list[tuple[dict, int]] = []  # (layout fields, micro-batch) that did not fit
+    emulated = 0
+    for _, layout, mb in feasible:
+        if emulated == request.max_candidates:
+            break
+        fields = _fields(layout)
+        if any(all(fields[k] == f[k] for k in ("tp", "pp", "dp")) and fields.get("zero", 0) <= f.get("zero", 0)
+               and mb >= fmb for f, fmb in too_big):
+            dropped.append({"layout": layout, "micro_batch": mb,
+                            "reason": "needs more memory than a variant that already does not fit"})
+            continue
+        emulated += 1
         emulation = replace(base, layout=layout, micro_batch=mb)
         check_request(emulation)
         if progress:
-            progress(f"[{n + 1}/{min(len(feasible), request.max_candidates)}] {layout} micro-batch {mb}")
+            progress(f"[{emulated}/{min(len(feasible), request.max_candidates)}] {layout} micro-batch {mb}")
         try:
             result = emulate(emulation)
         except EmulatorError as exc:
             dropped.append({"layout": layout, "micro_batch": mb, "reason": str(exc)})
             continue
+        if not result["memory"]["fits"]:
+            too_big.append((fields, mb))
         (results if result["memory"]["fits"] else dropped).append(
             result if result["memory"]["fits"] else
             {"layout": layout, "micro_batch": mb,
@@ -142,5 +166,5 @@ def search(request: SearchRequest, progress=None) -> dict:
                        f"{result['memory']['capacity_bytes'] / 2**30:.1f} GiB"})
     results.sort(key=lambda r: -r["tokens_per_second"])
     return {"model": request.model, "gpus": request.gpus, "gpu": profile.name, "global_batch": request.global_batch,
-            "seq": request.seq, "candidates": len(candidates), "emulated": min(len(feasible), request.max_candidates),
+            "seq": request.seq, "candidates": len(candidates), "emulated": emulated,
             "top": results[:request.top], "does_not_fit": dropped}
