@@ -1,11 +1,11 @@
 """Websocket /ws/cluster/: the cluster stream's events, live, to signed-in users."""
 from __future__ import annotations
 
-from controlplane.cluster.events import GROUP, STREAM, HelloEvent
+from controlplane.cluster.events import GROUP, STREAM
 from controlplane.common.consumers import UNAUTHORIZED, StreamConsumer
 
 __all__ = ["ClusterConsumer", "UNAUTHORIZED"]
 
 
 class ClusterConsumer(StreamConsumer):
-    group, stream, hello = GROUP, STREAM, HelloEvent
+    group, stream = GROUP, STREAM

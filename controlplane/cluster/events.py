@@ -6,7 +6,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field, TypeAdapter
 
-from controlplane.common.events import Closed
+from controlplane.common.events import Closed, HelloEvent
 
 STREAM = "cluster"
 GROUP = "cluster"
@@ -69,13 +69,6 @@ class JobEvent(Closed):
     seq: int
     job: JobView
 
-
-class HelloEvent(Closed):
-    """First message on a new connection: the stream's current seq."""
-
-    type: Literal["hello"] = "hello"
-    op: Literal["connected"] = "connected"
-    seq: int
 
 
 ClusterEvent = Annotated[Union[NodeEvent, GpuEvent, JobEvent, HelloEvent], Field(discriminator="type")]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from controlplane.common.events import Closed, current_seq
+from controlplane.common.events import HelloEvent, current_seq
 
 UNAUTHORIZED = 4401
 
@@ -13,7 +13,6 @@ UNAUTHORIZED = 4401
 class StreamConsumer(AsyncJsonWebsocketConsumer):
     group: str
     stream: str
-    hello: type[Closed]  # an event class taking `seq`
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -23,7 +22,7 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
         seq = await database_sync_to_async(current_seq)(self.stream)
-        await self.send_json(self.hello(seq=seq).model_dump(mode="json"))
+        await self.send_json(HelloEvent(seq=seq).model_dump(mode="json"))
 
     async def disconnect(self, code: int) -> None:
         await self.channel_layer.group_discard(self.group, self.channel_name)

@@ -8,6 +8,7 @@ fetch a fresh snapshot. Sequence numbers are allocated inside the writing transa
 from __future__ import annotations
 
 import logging
+from typing import Literal
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -25,6 +26,14 @@ class Closed(BaseModel):
     """Base of every event and view model: unknown fields are rejected."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HelloEvent(Closed):
+    """First message on a new connection to any stream: the stream's current seq."""
+
+    type: Literal["hello"] = "hello"
+    op: Literal["connected"] = "connected"
+    seq: int
 
 
 def next_seq(stream: str) -> int:

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from controlplane.common.consumers import StreamConsumer
-from controlplane.emulation.events import GROUP, STREAM, HelloEvent
+from controlplane.emulation.events import GROUP, STREAM
 
 
 class EmulationConsumer(StreamConsumer):
-    group, stream, hello = GROUP, STREAM, HelloEvent
+    group, stream = GROUP, STREAM

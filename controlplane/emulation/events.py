@@ -5,7 +5,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field, TypeAdapter
 
-from controlplane.common.events import Closed
+from controlplane.common.events import Closed, HelloEvent
 
 STREAM = "emulations"
 GROUP = "emulations"
@@ -29,12 +29,6 @@ class EmulationEvent(Closed):
     op: Literal["upsert"] = "upsert"
     seq: int
     run: EmulationView
-
-
-class HelloEvent(Closed):
-    type: Literal["hello"] = "hello"
-    op: Literal["connected"] = "connected"
-    seq: int
 
 
 emulation_event_adapter: TypeAdapter = TypeAdapter(
