@@ -10,19 +10,29 @@ from agents.emulator.errors import EmulatorError
 GiB = 2**30
 
 
+def _run(command: str, args, work):
+    """work(progress) -> result, or (None, exit code) after printing an EmulatorError; with
+    --json the result is printed and the command is done (returns (None, 0))."""
+    progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    try:
+        result = work(progress)
+    except EmulatorError as exc:
+        print(f"dynaplane {command}: {exc}", file=sys.stderr)
+        return None, 2
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return None, 0
+    return result, None
+
+
 def emulate_main(args) -> int:
     request = EmulateRequest(model=args.model, layout=args.layout, gpus=args.gpus, gpu=args.gpu,
                              global_batch=args.global_batch, micro_batch=args.micro_batch, seq=args.seq,
                              recompute=args.recompute, gpus_per_node=args.gpus_per_node, profile=args.profile)
-    progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
-    try:
-        result = emulate(request, use_cache=not args.no_cache, progress=progress)
-    except EmulatorError as exc:
-        print(f"dynaplane emulate: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(result, indent=2))
-        return 0
+    result, code = _run("emulate", args, lambda progress: emulate(request, use_cache=not args.no_cache,
+                                                                   progress=progress))
+    if result is None:
+        return code
     r, m, b = result, result["memory"], result["breakdown"]
     print(f"{r['model']} {r['layout']} on {r['gpus']} x {r['gpu']}, global batch {r['global_batch']} "
           f"({r['micro_batches']} micro-batches of {r['micro_batch']}) x seq {r['seq']}, recompute {r['recompute']}")
@@ -64,7 +74,7 @@ def compare_main(args) -> int:
                                recompute=args.recompute, gpus_per_node=args.gpus_per_node, profile=args.profile)
                 for layout in args.layout]
     progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
-    results = compare(requests, progress=progress)
+    results = compare(requests, progress=progress)  # a bad layout is a row with its error, not an exception
     if args.json:
         print(json.dumps(results, indent=2))
     else:
@@ -80,15 +90,9 @@ def search_main(args) -> int:
     request = SearchRequest(model=args.model, gpus=args.gpus, gpu=args.gpu, global_batch=args.global_batch,
                             seq=args.seq, top=args.top, gpus_per_node=args.gpus_per_node, recompute=args.recompute,
                             profile=args.profile, max_candidates=args.max_candidates)
-    progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
-    try:
-        result = search(request, progress=progress)
-    except EmulatorError as exc:
-        print(f"dynaplane search: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(result, indent=2))
-        return 0
+    result, code = _run("search", args, lambda progress: search(request, progress=progress))
+    if result is None:
+        return code
     print(f"{result['model']} on {result['gpus']} x {result['gpu']}, global batch {result['global_batch']} x seq "
           f"{result['seq']}: {result['candidates']} layouts, {result['emulated']} emulated, "
           f"{len(result['top'])} best that fit:")
