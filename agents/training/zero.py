@@ -103,25 +103,21 @@ class ShardedAdamW:
             for s in self.slots:
                 s.local.copy_(s.master)
             return
-        # One padded flat buffer: each parameter's chunk padded to the largest chunk size.
-        sizes = []
-        for s in self.slots:
-            row = s.local[0].numel() if s.local.dim() > 1 else 1
-            sizes.append(-(-s.local.shape[0] // self.dp) * row)
-        mine = torch.zeros(sum(sizes), dtype=torch.bfloat16)
+        # One flat buffer: every parameter's chunk padded to ceil(rows / dp) rows, so that all
+        # ranks' buffers have the same size and one all_gather moves everything.
+        padded = [-(-s.local.shape[0] // self.dp) * (s.local.numel() // max(s.local.shape[0], 1)) for s in self.slots]
+        mine = torch.zeros(sum(padded), dtype=torch.bfloat16)
         offset = 0
-        for s, size in zip(self.slots, sizes):
+        for s, size in zip(self.slots, padded):
             mine[offset:offset + s.master.numel()] = s.master.reshape(-1)
             offset += size
-        # Moved as raw bytes: gloo has no 16-bit integer type and its bfloat16 all_gather is not reliable.
         everyone = [torch.empty_like(mine) for _ in range(self.dp)]
-        dist.all_gather([b.view(torch.uint8) for b in everyone], mine.view(torch.uint8), group=self.group)
+        dist.all_gather(everyone, mine, group=self.group)
         offset = 0
-        for s, size in zip(self.slots, sizes):
-            n = s.local.shape[0]
+        for s, size in zip(self.slots, padded):
             for d, buf in enumerate(everyone):
-                lo, hi = chunk_rows(n, self.dp, d)
+                lo, hi = chunk_rows(s.local.shape[0], self.dp, d)
                 if hi > lo:
-                    s.local[lo:hi].copy_(buf[offset:offset + (hi - lo) * (size // -(-n // self.dp))]
-                                         .view((hi - lo, *s.local.shape[1:])))
+                    part = buf[offset:offset + size][:s.local[lo:hi].numel()]
+                    s.local[lo:hi].copy_(part.view(s.local[lo:hi].shape))
             offset += size

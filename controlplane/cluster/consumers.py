@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 from controlplane.cluster.events import GROUP, STREAM
-from controlplane.common.consumers import UNAUTHORIZED, StreamConsumer
-
-__all__ = ["ClusterConsumer", "UNAUTHORIZED"]
+from controlplane.common.consumers import StreamConsumer
 
 
 class ClusterConsumer(StreamConsumer):
