@@ -182,7 +182,8 @@ def preallocate(plan: RoutingPlan, program: RankProgram) -> dict[Key, LocalShard
 def execute_plan(plan: RoutingPlan, rank: int, old: dict[Key, LocalShard], group=None,
                  sample: Sampler | None = None, program: RankProgram | None = None,
                  ready: dict[Key, LocalShard] | None = None) -> dict[Key, LocalShard]:
-    """Move this rank's state from plan.src to plan.dst; returns the new shards.
+    """Move this rank's state from plan.src to plan.dst; returns the new shards. Consumes
+    `old`: its entries are removed as the shards are freed (only kept boxes may remain).
 
     Memory follows the planner's model (agents/layout/schedule.py memory_wave): per round,
     pack -> free sources read for the last time (unless a local copy still needs them) ->
@@ -200,7 +201,8 @@ def execute_plan(plan: RoutingPlan, rank: int, old: dict[Key, LocalShard], group
     for key, box in new_boxes.items():  # boxes kept exactly: reused, no copy, no new memory
         if key in old and old[key].box == box:
             new[key] = old[key]
-    old = dict(old)
+    # `old` is consumed, not copied: a shard leaves it the moment nothing more reads it, so
+    # that (with no other reference left, see ParallelTrainer.hand_over) its memory is freed.
 
     def release(key: Key) -> None:
         if key in old and not (key in new and new[key] is old[key]):
