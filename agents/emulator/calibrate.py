@@ -6,8 +6,8 @@ than ranks they share the cores). Measured, per rank:
 - bf16 / fp32 matmul rate (the best of a few GEMM shapes) and how it falls off for a short
   inner dimension (matmul_k_half);
 - scaled-dot-product attention rate against the bf16 matmul rate (attention_fraction);
-- memory-bound throughput (out-of-place elementwise ops on large tensors, allocation
-  included, as eager PyTorch runs them);
+- memory-bound throughput by op (out-of-place elementwise ops on tensors larger than the
+  caches, allocation included, as eager PyTorch runs them); their median for other ops;
 - per-op overhead: a small transformer-like block's forward + backward on tiny tensors,
   divided by the aten ops it runs (counted with the emulator's own recorder);
 - gloo all-reduce time between the ranks at several sizes, fitted to the ring model
@@ -47,16 +47,6 @@ def _attention_rate() -> float:
     q = torch.randn(1, 12, 256, 64, dtype=torch.bfloat16)
     flops = 4.0 * 12 * 256 * 256 * 64
     return _best_rate(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True), flops)
-
-
-def _memory_bandwidth() -> float:
-    x = torch.randn(8_000_000)
-
-    def run() -> None:
-        for _ in range(4):
-            y = x * 1.5
-            del y
-    return _best_rate(run, 4 * 2 * x.numel() * 4.0)  # bytes moved per second: read x, write y
 
 
 def _op_bandwidths() -> dict[str, float]:
@@ -160,8 +150,8 @@ def calibrate_rank(rank: int, world: int) -> dict:
     short_k = _matmul_rate(512, 768, 32, torch.bfloat16)
     dist.barrier()
     attention = _attention_rate()
-    memory = _memory_bandwidth()
     ops = _op_bandwidths()
+    memory = statistics.median(ops.values())  # ops the profile has no rate for run at the typical one
     overhead = _op_overhead()
     dist.barrier()
     alpha, bandwidth = _allreduce_fit(world)
