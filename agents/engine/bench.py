@@ -47,12 +47,12 @@ def p2p_gbps(rank: int, world: int, nbytes: int = P2P_BYTES, repeats: int = 3) -
 def replay_seconds(program, model) -> float:
     """The switch's exact messages (same peers, sizes and rounds) with ready-made buffers:
     what the transport alone needs for this traffic, without packing or unpacking."""
-    rounds = []
+    rounds = []  # buffers touched ahead, as a transport benchmark's are (see execute._prefault)
     for slices in program.rounds:
         out, inc = round_messages(model, slices)
-        rounds.append(([(peer, tag, torch.empty(n, dtype=torch.uint8)) for peer, sizes in sorted(out.items())
+        rounds.append(([(peer, tag, torch.zeros(n, dtype=torch.uint8)) for peer, sizes in sorted(out.items())
                         for tag, n in enumerate(sizes)],
-                       [(peer, tag, torch.empty(n, dtype=torch.uint8)) for peer, sizes in sorted(inc.items())
+                       [(peer, tag, torch.zeros(n, dtype=torch.uint8)) for peer, sizes in sorted(inc.items())
                         for tag, n in enumerate(sizes)]))
     dist.barrier()
     started = time.perf_counter()

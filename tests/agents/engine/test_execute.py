@@ -32,6 +32,8 @@ def _switch(rank: int, world: int, model_name: str, src: str, dst: str, staging:
     new = execute_plan(plan, rank, old, sample=lambda label, live: samples.append(live))
     expected = rank_boxes(plan.dst, rank) if rank < plan.dst.world else {}
     assert set(new) == set(expected)
+    # The engine keeps its live bytes as a running total: at the end it must equal a recount.
+    assert samples and samples[-1] == sum({id(s.data): s.nbytes for s in new.values()}.values())
     for key, box in expected.items():
         assert new[key].box == box
         assert torch.equal(new[key].data, truth(model, key, box)), (model.tensors[key[0]].name, key[1], rank)
