@@ -9,10 +9,16 @@ than ranks they share the cores). Measured, per rank:
 - memory-bound throughput by op (out-of-place elementwise ops on tensors larger than the
   caches, allocation included, as eager PyTorch runs them); their median for other ops;
 - per-op overhead: a small transformer-like block's forward + backward on tiny tensors,
-  divided by the aten ops it runs (counted with the emulator's own recorder);
+  divided by the aten ops it runs (counted with the emulator's own recorder), and what
+  a DTensor op adds to it (dispatch_seconds);
 - gloo all-reduce time between the ranks at several sizes, fitted to the ring model
   2(n-1) alpha + 2(n-1)/n S / B (intra_node_latency from small sizes, intra_node_bandwidth
-  from large ones).
+  from large ones), for groups of other sizes;
+- for the ranks' own group size, a table of all-reduce, all-gather and reduce-scatter
+  times from 4 KiB to 16 MiB, each issued between matmuls as a training step issues them
+  (the time of matmul + collective minus the matmul's alone): on a CPU a small
+  collective costs the wake-up of a process that slept waiting for its peer, about twice
+  what back-to-back collectives show.
 """
 from __future__ import annotations
 
@@ -117,6 +123,35 @@ def _op_overhead() -> float:
     return statistics.median(samples) / max(ops, 1)
 
 
+def _dispatch_overhead(world: int, n: int = 200) -> float:
+    """Seconds DTensor adds to an op on top of the local op it runs: small replicated
+    DTensors (no communication) against the same ops on plain tensors, with the ops a
+    tensor-parallel block runs (matmul, add, transpose, a view), forward only."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate
+
+    mesh = init_device_mesh("cpu", (world,))
+    x, w = torch.randn(4, 16), torch.randn(16, 16)
+    dx, dw = (DTensor.from_local(t, mesh, [Replicate()], run_check=False) for t in (x, w))
+
+    def ops(a, b) -> None:
+        for _ in range(n):
+            c = a @ b + a
+            c.view(-1), c.t()
+
+    ops(x, w)
+    ops(dx, dw)
+    plain = min(_elapsed(lambda: ops(x, w)) for _ in range(3))
+    sharded = min(_elapsed(lambda: ops(dx, dw)) for _ in range(3))
+    return max(sharded - plain, 0.0) / (4 * n)
+
+
+def _elapsed(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
 def _allreduce_fit(world: int) -> tuple[float, float]:
     """(latency per hop, bytes/s) of the ring model 2(n-1) alpha + 2(n-1)/n S / B: alpha from
     the small sizes (<= 256 KiB, where latency is all there is: on a busy CPU it is the
@@ -136,9 +171,59 @@ def _allreduce_fit(world: int) -> tuple[float, float]:
             samples.append(time.perf_counter() - started)
         measured[size] = statistics.median(samples[1:])
     alpha = max(statistics.median(v for s, v in measured.items() if s <= 1 << 18) / hops, 1e-7)
-    bandwidth = statistics.median(hops / world * s / max(v - hops * alpha, 1e-9)
+    # On a loaded machine the small sizes can take as long as the large ones: the latency
+    # then explains at most half of a large all-reduce, never all of it.
+    bandwidth = statistics.median(hops / world * s / max(v - hops * alpha, v / 2)
                                   for s, v in measured.items() if s >= 1 << 22)
     return alpha, bandwidth
+
+
+TABLE_SIZES = tuple(1 << e for e in range(12, 25, 2))  # 4 KiB ... 16 MiB
+
+
+def _collective(kind: str, nbytes: int, world: int):
+    """A callable issuing one collective whose CommOp.bytes would be `nbytes`."""
+    n = max(nbytes // 4 // world * world, world)
+    if kind == "all_reduce":
+        t = torch.ones(n)
+        return lambda: dist.all_reduce(t)
+    if kind == "all_gather":  # bytes = the gathered output
+        out, part = torch.empty(n), torch.ones(n // world)
+        return lambda: dist.all_gather_into_tensor(out, part)
+    inp, out = torch.ones(n), torch.empty(n // world)  # reduce_scatter: bytes = the input
+    return lambda: dist.reduce_scatter_tensor(out, inp)
+
+
+def _collective_table(world: int, repeats: int = 5, per_sample: int = 8) -> dict:
+    """{kind: [[bytes, seconds], ...]} measured in program context (see the module doc)."""
+    a, b = torch.randn(128, 768, dtype=torch.bfloat16), torch.randn(768, 768, dtype=torch.bfloat16)
+
+    def timed(fn) -> float:
+        fn()
+        dist.barrier()
+        samples = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            for _ in range(per_sample):
+                fn()
+            samples.append((time.perf_counter() - started) / per_sample)
+        return statistics.median(samples)
+
+    table = {}
+    for kind in ("all_reduce", "all_gather", "reduce_scatter"):
+        points = []
+        for size in TABLE_SIZES:
+            collective = _collective(kind, size, world)
+            alone = timed(collective)
+
+            def both() -> None:
+                a @ b
+                collective()
+
+            in_program = timed(both) - timed(lambda: a @ b)
+            points.append([float(size), max(in_program, alone)])
+        table[kind] = points
+    return table
 
 
 def calibrate_rank(rank: int, world: int) -> dict:
@@ -153,10 +238,12 @@ def calibrate_rank(rank: int, world: int) -> dict:
     ops = _op_bandwidths()
     memory = statistics.median(ops.values())  # ops the profile has no rate for run at the typical one
     overhead = _op_overhead()
+    dispatch = _dispatch_overhead(world)
     dist.barrier()
     alpha, bandwidth = _allreduce_fit(world)
+    table = _collective_table(world) if world >= 2 else {}
     return {"bf16": bf16, "fp32": fp32, "short_k": short_k, "attention": attention, "memory": memory,
-            "overhead": overhead, "alpha": alpha, "bandwidth": bandwidth, "ops": ops}
+            "overhead": overhead, "dispatch": dispatch, "alpha": alpha, "bandwidth": bandwidth, "ops": ops, "table": table}
 
 
 def calibrate(ranks: int = 2) -> DeviceProfile:
@@ -174,8 +261,12 @@ def calibrate(ranks: int = 2) -> DeviceProfile:
         name="cpu-calibrated", peak_flops={"bf16": bf16, "fp32": median("fp32")}, hbm_bytes=memory_bytes // ranks,
         hbm_bandwidth=median("memory"), sm_count=0, matmul_max_fraction=1.0,
         attention_fraction=min(1.0, median("attention") / bf16), memory_fraction=1.0,
-        launch_seconds=median("overhead"), intra_node_bandwidth=median("bandwidth"), intra_node_efficiency=1.0,
+        launch_seconds=median("overhead"), dispatch_seconds=median("dispatch"), intra_node_bandwidth=median("bandwidth"), intra_node_efficiency=1.0,
         intra_node_latency=median("alpha"), inter_node_bandwidth=median("bandwidth"), inter_node_efficiency=1.0,
         inter_node_latency=median("alpha"), matmul_k_half=k_half, gpus_per_node=ranks,
         op_bandwidth={name: statistics.median(r["ops"][name] for r in results) for name in results[0]["ops"]},
+        # A collective ends on every rank together: its cost is the slowest rank's.
+        collective_table={kind: {str(ranks): [[size, max(r["table"][kind][i][1] for r in results)]
+                                              for i, (size, _) in enumerate(points)]}
+                          for kind, points in results[0]["table"].items()},
         notes=f"measured by dynaplane calibrate with {ranks} ranks on {os.cpu_count()} CPUs")

@@ -7,7 +7,10 @@ from agents.emulator.trace import CommOp, ComputeOp, Op
 
 
 def compute_seconds(op: ComputeOp, profile: DeviceProfile) -> float:
-    """max(compute roof, memory roof) + launch gap. Memory-bound ops compute at the fp32 CUDA-core rate."""
+    """max(compute roof, memory roof) + launch gap. Memory-bound ops compute at the fp32 CUDA-core rate.
+    A host op (DTensor's sharding dispatch) costs the profile's dispatch_seconds and no kernel."""
+    if op.kind == "host":
+        return profile.dispatch_seconds
     if op.kind == "matmul":
         rate = profile.peak(op.dtype) * profile.matmul_efficiency(op.shape)
     elif op.kind == "attention":

@@ -59,6 +59,15 @@ class DeviceProfile:
     # trailing "_"): on a CPU, sqrt or a dtype cast is not bandwidth-bound like an add. Empty
     # for the GPU profiles (there all of them are); `dynaplane calibrate` fills it.
     op_bandwidth: dict = field(default_factory=dict)
+    # Measured seconds of collectives inside one node, as a table for `dynaplane calibrate`'s
+    # group size: {kind: {"<group size>": [[bytes, seconds], ...]}} (sizes ascending). Where a
+    # collective's kind and group size are in it, network.py interpolates the table instead
+    # of using the alpha-beta model (a CPU's small collectives cost what the scheduler's
+    # wake-ups cost, which no wire model predicts). Empty for the GPU profiles.
+    collective_table: dict = field(default_factory=dict)
+    # Host seconds of one DTensor op's sharding dispatch on top of the local ops it runs.
+    # 0 for the GPU profiles: there the host runs ahead of the kernels and this overlaps them.
+    dispatch_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         require(isinstance(self.name, str) and self.name, f"profile name={self.name!r} must be a non-empty string")
@@ -74,7 +83,8 @@ class DeviceProfile:
             value = getattr(self, key)
             require(isinstance(value, (int, float)) and 0 < value <= 1,
                     f"profile {self.name}: {key}={value!r} must be in (0, 1]")
-        for key in ("sm_count", "launch_seconds", "intra_node_latency", "inter_node_latency"):
+        _check_collective_table(self.name, self.collective_table)
+        for key in ("sm_count", "launch_seconds", "intra_node_latency", "inter_node_latency", "dispatch_seconds"):
             value = getattr(self, key)
             require(isinstance(value, (int, float)) and math.isfinite(value) and value >= 0,
                     f"profile {self.name}: {key}={value!r} must be >= 0")
@@ -154,6 +164,20 @@ class DeviceProfile:
             return cls(**data)
         except TypeError as exc:
             raise EmulatorError(f"profile {data.get('name')!r}: {exc}") from exc
+
+
+def _check_collective_table(name: str, table) -> None:
+    require(isinstance(table, dict), f"profile {name}: collective_table must be an object")
+    for kind, by_size in table.items():
+        require(isinstance(by_size, dict), f"profile {name}: collective_table[{kind!r}] must be an object")
+        for group, points in by_size.items():
+            where = f"profile {name}: collective_table[{kind!r}][{group!r}]"
+            require(str(group).isdigit() and int(group) >= 2, f"{where}: the key must be a group size >= 2")
+            require(isinstance(points, list) and len(points) >= 2 and all(
+                isinstance(p, (list, tuple)) and len(p) == 2 and all(
+                    isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in p) for p in points),
+                    f"{where} must be a list of at least two [bytes, seconds] pairs of positive numbers")
+            require(all(a[0] < b[0] for a, b in zip(points, points[1:])), f"{where}: sizes must ascend")
 
 
 def _positive(value, what: str) -> None:

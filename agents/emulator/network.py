@@ -19,6 +19,9 @@ S = `CommOp.bytes`, B_i / B_e = achievable per-GPU one-direction bandwidth insid
       (g-1) (a_i + S/(n B_i)) + (n-g) (a_e + S/(n B_e))
 - send / recv: a + S / B over NVLink when N = 1, else over the NIC.
 
+A calibrated profile's measured table (DeviceProfile.collective_table) replaces these
+models for the kinds and group sizes it holds, inside one node.
+
 Algorithm choice for all_reduce as NCCL's tuner does it (src/graph/tuning.cc): the one
 with the smaller predicted time, ring on a tie. So tree wins for small, latency-bound
 messages on groups that span several nodes, ring for large messages (and always within
@@ -101,11 +104,34 @@ def collective_algorithm(op: CommOp, profile: DeviceProfile, gpus_per_node: int 
     return "ring"
 
 
+def measured_seconds(op: CommOp, profile: DeviceProfile) -> float | None:
+    """The profile's measured time for this collective (calibrated profiles; one node only):
+    piecewise linear in log(size) between measured sizes, below the smallest its time, above
+    the largest its time plus the extra bytes at the rate of the two largest points."""
+    points = profile.collective_table.get(op.kind, {}).get(str(op.group_size)) if op.nodes == 1 else None
+    if not points:
+        return None
+    sizes = [p[0] for p in points]
+    S = op.bytes
+    if S <= sizes[0]:
+        return points[0][1]
+    if S >= sizes[-1]:
+        (s0, t0), (s1, t1) = points[-2], points[-1]
+        return t1 + (S - s1) * max(t1 - t0, 0.0) / (s1 - s0)
+    i = next(i for i, s in enumerate(sizes) if s >= S)
+    (s0, t0), (s1, t1) = points[i - 1], points[i]
+    w = (math.log(S) - math.log(s0)) / (math.log(s1) - math.log(s0))
+    return t0 + w * (t1 - t0)
+
+
 def collective_seconds(op: CommOp, profile: DeviceProfile, gpus_per_node: int = 8) -> float:
     """Seconds one rank spends in `op` (all ranks of a symmetric collective take as long)."""
     algorithm = collective_algorithm(op, profile, gpus_per_node)
     if algorithm == "none":
         return 0.0
+    measured = measured_seconds(op, profile)
+    if measured is not None:
+        return measured
     if algorithm == "p2p":
         return p2p_seconds(op, profile)
     if algorithm == "pairwise":

@@ -50,7 +50,7 @@ VIEW_LIKE = {"view", "_unsafe_view", "reshape", "expand", "t", "transpose", "per
 @dataclass
 class ComputeRecord:
     name: str
-    kind: str  # matmul | attention | memory
+    kind: str  # matmul | attention | memory | host
     flops: float
     bytes: float
     shape: tuple[int, ...]  # matmul (m, n, k) or (batch, m, n, k); attention (b, heads, s_q, s_kv, d)
@@ -157,7 +157,11 @@ class OpRecorder(TorchDispatchMode):
         if DTensor in types:
             # A mode sees DTensor ops first, with global shapes. NotImplemented hands them to
             # DTensor with this mode still active: the local ops and collectives it runs (what a
-            # rank really does) come back here as plain tensors and are recorded.
+            # rank really does) come back here as plain tensors and are recorded. The DTensor op
+            # itself is recorded as host work: its sharding dispatch, which costs time of its own.
+            if not self.suspended:
+                self.records.append(ComputeRecord(f"dtensor.{func.__name__.split('.')[0]}", "host", 0.0, 0.0, (),
+                                                  self.phase, "fp32"))
             return NotImplemented
         out = func(*args, **kwargs)
         if self.suspended:

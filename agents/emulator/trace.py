@@ -18,7 +18,7 @@ from typing import Literal, Union
 
 from agents.emulator.errors import EmulatorError, require
 
-COMPUTE_KINDS = ("matmul", "attention", "memory")
+COMPUTE_KINDS = ("matmul", "attention", "memory", "host")  # host: a DTensor op's dispatch, no kernel
 COMM_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
 DIMS = ("tp", "dp", "pp", "cp", "ep")
 DTYPES = ("bf16", "fp16", "fp32")

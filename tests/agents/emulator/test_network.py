@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from agents.emulator.devices import get_profile
-from agents.emulator.network import collective_algorithm, collective_seconds, ring_bandwidth
+from agents.emulator.errors import EmulatorError
+from agents.emulator.network import collective_algorithm, collective_seconds, measured_seconds, ring_bandwidth
 from agents.emulator.trace import CommOp
 
 H100 = get_profile("h100")
@@ -89,3 +91,35 @@ def test_bad_collectives_are_refused():
         collective_seconds(CommOp("x", "all_reduce", 1.0, 16, 1, "tp"), H100, 8)
     with pytest.raises(ValueError, match="gpus_per_node=0"):
         collective_seconds(CommOp("x", "all_reduce", 1.0, 2, 1, "tp"), H100, 0)
+
+
+TABLE = {"all_reduce": {"2": [[4096.0, 1e-3], [65536.0, 2e-3], [1048576.0, 4e-3]]}}
+
+
+def test_a_measured_table_replaces_the_model_inside_one_node():
+    cpu = replace(get_profile("cpu"), collective_table=TABLE)
+
+    def op(size, group=2, nodes=1, kind="all_reduce"):
+        return CommOp("x", kind, size, group, nodes, "tp")
+
+    assert collective_seconds(op(4096.0), cpu, 2) == 1e-3            # at a measured point
+    assert collective_seconds(op(1024.0), cpu, 2) == 1e-3            # below the smallest: its time
+    assert math.isclose(collective_seconds(op(16384.0), cpu, 2), 1.5e-3)  # halfway in log(size)
+    # above the largest: the last segment's rate, 2e-3 s per 983,040 bytes
+    assert math.isclose(collective_seconds(op(2 * 1048576.0), cpu, 2), 4e-3 + 1048576 * 2e-3 / 983040)
+    # other group sizes, other kinds and groups over several nodes use the model
+    assert measured_seconds(op(4096.0, group=4), cpu) is None
+    assert measured_seconds(op(4096.0, kind="all_gather"), cpu) is None
+    assert measured_seconds(op(4096.0, nodes=2), cpu) is None
+    assert collective_seconds(op(4096.0, nodes=2), cpu, 1) == collective_seconds(op(4096.0, nodes=2), get_profile("cpu"), 1)
+
+
+@pytest.mark.parametrize("table, message", [
+    ({"all_reduce": {"1": [[1.0, 1.0], [2.0, 2.0]]}}, "group size >= 2"),
+    ({"all_reduce": {"2": [[2.0, 1.0], [1.0, 2.0]]}}, "sizes must ascend"),
+    ({"all_reduce": {"2": [[1.0, 1.0]]}}, "at least two"),
+    ({"all_reduce": {"2": [[1.0, -1.0], [2.0, 1.0]]}}, "positive numbers"),
+])
+def test_a_bad_collective_table_is_refused_by_name(table, message):
+    with pytest.raises(EmulatorError, match=message):
+        replace(get_profile("cpu"), collective_table=table)

@@ -68,6 +68,16 @@ def test_recorded_matmul_flops_are_the_ranks_local_matmuls() -> None:
         assert matmul == 2 * MB * SEQ * weights
         tp_comm = [op for op in stage.forward if getattr(op, "dim", None) == "tp"]
         assert tp_comm and all(op.group_size == 2 and op.nodes == 1 for op in tp_comm)
+        # Every DTensor op is there as host work (its dispatch), without FLOPs or bytes.
+        host = [op for op in stage.forward if isinstance(op, ComputeOp) and op.kind == "host"]
+        assert any(op.name == "dtensor.mm" for op in host)
+        assert all(op.flops == 0 and op.bytes == 0 for op in host)
+
+
+def test_without_tensor_parallelism_no_dtensor_dispatch_is_recorded() -> None:
+    traced, _ = trace(TraceRequest(MODEL, "tp=1,pp=2,dp=1,zero=1", MB, SEQ, M))
+    assert not [op for st in traced.stages for op in st.forward + st.backward
+                if isinstance(op, ComputeOp) and op.kind == "host"]
 
 
 def test_a_second_trace_of_the_same_configuration_comes_from_the_cache() -> None:
@@ -151,6 +161,40 @@ def test_calibrate_writes_a_profile_that_emulate_uses(tmp_path) -> None:
     profile = load_profile(out)
     assert profile.peak("bf16") > 1e9 and profile.launch_seconds > 0 and profile.intra_bw > 0
     assert {"sqrt", "add", "cat", "copy"} <= set(profile.op_bandwidth)
+    assert profile.dispatch_seconds > 0
+    for kind in ("all_reduce", "all_gather", "reduce_scatter"):
+        points = profile.collective_table[kind]["2"]
+        assert [p[0] for p in points] == sorted(p[0] for p in points) and all(p[1] > 0 for p in points)
     result = emulate(EmulateRequest(MODEL, "tp=2,pp=1,dp=1,zero=1", 2, "cpu", 4, 1, SEQ, gpus_per_node=2,
                                     profile=str(out)))
     assert result["gpu"] == "cpu-calibrated" and result["step_seconds"] > 0
+
+
+def test_interleaved_layout_is_traced_as_its_chunks() -> None:
+    """vpp=2 over pp=2: the 4 virtual stages are the stages of the flat pp=4 layout (same
+    chunks of layers, same per-chunk static memory and ops), labelled for the interleaved
+    schedule, with p2p node spans of virtual stage k on pipeline rank k % pp."""
+    inter, info = trace(TraceRequest(MODEL, "tp=1,pp=2,vpp=2,dp=2,zero=1", MB, SEQ, M, gpus_per_node=4))
+    flat, _ = trace(TraceRequest(MODEL, "tp=1,pp=4,dp=2,zero=1", MB, SEQ, M, gpus_per_node=4))
+    assert (inter.pp, inter.vpp, len(inter.stages)) == (2, 2, 4)
+    assert info["stages_traced"] == 3  # first, middle (one layer each), last chunk
+    for a, b in zip(inter.stages, flat.stages):
+        assert a.stage == b.stage and a.memory == b.memory
+        assert [op.name for op in a.forward] == [op.name for op in b.forward]
+        assert [op.flops for op in a.backward if isinstance(op, ComputeOp)] == \
+               [op.flops for op in b.backward if isinstance(op, ComputeOp)]
+    # the interleaved world is 4 ranks on one node; the flat one is 8 ranks, stage 1 -> 2 crosses nodes
+    sends = [op for st in inter.stages for op in st.forward + st.backward if op.name.startswith("pp_send")]
+    assert len(sends) == 6 and all(op.nodes == 1 for op in sends)
+    assert next(op for op in flat.stages[1].forward if op.name == "pp_send_activations").nodes == 2
+    result = emulate(EmulateRequest(MODEL, "tp=1,pp=2,vpp=2,dp=2,zero=1", 4, "h100", 2 * MB * M, MB, SEQ))
+    assert len(result["memory"]["per_stage"]) == 2  # per pipeline rank, chunks summed
+
+
+def test_full_recompute_keeps_each_layers_input_only() -> None:
+    traced, _ = trace(TraceRequest(MODEL, "tp=1,pp=2,dp=1,zero=1", MB, SEQ, M))
+    hidden = 64  # tiny-gpt
+    for stage in traced.stages:
+        layers = 2  # 4 layers over 2 stages
+        assert stage.memory.activations_full == layers * MB * SEQ * hidden * 2
+        assert stage.memory.activations("full") < stage.memory.activations("none")
