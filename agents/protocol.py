@@ -19,8 +19,11 @@ NODE_QUEUE_PREFIX = "node."
 CONTROL_AGENT_HEARTBEAT = "control.agent_heartbeat"
 CONTROL_SWEEP_LOST_NODES = "control.sweep_lost_nodes"
 CONTROL_EMULATION_PROGRESS = "control.emulation_progress"
+CONTROL_JOB_REPORT = "control.job_report"
 # Tasks one agent runs (queue "node.<name>").
 NODE_PING = "node.ping"
+NODE_JOB_START = "node.job_start"
+NODE_JOB_STOP = "node.job_stop"
 # Tasks any agent runs (queue "emulate").
 EMULATE_RUN = "emulate.run"
 
@@ -118,3 +121,77 @@ class EmulationProgress(_Message):
     error: str = Field(default="", max_length=4000)
     wall_seconds: float | None = Field(default=None, ge=0)
     agent: str = Field(default="", max_length=63)
+
+
+class RankSlot(_Message):
+    """One rank of a job on one of the node's GPUs (device index)."""
+
+    rank: int = Field(ge=0)
+    gpu: int = Field(ge=0)
+
+
+class JobStartOrder(_Message):
+    """Control plane -> agent (queue "node.<name>"): start this node's ranks of a job.
+
+    Every node of the job gets the same order except `ranks`. The ranks join one
+    torch.distributed world at `rendezvous` ("host:port", rank 0 listens there) and train
+    until stopped (or `max_steps`). Rank 0 reports steps; the agent reports rank failures."""
+
+    version: Literal[1] = PROTOCOL_VERSION
+    job_id: int = Field(gt=0)
+    job_name: str = Field(min_length=1, max_length=63)
+    model: str = Field(min_length=1, max_length=200)
+    layout: str = Field(min_length=1, max_length=500)
+    world: int = Field(gt=0)
+    global_batch: int = Field(gt=0)
+    micro_batch: int = Field(gt=0)
+    seq: int = Field(gt=0)
+    rendezvous: str = Field(pattern=r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$", max_length=300)
+    ranks: tuple[RankSlot, ...] = Field(min_length=1)
+    max_steps: int | None = Field(default=None, gt=0)
+    seed: int = 0
+    report_every: int = Field(default=1, gt=0)
+    timeout_seconds: float = Field(default=120.0, gt=0, le=3600)
+
+    @field_validator("ranks")
+    @classmethod
+    def _ranks_in_world(cls, value: tuple[RankSlot, ...], info) -> tuple[RankSlot, ...]:
+        world = info.data.get("world")
+        ranks = [s.rank for s in value]
+        if len(set(ranks)) != len(ranks) or len({s.gpu for s in value}) != len(value):
+            raise ValueError(f"ranks {ranks} on GPUs {[s.gpu for s in value]}: a rank or a GPU appears twice")
+        if world is not None and max(ranks) >= world:
+            raise ValueError(f"rank {max(ranks)} is outside the world of {world} ranks")
+        return value
+
+
+class JobStopOrder(_Message):
+    """Control plane -> agent: stop this node's ranks of a job at the next step boundary
+    (all ranks of the job agree on the step); ranks still alive after `grace_seconds` are
+    killed."""
+
+    version: Literal[1] = PROTOCOL_VERSION
+    job_id: int = Field(gt=0)
+    grace_seconds: float = Field(default=30.0, gt=0, le=600)
+
+
+class JobReport(_Message):
+    """Rank 0 or an agent -> control plane (queue "control"): what a job's ranks did.
+
+    started: the world is up and the first step is done (from rank 0);
+    step:    a finished step's metrics (from rank 0, every `report_every` steps);
+    stopped: every rank left cleanly after a stop order or max_steps (from rank 0);
+    failed:  a rank died or raised (from its agent, `ranks` and `error` say which and why)."""
+
+    version: Literal[1] = PROTOCOL_VERSION
+    job_id: int = Field(gt=0)
+    node: str = Field(max_length=63)
+    kind: Literal["started", "step", "stopped", "failed"]
+    step: int | None = Field(default=None, ge=0)
+    loss: float | None = None
+    step_seconds: float | None = Field(default=None, ge=0)
+    tokens_per_second: float | None = Field(default=None, ge=0)
+    layout: str = Field(default="", max_length=500)
+    ranks: tuple[int, ...] = ()
+    error: str = Field(default="", max_length=4000)
+    sent_at: datetime
