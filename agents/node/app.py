@@ -2,13 +2,17 @@
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import time
+from pathlib import Path
 
 from celery import Celery, signals
 
 from agents import protocol
 from agents.node.config import AgentConfig
 from agents.node.heartbeat import HeartbeatSender
+from agents.node.jobs import JobRunner
 from agents.node.inventory import discover
 
 log = logging.getLogger(__name__)
@@ -28,6 +32,10 @@ def build_app(config: AgentConfig) -> tuple[Celery, HeartbeatSender]:
     )
     gpus = discover(config.device, config.gpus, config.virtual_gpu_memory_bytes)
     heartbeats = HeartbeatSender(app, config, gpus)
+    runner = JobRunner(lambda report: app.send_task(protocol.CONTROL_JOB_REPORT,
+                                                    args=[report.model_dump(mode="json")],
+                                                    queue=protocol.CONTROL_QUEUE),
+                       config.name, config.device, config.broker_url, _run_root(config))
 
     @app.task(name=protocol.NODE_PING)
     def ping() -> dict:
@@ -42,6 +50,15 @@ def build_app(config: AgentConfig) -> tuple[Celery, HeartbeatSender]:
         the control plane. Tracing runs in child processes; this thread only waits."""
         run_emulation(app, config.name, order)
 
+    @app.task(name=protocol.NODE_JOB_START)
+    def job_start(order: dict) -> None:
+        """Start this node's ranks of a job (returns at once; the runner watches them)."""
+        runner.start(protocol.JobStartOrder.model_validate(order))
+
+    @app.task(name=protocol.NODE_JOB_STOP)
+    def job_stop(order: dict) -> None:
+        runner.stop(protocol.JobStopOrder.model_validate(order))
+
     @signals.worker_ready.connect(weak=False)
     def _start_heartbeats(sender=None, **_: object) -> None:
         log.info("agent %s ready on %s with %d %s device(s)", config.name, config.queue, len(gpus), config.device)
@@ -50,8 +67,15 @@ def build_app(config: AgentConfig) -> tuple[Celery, HeartbeatSender]:
     @signals.worker_shutting_down.connect(weak=False)
     def _stop_heartbeats(**_: object) -> None:
         heartbeats.stop()
+        runner.shutdown()
 
     return app, heartbeats
+
+
+def _run_root(config: AgentConfig) -> Path:
+    """Where rank processes keep their order, logs and stop file: the stack's var dir."""
+    base = Path(os.environ.get("DYNAPLANE_VAR_DIR") or Path(tempfile.gettempdir()) / "dynaplane")
+    return base / "agents" / config.name / "jobs"
 
 
 def run(config: AgentConfig, concurrency: int = 2, loglevel: str = "INFO") -> None:

@@ -1,0 +1,166 @@
+"""The agent's job runner: one rank process per GPU slot of a JobStartOrder, watched.
+
+One supervisor thread owns every rank process: it starts them (so that the processes'
+parent-death signal is tied to a thread that lives as long as the agent, not to a Celery
+worker thread), delivers stop requests (the `stop` file the ranks poll at each step
+boundary, then SIGTERM / SIGKILL after the grace period) and polls exits. A rank that
+exits non-zero makes the agent report `failed` for the job (with the rank's last log
+lines) and stop the job's other local ranks; when the agent itself dies, its ranks get
+SIGTERM, and their peers fail at their next collective within the job's timeout.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import queue
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agents import protocol
+from agents.engine.launch import RANK_MALLOC_ENV
+from dynaplane.processes import Child
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LocalJob:
+    order: protocol.JobStartOrder
+    run_dir: Path
+    ranks: dict[int, Child] = field(default_factory=dict)
+    stop_deadline: float | None = None
+    failed: bool = False
+
+
+class JobRunner:
+    def __init__(self, send_report, node: str, device: str, broker_url: str, run_root: Path,
+                 poll_seconds: float = 0.2) -> None:
+        self._send_report, self.node, self.device, self.broker_url = send_report, node, device, broker_url
+        self.run_root = run_root
+        self.poll_seconds = poll_seconds
+        self.jobs: dict[int, LocalJob] = {}
+        self._pending: dict[int, list[int]] = {}  # start orders not yet carried out
+        self._lock = threading.Lock()
+        self._commands: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._supervise, name="job-runner", daemon=True)
+        self._thread.start()
+
+    # --- called from Celery tasks (any thread) -----------------------------------
+    def start(self, order: protocol.JobStartOrder) -> None:
+        with self._lock:
+            self._pending.setdefault(order.job_id, [s.rank for s in order.ranks])
+        self._commands.put(("start", order))
+
+    def stop(self, order: protocol.JobStopOrder) -> None:
+        self._commands.put(("stop", order))
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._commands.put(("shutdown", None))
+        self._thread.join(timeout)
+
+    def running(self) -> dict[int, list[int]]:
+        """Job id -> local ranks alive or about to start (for tests and the heartbeat)."""
+        with self._lock:
+            pending = {job_id: list(ranks) for job_id, ranks in self._pending.items()}
+        return {**pending, **{job_id: [r for r, c in job.ranks.items() if c.poll() is None]
+                              for job_id, job in list(self.jobs.items())}}
+
+    # --- the supervisor thread ------------------------------------------------------
+    def _supervise(self) -> None:
+        while True:
+            try:
+                command, payload = self._commands.get(timeout=self.poll_seconds)
+            except queue.Empty:
+                command, payload = None, None
+            try:
+                if command == "shutdown":
+                    for job in self.jobs.values():
+                        self._kill(job)
+                    return
+                if command == "start":
+                    try:
+                        self._start(payload)
+                    finally:
+                        with self._lock:
+                            self._pending.pop(payload.job_id, None)
+                elif command == "stop":
+                    self._request_stop(payload)
+                self._poll()
+            except Exception:  # the supervisor must outlive any one job's trouble
+                log.exception("job runner: %s failed", command or "poll")
+
+    def _start(self, order: protocol.JobStartOrder) -> None:
+        if order.job_id in self.jobs:
+            log.warning("job %d already runs here; duplicate start order ignored", order.job_id)
+            return
+        run_dir = self.run_root / f"job-{order.job_id}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "stop").unlink(missing_ok=True)
+        order_path = run_dir / f"order-{self.node}.json"
+        order_path.write_text(order.model_dump_json())
+        job = LocalJob(order, run_dir)
+        env = {**os.environ, "DYNAPLANE_NODE": self.node, "DYNAPLANE_BROKER_URL": self.broker_url,
+               **{k: v for k, v in RANK_MALLOC_ENV.items() if k not in os.environ}}
+        for slot in order.ranks:
+            rank_env = dict(env)
+            if self.device == "cuda":
+                rank_env["CUDA_VISIBLE_DEVICES"] = str(slot.gpu)
+            child = Child(f"job-{order.job_id}-rank-{slot.rank}",
+                          [sys.executable, "-m", "agents.training.worker", str(order_path), str(slot.rank)],
+                          run_dir / f"rank-{slot.rank}.log", critical=False)
+            child.start(rank_env)
+            job.ranks[slot.rank] = child
+        self.jobs[order.job_id] = job
+        log.info("job %d (%s): started ranks %s on GPUs %s", order.job_id, order.job_name,
+                 [s.rank for s in order.ranks], [s.gpu for s in order.ranks])
+
+    def _request_stop(self, order: protocol.JobStopOrder) -> None:
+        job = self.jobs.get(order.job_id)
+        if job is None:
+            log.info("job %d: stop order for a job not running here", order.job_id)
+            return
+        (job.run_dir / "stop").touch()
+        job.stop_deadline = _now() + order.grace_seconds
+
+    def _poll(self) -> None:
+        for job_id, job in list(self.jobs.items()):
+            for rank, child in job.ranks.items():
+                code = child.poll()
+                if code not in (None, 0) and not job.failed:
+                    job.failed = True
+                    self._report_failure(job, rank, code, child.log_tail(15))
+                    self._kill(job)
+            if job.stop_deadline is not None and _now() > job.stop_deadline:
+                log.warning("job %d: ranks still alive after the stop order's grace period; killing them", job_id)
+                self._kill(job)
+            if all(c.poll() is not None for c in job.ranks.values()):
+                for child in job.ranks.values():
+                    child.kill_group()  # closes the log; nothing is left in the group
+                del self.jobs[job_id]
+
+    def _report_failure(self, job: LocalJob, rank: int, code: int, tail: str) -> None:
+        error = f"rank {rank} on node {self.node} exited with code {code}: {tail[-3500:]}"
+        log.error("job %d: %s", job.order.job_id, error)
+        self._send_report(protocol.JobReport(
+            job_id=job.order.job_id, node=self.node, kind="failed", ranks=(rank,), layout=job.order.layout,
+            error=error, sent_at=datetime.datetime.now(datetime.timezone.utc)))
+
+    @staticmethod
+    def _kill(job: LocalJob) -> None:
+        for child in job.ranks.values():
+            child.terminate()
+        for child in job.ranks.values():
+            try:
+                child.process.wait(timeout=5)
+            except Exception:
+                pass
+            child.kill_group()
+
+
+def _now() -> float:
+    import time
+
+    return time.monotonic()

@@ -1,0 +1,137 @@
+"""The agent's job runner with real rank processes, a real gloo world and real Redis:
+rank 0's reports travel through the broker exactly as in the product (read back here
+from the control queue's Redis list instead of by a control-plane worker)."""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import socket
+import time
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+import redis
+
+from agents import protocol
+from agents.node.jobs import JobRunner
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _broker_url() -> str:
+    return urlunsplit(urlsplit(os.environ["REDIS_URL"])._replace(path="/5"))
+
+
+@pytest.fixture
+def broker():
+    url = _broker_url()
+    client = redis.Redis.from_url(url)
+    client.delete(protocol.CONTROL_QUEUE)
+    yield url, client
+    client.delete(protocol.CONTROL_QUEUE)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _order(job_id: int, world: int, ranks: list[int], port: int, layout: str = "dp=2", max_steps=None):
+    return protocol.JobStartOrder(job_id=job_id, job_name=f"job-{job_id}", model="tiny-gpt", layout=layout,
+                                  world=world, global_batch=4, micro_batch=1, seq=16,
+                                  rendezvous=f"127.0.0.1:{port}", max_steps=max_steps, timeout_seconds=60,
+                                  ranks=[protocol.RankSlot(rank=r, gpu=i) for i, r in enumerate(ranks)])
+
+
+def _reports(client) -> list[dict]:
+    """JobReports rank 0 sent through the broker (Celery's Redis transport keeps a queue as
+    a list of JSON envelopes whose body is the base64 JSON [args, kwargs, options])."""
+    out = []
+    for raw in client.lrange(protocol.CONTROL_QUEUE, 0, -1):
+        envelope = json.loads(raw)
+        assert envelope["headers"]["task"] == protocol.CONTROL_JOB_REPORT
+        args, _, _ = json.loads(base64.b64decode(envelope["body"]))
+        out.append(protocol.JobReport.model_validate(args[0]).model_dump())
+    return list(reversed(out))  # LPUSH: newest first
+
+
+def _wait(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_job_over_two_agents_trains_reports_and_stops_on_request(broker, tmp_path):
+    url, client = broker
+    failures: list = []
+    port = _free_port()
+    runners = [JobRunner(failures.append, f"node-{i}", "cpu", url, tmp_path / f"node-{i}") for i in (1, 2)]
+    try:
+        runners[0].start(_order(7, 2, [0], port))
+        runners[1].start(_order(7, 2, [1], port))
+        steps = _wait(lambda: [r for r in _reports(client) if r["kind"] == "step"][:2], 120, "two step reports")
+        assert [r["step"] for r in steps] == [1, 2]
+        assert all(r["loss"] > 0 and r["step_seconds"] > 0 and r["tokens_per_second"] > 0 for r in steps)
+        assert _reports(client)[0]["kind"] == "started"
+        for runner in runners:
+            runner.stop(protocol.JobStopOrder(job_id=7))
+        _wait(lambda: all(not r.running() for r in runners), 60, "every rank to exit")
+        reports = _reports(client)
+        assert reports[-1]["kind"] == "stopped" and reports[-1]["step"] == max(r["step"] or 0 for r in reports)
+        assert failures == []
+        logs = sorted(p.name for p in (tmp_path / "node-2" / "job-7").iterdir())
+        assert "rank-1.log" in logs and "stop" in logs
+    finally:
+        for runner in runners:
+            runner.shutdown()
+
+
+def test_max_steps_ends_the_job_on_every_rank_after_the_same_step(broker, tmp_path):
+    url, client = broker
+    runner = JobRunner([].append, "node-1", "cpu", url, tmp_path)
+    try:
+        runner.start(_order(8, 2, [0, 1], _free_port(), max_steps=3))
+        _wait(lambda: not runner.running(), 120, "the job to end")
+        kinds = [(r["kind"], r["step"]) for r in _reports(client)]
+        assert kinds == [("started", 1), ("step", 1), ("step", 2), ("step", 3), ("stopped", 3)]
+    finally:
+        runner.shutdown()
+
+
+def test_a_dead_rank_is_reported_and_its_peers_are_not_left_behind(broker, tmp_path):
+    url, client = broker
+    failures: list[protocol.JobReport] = []
+    runner = JobRunner(failures.append, "node-1", "cpu", url, tmp_path)
+    try:
+        runner.start(_order(9, 2, [0, 1], _free_port()))
+        _wait(lambda: [r for r in _reports(client) if r["kind"] == "step"], 120, "a step report")
+        victim = runner.jobs[9].ranks[1].process
+        os.kill(victim.pid, signal.SIGKILL)
+        _wait(lambda: failures, 30, "the failure report")
+        assert failures[0].kind == "failed" and failures[0].ranks == (1,) and failures[0].job_id == 9
+        assert "rank 1 on node node-1 exited with code -9" in failures[0].error
+        _wait(lambda: not runner.running(), 30, "rank 0 to be stopped too")
+        assert len(failures) == 1
+    finally:
+        runner.shutdown()
+
+
+def test_a_duplicate_start_order_is_ignored(broker, tmp_path):
+    url, client = broker
+    runner = JobRunner([].append, "node-1", "cpu", url, tmp_path)
+    try:
+        order = _order(10, 1, [0], _free_port(), layout="dp=1", max_steps=2)
+        runner.start(order)
+        runner.start(order)
+        _wait(lambda: not runner.running() and _reports(client) and _reports(client)[-1]["kind"] == "stopped",
+              120, "the job to end")
+        assert [r["kind"] for r in _reports(client)].count("started") == 1
+    finally:
+        runner.shutdown()
