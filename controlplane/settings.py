@@ -181,6 +181,9 @@ CELERY_BEAT_SCHEDULE = {
 # A node whose last heartbeat is older than this is lost (heartbeats come every
 # protocol.HEARTBEAT_SECONDS; the sweep runs every second).
 DYNAPLANE_NODE_LOST_AFTER_SECONDS = float(os.environ.get("DYNAPLANE_NODE_LOST_AFTER_SECONDS", "6.0"))
+# Ports ("first-last") from which each live job gets the lowest unused one for its
+# torch.distributed rendezvous on rank 0's node (docs/elastic.md).
+DYNAPLANE_RENDEZVOUS_PORTS = os.environ.get("DYNAPLANE_RENDEZVOUS_PORTS", "29400-29599")
 
 # --- API ---------------------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -104,6 +104,10 @@ def nodes_mark_lost(*, silent_for: timedelta, now: datetime | None = None) -> li
             for gpu in node.gpus.select_related("job"):
                 _set_gpu_state(gpu, GpuTrigger.NODE_LOST)
             lost.append(node.name)
+        if lost:  # live jobs with ranks there fail (imported here: the jobs app builds on this one)
+            from controlplane.jobs.scheduling import jobs_fail_on_node_loss
+
+            jobs_fail_on_node_loss(nodes=lost)
     for name in lost:
         log.warning("node %s lost: no heartbeat for %.1f s", name, silent_for.total_seconds())
     return lost

@@ -1,21 +1,33 @@
-"""REST: jobs (create, list, read, delete) and transitions, the layout history (read)."""
+"""REST: jobs (create and schedule, start, stop, live state, list, read, delete) and
+transitions, the layout history (read)."""
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from controlplane.jobs import services
+from controlplane.jobs import scheduling, services
 from controlplane.jobs.models import Job, Transition
+from controlplane.jobs.selectors import job_live_snapshot
+
+
+class RankPlacementSerializer(serializers.Serializer):
+    rank = serializers.IntegerField(min_value=0)
+    node = serializers.CharField()
+    gpu = serializers.IntegerField(min_value=0, help_text="device index on the node")
 
 
 class JobSerializer(serializers.ModelSerializer):
     gpus = serializers.SlugRelatedField(slug_field="id", many=True, read_only=True)
+    placement = RankPlacementSerializer(many=True, read_only=True)
 
     class Meta:
         model = Job
         fields = ["id", "name", "model", "layout", "world_size", "state", "global_batch", "micro_batch", "seq_len",
-                  "error", "gpus", "created_at", "updated_at"]
-        read_only_fields = ["world_size", "state", "error", "gpus", "created_at", "updated_at"]
+                  "max_steps", "error", "gpus", "placement", "rendezvous", "created_at", "updated_at"]
+        read_only_fields = ["world_size", "state", "error", "gpus", "placement", "rendezvous", "created_at",
+                            "updated_at"]
 
 
 class JobCreateSerializer(serializers.Serializer):
@@ -23,10 +35,28 @@ class JobCreateSerializer(serializers.Serializer):
 
     name = serializers.SlugField(max_length=63)
     model = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._/\-]{0,199}$", max_length=200)
-    layout = serializers.CharField(max_length=500)
+    layout = serializers.CharField(max_length=500, required=False,
+                                   help_text="the layout (CONTRACTS.md section 1); or give `gpus`")
+    gpus = serializers.IntegerField(min_value=1, max_value=65536, required=False,
+                                    help_text="GPUs to use; the control plane picks the layout (docs/elastic.md)")
     global_batch = serializers.IntegerField(min_value=1, default=8)
     micro_batch = serializers.IntegerField(min_value=1, default=1)
     seq_len = serializers.IntegerField(min_value=1, max_value=1_048_576, default=128)
+    max_steps = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None,
+                                         help_text="stop after this many steps; omitted: train until stopped")
+    start = serializers.BooleanField(default=True, help_text="schedule onto free GPUs now (else it stays pending)")
+
+    def validate(self, attrs: dict) -> dict:
+        if ("layout" in attrs) == ("gpus" in attrs):
+            raise serializers.ValidationError({"layout": ["give either `layout` or `gpus`, not both or neither"]})
+        return attrs
+
+
+class JobLiveSerializer(serializers.Serializer):
+    """GET /api/jobs/{id}/live: the job's training metrics at `seq` of /ws/jobs/{id}/."""
+
+    seq = serializers.IntegerField()
+    metrics = serializers.DictField(help_text="name -> {x: steps, y: values}")
 
 
 class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
@@ -37,11 +67,35 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
     def get_serializer_class(self):
         return JobCreateSerializer if self.action == "create" else JobSerializer
 
+    @extend_schema(request=JobCreateSerializer, responses={201: JobSerializer})
     def create(self, request, *args, **kwargs):
+        """Create a job; unless `start` is false, allocate GPUs and send the nodes their
+        start orders (409 when the free GPUs cannot hold the layout)."""
         incoming = JobCreateSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
-        job = services.job_create(**incoming.validated_data, created_by=request.user)
+        job = scheduling.job_submit(**incoming.validated_data, created_by=request.user)
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={200: JobSerializer})
+    @action(detail=True, methods=["post"])
+    def start(self, request, pk=None):
+        """Schedule a pending job: pending -> starting (409 unless pending or without GPUs)."""
+        job = scheduling.job_start(job_id=self.get_object().pk)
+        return Response(JobSerializer(job).data)
+
+    @extend_schema(request=None, responses={200: JobSerializer})
+    @action(detail=True, methods=["post"])
+    def stop(self, request, pk=None):
+        """Stop a job: pending -> stopped at once; live -> stopping until its ranks report
+        (409 when already stopped or failed)."""
+        job = scheduling.job_stop(job_id=self.get_object().pk)
+        return Response(JobSerializer(job).data)
+
+    @extend_schema(responses={200: JobLiveSerializer})
+    @action(detail=True, methods=["get"])
+    def live(self, request, pk=None):
+        """The job's training metrics, consistent with `seq` of /ws/jobs/{id}/."""
+        return Response(job_live_snapshot(job_id=self.get_object().pk).model_dump(mode="json"))
 
     def destroy(self, request, *args, **kwargs):
         services.job_delete(job_id=self.get_object().pk)

@@ -45,6 +45,8 @@ _JOB_EDGES: dict[tuple[JobState, JobTrigger], JobState] = {
     (JobState.STOPPING, JobTrigger.STOPPED): JobState.STOPPED,
 }
 _LIVE = {JobState.STARTING, JobState.RUNNING, JobState.SWITCHING, JobState.STOPPING}
+# Live: ranks may be running on nodes (GPUs held, rendezvous port in use).
+LIVE_JOB_STATES = frozenset(_LIVE)
 DELETABLE_JOB_STATES = frozenset({JobState.PENDING, JobState.STOPPED, JobState.FAILED})
 
 

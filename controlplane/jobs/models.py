@@ -4,7 +4,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
-from controlplane.jobs.lifecycle import JobState, TransitionState
+from controlplane.jobs.lifecycle import LIVE_JOB_STATES, JobState, TransitionState
 
 
 class Job(models.Model):
@@ -17,15 +17,31 @@ class Job(models.Model):
     micro_batch = models.PositiveIntegerField(default=1)
     seq_len = models.PositiveIntegerField(default=128)
     error = models.TextField(blank=True)
+    max_steps = models.PositiveIntegerField(null=True, blank=True, help_text="stop after this many steps; none: until stopped")
+    placement = models.JSONField(
+        default=list, blank=True,
+        help_text="where the current layout's ranks run: [{rank, node, gpu}] in rank order (empty until started)")
+    rendezvous = models.CharField(max_length=300, blank=True, help_text="host:port where rank 0 listens")
+    rendezvous_port = models.PositiveIntegerField(null=True, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        constraints = [
+            # Two live jobs never share a rendezvous port (the scheduler also picks under lock).
+            models.UniqueConstraint(fields=["rendezvous_port"], name="unique_live_rendezvous_port",
+                                    condition=models.Q(state__in=sorted(s.value for s in LIVE_JOB_STATES))),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} [{self.layout}] {self.state}"
+
+    @property
+    def nodes(self) -> list[str]:
+        """The nodes that run the current layout's ranks, in the order of their first rank."""
+        return list(dict.fromkeys(slot["node"] for slot in self.placement))
 
 
 class Transition(models.Model):

@@ -1,12 +1,14 @@
-"""Writes to jobs: create, delete, and the metric store. Job scheduling and resizing
-build on these (the elastic issue)."""
+"""Writes to jobs: create, delete, publish, and the metric store. Scheduling onto the
+node agents (start, stop, reports) is in scheduling.py and reports.py."""
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from django.db import transaction
 
+from agents.layout.catalog import get_model
 from agents.layout.errors import LayoutError
+from agents.layout.placement import Placement, place
 from agents.layout.spec import parse_layout
 from controlplane.cluster.events import GROUP, STREAM, JobEvent
 from controlplane.cluster.selectors import job_view
@@ -18,30 +20,57 @@ from controlplane.jobs.metric_codec import CHUNK_POINTS, pack, unpack
 from controlplane.jobs.models import Job, MetricChunk, MetricSeries, Transition
 
 
-def _emit_job(job: Job, op: str) -> None:
+def publish_job(job: Job, op: str) -> None:
+    """The job's new state, on commit, to the cluster stream."""
     publish_on_commit(GROUP, JobEvent(op=op, seq=next_seq(STREAM), job=job_view(job)))
 
 
+def layout_for_gpus(*, model: str, gpus: int) -> str:
+    """The layout the control plane picks for `gpus` GPUs. For now one rule for every model:
+    pure data parallelism, dp=gpus (docs/elastic.md); the emulator-backed policy replaces it."""
+    return f"dp={gpus}"
+
+
+def layout_check(*, model: str, layout: str) -> Placement:
+    """The model's placement under the layout; InvalidInput names the broken rule."""
+    try:
+        spec = get_model(model)
+    except (LayoutError, OSError) as exc:
+        raise InvalidInput({"model": [str(exc)]}) from None
+    try:
+        return place(spec, layout)
+    except LayoutError as exc:
+        raise InvalidInput({"layout": [str(exc)]}) from None
+
+
 def job_create(
-    *, name: str, model: str, layout: str, global_batch: int = 8, micro_batch: int = 1, seq_len: int = 128,
-    created_by=None,
+    *, name: str, model: str, layout: str | None = None, gpus: int | None = None, global_batch: int = 8,
+    micro_batch: int = 1, seq_len: int = 128, max_steps: int | None = None, created_by=None,
 ) -> Job:
-    """A new pending job. The layout string is validated here (its model-independent
-    rules); scheduling it onto GPUs is a separate step."""
+    """A new pending job, with either a layout or a GPU count (the layout is then picked,
+    layout_for_gpus). The layout is checked against the model here; scheduling it onto
+    GPUs is scheduling.job_start."""
+    if (layout is None) == (gpus is None):
+        raise InvalidInput({"layout": ["give either a layout or a number of gpus, not both or neither"]})
+    if layout is None:
+        layout = layout_for_gpus(model=model, gpus=gpus)
     try:
         parsed = parse_layout(layout)
     except LayoutError as exc:
         raise InvalidInput({"layout": [str(exc)]}) from None
     if global_batch % micro_batch:
         raise InvalidInput({"global_batch": [f"global_batch={global_batch} is not a multiple of micro_batch={micro_batch}"]})
+    placement = layout_check(model=model, layout=str(parsed))
+    if gpus is not None and placement.world != gpus:
+        raise InvalidInput({"gpus": [f"layout {parsed} spans {placement.world} GPUs, not {gpus}"]})
     with transaction.atomic():
         if Job.objects.filter(name=name).exists():
             raise InvalidInput({"name": [f"a job named {name!r} already exists"]})
         job = Job.objects.create(
-            name=name, model=model, layout=str(parsed), world_size=parsed.world, global_batch=global_batch,
-            micro_batch=micro_batch, seq_len=seq_len, created_by=created_by,
+            name=name, model=model, layout=str(parsed), world_size=placement.world, global_batch=global_batch,
+            micro_batch=micro_batch, seq_len=seq_len, max_steps=max_steps, created_by=created_by,
         )
-        _emit_job(job, "upsert")
+        publish_job(job, "upsert")
     return job
 
 
@@ -55,7 +84,7 @@ def job_delete(*, job_id: int) -> None:
                 f"{', '.join(sorted(s.value for s in DELETABLE_JOB_STATES))} can be deleted (stop it first)"
             )
         gpus_release(gpus=job.gpus.all())
-        _emit_job(job, "remove")
+        publish_job(job, "remove")
         job.delete()
 
 

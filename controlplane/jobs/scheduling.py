@@ -1,0 +1,220 @@
+"""Jobs on the node agents: allocate GPUs, pick a rendezvous, send start and stop orders,
+fail jobs whose node is lost.
+
+Allocation is race-free: the free GPU rows of healthy nodes are locked (SELECT ... FOR
+UPDATE, in id order) before allocate() chooses among them, so a second scheduler waits and
+then sees them allocated. Orders leave after commit, one per node, on that node's queue.
+"""
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from math import lcm
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
+from kombu.exceptions import OperationalError
+
+from agents import protocol
+from agents.layout.allocate import AllocationError, FreeGpus, allocate
+from agents.layout.placement import Placement
+from controlplane.cluster.events import GROUP as CLUSTER_GROUP
+from controlplane.cluster.events import STREAM as CLUSTER_STREAM
+from controlplane.cluster.events import GpuEvent
+from controlplane.cluster.lifecycle import GpuState, GpuTrigger, NodeState, gpu_next_state
+from controlplane.cluster.models import Gpu
+from controlplane.cluster.selectors import gpu_view
+from controlplane.cluster.services import gpus_release
+from controlplane.common.errors import Conflict, InvalidInput
+from controlplane.common.events import next_seq, publish_on_commit
+from controlplane.jobs.lifecycle import LIVE_JOB_STATES, JobState, JobTrigger, job_next_state
+from controlplane.jobs.models import Job
+from controlplane.jobs.services import job_create, layout_check, publish_job
+
+log = logging.getLogger(__name__)
+
+
+def rendezvous_ports() -> range:
+    """DYNAPLANE_RENDEZVOUS_PORTS, "first-last" (inclusive)."""
+    text = settings.DYNAPLANE_RENDEZVOUS_PORTS
+    first, sep, last = text.partition("-")
+    try:
+        ports = range(int(first), int(last if sep else first) + 1)
+    except ValueError:
+        ports = range(0)
+    if not ports or ports.start < 1 or ports.stop > 65536:
+        raise ImproperlyConfigured(f"DYNAPLANE_RENDEZVOUS_PORTS={text!r} is not a port range like 29400-29599")
+    return ports
+
+
+def tp_block(placement: Placement) -> int:
+    """Ranks that must share a node: every module's TP groups (tp consecutive ranks from its
+    offset) fit in aligned blocks of lcm(tp). E.g. encoder tp=2 + llm tp=4 -> blocks of 4.
+    When a module's offset breaks the alignment, the whole job goes on one node."""
+    modules = placement.modules.values()
+    block = lcm(*(ml.tp for ml in modules))
+    if placement.world % block or any(ml.offset % ml.tp for ml in modules):
+        return placement.world
+    return block
+
+
+def job_submit(*, start: bool = True, **fields) -> Job:
+    """POST /api/jobs: create the job and, when `start`, schedule it, all or nothing."""
+    with transaction.atomic():
+        job = job_create(**fields)
+        if start:
+            job = job_start(job_id=job.pk)
+    return job
+
+
+def job_start(*, job_id: int) -> Job:
+    """pending -> starting: allocate GPUs, store the placement and rendezvous, and on commit
+    send each node its JobStartOrder. Conflict (409) when the GPUs or ports are not there."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        if job.state != JobState.PENDING:
+            raise Conflict(f"job {job.name!r} is {job.state}; only a pending job can be started")
+        placement = layout_check(model=job.model, layout=job.layout)
+        dp = next(iter(placement.modules.values())).dp
+        if job.global_batch % (job.micro_batch * dp):
+            raise InvalidInput({"global_batch": [
+                f"global_batch={job.global_batch} is not a multiple of micro_batch={job.micro_batch} x dp={dp}"]})
+        free = list(Gpu.objects.select_for_update(of=("self",)).select_related("node")
+                    .filter(state=GpuState.FREE, job__isnull=True, node__state=NodeState.HEALTHY).order_by("id"))
+        by_node: dict[str, list[int]] = defaultdict(list)
+        for gpu in free:
+            by_node[gpu.node.name].append(gpu.index)
+        try:
+            slots = allocate(placement.world, tp_block(placement),
+                             [FreeGpus(node, tuple(indices)) for node, indices in by_node.items()])
+        except AllocationError as exc:
+            raise Conflict(f"job {job.name!r} ({job.layout}) cannot be placed: {exc}") from None
+        gpus = {(gpu.node.name, gpu.index): gpu for gpu in free}
+        for slot in slots:
+            gpu = gpus[(slot.node, slot.gpu)]
+            gpu.job, gpu.state = job, gpu_next_state(GpuState(gpu.state), GpuTrigger.ALLOCATE)
+            gpu.save(update_fields=["job", "state"])
+            publish_on_commit(CLUSTER_GROUP, GpuEvent(seq=next_seq(CLUSTER_STREAM), gpu=gpu_view(gpu)))
+        host = gpus[(slots[0].node, slots[0].gpu)].node.host
+        port = _free_port()
+        job.placement = [{"rank": s.rank, "node": s.node, "gpu": s.gpu} for s in slots]
+        job.rendezvous = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+        job.rendezvous_port = port
+        job.error = ""
+        job.state = job_next_state(JobState.PENDING, JobTrigger.START)
+        job.save()
+        publish_job(job, "upsert")
+        for node, order in start_orders(job).items():
+            transaction.on_commit(lambda node=node, order=order: _send_start(job.pk, node, order))
+    return job
+
+
+def _free_port() -> int:
+    """The lowest port of the range no live job uses. Called with GPU rows locked, so two
+    schedulers never read the same set (and a unique constraint backs this up)."""
+    ports = rendezvous_ports()
+    used = set(Job.objects.filter(state__in=LIVE_JOB_STATES, rendezvous_port__isnull=False)
+               .values_list("rendezvous_port", flat=True))
+    for port in ports:
+        if port not in used:
+            return port
+    raise Conflict(f"all {len(ports)} rendezvous ports {ports.start}-{ports.stop - 1} are used by live jobs")
+
+
+def start_orders(job: Job) -> dict[str, protocol.JobStartOrder]:
+    """One order per node of the job: the same job fields, that node's ranks only."""
+    slots: dict[str, list[protocol.RankSlot]] = defaultdict(list)
+    for slot in job.placement:
+        slots[slot["node"]].append(protocol.RankSlot(rank=slot["rank"], gpu=slot["gpu"]))
+    return {node: protocol.JobStartOrder(
+        job_id=job.pk, job_name=job.name, model=job.model, layout=job.layout, world=job.world_size,
+        global_batch=job.global_batch, micro_batch=job.micro_batch, seq=job.seq_len, rendezvous=job.rendezvous,
+        ranks=tuple(ranks), max_steps=job.max_steps) for node, ranks in slots.items()}
+
+
+def _send(task: str, node: str, order: protocol.JobStartOrder | protocol.JobStopOrder) -> None:
+    from controlplane.celery import app
+
+    app.send_task(task, args=[order.model_dump(mode="json")], queue=protocol.node_queue(node))
+
+
+def _send_start(job_id: int, node: str, order: protocol.JobStartOrder) -> None:
+    """After commit. A broker that refuses the order fails the job (its other nodes are
+    told to stop) rather than leaving it starting for ever."""
+    try:
+        _send(protocol.NODE_JOB_START, node, order)
+    except (OperationalError, OSError) as exc:
+        log.error("job %s: start order to node %s not sent: %s", job_id, node, exc)
+        job_fail(job_id=job_id, error=f"the start order to node {node} could not be sent: {exc}")
+
+
+def _send_stops(job_id: int, nodes: list[str]) -> None:
+    for node in nodes:
+        try:
+            _send(protocol.NODE_JOB_STOP, node, protocol.JobStopOrder(job_id=job_id))
+        except (OperationalError, OSError) as exc:  # the agent's ranks time out at the rendezvous/collectives
+            log.error("job %s: stop order to node %s not sent: %s", job_id, node, exc)
+
+
+def stop_on_commit(job: Job, nodes: list[str]) -> None:
+    if nodes:
+        transaction.on_commit(lambda: _send_stops(job.pk, list(nodes)))
+
+
+def job_stop(*, job_id: int) -> Job:
+    """A pending job stops at once; a live one goes stopping and every node of it gets a
+    JobStopOrder (asked again while stopping, the orders are sent again). Else Conflict."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        state = JobState(job.state)
+        if state is not JobState.STOPPING:
+            if state is not JobState.PENDING and state not in LIVE_JOB_STATES:
+                raise Conflict(f"job {job.name!r} is {job.state}; only a pending or live job can be stopped")
+            job.state = job_next_state(state, JobTrigger.STOP)
+            job.save(update_fields=["state", "updated_at"])
+            publish_job(job, "upsert")
+        stop_on_commit(job, job.nodes if job.state == JobState.STOPPING else [])
+    return job
+
+
+def job_finish(job: Job, *, state: JobState, error: str = "") -> None:
+    """Move a locked live job to stopped or failed and free its GPUs (lost ones stay lost)."""
+    job.state = state
+    if error:
+        job.error = error
+    job.save(update_fields=["state", "error", "updated_at"])
+    gpus_release(gpus=Gpu.objects.filter(job=job))
+    publish_job(job, "upsert")
+
+
+def job_fail(*, job_id: int, error: str, notify: list[str] | None = None) -> Job | None:
+    """Fail a live job, release its GPUs and tell its nodes (`notify`, default all) to stop."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().filter(pk=job_id).first()
+        if job is None or job.state not in LIVE_JOB_STATES:
+            return job
+        job_finish(job, state=job_next_state(JobState(job.state), JobTrigger.FAIL), error=error)
+        stop_on_commit(job, job.nodes if notify is None else notify)
+    return job
+
+
+def jobs_fail_on_node_loss(*, nodes: list[str]) -> list[int]:
+    """Called where nodes are marked lost, in that transaction: every live job with ranks on
+    them fails (recovery onto other GPUs is a later step). Returns the failed jobs' ids."""
+    lost = set(nodes)
+    ids = sorted(set(Gpu.objects.filter(node__name__in=lost, job__state__in=LIVE_JOB_STATES)
+                     .values_list("job_id", flat=True)))
+    for job_id in ids:
+        job = Job.objects.get(pk=job_id)
+        ranks = defaultdict(list)
+        for slot in job.placement:
+            if slot["node"] in lost:
+                ranks[slot["node"]].append(slot["rank"])
+        where = "; ".join(f"node {node} (ranks {', '.join(map(str, r))})" for node, r in sorted(ranks.items()))
+        job_fail(job_id=job_id, error=f"{where or 'node ' + ', '.join(sorted(lost))} lost: its heartbeats stopped "
+                                      f"while it ran this job's ranks")
+    for job_id in ids:
+        log.warning("job %s failed: a node running its ranks was lost", job_id)
+    return ids
+

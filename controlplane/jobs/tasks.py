@@ -1,0 +1,22 @@
+"""Control-queue task fed by the agents and rank 0 of each job. Thin: validate, call a service."""
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from pydantic import ValidationError
+
+from agents import protocol
+from controlplane.jobs import reports
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(name=protocol.CONTROL_JOB_REPORT)
+def job_report(report: dict) -> None:
+    try:
+        parsed = protocol.JobReport.model_validate(report)
+    except ValidationError as exc:
+        log.error("rejected job report %r from %r: %s", report.get("job_id"), report.get("node"), exc)
+        return
+    reports.job_record_report(report=parsed)
