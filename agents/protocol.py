@@ -20,10 +20,12 @@ CONTROL_AGENT_HEARTBEAT = "control.agent_heartbeat"
 CONTROL_SWEEP_LOST_NODES = "control.sweep_lost_nodes"
 CONTROL_EMULATION_PROGRESS = "control.emulation_progress"
 CONTROL_JOB_REPORT = "control.job_report"
+CONTROL_TRANSITION_REPORT = "control.transition_report"
 # Tasks one agent runs (queue "node.<name>").
 NODE_PING = "node.ping"
 NODE_JOB_START = "node.job_start"
 NODE_JOB_STOP = "node.job_stop"
+NODE_JOB_SWITCH = "node.job_switch"
 # Tasks any agent runs (queue "emulate").
 EMULATE_RUN = "emulate.run"
 
@@ -193,5 +195,66 @@ class JobReport(_Message):
     tokens_per_second: float | None = Field(default=None, ge=0)
     layout: str = Field(default="", max_length=500)
     ranks: tuple[int, ...] = ()
+    error: str = Field(default="", max_length=4000)
+    sent_at: datetime
+
+
+class JobSwitchOrder(_Message):
+    """Control plane -> every agent involved in a resize: move the job online from its
+    current layout (`src_layout` over `src_world` ranks) to `layout` over `world` ranks.
+
+    Ranks keep their numbers: rank r < min(src_world, world) stays where it is, ranks from
+    src_world up are new processes on the GPUs in `ranks`, ranks from world up leave after
+    handing their state over. `ranks` lists this node's slots in the union world (staying,
+    joining and leaving ones). Joining ranks start at once and get ready (imports, model
+    objects, the union world's store at `rendezvous`) while the old ranks keep training;
+    the switch runs at the first step boundary after all of them are ready."""
+
+    version: Literal[1] = PROTOCOL_VERSION
+    job_id: int = Field(gt=0)
+    transition_id: int = Field(gt=0)
+    # The job's settings, for nodes that join it (they never saw its start order).
+    job_name: str = Field(min_length=1, max_length=63)
+    model: str = Field(min_length=1, max_length=200)
+    global_batch: int = Field(gt=0)
+    micro_batch: int = Field(gt=0)
+    seq: int = Field(gt=0)
+    max_steps: int | None = Field(default=None, gt=0)
+    seed: int = 0
+    report_every: int = Field(default=1, gt=0)
+    timeout_seconds: float = Field(default=120.0, gt=0, le=3600)
+    src_layout: str = Field(min_length=1, max_length=500)
+    src_world: int = Field(gt=0)
+    layout: str = Field(min_length=1, max_length=500)
+    world: int = Field(gt=0)
+    rendezvous: str = Field(pattern=r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$", max_length=300)
+    ranks: tuple[RankSlot, ...] = ()
+    staging_bytes: int = Field(default=64 * 2**20, gt=0)
+    gpus_per_node: int = Field(default=8, gt=0)
+
+
+class TransitionReport(_Message):
+    """Rank 0 (or an agent, for failures) -> control plane: where a layout switch is.
+
+    state follows the transition lifecycle: preparing (joining ranks starting), ready
+    (all joined; the switch runs at the next step boundary), transferring, verifying,
+    committed (the new layout trains), aborted (the old layout never left), rolled_back."""
+
+    version: Literal[1] = PROTOCOL_VERSION
+    job_id: int = Field(gt=0)
+    transition_id: int = Field(gt=0)
+    node: str = Field(max_length=63)
+    state: Literal["preparing", "ready", "transferring", "verifying", "committed", "aborted", "rolled_back"]
+    step: int | None = Field(default=None, ge=0)
+    prepare_seconds: float | None = Field(default=None, ge=0)
+    pause_seconds: float | None = Field(default=None, ge=0)
+    transfer_seconds: float | None = Field(default=None, ge=0)
+    verify_seconds: float | None = Field(default=None, ge=0)
+    network_bytes: int | None = Field(default=None, ge=0)
+    rounds: int | None = Field(default=None, ge=0)
+    peak_bytes: int | None = Field(default=None, ge=0)
+    predicted_peak_bytes: int | None = Field(default=None, ge=0)
+    fingerprint: str = Field(default="", max_length=64)
+    verified: bool | None = None
     error: str = Field(default="", max_length=4000)
     sent_at: datetime

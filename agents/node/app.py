@@ -55,6 +55,11 @@ def build_app(config: AgentConfig) -> tuple[Celery, HeartbeatSender]:
         """Start this node's ranks of a job (returns at once; the runner watches them)."""
         runner.start(protocol.JobStartOrder.model_validate(order))
 
+    @app.task(name=protocol.NODE_JOB_SWITCH)
+    def job_switch(order: dict) -> None:
+        """Start the ranks joining a job here and tell its local ranks about the switch."""
+        runner.switch(protocol.JobSwitchOrder.model_validate(order))
+
     @app.task(name=protocol.NODE_JOB_STOP)
     def job_stop(order: dict) -> None:
         runner.stop(protocol.JobStopOrder.model_validate(order))

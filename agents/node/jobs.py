@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class LocalJob:
-    order: protocol.JobStartOrder
+    job_id: int
+    layout: str
     run_dir: Path
     ranks: dict[int, Child] = field(default_factory=dict)
     stop_deadline: float | None = None
@@ -57,6 +58,13 @@ class JobRunner:
     def stop(self, order: protocol.JobStopOrder) -> None:
         self._commands.put(("stop", order))
 
+    def switch(self, order: protocol.JobSwitchOrder) -> None:
+        joining = [s.rank for s in order.ranks if s.rank >= order.src_world]
+        if joining:
+            with self._lock:
+                self._pending.setdefault(order.job_id, joining)
+        self._commands.put(("switch", order))
+
     def shutdown(self, timeout: float = 10.0) -> None:
         self._commands.put(("shutdown", None))
         self._thread.join(timeout)
@@ -80,9 +88,9 @@ class JobRunner:
                     for job in self.jobs.values():
                         self._kill(job)
                     return
-                if command == "start":
+                if command in ("start", "switch"):
                     try:
-                        self._start(payload)
+                        (self._start if command == "start" else self._switch)(payload)
                     finally:
                         with self._lock:
                             self._pending.pop(payload.job_id, None)
@@ -101,21 +109,47 @@ class JobRunner:
         (run_dir / "stop").unlink(missing_ok=True)
         order_path = run_dir / f"order-{self.node}.json"
         order_path.write_text(order.model_dump_json())
-        job = LocalJob(order, run_dir)
-        env = {**os.environ, "DYNAPLANE_NODE": self.node, "DYNAPLANE_BROKER_URL": self.broker_url,
-               **{k: v for k, v in RANK_MALLOC_ENV.items() if k not in os.environ}}
+        job = LocalJob(order.job_id, order.layout, run_dir)
         for slot in order.ranks:
-            rank_env = dict(env)
-            if self.device == "cuda":
-                rank_env["CUDA_VISIBLE_DEVICES"] = str(slot.gpu)
-            child = Child(f"job-{order.job_id}-rank-{slot.rank}",
-                          [sys.executable, "-m", "agents.training.worker", str(order_path), str(slot.rank)],
-                          run_dir / f"rank-{slot.rank}.log", critical=False)
-            child.start(rank_env)
-            job.ranks[slot.rank] = child
+            self._spawn(job, slot, [str(order_path), str(slot.rank)])
         self.jobs[order.job_id] = job
         log.info("job %d (%s): started ranks %s on GPUs %s", order.job_id, order.job_name,
                  [s.rank for s in order.ranks], [s.gpu for s in order.ranks])
+
+    def _switch(self, order: protocol.JobSwitchOrder) -> None:
+        """Tell the local ranks (rank 0 acts on it) and start the ranks that join here."""
+        job = self.jobs.get(order.job_id)
+        if job is None:
+            job = self.jobs[order.job_id] = LocalJob(order.job_id, order.src_layout,
+                                                     self.run_root / f"job-{order.job_id}")
+            job.run_dir.mkdir(parents=True, exist_ok=True)
+            (job.run_dir / "stop").unlink(missing_ok=True)
+        order_text = order.model_dump_json()
+        joining = [s for s in order.ranks if s.rank >= order.src_world]
+        if joining:
+            join_path = job.run_dir / f"join-{order.transition_id}-{self.node}.json"
+            join_path.write_text(order_text)
+            for slot in joining:
+                if slot.rank in job.ranks and job.ranks[slot.rank].poll() is None:
+                    log.warning("job %d: rank %d already runs here; not started twice", order.job_id, slot.rank)
+                    continue
+                self._spawn(job, slot, ["--join", str(join_path), str(slot.rank)])
+        tmp = job.run_dir / f".switch-{order.transition_id}.tmp"
+        tmp.write_text(order_text)
+        tmp.replace(job.run_dir / f"switch-{order.transition_id}.json")  # rank 0 never reads half a file
+        job.layout = order.layout
+        log.info("job %d: switch %d to %s; ranks joining here: %s", order.job_id, order.transition_id, order.layout,
+                 [s.rank for s in joining])
+
+    def _spawn(self, job: LocalJob, slot: protocol.RankSlot, args: list[str]) -> None:
+        env = {**os.environ, "DYNAPLANE_NODE": self.node, "DYNAPLANE_BROKER_URL": self.broker_url,
+               **{k: v for k, v in RANK_MALLOC_ENV.items() if k not in os.environ}}
+        if self.device == "cuda":
+            env["CUDA_VISIBLE_DEVICES"] = str(slot.gpu)
+        child = Child(f"job-{job.job_id}-rank-{slot.rank}", [sys.executable, "-m", "agents.training.worker", *args],
+                      job.run_dir / f"rank-{slot.rank}.log", critical=False)
+        child.start(env)
+        job.ranks[slot.rank] = child
 
     def _request_stop(self, order: protocol.JobStopOrder) -> None:
         job = self.jobs.get(order.job_id)
@@ -143,9 +177,9 @@ class JobRunner:
 
     def _report_failure(self, job: LocalJob, rank: int, code: int, tail: str) -> None:
         error = f"rank {rank} on node {self.node} exited with code {code}: {tail[-3500:]}"
-        log.error("job %d: %s", job.order.job_id, error)
+        log.error("job %d: %s", job.job_id, error)
         self._send_report(protocol.JobReport(
-            job_id=job.order.job_id, node=self.node, kind="failed", ranks=(rank,), layout=job.order.layout,
+            job_id=job.job_id, node=self.node, kind="failed", ranks=(rank,), layout=job.layout,
             error=error, sent_at=datetime.datetime.now(datetime.timezone.utc)))
 
     @staticmethod

@@ -73,17 +73,34 @@ def check_schedule(steps: int, switches: list[Switch]) -> None:
         last = s.step
 
 
+@dataclass
+class PreparedSwitch:
+    """What a rank can work out before the pause: the plan, its own program and, on a
+    joining rank (no state yet), its new shards, allocated and touched."""
+
+    plan: object
+    program: object
+    ready: dict | None
+
+
+def prepare_switch(spec, src: str, dst: str, rank: int, joining: bool, *, staging_bytes: int = 64 * 2**20,
+                   gpus_per_node: int = 8) -> PreparedSwitch:
+    plan = plan_routes(spec, src, dst, PlanOptions(gpus_per_node=gpus_per_node, staging_bytes=staging_bytes))
+    program = prepare(plan, rank)
+    return PreparedSwitch(plan, program, preallocate(plan, program) if joining else None)
+
+
 def switch_state(spec, shards: dict[Key, LocalShard], scalars: TrainScalars, src: str, dst: str, rank: int, *,
-                 staging_bytes: int = 64 * 2**20, gpus_per_node: int = 8
+                 staging_bytes: int = 64 * 2**20, gpus_per_node: int = 8, prepared: PreparedSwitch | None = None
                  ) -> tuple[dict[Key, LocalShard], TrainScalars, SwitchReport]:
     """Move handed-over state from layout src to dst; every rank of the union world calls
     this. Consumes `shards` (the engine frees each as soon as it has been sent)."""
     box = [scalars]
     dist.broadcast_object_list(box, src=0)  # rank 0 is in every layout
     scalars = box[0]
-    plan = plan_routes(spec, src, dst, PlanOptions(gpus_per_node=gpus_per_node, staging_bytes=staging_bytes))
-    program = prepare(plan, rank)
-    ready = preallocate(plan, program) if not shards else None  # a joining rank: idle until now
+    prepared = prepared or prepare_switch(spec, src, dst, rank, not shards, staging_bytes=staging_bytes,
+                                          gpus_per_node=gpus_per_node)
+    plan, program, ready = prepared.plan, prepared.program, prepared.ready
     before = state_digests(plan.src, rank, shards)
     peak = [sum(s.nbytes for s in shards.values())]
 

@@ -1,15 +1,32 @@
-"""One rank of a job started by a node agent: `python -m agents.training.worker ORDER RANK`.
+"""One rank of a job run by a node agent.
 
-ORDER is the JobStartOrder (agents/protocol.py) the agent wrote as JSON into the job's
-run folder; RANK is this process's rank. The rank joins the job's torch.distributed
-world at the order's rendezvous, builds its ParallelTrainer and trains step after step.
+    python -m agents.training.worker ORDER RANK          a rank of a starting job
+    python -m agents.training.worker --join ORDER RANK   a rank joining at a layout switch
 
-Stopping is agreed, never one-sided: after every step all ranks all-reduce (MAX) a flag
-that is 1 on a rank whose agent asked it to stop (the file `stop` in the run folder) or
-when max_steps is reached, so every rank leaves after the same step and no peer is left
-waiting in a collective. Rank 0 speaks for the job: it sends `started`, `step` and
-`stopped` JobReports to the control plane; a rank that fails exits non-zero with its
-traceback on stderr, and its agent reports the failure.
+ORDER is the JobStartOrder / JobSwitchOrder (agents/protocol.py) the agent wrote as JSON
+into the job's run folder. The rank trains step after step; after every step the job's
+active ranks agree (one all-reduce, MAX) on what happens next, so that every rank acts
+after the same step and none is left waiting in a collective:
+- stop: a rank's agent asked (the file `stop` in its run folder) or max_steps is reached;
+- switch: rank 0's agent delivered a JobSwitchOrder (a file `switch-<id>.json`) and every
+  joining rank is ready.
+
+A switch, with the joining ranks' start-up hidden behind training:
+1. rank 0 sees the order, opens the union world's TCPStore at the order's rendezvous and
+   reports `preparing`; the joining ranks start (their agents got the same order), plan
+   the switch, allocate and touch their new shards, then add themselves to the store's
+   `joined` counter, and wait in init_process_group;
+2. at the first step boundary where `joined` is complete, the old ranks agree, rank 0
+   broadcasts the order, every old rank hands its state over, leaves the old world and
+   joins the union world (ranks 0 .. max(old, new) - 1) on that store;
+3. the engine moves the state (agents/training/run.py switch_state: plan fingerprints,
+   rounds, digest verification); ranks outside the new layout exit, the others build the
+   new layout's trainer and go on. Rank 0 reports `ready`, `transferring` and
+   `committed` with the timings (prepare: order seen to all joined, hidden behind
+   training; pause: last old step to the first new step; transfer; verify).
+
+Rank 0 speaks for the job (JobReport / TransitionReport to the control queue); a rank that
+fails exits non-zero with its traceback on stderr and its agent reports it.
 """
 from __future__ import annotations
 
@@ -17,93 +34,282 @@ import datetime
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from agents import protocol
 
 STOP_FILE = "stop"
+# The LR schedule's length. Not max_steps: stopping a job early (or late) must not change
+# what it trains on the steps it does run.
+SCHEDULE_STEPS = 10_000
+
+
+def switch_file(transition_id: int) -> str:
+    return f"switch-{transition_id}.json"
 
 
 class Reporter:
-    """Sends JobReports to the control queue (rank 0 only; other ranks stay silent)."""
+    """Sends reports to the control queue (rank 0 only; other ranks stay silent)."""
 
-    def __init__(self, order: protocol.JobStartOrder, rank: int, node: str, broker_url: str | None) -> None:
-        self.order, self.node = order, node
+    def __init__(self, job_id: int, rank: int, node: str, broker_url: str | None) -> None:
+        self.job_id, self.node = job_id, node
         self.app = None
         if rank == 0 and broker_url:
             from celery import Celery
 
-            self.app = Celery(f"job-{order.job_id}-rank-0", broker=broker_url, set_as_current=False)
+            self.app = Celery(f"job-{job_id}-rank-0", broker=broker_url, set_as_current=False)
             self.app.conf.update(task_serializer="json", broker_connection_retry_on_startup=True)
 
-    def send(self, kind: str, **fields) -> None:
-        if self.app is None:
+    def _send(self, task: str, message) -> None:
+        if self.app is not None:
+            self.app.send_task(task, args=[message.model_dump(mode="json")], queue=protocol.CONTROL_QUEUE)
+
+    def job(self, kind: str, **fields) -> None:
+        self._send(protocol.CONTROL_JOB_REPORT, protocol.JobReport(
+            job_id=self.job_id, node=self.node, kind=kind, sent_at=_now(), **fields))
+
+    def transition(self, transition_id: int, state: str, **fields) -> None:
+        self._send(protocol.CONTROL_TRANSITION_REPORT, protocol.TransitionReport(
+            job_id=self.job_id, transition_id=transition_id, node=self.node, state=state, sent_at=_now(), **fields))
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """What every rank of a job trains with, whichever order told it."""
+
+    job_id: int
+    model: str
+    global_batch: int
+    micro_batch: int
+    seq: int
+    seed: int
+    max_steps: int | None
+    report_every: int
+    timeout_seconds: float
+
+    @classmethod
+    def of(cls, order) -> "JobSettings":
+        return cls(order.job_id, order.model, order.global_batch, order.micro_batch, order.seq, order.seed,
+                   order.max_steps, order.report_every, order.timeout_seconds)
+
+    def config(self, layout: str):
+        """TrainConfig for a layout: micro-batches per step follow its data parallelism."""
+        from agents.layout.catalog import get_model
+        from agents.layout.placement import place
+        from agents.training.parallel import TrainConfig
+
+        dp = next(iter(place(get_model(self.model), layout).modules.values())).dp
+        return TrainConfig(model=self.model, global_batch=self.global_batch, seq_len=self.seq,
+                           micro_batches=self.global_batch // (self.micro_batch * dp), seed=self.seed,
+                           total_steps=SCHEDULE_STEPS)
+
+
+def _backend() -> str:
+    import torch
+
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _store(order: protocol.JobSwitchOrder, master: bool, timeout: float):
+    """The union world's TCPStore: rank 0 serves it, every other rank connects (retrying
+    until it is there or the job's timeout passes)."""
+    import torch.distributed as dist
+
+    host, port = _split(order.rendezvous)
+    return dist.TCPStore("0.0.0.0" if master else host, port, is_master=master, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=timeout))
+
+
+def _join_union(order: protocol.JobSwitchOrder, store, rank: int, timeout: float) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group(_backend(), store=dist.PrefixStore(f"union-{order.transition_id}", store), rank=rank,
+                            world_size=max(order.src_world, order.world),
+                            timeout=datetime.timedelta(seconds=timeout))
+
+
+class Boundary:
+    """The decision all active ranks take together after each step."""
+
+    def __init__(self, settings: JobSettings, rank: int, run_dir: Path, reporter: Reporter) -> None:
+        self.settings, self.rank, self.run_dir, self.reporter = settings, rank, run_dir, reporter
+        self.done_switches: set[int] = set()
+        self.pending: protocol.JobSwitchOrder | None = None  # rank 0: the order being prepared
+        self.store = None
+        self.seen_at = 0.0
+
+    def _look_for_switch(self) -> None:
+        if self.pending is not None:
             return
-        report = protocol.JobReport(job_id=self.order.job_id, node=self.node, kind=kind, layout=self.order.layout,
-                                    sent_at=datetime.datetime.now(datetime.timezone.utc), **fields)
-        self.app.send_task(protocol.CONTROL_JOB_REPORT, args=[report.model_dump(mode="json")],
-                           queue=protocol.CONTROL_QUEUE)
+        for path in sorted(self.run_dir.glob("switch-*.json")):
+            order = protocol.JobSwitchOrder.model_validate_json(path.read_text())
+            if order.transition_id in self.done_switches:
+                continue
+            self.pending, self.seen_at = order, time.perf_counter()
+            self.store = _store(order, master=True, timeout=self.settings.timeout_seconds)
+            self.reporter.transition(order.transition_id, "preparing")
+            return
+
+    def decide(self, trainer) -> tuple[bool, protocol.JobSwitchOrder | None]:
+        """(stop, switch order) agreed by every active rank after this step."""
+        import torch
+        import torch.distributed as dist
+
+        stop = (self.run_dir / STOP_FILE).exists() or (
+            self.settings.max_steps is not None and trainer.scalars.step >= self.settings.max_steps)
+        ready = 0
+        if self.rank == 0:
+            self._look_for_switch()
+            if self.pending is not None:
+                joining = max(0, self.pending.world - self.pending.src_world)
+                if int(self.store.add("joined", 0)) >= joining:
+                    ready = self.pending.transition_id
+        flags = torch.tensor([int(stop), ready], dtype=torch.int64)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=trainer.meshes.everyone)
+        if flags[0].item():
+            return True, None
+        if not flags[1].item():
+            return False, None
+        box = [self.pending]
+        dist.broadcast_object_list(box, src=0, group=trainer.meshes.everyone)
+        order = box[0]
+        if self.rank == 0:
+            self.reporter.transition(order.transition_id, "ready", step=trainer.scalars.step,
+                                     prepare_seconds=time.perf_counter() - self.seen_at)
+        return False, order
 
 
-def _init_world(order: protocol.JobStartOrder, rank: int) -> None:
-    import torch
+def _switch_old_rank(trainer, order: protocol.JobSwitchOrder, settings: JobSettings, boundary: Boundary):
+    """Hand this rank's state over and move it to the new layout; None if the rank leaves."""
     import torch.distributed as dist
 
-    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend, init_method=f"tcp://{order.rendezvous}", rank=rank, world_size=order.world,
-                            timeout=datetime.timedelta(seconds=order.timeout_seconds))
+    from agents.training.parallel import ParallelTrainer
+    from agents.training.run import switch_state
+
+    rank = trainer.rank
+    src = str(trainer.placement.layout)
+    shards, scalars = trainer.hand_over()
+    spec, config = trainer.spec, settings.config(order.layout)
+    del trainer
+    store = boundary.store if rank == 0 else _store(order, master=False, timeout=settings.timeout_seconds)
+    dist.destroy_process_group()
+    _join_union(order, store, rank, settings.timeout_seconds)
+    if rank == 0:
+        boundary.reporter.transition(order.transition_id, "transferring", step=scalars.step)
+    new, scalars, report = switch_state(spec, shards, scalars, src, order.layout, rank,
+                                        staging_bytes=order.staging_bytes, gpus_per_node=order.gpus_per_node)
+    boundary.done_switches.add(order.transition_id)
+    boundary.pending = None
+    # Every rank of the union world builds the trainer: its process groups are made
+    # collectively, by members and non-members alike. A rank outside the layout then leaves.
+    trainer = ParallelTrainer(config, order.layout, rank, new, scalars)
+    return (trainer if trainer.active else None), report
 
 
-def train(order: protocol.JobStartOrder, rank: int, run_dir: Path, node: str, broker_url: str | None) -> int:
-    """Train until stopped; returns the number of steps done."""
-    import torch
-    import torch.distributed as dist
-
+def _join(order: protocol.JobSwitchOrder, rank: int, settings: JobSettings):
+    """A joining rank: prepare while the old ranks train, then take part in the switch."""
     from agents.layout.catalog import get_model
-    from agents.layout.placement import place
-    from agents.training.parallel import ParallelTrainer, TrainConfig, initial_shards
+    from agents.training.parallel import ParallelTrainer, TrainScalars
+    from agents.training.run import prepare_switch, switch_state
 
-    torch.set_num_threads(int(os.environ.get("DYNAPLANE_RANK_THREADS", "1")))
-    reporter = Reporter(order, rank, node, broker_url)
-    placement = place(get_model(order.model), order.layout)
-    dp = next(iter(placement.modules.values())).dp
-    config = TrainConfig(model=order.model, global_batch=order.global_batch, seq_len=order.seq,
-                         micro_batches=order.global_batch // (order.micro_batch * dp), seed=order.seed,
-                         total_steps=order.max_steps or 10_000)
-    _init_world(order, rank)
-    try:
-        trainer = ParallelTrainer(config, order.layout, rank, initial_shards(order.model, placement, rank, order.seed))
-        stop_file = run_dir / STOP_FILE
-        steps = 0
-        while True:
-            result = trainer.step()
-            steps += 1
-            if result is not None and rank == 0:
-                if steps == 1:
-                    reporter.send("started", step=result.step)
-                if steps % order.report_every == 0:
-                    reporter.send("step", step=result.step, loss=result.loss, step_seconds=result.seconds,
-                                  tokens_per_second=result.tokens / result.seconds)
-            done = stop_file.exists() or (order.max_steps is not None and steps >= order.max_steps)
-            flag = torch.tensor([1 if done else 0])
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            if flag.item():
-                break
-        reporter.send("stopped", step=trainer.scalars.step)
-        return steps
-    finally:
-        dist.destroy_process_group()
+    spec = get_model(order.model)
+    prepared = prepare_switch(spec, order.src_layout, order.layout, rank, joining=True,
+                              staging_bytes=order.staging_bytes, gpus_per_node=order.gpus_per_node)
+    store = _store(order, master=False, timeout=settings.timeout_seconds)
+    store.add("joined", 1)
+    _join_union(order, store, rank, settings.timeout_seconds)
+    new, scalars, _ = switch_state(spec, {}, TrainScalars(), order.src_layout, order.layout, rank,
+                                   staging_bytes=order.staging_bytes, gpus_per_node=order.gpus_per_node,
+                                   prepared=prepared)
+    return ParallelTrainer(settings.config(order.layout), order.layout, rank, new, scalars)
+
+
+def _train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: Reporter,
+           done_switches: set[int]) -> int:
+    """Steps until the job stops or this rank leaves the layout; returns steps done here."""
+    import torch.distributed as dist
+
+    boundary = Boundary(settings, rank, run_dir, reporter)
+    boundary.done_switches |= done_switches
+    steps, committed = 0, None  # committed: (transition id, report, pause start) until the next step
+    while True:
+        step_started = time.perf_counter()
+        result = trainer.step()
+        steps += 1
+        if rank == 0 and result is not None:
+            if committed is not None:
+                tid, report, paused_at = committed
+                reporter.transition(tid, "committed", step=report.step, pause_seconds=step_started - paused_at,
+                                    transfer_seconds=report.seconds, verify_seconds=report.verify_seconds,
+                                    network_bytes=report.network_bytes, rounds=report.rounds,
+                                    peak_bytes=report.peak_bytes, predicted_peak_bytes=report.predicted_peak_bytes,
+                                    fingerprint=report.fingerprint, verified=report.verified)
+            if steps == 1:  # rank 0 is in every layout: it started with the job
+                reporter.job("started", step=result.step, layout=str(trainer.placement.layout))
+            if result.step % settings.report_every == 0:
+                reporter.job("step", step=result.step, loss=result.loss, step_seconds=result.seconds,
+                             tokens_per_second=result.tokens / result.seconds, layout=str(trainer.placement.layout))
+        committed = None
+        stop, order = boundary.decide(trainer)
+        if stop:
+            if rank == 0:
+                reporter.job("stopped", step=trainer.scalars.step, layout=str(trainer.placement.layout))
+            dist.destroy_process_group()
+            return steps
+        if order is not None:
+            paused_at = time.perf_counter()
+            trainer, report = _switch_old_rank(trainer, order, settings, boundary)
+            if trainer is None:  # this rank is not in the new layout: its state has been handed over
+                dist.destroy_process_group()
+                return steps
+            committed = (order.transition_id, report, paused_at)
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python -m agents.training.worker ORDER_JSON RANK", file=sys.stderr)
+    joining = argv[:1] == ["--join"]
+    args = argv[1:] if joining else argv
+    if len(args) != 2:
+        print("usage: python -m agents.training.worker [--join] ORDER_JSON RANK", file=sys.stderr)
         return 2
-    path, rank = Path(argv[0]), int(argv[1])
-    order = protocol.JobStartOrder.model_validate_json(path.read_text())
+    path, rank = Path(args[0]), int(args[1])
     started = time.perf_counter()
-    steps = train(order, rank, path.parent, os.environ.get("DYNAPLANE_NODE", ""),
-                  os.environ.get("DYNAPLANE_BROKER_URL"))
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("DYNAPLANE_RANK_THREADS", "1")))
+    node, broker = os.environ.get("DYNAPLANE_NODE", ""), os.environ.get("DYNAPLANE_BROKER_URL")
+    if joining:
+        order = protocol.JobSwitchOrder.model_validate_json(path.read_text())
+        settings = JobSettings.of(order)
+        reporter = Reporter(order.job_id, rank, node, broker)
+        trainer = _join(order, rank, settings)
+        done = {order.transition_id}
+    else:
+        import torch.distributed as dist
+
+        from agents.layout.catalog import get_model
+        from agents.layout.placement import place
+        from agents.training.parallel import ParallelTrainer, initial_shards
+
+        order = protocol.JobStartOrder.model_validate_json(path.read_text())
+        settings = JobSettings.of(order)
+        reporter = Reporter(order.job_id, rank, node, broker)
+        dist.init_process_group(_backend(), init_method=f"tcp://{order.rendezvous}", rank=rank,
+                                world_size=order.world, timeout=datetime.timedelta(seconds=order.timeout_seconds))
+        placement = place(get_model(order.model), order.layout)
+        trainer = ParallelTrainer(settings.config(order.layout), order.layout, rank,
+                                  initial_shards(order.model, placement, rank, order.seed))
+        done = set()
+    steps = _train(trainer, settings, rank, path.parent, reporter, done)
     print(f"rank {rank}: {steps} steps in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return 0
 
