@@ -10,6 +10,14 @@ allocated or sent; the program, its shapes and its order are the real ones.
 
 Static memory (params, grads, optimizer) is the size of the trainer's real tensors;
 activations are what one micro-batch's forward leaves alive for its backward.
+
+Interleaved layouts (vpp > 1): the trainer does not run them, but a virtual stage is an
+ordinary pipeline stage holding one model chunk. A layout with vpp = v over pp ranks cuts
+the layers into the same pp*v chunks as the plain layout with pp*v stages (placement.py:
+the first L % (pp*v) chunks one layer longer), so the tracer traces the stage classes of
+that flat layout (same tp, dp, zero, micro-batch; a fake world of tp*pp*v*dp ranks) and
+returns them as the pp*v virtual stages of the interleaved Trace, with the p2p sends'
+node spans recomputed for virtual stage k on pipeline rank k % pp.
 """
 from __future__ import annotations
 
@@ -33,7 +41,7 @@ from agents.layout.catalog import get_config, get_model
 from agents.layout.placement import layer_stages, place
 from agents.training.parallel import LayoutMeshes, ParallelTrainer, TrainConfig, TrainingError, _loss
 
-TRACER_VERSION = 1
+TRACER_VERSION = 3  # 2: activations_full; vpp traced as pp*vpp flat stages; 3: DTensor dispatch as host ops
 
 
 @dataclass(frozen=True)
@@ -74,23 +82,51 @@ def trace(request: TraceRequest, *, use_cache: bool = True, progress=None) -> tu
     spec = get_model(request.model)
     placement = place(spec, request.layout)
     ml = next(iter(placement.modules.values()))
+    virtual = ml.pp * ml.vpp
+    # The request the stage processes trace: the flat layout when interleaved (see the module doc).
+    flat = request if ml.vpp == 1 else dataclasses.replace(request, layout=flat_layout(placement))
     config = TrainConfig(model=request.model, global_batch=request.micro_batch * request.micro_batches * ml.dp,
                          seq_len=request.seq, micro_batches=request.micro_batches)
-    stages = layer_stages(spec.modules[-1].num_layers, ml.pp)
+    stages = layer_stages(spec.modules[-1].num_layers, virtual)
     classes: dict[tuple, list[int]] = {}
-    for s in range(ml.pp):
-        classes.setdefault((s == 0, s == ml.pp - 1, stages.count(s)), []).append(s)
-    traced = _trace_classes(config, request, classes, progress)
+    for s in range(virtual):
+        classes.setdefault((s == 0, s == virtual - 1, stages.count(s)), []).append(s)
+    traced = _trace_classes(config, flat, classes, progress)
     by_stage = {s: dataclasses.replace(traced[key], stage=s) for key, members in classes.items() for s in members}
+    ordered = tuple(by_stage[s] for s in range(virtual))
+    if ml.vpp > 1:
+        ordered = tuple(_interleaved_p2p(st, ml, request.gpus_per_node) for st in ordered)
     result = Trace(model=request.model, tp=ml.tp, pp=ml.pp, dp=ml.dp, micro_batches=request.micro_batches,
-                   micro_batch_size=request.micro_batch, seq=request.seq, zero=ml.zero,
-                   stages=tuple(by_stage[s] for s in range(ml.pp)))
+                   micro_batch_size=request.micro_batch, seq=request.seq, zero=ml.zero, vpp=ml.vpp,
+                   stages=ordered)
     if use_cache:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(result.to_json())
         tmp.replace(path)
     return result, {"cached": False, "stages_traced": len(classes), "trace_seconds": time.perf_counter() - started}
+
+
+def flat_layout(placement) -> str:
+    """The vpp=1 layout whose pp*vpp stages are the chunks of an interleaved layout."""
+    ml = next(iter(placement.modules.values()))
+    return dataclasses.replace(placement.layout.modules[0], pp=ml.pp * ml.vpp, vpp=1).to_string(False)
+
+
+def _interleaved_p2p(stage: StageTrace, ml, gpn: int) -> StageTrace:
+    """Node spans of a virtual stage's p2p sends: virtual stage k runs on pipeline rank
+    k % pp (first rank (k % pp)*dp*tp), its neighbours on (k +- 1) % pp."""
+    k, stride = stage.stage, ml.dp * ml.tp
+    rank = (k % ml.pp) * stride
+
+    def fix(op):
+        if not (isinstance(op, CommOp) and op.dim == "pp" and op.kind == "send"):
+            return op
+        peer = ((k + (1 if op.name == "pp_send_activations" else -1)) % ml.pp) * stride
+        return dataclasses.replace(op, nodes=len({rank // gpn, peer // gpn}))
+
+    return dataclasses.replace(stage, forward=tuple(fix(op) for op in stage.forward),
+                               backward=tuple(fix(op) for op in stage.backward))
 
 
 def _trace_classes(config: TrainConfig, request: TraceRequest, classes: dict[tuple, list[int]], progress):
@@ -180,8 +216,17 @@ def _run_one_microbatch(trainer: ParallelTrainer, request: TraceRequest, stage: 
     activation_bytes = activations
     grads = static["grads"]
     temporary = max(0, max(fwd_bwd_peak, recorder.peak) - activation_bytes - max(grads, grads_live))
+    # Full recompute (Megatron's uniform method, one layer per checkpoint) keeps only each
+    # layer's bf16 input, b*s*h*2 bytes a layer: Korthikanti et al. 2022 (arXiv 2205.05198),
+    # section 4.3, "2sbhL" for full recomputation. The one layer being recomputed in the
+    # backward and the head's logits are not added (the trainer cannot run recompute, so
+    # this is the formula, not a traced figure). Selective recompute is left unset: this
+    # program's attention is fused (flash) and keeps no s x s tensors to drop.
+    layers = layer_stages(get_config(request.model).llm.layers, ml.pp).count(stage)
+    full = min(int(activation_bytes), layers * request.micro_batch * request.seq * hidden * 2)
     memory = StageMemory(params=static["params"], grads=grads, optimizer=static["optimizer"],
-                         activations_per_microbatch=int(activation_bytes), temporary=int(temporary))
+                         activations_per_microbatch=int(activation_bytes), temporary=int(temporary),
+                         activations_full=full)
     return _stage_trace(recorder.records, stage, ml, dims, memory, request, hidden)
 
 
