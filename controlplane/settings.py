@@ -153,7 +153,11 @@ REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": "dynaplane:channels"},
+        # redis-py 8 reads with a 5 s socket timeout by default, and channels-redis waits for
+        # messages with a 5 s BZPOPMIN: an idle websocket's empty reply then races the timeout
+        # and, on a busy machine, loses (the consumer dies with a TimeoutError). Give the
+        # socket room beyond the blocking pop.
+        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "prefix": "dynaplane:channels"},
     }
 }
 

@@ -39,7 +39,7 @@ def test_dashboard_is_live_and_shows_lost_gpus_without_reload(stack, browser) ->
     page.evaluate("window.__sameDocument = true")
 
     # A job created through the API appears in the jobs list live.
-    stack.post("api/jobs", {"name": "browser-job", "model": "tiny-gpt", "layout": "dp=2"})
+    stack.post("api/jobs", {"name": "browser-job", "model": "tiny-gpt", "layout": "dp=2", "start": False})
     page.wait_for_selector("tr[data-job=browser-job]", timeout=10_000)
 
     os.kill(stack.child_pids()["agent-node-2"], signal.SIGKILL)

@@ -46,8 +46,8 @@ def test_writes_need_a_token(user) -> None:
 
 
 def test_create_read_list_delete(token_client) -> None:
-    created = token_client.post("/api/jobs", {"name": "j1", "model": "tiny-gpt", "layout": "tp=2, dp=2"},
-                                format="json")
+    created = token_client.post("/api/jobs", {"name": "j1", "model": "tiny-gpt", "layout": "tp=2, dp=2",
+                                              "start": False}, format="json")
     assert created.status_code == 201, created.content
     body = created.json()
     assert (body["layout"], body["world_size"], body["state"]) == ("tp=2,dp=2", 4, "pending")
@@ -80,8 +80,9 @@ def test_invalid_job_gets_field_level_400(token_client, payload, field, fragment
 
 
 def test_duplicate_name_is_a_field_error(token_client) -> None:
-    assert token_client.post("/api/jobs", {"name": "j", "model": "m", "layout": "dp=1"}, format="json").status_code == 201
-    response = token_client.post("/api/jobs", {"name": "j", "model": "m", "layout": "dp=1"}, format="json")
+    job = {"name": "j", "model": "tiny-gpt", "layout": "dp=1", "start": False}
+    assert token_client.post("/api/jobs", job, format="json").status_code == 201
+    response = token_client.post("/api/jobs", job, format="json")
     assert response.status_code == 400
     assert "already exists" in response.json()["name"][0]
 
@@ -94,7 +95,8 @@ def test_unknown_ids_are_404(token_client) -> None:
 
 
 def test_deleting_a_running_job_is_a_conflict(token_client) -> None:
-    job_id = token_client.post("/api/jobs", {"name": "j", "model": "m", "layout": "dp=1"}, format="json").json()["id"]
+    job_id = token_client.post("/api/jobs", {"name": "j", "model": "tiny-gpt", "layout": "dp=1", "start": False},
+                               format="json").json()["id"]
     Job.objects.filter(pk=job_id).update(state="running")
     response = token_client.delete(f"/api/jobs/{job_id}")
     assert response.status_code == 409

@@ -43,7 +43,8 @@ def test_real_websocket_client_gets_live_events(stack) -> None:
                  origin=stack.url.rstrip("/"), open_timeout=10) as socket:
         hello = cluster_event_adapter.validate_python(json.loads(socket.recv(timeout=10)))
         assert hello.type == "hello"
-        created = stack.post("api/jobs", {"name": "ws-job", "model": "tiny-gpt", "layout": "tp=2,dp=2"})
+        created = stack.post("api/jobs", {"name": "ws-job", "model": "tiny-gpt", "layout": "tp=2,dp=2",
+                                          "start": False})
         event = cluster_event_adapter.validate_python(json.loads(socket.recv(timeout=10)))
         assert (event.type, event.op, event.job.id, event.job.gpus) == ("job", "upsert", created["id"], 4)
         assert event.seq > hello.seq
@@ -71,6 +72,31 @@ def test_an_emulation_posted_to_the_api_runs_on_an_agent(stack) -> None:
     assert done["state"] == "done" and done["result"]["ranks_emulated"] == 8
     assert done["result"]["step_seconds"] > 0 and done["result"]["memory"]["per_stage"]
     print(f"emulation queued -> done through an agent in {seconds:.1f} s")
+
+
+def test_a_job_trains_on_the_agents_and_stops_on_request(stack) -> None:
+    """POST /api/jobs with a GPU count -> GPUs allocated across the agents -> rank processes
+    train tiny-gpt in one gloo world and rank 0's step metrics reach the job's series ->
+    POST stop -> every rank leaves after the same step and the GPUs are free again."""
+    started = time.monotonic()
+    job = stack.post("api/jobs", {"name": "e2e", "model": "tiny-gpt", "gpus": 4, "global_batch": 4,
+                                  "seq_len": 16})
+    assert job["state"] == "starting" and job["layout"] == "dp=4"
+    assert sorted({p["node"] for p in job["placement"]}) == ["node-1", "node-2"]
+    def read() -> dict:
+        return stack.get(f"api/jobs/{job['id']}", token=True)
+
+    wait_for(lambda: read()["state"] == "running", timeout=90)
+    metrics, _ = wait_for(lambda: len((m := stack.get(f"api/jobs/{job['id']}/live", token=True)["metrics"])
+                                      .get("loss", {}).get("y", [])) >= 3 and m, timeout=60)
+    assert metrics["loss"]["x"][:3] == [1, 2, 3] and all(5 < v < 8 for v in metrics["loss"]["y"][:3])
+    assert all(v > 0 for v in metrics["tokens_per_second"]["y"])
+    print(f"job running with step metrics {time.monotonic() - started:.1f} s after POST /api/jobs")
+    stack.post(f"api/jobs/{job['id']}/stop", {})
+    stopped, seconds = wait_for(lambda: (j := read())["state"] == "stopped" and j, timeout=60)
+    assert stopped["gpus"] == []
+    assert stack.get("api/health")["gpus"]["free"] == 4
+    print(f"job stopped {seconds:.1f} s after POST stop")
 
 
 def test_agent_loss_and_return(stack, tmp_path) -> None:
