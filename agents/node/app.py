@@ -32,10 +32,12 @@ def build_app(config: AgentConfig) -> tuple[Celery, HeartbeatSender]:
     )
     gpus = discover(config.device, config.gpus, config.virtual_gpu_memory_bytes)
     heartbeats = HeartbeatSender(app, config, gpus)
-    runner = JobRunner(lambda report: app.send_task(protocol.CONTROL_JOB_REPORT,
-                                                    args=[report.model_dump(mode="json")],
-                                                    queue=protocol.CONTROL_QUEUE),
-                       config.name, config.device, config.broker_url, _run_root(config))
+    def send_report(report: protocol.JobReport | protocol.TransitionReport) -> None:
+        task = (protocol.CONTROL_TRANSITION_REPORT if isinstance(report, protocol.TransitionReport)
+                else protocol.CONTROL_JOB_REPORT)
+        app.send_task(task, args=[report.model_dump(mode="json")], queue=protocol.CONTROL_QUEUE)
+
+    runner = JobRunner(send_report, config.name, config.device, config.broker_url, _run_root(config))
 
     @app.task(name=protocol.NODE_PING)
     def ping() -> dict:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from agents import protocol
 from agents.engine.launch import RANK_MALLOC_ENV
+from agents.training.worker import STOP_FILE, switch_file, switched_marker
 from dynaplane.processes import Child
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ class LocalJob:
     ranks: dict[int, Child] = field(default_factory=dict)
     stop_deadline: float | None = None
     failed: bool = False
+    joining: dict[int, protocol.JobSwitchOrder] = field(default_factory=dict)  # rank -> the switch it joins
 
 
 class JobRunner:
@@ -106,7 +108,7 @@ class JobRunner:
             return
         run_dir = self.run_root / f"job-{order.job_id}"
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "stop").unlink(missing_ok=True)
+        (run_dir / STOP_FILE).unlink(missing_ok=True)
         order_path = run_dir / f"order-{self.node}.json"
         order_path.write_text(order.model_dump_json())
         job = LocalJob(order.job_id, order.layout, run_dir)
@@ -123,7 +125,7 @@ class JobRunner:
             job = self.jobs[order.job_id] = LocalJob(order.job_id, order.src_layout,
                                                      self.run_root / f"job-{order.job_id}")
             job.run_dir.mkdir(parents=True, exist_ok=True)
-            (job.run_dir / "stop").unlink(missing_ok=True)
+            (job.run_dir / STOP_FILE).unlink(missing_ok=True)
         order_text = order.model_dump_json()
         joining = [s for s in order.ranks if s.rank >= order.src_world]
         if joining:
@@ -134,9 +136,10 @@ class JobRunner:
                     log.warning("job %d: rank %d already runs here; not started twice", order.job_id, slot.rank)
                     continue
                 self._spawn(job, slot, ["--join", str(join_path), str(slot.rank)])
+                job.joining[slot.rank] = order
         tmp = job.run_dir / f".switch-{order.transition_id}.tmp"
         tmp.write_text(order_text)
-        tmp.replace(job.run_dir / f"switch-{order.transition_id}.json")  # rank 0 never reads half a file
+        tmp.replace(job.run_dir / switch_file(order.transition_id))  # rank 0 never reads half a file
         job.layout = order.layout
         log.info("job %d: switch %d to %s; ranks joining here: %s", order.job_id, order.transition_id, order.layout,
                  [s.rank for s in joining])
@@ -156,17 +159,22 @@ class JobRunner:
         if job is None:
             log.info("job %d: stop order for a job not running here", order.job_id)
             return
-        (job.run_dir / "stop").touch()
+        (job.run_dir / STOP_FILE).touch()
         job.stop_deadline = _now() + order.grace_seconds
 
     def _poll(self) -> None:
         for job_id, job in list(self.jobs.items()):
-            for rank, child in job.ranks.items():
+            for rank, child in list(job.ranks.items()):
                 code = child.poll()
-                if code not in (None, 0) and not job.failed:
-                    job.failed = True
-                    self._report_failure(job, rank, code, child.log_tail(15))
-                    self._kill(job)
+                if code in (None, 0) or job.failed or rank not in job.ranks:  # (gone with an aborted switch)
+                    continue
+                order = job.joining.get(rank)
+                if order is not None and not (job.run_dir / switched_marker(order.transition_id, rank)).exists():
+                    self._abort_switch(job, order, rank, code, child.log_tail(15))
+                    continue
+                job.failed = True
+                self._report_failure(job, rank, code, child.log_tail(15))
+                self._kill(job)
             if job.stop_deadline is not None and _now() > job.stop_deadline:
                 log.warning("job %d: ranks still alive after the stop order's grace period; killing them", job_id)
                 self._kill(job)
@@ -174,6 +182,26 @@ class JobRunner:
                 for child in job.ranks.values():
                     child.kill_group()  # closes the log; nothing is left in the group
                 del self.jobs[job_id]
+
+    def _abort_switch(self, job: LocalJob, order: protocol.JobSwitchOrder, rank: int, code: int, tail: str) -> None:
+        """A joining rank died before the switch: the old layout never left, so the switch is
+        abandoned, not the job. Rank 0 learns it through the union store's `abort` key;
+        this node's other ranks joining the same switch are stopped."""
+        error = f"joining rank {rank} on node {self.node} exited with code {code} before the switch: {tail[-3000:]}"
+        log.error("job %d: switch %d aborted: %s", job.job_id, order.transition_id, error)
+        try:
+            _union_store_client(order).set("abort", error[:2000])
+        except Exception as exc:  # rank 0 gone or the store closed: its own timeout then aborts
+            log.warning("job %d: could not tell rank 0 about the abort: %s", job.job_id, exc)
+        for other, other_order in list(job.joining.items()):
+            if other_order.transition_id == order.transition_id:
+                job.joining.pop(other)
+                child = job.ranks.pop(other)
+                child.terminate()
+                child.kill_group()
+        self._send_report(protocol.TransitionReport(
+            job_id=job.job_id, transition_id=order.transition_id, node=self.node, state="aborted", error=error,
+            sent_at=datetime.datetime.now(datetime.timezone.utc)))
 
     def _report_failure(self, job: LocalJob, rank: int, code: int, tail: str) -> None:
         error = f"rank {rank} on node {self.node} exited with code {code}: {tail[-3500:]}"
@@ -192,6 +220,14 @@ class JobRunner:
             except Exception:
                 pass
             child.kill_group()
+
+
+def _union_store_client(order: protocol.JobSwitchOrder):
+    import torch.distributed as dist
+
+    host, _, port = order.rendezvous.rpartition(":")
+    return dist.TCPStore(host.strip("[]"), int(port), is_master=False, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=5))
 
 
 def _now() -> float:

@@ -49,6 +49,12 @@ def switch_file(transition_id: int) -> str:
     return f"switch-{transition_id}.json"
 
 
+def switched_marker(transition_id: int, rank: int) -> str:
+    """The file a joining rank leaves in its run folder once the switch has moved its state
+    (its agent then treats its death as the job's failure, no longer as an aborted switch)."""
+    return f"switched-{transition_id}-rank-{rank}"
+
+
 class Reporter:
     """Sends reports to the control queue (rank 0 only; other ranks stay silent)."""
 
@@ -160,6 +166,25 @@ class Boundary:
             self.reporter.transition(order.transition_id, "preparing")
             return
 
+    def _abandoned(self) -> str | None:
+        """Rank 0: give the pending switch up if a joining rank's agent reported it dead
+        (the store's `abort` key) or the joining ranks are not ready within the job's
+        timeout. The old layout never left: training simply goes on."""
+        order = self.pending
+        reason = None
+        if self.store.check(["abort"]):
+            reason = self.store.get("abort").decode(errors="replace")
+        elif time.perf_counter() - self.seen_at > self.settings.timeout_seconds:
+            joined = int(self.store.add("joined", 0))
+            reason = (f"{joined} of {order.world - order.src_world} joining ranks ready after "
+                      f"{self.settings.timeout_seconds:.0f} s")
+        if reason is None:
+            return None
+        self.reporter.transition(order.transition_id, "aborted", error=f"switch abandoned: {reason}"[:4000])
+        self.done_switches.add(order.transition_id)
+        self.pending, self.store = None, None  # closes the store: joining ranks waiting on it fail
+        return reason
+
     def decide(self, trainer) -> tuple[bool, protocol.JobSwitchOrder | None]:
         """(stop, switch order) agreed by every active rank after this step."""
         import torch
@@ -170,7 +195,7 @@ class Boundary:
         ready = 0
         if self.rank == 0:
             self._look_for_switch()
-            if self.pending is not None:
+            if self.pending is not None and self._abandoned() is None:
                 joining = max(0, self.pending.world - self.pending.src_world)
                 if int(self.store.add("joined", 0)) >= joining:
                     ready = self.pending.transition_id
@@ -216,7 +241,7 @@ def _switch_old_rank(trainer, order: protocol.JobSwitchOrder, settings: JobSetti
     return (trainer if trainer.active else None), report
 
 
-def _join(order: protocol.JobSwitchOrder, rank: int, settings: JobSettings):
+def _join(order: protocol.JobSwitchOrder, rank: int, settings: JobSettings, run_dir: Path):
     """A joining rank: prepare while the old ranks train, then take part in the switch."""
     from agents.layout.catalog import get_model
     from agents.training.parallel import ParallelTrainer, TrainScalars
@@ -231,6 +256,7 @@ def _join(order: protocol.JobSwitchOrder, rank: int, settings: JobSettings):
     new, scalars, _ = switch_state(spec, {}, TrainScalars(), order.src_layout, order.layout, rank,
                                    staging_bytes=order.staging_bytes, gpus_per_node=order.gpus_per_node,
                                    prepared=prepared)
+    (run_dir / switched_marker(order.transition_id, rank)).touch()  # from here on, a death fails the job
     return ParallelTrainer(settings.config(order.layout), order.layout, rank, new, scalars)
 
 
@@ -291,7 +317,7 @@ def main(argv: list[str]) -> int:
         order = protocol.JobSwitchOrder.model_validate_json(path.read_text())
         settings = JobSettings.of(order)
         reporter = Reporter(order.job_id, rank, node, broker)
-        trainer = _join(order, rank, settings)
+        trainer = _join(order, rank, settings, path.parent)
         done = {order.transition_id}
     else:
         import torch.distributed as dist

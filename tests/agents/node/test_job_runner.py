@@ -240,3 +240,46 @@ def test_a_job_grows_from_two_to_four_ranks_and_shrinks_to_three_while_training(
     assert 0 < noise < 0.1, noise  # real, and small against the loss (about 6)
     for switched, plain in zip(steps, unswitched):
         assert abs(switched["loss"] - plain) <= 3 * noise, (switched["step"], switched["loss"], plain, noise)
+
+
+@pytest.mark.timeout(300)
+def test_a_joining_rank_lost_while_preparing_aborts_the_switch_and_the_job_trains_on(broker, tmp_path):
+    """Issue 6's first fault: a rank lost while the switch is being prepared. The old layout
+    never left, so the switch is aborted (reported by the joining rank's agent and by rank
+    0), the job is not failed and keeps training on its old layout and ranks."""
+    url, client = broker
+    failures: list = []
+    node1 = JobRunner(failures.append, "node-1", "cpu", url, tmp_path / "n1")
+    node2 = JobRunner(failures.append, "node-2", "cpu", url, tmp_path / "n2")
+    try:
+        node1.start(_order(31, 2, [0, 1], _free_port(), layout="dp=2").model_copy(update={"global_batch": 6}))
+        _wait(lambda: [r for r in _job_reports(client, 31) if r["kind"] == "step"], 120, "a step")
+        grow = _switch(31, 5, "dp=2", 2, "tp=2,dp=2", 4, [(0, 0), (1, 1)]).model_copy(
+            update={"timeout_seconds": 30})
+        node1.switch(grow)
+        node2.switch(grow.model_copy(update={"ranks": (protocol.RankSlot(rank=2, gpu=0),
+                                                       protocol.RankSlot(rank=3, gpu=1))}))
+        victim = _wait(lambda: 31 in node2.jobs and 2 in node2.jobs[31].ranks and node2.jobs[31].ranks[2].process,
+                       30, "rank 2 to start")
+        os.kill(victim.pid, signal.SIGKILL)
+        aborted = _wait(lambda: [f for f in failures if isinstance(f, protocol.TransitionReport)], 30,
+                        "the agent's abort report")
+        assert aborted[0].state == "aborted" and aborted[0].transition_id == 5
+        assert "joining rank 2 on node node-2 exited with code -9 before the switch" in aborted[0].error
+        from_rank0 = _wait(lambda: [t for t in _transitions(client, 31) if t["state"] == "aborted"], 60,
+                           "rank 0 to abandon the switch")
+        assert "switch abandoned: joining rank 2" in from_rank0[0]["error"]
+        assert not [t for t in _transitions(client, 31) if t["state"] in ("ready", "transferring", "committed")]
+        _wait(lambda: 31 not in node2.running(), 30, "node-2's joining ranks to be gone")
+        last = max(r["step"] for r in _job_reports(client, 31) if r["kind"] == "step")
+        _wait(lambda: max(r["step"] for r in _job_reports(client, 31) if r["kind"] == "step") >= last + 3, 60,
+              "three more steps")
+        steps = [r for r in _job_reports(client, 31) if r["kind"] == "step"]
+        assert {r["layout"] for r in steps} == {"dp=2"} and node1.running()[31] == [0, 1]
+        assert not [f for f in failures if isinstance(f, protocol.JobReport)]  # the job never failed
+        node1.stop(protocol.JobStopOrder(job_id=31))
+        _wait(lambda: not node1.running(), 60, "the job to stop")
+        assert _job_reports(client, 31)[-1]["kind"] == "stopped"
+    finally:
+        node1.shutdown()
+        node2.shutdown()
