@@ -1,13 +1,14 @@
-"""REST: jobs (create and schedule, start, stop, live state, list, read, delete) and
-transitions, the layout history (read)."""
+"""REST: jobs (create and schedule, start, stop, resize, live state, list, read, delete)
+and transitions, the layout history (read)."""
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+from django.db.models import Q
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from controlplane.jobs import scheduling, services
+from controlplane.jobs import resize, scheduling, services
 from controlplane.jobs.models import Job, Transition
 from controlplane.jobs.selectors import job_live_snapshot
 
@@ -52,11 +53,42 @@ class JobCreateSerializer(serializers.Serializer):
         return attrs
 
 
+class JobResizeSerializer(serializers.Serializer):
+    """Input of POST /api/jobs/{id}/resize: exactly one of `gpus` and `layout`."""
+
+    gpus = serializers.IntegerField(min_value=1, max_value=65536, required=False,
+                                    help_text="GPUs to use; the control plane picks the layout (docs/elastic.md)")
+    layout = serializers.CharField(max_length=500, required=False, help_text="the layout to switch to")
+
+    def validate(self, attrs: dict) -> dict:
+        if ("layout" in attrs) == ("gpus" in attrs):
+            raise serializers.ValidationError({"layout": ["give either `layout` or `gpus`, not both or neither"]})
+        return attrs
+
+
+class TransitionSerializer(serializers.ModelSerializer):
+    job = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    job_id = serializers.IntegerField(read_only=True)
+    source_placement = RankPlacementSerializer(many=True, read_only=True)
+    destination_placement = RankPlacementSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Transition
+        fields = ["id", "job", "job_id", "source_layout", "destination_layout", "source_world", "destination_world",
+                  "state", "reason", "plan_summary", "plan_fingerprint", "source_placement", "destination_placement",
+                  "rendezvous", "gpus_per_node", "staging_bytes", "created_at", "started_at", "finished_at", "step",
+                  "prepare_seconds", "pause_seconds", "transfer_seconds", "verify_seconds", "network_bytes", "rounds",
+                  "peak_bytes", "predicted_peak_bytes", "peak_staging_bytes", "verification", "history"]
+
+
 class JobLiveSerializer(serializers.Serializer):
-    """GET /api/jobs/{id}/live: the job's training metrics at `seq` of /ws/jobs/{id}/."""
+    """GET /api/jobs/{id}/live: the job's training metrics and transitions at `seq` of
+    /ws/jobs/{id}/."""
 
     seq = serializers.IntegerField()
     metrics = serializers.DictField(help_text="name -> {x: steps, y: values}")
+    transitions = serializers.ListField(child=serializers.DictField(), required=False,
+                                        help_text="the job's transitions, oldest first (as in `transition` events)")
 
 
 class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
@@ -91,6 +123,19 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
         job = scheduling.job_stop(job_id=self.get_object().pk)
         return Response(JobSerializer(job).data)
 
+    @extend_schema(request=JobResizeSerializer, responses={202: TransitionSerializer})
+    @action(detail=True, methods=["post"])
+    def resize(self, request, pk=None):
+        """Switch a running job online to another layout (`layout`) or GPU count (`gpus`):
+        202 with the planned transition; its progress arrives on /ws/jobs/{id}/ and in
+        GET /api/transitions?job={id}. 409 unless running without an active transition, or
+        when the joining ranks' GPUs are not free; 400 for a layout the model or batch rejects."""
+        incoming = JobResizeSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        transition = resize.job_resize(job_id=self.get_object().pk, requested_by=request.user,
+                                       **incoming.validated_data)
+        return Response(TransitionSerializer(transition).data, status=status.HTTP_202_ACCEPTED)
+
     @extend_schema(responses={200: JobLiveSerializer})
     @action(detail=True, methods=["get"])
     def live(self, request, pk=None):
@@ -102,20 +147,19 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class TransitionSerializer(serializers.ModelSerializer):
-    job = serializers.SlugRelatedField(slug_field="name", read_only=True)
-
-    class Meta:
-        model = Transition
-        fields = ["id", "job", "source_layout", "destination_layout", "state", "reason", "plan_summary",
-                  "plan_fingerprint", "created_at", "started_at", "finished_at", "prepare_seconds", "pause_seconds",
-                  "transfer_seconds", "verify_seconds", "network_bytes", "peak_staging_bytes", "verification"]
-
-
+@extend_schema_view(list=extend_schema(parameters=[
+    OpenApiParameter("job", str, description="only this job's transitions: its id or name")]))
 class TransitionViewSet(viewsets.ReadOnlyModelViewSet):
+    """The layout history: every transition, newest first."""
+
     serializer_class = TransitionSerializer
 
     def get_queryset(self):
         queryset = Transition.objects.select_related("job")
         job = self.request.query_params.get("job")
-        return queryset.filter(job__name=job) if job else queryset
+        if not job:
+            return queryset
+        where = Q(job__name=job)
+        if job.isdigit():
+            where |= Q(job_id=int(job))
+        return queryset.filter(where)

@@ -1,5 +1,6 @@
-"""Closed event schemas of one job's stream (/ws/jobs/<id>/): its training metrics, and
-the pure snapshot arithmetic apply_job_event(snapshot, event) -> snapshot.
+"""Closed event schemas of one job's stream (/ws/jobs/<id>/): its training metrics and its
+layout transitions (resizes), and the pure snapshot arithmetic
+apply_job_event(snapshot, event) -> snapshot.
 
 Each job has its own stream (`job.<id>`), so a page that follows one job is not sent every
 step of every other job, and its seq counts only that job's events: a page that sees
@@ -36,7 +37,51 @@ class MetricsEvent(Closed):
     tokens_per_second: float | None
 
 
-JobStreamEvent = Annotated[Union[MetricsEvent, HelloEvent], Field(discriminator="type")]
+class RankSlotView(Closed):
+    rank: int
+    node: str
+    gpu: int
+
+
+class TransitionView(Closed):
+    """One transition (layout switch) of the job, as the job's page shows it."""
+
+    id: int
+    job: int
+    source_layout: str
+    destination_layout: str
+    source_world: int | None
+    destination_world: int | None
+    state: str
+    reason: str
+    plan_fingerprint: str
+    destination_placement: tuple[RankSlotView, ...]
+    rendezvous: str
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+    step: int | None
+    prepare_seconds: float | None
+    pause_seconds: float | None
+    transfer_seconds: float | None
+    verify_seconds: float | None
+    network_bytes: int | None
+    rounds: int | None
+    peak_bytes: int | None
+    predicted_peak_bytes: int | None
+    verified: bool | None
+
+
+class TransitionEvent(Closed):
+    """A transition was created or changed state (whole object: applying it twice is harmless)."""
+
+    type: Literal["transition"] = "transition"
+    op: Literal["upsert"] = "upsert"
+    seq: int
+    transition: TransitionView
+
+
+JobStreamEvent = Annotated[Union[MetricsEvent, TransitionEvent, HelloEvent], Field(discriminator="type")]
 job_event_adapter: TypeAdapter = TypeAdapter(JobStreamEvent)
 
 
@@ -46,20 +91,27 @@ class Series(Closed):
 
 
 class JobLiveSnapshot(Closed):
-    """A job's training metrics (name -> points), consistent with `seq` of its stream."""
+    """A job's training metrics (name -> points) and its transitions (oldest first),
+    consistent with `seq` of its stream."""
 
     seq: int
     metrics: dict[str, Series]
+    transitions: tuple[TransitionView, ...] = ()
 
 
-def apply_job_event(snapshot: JobLiveSnapshot, event: MetricsEvent | HelloEvent) -> JobLiveSnapshot:
+def apply_job_event(snapshot: JobLiveSnapshot, event: MetricsEvent | TransitionEvent | HelloEvent) -> JobLiveSnapshot:
     """The snapshot after one event; events at or below its seq are already in it."""
     if isinstance(event, HelloEvent) or event.seq <= snapshot.seq:
         return snapshot
+    if isinstance(event, TransitionEvent):
+        new = event.transition
+        others = [t for t in snapshot.transitions if t.id != new.id]
+        transitions = tuple(sorted([*others, new], key=lambda t: t.id))
+        return snapshot.model_copy(update={"seq": event.seq, "transitions": transitions})
     metrics = dict(snapshot.metrics)
     for name in METRIC_NAMES:
         value = getattr(event, name)
         if value is not None:
             old = metrics.get(name, Series(x=(), y=()))
             metrics[name] = Series(x=old.x + (float(event.step),), y=old.y + (value,))
-    return JobLiveSnapshot(seq=event.seq, metrics=metrics)
+    return JobLiveSnapshot(seq=event.seq, metrics=metrics, transitions=snapshot.transitions)

@@ -5,6 +5,9 @@ Job:        pending -> starting -> running <-> switching ; running/starting/swit
 Transition: planned -> preparing -> ready -> transferring -> verifying -> committed;
             planned/preparing/ready -> aborted (old layout never left);
             transferring/verifying -> rolled_back (old layout restored).
+            A job that fails or stops during a transition ends it aborted from any
+            active state (transition_end_with_job): the agents cannot restore the old
+            layout yet, so rolled_back would be untrue; the reason says where it stopped.
 """
 from __future__ import annotations
 
@@ -88,3 +91,23 @@ def transition_next_state(state: TransitionState, target: TransitionState) -> Tr
     if target is TransitionState.ROLLED_BACK and state in (TransitionState.TRANSFERRING, TransitionState.VERIFYING):
         return target
     raise IllegalTransition(f"transition in state {state.value} cannot become {target.value}")
+
+
+def transition_forward_path(state: TransitionState, target: TransitionState) -> list[TransitionState]:
+    """The forward states from `state` (exclusive) to `target` (inclusive), e.g. transferring
+    -> committed passes verifying. Empty when `target` is not ahead of `state` on the forward
+    path (a late or duplicate report). Each step is checked by transition_next_state."""
+    if state not in _FORWARD or target not in _FORWARD:
+        return []
+    path = _FORWARD[_FORWARD.index(state) + 1:_FORWARD.index(target) + 1]
+    at = state
+    for step in path:
+        at = transition_next_state(at, step)
+    return path
+
+
+def transition_end_with_job(state: TransitionState) -> TransitionState:
+    """An active transition whose job failed or stopped: aborted, whatever state it reached."""
+    if state in TERMINAL_TRANSITION_STATES:
+        raise IllegalTransition(f"transition already {state.value}")
+    return TransitionState.ABORTED

@@ -4,7 +4,9 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
-from controlplane.jobs.lifecycle import LIVE_JOB_STATES, JobState, TransitionState
+from controlplane.jobs.lifecycle import LIVE_JOB_STATES, TERMINAL_TRANSITION_STATES, JobState, TransitionState
+
+ACTIVE_TRANSITION_STATES = sorted(s.value for s in TransitionState if s not in TERMINAL_TRANSITION_STATES)
 
 
 class Job(models.Model):
@@ -56,6 +58,24 @@ class Transition(models.Model):
     reason = models.TextField(blank=True, help_text="why it was requested, or why it aborted / rolled back")
     plan_summary = models.JSONField(default=dict, blank=True)
     plan_fingerprint = models.CharField(max_length=64, blank=True)
+    source_world = models.PositiveIntegerField(null=True, blank=True, help_text="ranks of the source layout")
+    destination_world = models.PositiveIntegerField(null=True, blank=True, help_text="ranks of the destination layout")
+    source_placement = models.JSONField(
+        default=list, blank=True, help_text="where the source layout's ranks ran: [{rank, node, gpu}] in rank order")
+    destination_placement = models.JSONField(
+        default=list, blank=True,
+        help_text="where the destination layout's ranks run: staying ranks keep their GPUs, joining ranks get new ones")
+    rendezvous = models.CharField(max_length=300, blank=True, help_text="host:port of the union world's store (rank 0)")
+    rendezvous_port = models.PositiveIntegerField(null=True, blank=True)
+    gpus_per_node = models.PositiveIntegerField(null=True, blank=True, help_text="what the plan and the ranks assume")
+    staging_bytes = models.BigIntegerField(null=True, blank=True, help_text="staging budget per rank")
+    step = models.PositiveIntegerField(null=True, blank=True, help_text="the last step of the source layout")
+    rounds = models.PositiveIntegerField(null=True, blank=True)
+    peak_bytes = models.BigIntegerField(null=True, blank=True, help_text="measured on rank 0: state + staging")
+    predicted_peak_bytes = models.BigIntegerField(null=True, blank=True, help_text="the planner's figure for rank 0")
+    history = models.JSONField(
+        default=list, blank=True,
+        help_text="[{state, at, reported}] per state entered; reported=false: passed through, no report of it came")
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -64,11 +84,20 @@ class Transition(models.Model):
     transfer_seconds = models.FloatField(null=True, blank=True)
     verify_seconds = models.FloatField(null=True, blank=True)
     network_bytes = models.BigIntegerField(null=True, blank=True)
-    peak_staging_bytes = models.BigIntegerField(null=True, blank=True)
-    verification = models.JSONField(default=dict, blank=True, help_text="per-tensor digest comparison")
+    peak_staging_bytes = models.BigIntegerField(null=True, blank=True,
+                                                help_text="planned: the largest per-rank send + receive bytes")
+    verification = models.JSONField(default=dict, blank=True,
+                                    help_text="what rank 0 reported: verified (digests), fingerprint, matches_plan")
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        constraints = [
+            # One active transition per job, and active transitions never share a port.
+            models.UniqueConstraint(fields=["job"], name="one_active_transition_per_job",
+                                    condition=models.Q(state__in=ACTIVE_TRANSITION_STATES)),
+            models.UniqueConstraint(fields=["rendezvous_port"], name="unique_active_transition_port",
+                                    condition=models.Q(state__in=ACTIVE_TRANSITION_STATES)),
+        ]
 
     def __str__(self) -> str:
         return f"{self.job.name}: {self.source_layout} -> {self.destination_layout} ({self.state})"

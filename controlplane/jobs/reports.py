@@ -1,4 +1,5 @@
-"""What the agents report about a job's ranks (protocol.JobReport), applied to the job.
+"""What the agents report about a job's ranks (protocol.JobReport) and its layout switches
+(protocol.TransitionReport), applied to the job and its transitions.
 
 started: starting -> running.          step: metrics appended, a live metrics event.
 stopped: -> stopped, GPUs released.   failed: -> failed, GPUs released, other nodes stopped.
@@ -6,18 +7,36 @@ Reports travel through a thread pool, so they may arrive out of order: a step be
 started moves the job to running as well; a stopped report from a running job (max_steps
 reached) goes through stopping. Reports of unknown or finished jobs are logged and
 ignored: a late step after a stop must neither fail nor bring the job back.
+
+Transition reports (rank 0): preparing, ready, transferring, [verifying], committed; or
+aborted / rolled_back. A report may skip states (the ranks do not report verifying): the
+transition walks the forward path through them. A late report (a state the transition
+has passed) or a duplicate only fills fields still empty (e.g. prepare_seconds of a
+`ready` overtaken by `transferring`); a terminal transition never changes state again.
 """
 from __future__ import annotations
 
 import logging
 
 from django.db import transaction
+from django.utils import timezone
 
 from agents import protocol
+from controlplane.cluster.lifecycle import IllegalTransition
 from controlplane.common.events import next_seq, publish_on_commit
+from controlplane.jobs import transitions
 from controlplane.jobs.events import METRIC_NAMES, METRIC_UNITS, MetricsEvent, job_stream
-from controlplane.jobs.lifecycle import LIVE_JOB_STATES, JobState, JobTrigger, job_next_state
-from controlplane.jobs.models import Job
+from controlplane.jobs.lifecycle import (
+    LIVE_JOB_STATES,
+    TERMINAL_TRANSITION_STATES,
+    JobState,
+    JobTrigger,
+    TransitionState,
+    job_next_state,
+    transition_forward_path,
+    transition_next_state,
+)
+from controlplane.jobs.models import Job, Transition
 from controlplane.jobs.scheduling import job_finish, stop_on_commit
 from controlplane.jobs.services import metrics_append, metrics_series_get, publish_job
 
@@ -73,5 +92,102 @@ def _stopped(job: Job, report: protocol.JobReport) -> None:
 def _failed(job: Job, report: protocol.JobReport) -> None:
     ranks = ", ".join(map(str, report.ranks)) or "unknown"
     error = f"node {report.node or '?'} ranks {ranks}: {report.error or 'failed without a reason'}"
+    nodes = [node for node in transitions.job_nodes(job) if node != report.node]
     job_finish(job, state=job_next_state(JobState(job.state), JobTrigger.FAIL), error=error)
-    stop_on_commit(job, [node for node in job.nodes if node != report.node])
+    stop_on_commit(job, nodes)
+
+
+# --- transitions --------------------------------------------------------------------------
+
+_MEASURED = ("prepare_seconds", "pause_seconds", "transfer_seconds", "verify_seconds", "network_bytes", "rounds",
+             "peak_bytes", "predicted_peak_bytes")
+
+
+def _fill(transition: Transition, report: protocol.TransitionReport, *, overwrite: bool) -> bool:
+    """Copy the report's figures onto the transition (only into empty fields unless
+    `overwrite`); True when something changed."""
+    changed = False
+    for name in _MEASURED:
+        value = getattr(report, name)
+        if value is not None and (overwrite or getattr(transition, name) is None) and getattr(transition, name) != value:
+            setattr(transition, name, value)
+            changed = True
+    if report.step is not None and (overwrite or transition.step is None) and transition.step != report.step:
+        transition.step = report.step
+        changed = True
+    if report.state == TransitionState.COMMITTED and (overwrite or not transition.verification):
+        verification = {"verified": report.verified, "fingerprint": report.fingerprint,
+                        "matches_plan": (report.fingerprint == transition.plan_fingerprint)
+                        if report.fingerprint and transition.plan_fingerprint else None,
+                        "node": report.node}
+        if verification != transition.verification:
+            transition.verification = verification
+            changed = True
+    return changed
+
+
+def transition_record_report(*, report: protocol.TransitionReport) -> Transition | None:
+    """Apply one transition report; returns the transition (None when unknown)."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().filter(pk=report.job_id).first()
+        transition = (Transition.objects.select_for_update().filter(pk=report.transition_id, job_id=report.job_id)
+                      .first() if job is not None else None)
+        if transition is None:
+            log.info("ignored %s report from %s: transition %s of job %s does not exist", report.state, report.node,
+                     report.transition_id, report.job_id)
+            return None
+        state, target = TransitionState(transition.state), TransitionState(report.state)
+        moved = False
+        if state in TERMINAL_TRANSITION_STATES:
+            log.info("ignored %s report from %s: transition %s of job %s is already %s", report.state, report.node,
+                     transition.pk, job.name, state)
+        elif target in (TransitionState.ABORTED, TransitionState.ROLLED_BACK):
+            moved = _undo(job, transition, state, target, report)
+        else:
+            path = transition_forward_path(state, target)
+            if not path:
+                log.info("late or duplicate %s report from %s: transition %s of job %s is %s", report.state,
+                         report.node, transition.pk, job.name, state)
+            now = timezone.now()
+            for step in path:
+                transitions.enter(transition, step, reported=step is target, at=now)
+            moved = bool(path)
+        # Figures of a late report complete a live or committed transition, never an aborted one.
+        filled = state not in (TransitionState.ABORTED, TransitionState.ROLLED_BACK) and _fill(
+            transition, report, overwrite=moved)
+        if moved and target is TransitionState.COMMITTED:
+            _check_commit(job, transition)
+            transitions.commit(job, transition)
+        if moved or filled:
+            transition.save()
+            transitions.publish_transition(transition)
+    return transition
+
+
+def _undo(job: Job, transition: Transition, state: TransitionState, target: TransitionState,
+          report: protocol.TransitionReport) -> bool:
+    """aborted / rolled_back from the ranks: the job keeps its source layout."""
+    try:
+        new = transition_next_state(state, target)
+    except IllegalTransition:
+        if target is TransitionState.ROLLED_BACK and state in (TransitionState.PLANNED, TransitionState.PREPARING,
+                                                               TransitionState.READY):
+            new = TransitionState.ABORTED  # nothing had moved yet: the source layout never left
+        else:  # aborted after the state started moving: only a failure report can tell what is left
+            log.error("ignored %s report from %s: transition %s of job %s is %s (%s)", report.state, report.node,
+                      transition.pk, job.name, state, report.error or "no error given")
+            return False
+    transitions.enter(transition, new, reported=new is target)
+    why = f"{report.state} by the ranks ({report.node or '?'}): {report.error or 'no reason given'}"
+    transition.reason = f"{transition.reason}; {why}" if transition.reason else why
+    transitions.undo(job, transition)
+    return True
+
+
+def _check_commit(job: Job, transition: Transition) -> None:
+    verification = transition.verification
+    if verification.get("verified") is False:
+        log.error("job %s: transition %s committed without a verified state", job.name, transition.pk)
+    if verification.get("matches_plan") is False:
+        log.error("job %s: transition %s ran plan %s, the control plane planned %s", job.name, transition.pk,
+                  verification.get("fingerprint"), transition.plan_fingerprint)

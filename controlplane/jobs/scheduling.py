@@ -28,8 +28,9 @@ from controlplane.cluster.selectors import gpu_view
 from controlplane.cluster.services import gpus_release
 from controlplane.common.errors import Conflict, InvalidInput
 from controlplane.common.events import next_seq, publish_on_commit
-from controlplane.jobs.lifecycle import LIVE_JOB_STATES, JobState, JobTrigger, job_next_state
-from controlplane.jobs.models import Job
+from controlplane.jobs import transitions
+from controlplane.jobs.lifecycle import LIVE_JOB_STATES, TERMINAL_TRANSITION_STATES, JobState, JobTrigger, job_next_state
+from controlplane.jobs.models import Job, Transition
 from controlplane.jobs.services import job_create, layout_check, publish_job
 
 log = logging.getLogger(__name__)
@@ -111,15 +112,19 @@ def job_start(*, job_id: int) -> Job:
 
 
 def _free_port() -> int:
-    """The lowest port of the range no live job uses. Called with GPU rows locked, so two
-    schedulers never read the same set (and a unique constraint backs this up)."""
+    """The lowest port of the range that no live job uses and no active transition (a
+    resize's union world) uses. Called with the free GPU rows locked, so two schedulers
+    never read the same set (and unique constraints back this up within each table)."""
     ports = rendezvous_ports()
     used = set(Job.objects.filter(state__in=LIVE_JOB_STATES, rendezvous_port__isnull=False)
                .values_list("rendezvous_port", flat=True))
+    used |= set(Transition.objects.exclude(state__in=[s.value for s in TERMINAL_TRANSITION_STATES])
+                .filter(rendezvous_port__isnull=False).values_list("rendezvous_port", flat=True))
     for port in ports:
         if port not in used:
             return port
-    raise Conflict(f"all {len(ports)} rendezvous ports {ports.start}-{ports.stop - 1} are used by live jobs")
+    raise Conflict(f"all {len(ports)} rendezvous ports {ports.start}-{ports.stop - 1} are used by live jobs "
+                   f"and active transitions")
 
 
 def start_orders(job: Job) -> dict[str, protocol.JobStartOrder]:
@@ -174,12 +179,14 @@ def job_stop(*, job_id: int) -> Job:
             job.state = job_next_state(state, JobTrigger.STOP)
             job.save(update_fields=["state", "updated_at"])
             publish_job(job, "upsert")
-        stop_on_commit(job, job.nodes if job.state == JobState.STOPPING else [])
+        stop_on_commit(job, transitions.job_nodes(job) if job.state == JobState.STOPPING else [])
     return job
 
 
 def job_finish(job: Job, *, state: JobState, error: str = "") -> None:
-    """Move a locked live job to stopped or failed and free its GPUs (lost ones stay lost)."""
+    """Move a locked live job to stopped or failed and free its GPUs (lost ones stay lost).
+    An active transition of the job ends aborted first (transitions.end_with_job)."""
+    transitions.end_with_job(job, state=state, error=error)
     job.state = state
     if error:
         job.error = error
@@ -189,13 +196,15 @@ def job_finish(job: Job, *, state: JobState, error: str = "") -> None:
 
 
 def job_fail(*, job_id: int, error: str, notify: list[str] | None = None) -> Job | None:
-    """Fail a live job, release its GPUs and tell its nodes (`notify`, default all) to stop."""
+    """Fail a live job, release its GPUs and tell its nodes (`notify`, default all, the nodes
+    of joining ranks during a transition included) to stop."""
     with transaction.atomic():
         job = Job.objects.select_for_update().filter(pk=job_id).first()
         if job is None or job.state not in LIVE_JOB_STATES:
             return job
+        nodes = transitions.job_nodes(job) if notify is None else notify
         job_finish(job, state=job_next_state(JobState(job.state), JobTrigger.FAIL), error=error)
-        stop_on_commit(job, job.nodes if notify is None else notify)
+        stop_on_commit(job, nodes)
     return job
 
 
@@ -207,10 +216,14 @@ def jobs_fail_on_node_loss(*, nodes: list[str]) -> list[int]:
                      .values_list("job_id", flat=True)))
     for job_id in ids:
         job = Job.objects.get(pk=job_id)
+        active = transitions.active_transition(job)
+        slots = {(s["rank"], s["node"]) for s in job.placement}
+        if active is not None:  # the joining ranks of a resize count as well
+            slots |= {(s["rank"], s["node"]) for s in active.destination_placement}
         ranks = defaultdict(list)
-        for slot in job.placement:
-            if slot["node"] in lost:
-                ranks[slot["node"]].append(slot["rank"])
+        for rank, node in sorted(slots):
+            if node in lost:
+                ranks[node].append(rank)
         where = "; ".join(f"node {node} (ranks {', '.join(map(str, r))})" for node, r in sorted(ranks.items()))
         job_fail(job_id=job_id, error=f"{where or 'node ' + ', '.join(sorted(lost))} lost: its heartbeats stopped "
                                       f"while it ran this job's ranks")

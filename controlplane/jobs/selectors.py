@@ -4,9 +4,26 @@ from __future__ import annotations
 from django.db import transaction
 
 from controlplane.common.models import EventStream
-from controlplane.jobs.events import METRIC_NAMES, JobLiveSnapshot, Series, job_stream
+from controlplane.jobs.events import METRIC_NAMES, JobLiveSnapshot, RankSlotView, Series, TransitionView, job_stream
 from controlplane.jobs.metric_codec import unpack
-from controlplane.jobs.models import MetricSeries
+from controlplane.jobs.models import MetricSeries, Transition
+
+
+def _iso(value) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def transition_view(t: Transition) -> TransitionView:
+    return TransitionView(
+        id=t.pk, job=t.job_id, source_layout=t.source_layout, destination_layout=t.destination_layout,
+        source_world=t.source_world, destination_world=t.destination_world, state=t.state, reason=t.reason,
+        plan_fingerprint=t.plan_fingerprint,
+        destination_placement=tuple(RankSlotView(**slot) for slot in t.destination_placement),
+        rendezvous=t.rendezvous, created_at=_iso(t.created_at), started_at=_iso(t.started_at),
+        finished_at=_iso(t.finished_at), step=t.step, prepare_seconds=t.prepare_seconds,
+        pause_seconds=t.pause_seconds, transfer_seconds=t.transfer_seconds, verify_seconds=t.verify_seconds,
+        network_bytes=t.network_bytes, rounds=t.rounds, peak_bytes=t.peak_bytes,
+        predicted_peak_bytes=t.predicted_peak_bytes, verified=(t.verification or {}).get("verified"))
 
 
 def metric_points(*, series_id: int) -> tuple[list[float], list[float]]:
@@ -20,7 +37,7 @@ def metric_points(*, series_id: int) -> tuple[list[float], list[float]]:
 
 
 def job_live_snapshot(*, job_id: int) -> JobLiveSnapshot:
-    """A job's training metrics, exactly as of `seq` of the job's stream. Metrics events
+    """A job's training metrics and transitions, exactly as of `seq` of the job's stream. Metrics events
     append, so applying one twice would duplicate a point: the stream's counter row is
     locked while reading, which holds back writers (they bump it in their transaction)."""
     with transaction.atomic():
@@ -31,4 +48,5 @@ def job_live_snapshot(*, job_id: int) -> JobLiveSnapshot:
         for series in MetricSeries.objects.filter(job_id=job_id, transition=None, rank=None, name__in=METRIC_NAMES):
             xs, ys = metric_points(series_id=series.pk)
             metrics[series.name] = Series(x=tuple(xs), y=tuple(ys))
-    return JobLiveSnapshot(seq=seq, metrics=metrics)
+        transitions = tuple(transition_view(t) for t in Transition.objects.filter(job_id=job_id).order_by("id"))
+    return JobLiveSnapshot(seq=seq, metrics=metrics, transitions=transitions)

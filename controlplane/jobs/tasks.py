@@ -20,3 +20,14 @@ def job_report(report: dict) -> None:
         log.error("rejected job report %r from %r: %s", report.get("job_id"), report.get("node"), exc)
         return
     reports.job_record_report(report=parsed)
+
+
+@shared_task(name=protocol.CONTROL_TRANSITION_REPORT)
+def transition_report(report: dict) -> None:
+    try:
+        parsed = protocol.TransitionReport.model_validate(report)
+    except ValidationError as exc:
+        log.error("rejected transition report %r of job %r from %r: %s", report.get("transition_id"),
+                  report.get("job_id"), report.get("node"), exc)
+        return
+    reports.transition_record_report(report=parsed)

@@ -1,0 +1,260 @@
+"""Online resize of a running job (issue 6): plan the switch, place the joining ranks, and
+send every involved node its JobSwitchOrder (agents/protocol.py).
+
+Ranks keep their numbers across a switch (agents/training/worker.py): rank r below
+min(old, new world) stays on its GPU, ranks from the old world size up are new processes
+on newly allocated GPUs, ranks from the new world size up leave after handing their state
+over. So only the joining ranks need GPUs, and a tensor-parallel group of the new layout
+must fit the nodes where its staying ranks already are (rules in docs/elastic.md).
+
+The GPU rows are locked as in job start (free GPUs of healthy nodes, in id order), so a
+resize and a start never take the same GPU or rendezvous port. The reports that move the
+transition on are applied in reports.py; commit and abort in transitions.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import defaultdict
+
+from django.db import transaction
+from django.db.models import Count
+from kombu.exceptions import OperationalError
+
+from agents import protocol
+from agents.layout.allocate import AllocationError, FreeGpus, allocate
+from agents.layout.catalog import get_model
+from agents.layout.errors import LayoutError
+from agents.layout.placement import Placement
+from agents.layout.plan import PlanOptions, plan_routes
+from agents.layout.spec import Layout, ModuleLayout, parse_layout
+from controlplane.cluster.events import GROUP as CLUSTER_GROUP
+from controlplane.cluster.events import STREAM as CLUSTER_STREAM
+from controlplane.cluster.events import GpuEvent
+from controlplane.cluster.lifecycle import GpuState, GpuTrigger, NodeState, gpu_next_state
+from controlplane.cluster.models import Gpu, Node
+from controlplane.cluster.selectors import gpu_view
+from controlplane.common.errors import Conflict, InvalidInput
+from controlplane.common.events import next_seq, publish_on_commit
+from controlplane.jobs import transitions
+from controlplane.jobs.lifecycle import JobState, JobTrigger, TransitionState, job_next_state
+from controlplane.jobs.models import Job, Transition
+from controlplane.jobs.scheduling import _free_port, _send, job_fail, tp_block
+from controlplane.jobs.services import layout_check, publish_job
+
+log = logging.getLogger(__name__)
+
+STAGING_BYTES = 64 * 2**20  # per rank, in the plan and in the switch order
+
+
+def _dp(placement: Placement) -> int:
+    return next(iter(placement.modules.values())).dp
+
+
+def _batch_error(job: Job, layout: str, dp: int) -> str | None:
+    if job.global_batch % (job.micro_batch * dp):
+        return (f"global_batch={job.global_batch} is not a multiple of micro_batch={job.micro_batch} x dp={dp} "
+                f"(layout {layout})")
+    return None
+
+
+def layout_for_resize(job: Job, gpus: int) -> str:
+    """The layout for `gpus` GPUs: the job's layout with only dp changed, if N allows it
+    (every other degree kept: tp, pp, vpp, cp, ep, zero); else its tp and pp with dp=N/(tp*pp);
+    else dp=N, the job-creation rule. "Allows" means: N is a multiple of the kept degrees,
+    the model's rules hold and global_batch is a multiple of micro_batch x dp. When no
+    candidate passes, dp=N is returned and the caller's checks report why it fails."""
+    candidates: list[str] = []
+    try:
+        layout = parse_layout(job.layout)
+    except LayoutError:
+        layout = None
+    if layout is not None and not layout.is_heterogeneous and layout.modules[0].first_rank is None:
+        m = layout.modules[0]
+        for keep in (dict(tp=m.tp, pp=m.pp, vpp=m.vpp, cp=m.cp, ep=m.ep, zero=m.zero), dict(tp=m.tp, pp=m.pp)):
+            fixed = keep["tp"] * keep["pp"] * keep.get("cp", 1)
+            if gpus % fixed:
+                continue
+            try:
+                module = dataclasses.replace(ModuleLayout(module=m.module, **keep), dp=gpus // fixed)
+                candidates.append(str(Layout(modules=(module,))))
+            except LayoutError:
+                continue
+    fallback = f"dp={gpus}"
+    for text in dict.fromkeys([*candidates, fallback]):
+        try:
+            placement = layout_check(model=job.model, layout=text)
+        except InvalidInput:
+            continue
+        if placement.world == gpus and _batch_error(job, text, _dp(placement)) is None:
+            return text
+    return fallback
+
+
+def _gpus_per_node() -> int:
+    """The largest node's GPU count (every node the inventory knows), for the plan and the
+    ranks: both must use the same value, or their plan fingerprints differ."""
+    counts = Gpu.objects.values("node").annotate(n=Count("id")).values_list("n", flat=True)
+    return max(counts, default=1) or 1
+
+
+def _span(ranks: list[int]) -> str:
+    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
+
+
+def place_joining(job: Job, dst: Placement, free: dict[str, list[int]]) -> list[dict]:
+    """Slots {rank, node, gpu} of the joining ranks (old world .. new world - 1).
+
+    The new layout's blocks of tp_block(dst) consecutive ranks must each sit on one node.
+    A block whose ranks all stay must already be on one node (ranks never move). A block
+    that straddles the old world size gets its joining ranks on the node of its staying
+    ranks (that node's free GPUs in index order). The blocks made only of joining ranks go
+    through agents.layout.allocate, which numbers ranks from 0: its slot i becomes rank
+    first_joining_block + i, so its whole-block placement carries over. Conflict otherwise.
+    `free` (node -> free GPU indices) loses the GPUs taken."""
+    old = {slot["rank"]: slot for slot in job.placement}
+    w0, w1 = job.world_size, dst.world
+    block = tp_block(dst)
+    joining: list[dict] = []
+    for start in range(0, min(w0, w1), block):
+        staying = list(range(start, min(start + block, w0, w1)))
+        nodes = sorted({old[r]["node"] for r in staying})
+        if len(nodes) > 1:
+            raise Conflict(
+                f"job {job.name!r} cannot switch to {dst.layout}: ranks {_span(list(range(start, start + block)))} "
+                f"form one tensor-parallel block that must sit on one node, but ranks keep their GPUs in a resize "
+                f"and ranks {_span(staying)} run on nodes {', '.join(nodes)}")
+        wanted = list(range(max(start, w0), min(start + block, w1)))
+        if wanted:
+            node = nodes[0]
+            have = sorted(free.get(node, []))
+            if len(have) < len(wanted):
+                raise Conflict(
+                    f"job {job.name!r} cannot switch to {dst.layout}: joining ranks {_span(wanted)} must run on "
+                    f"node {node} with ranks {_span(staying)} of their tensor-parallel block; it has {len(have)} "
+                    f"free GPUs, {len(wanted)} needed")
+            for rank, gpu in zip(wanted, have):
+                joining.append({"rank": rank, "node": node, "gpu": gpu})
+                free[node].remove(gpu)
+    first = -(-w0 // block) * block
+    if w1 > first:
+        try:
+            slots = allocate(w1 - first, block, [FreeGpus(node, tuple(gpus)) for node, gpus in sorted(free.items())])
+        except AllocationError as exc:
+            raise Conflict(f"job {job.name!r} cannot switch to {dst.layout}: joining ranks {_span(list(range(first, w1)))}"
+                           f" cannot be placed: {exc}") from None
+        for slot in slots:
+            joining.append({"rank": first + slot.rank, "node": slot.node, "gpu": slot.gpu})
+            free[slot.node].remove(slot.gpu)
+    return sorted(joining, key=lambda s: s["rank"])
+
+
+def job_resize(*, job_id: int, gpus: int | None = None, layout: str | None = None, requested_by=None) -> Transition:
+    """POST /api/jobs/{id}/resize: plan the switch of a running job to `layout` (or the
+    layout for `gpus` GPUs), allocate the joining ranks' GPUs, create the transition
+    (planned), move the job running -> switching and, on commit, send every node that holds
+    a staying, joining or leaving rank its JobSwitchOrder. InvalidInput (400) for a layout
+    the model or the batch rejects; Conflict (409) for a job that is not running or has an
+    active transition, or GPUs / ports that are not there."""
+    if (gpus is None) == (layout is None):
+        raise InvalidInput({"layout": ["give either `layout` or `gpus`, not both or neither"]})
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job_id)
+        active = transitions.active_transition(job)
+        if active is not None:
+            raise Conflict(f"a transition is already active: job {job.name!r} is switching {active.source_layout} -> "
+                           f"{active.destination_layout} (transition {active.pk}, {active.state})")
+        if job.state != JobState.RUNNING:
+            raise Conflict(f"job {job.name!r} is {job.state}; only a running job can be resized")
+        field = "layout" if layout is not None else "gpus"
+        if layout is None:
+            layout = layout_for_resize(job, gpus)
+        try:
+            text = str(parse_layout(layout))
+        except LayoutError as exc:
+            raise InvalidInput({"layout": [str(exc)]}) from None
+        dst = layout_check(model=job.model, layout=text)
+        if gpus is not None and dst.world != gpus:
+            raise InvalidInput({"gpus": [f"layout {text} spans {dst.world} GPUs, not {gpus}"]})
+        error = _batch_error(job, text, _dp(dst))
+        if error:
+            raise InvalidInput({"global_batch": [error]})
+        if text == job.layout:
+            raise Conflict(f"job {job.name!r} already runs {text} on {job.world_size} GPUs; nothing to switch")
+
+        free_rows = list(Gpu.objects.select_for_update(of=("self",)).select_related("node")
+                         .filter(state=GpuState.FREE, job__isnull=True, node__state=NodeState.HEALTHY).order_by("id"))
+        gpus_per_node = _gpus_per_node()
+        try:
+            plan = plan_routes(get_model(job.model), job.layout, text,
+                               PlanOptions(gpus_per_node=gpus_per_node, staging_bytes=STAGING_BYTES))
+        except LayoutError as exc:
+            raise InvalidInput({"layout": [f"the switch {job.layout} -> {text} cannot be planned: {exc}"]}) from None
+        free: dict[str, list[int]] = defaultdict(list)
+        for gpu in free_rows:
+            free[gpu.node.name].append(gpu.index)
+        joining = place_joining(job, dst, free)
+        rows = {(gpu.node.name, gpu.index): gpu for gpu in free_rows}
+        for slot in joining:
+            gpu = rows[(slot["node"], slot["gpu"])]
+            gpu.job, gpu.state = job, gpu_next_state(GpuState(gpu.state), GpuTrigger.ALLOCATE)
+            gpu.save(update_fields=["job", "state"])
+            publish_on_commit(CLUSTER_GROUP, GpuEvent(seq=next_seq(CLUSTER_STREAM), gpu=gpu_view(gpu)))
+        port = _free_port()
+        rank0 = next(slot for slot in job.placement if slot["rank"] == 0)
+        host = Node.objects.get(name=rank0["node"]).host
+        old = sorted(job.placement, key=lambda s: s["rank"])
+        who = f" by {requested_by}" if requested_by is not None and getattr(requested_by, "pk", None) else ""
+        summary = plan.summary()
+        new = Transition.objects.create(
+            job=job, source_layout=job.layout, destination_layout=text, source_world=job.world_size,
+            destination_world=dst.world,
+            reason=f"resize to {gpus} GPUs ({text}){who}" if field == "gpus" else f"resize to {text}{who}",
+            plan_summary=summary, plan_fingerprint=plan.fingerprint, source_placement=old,
+            destination_placement=[s for s in old if s["rank"] < dst.world] + joining,
+            rendezvous=f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}",
+            rendezvous_port=port, gpus_per_node=gpus_per_node, staging_bytes=STAGING_BYTES,
+            peak_staging_bytes=summary.get("peak_staging_bytes"),
+        )
+        transitions.enter(new, TransitionState.PLANNED, reported=False, at=new.created_at)
+        new.save(update_fields=["history", "state"])
+        job.state = job_next_state(JobState.RUNNING, JobTrigger.SWITCH)
+        job.save(update_fields=["state", "updated_at"])
+        publish_job(job, "upsert")
+        transitions.publish_transition(new)
+        orders = switch_orders(job, new)
+        transaction.on_commit(lambda: _send_switches(job.pk, orders))
+    log.info("job %s: transition %s planned, %s -> %s (plan %s)", job.name, new.pk, new.source_layout,
+             new.destination_layout, new.plan_fingerprint[:12])
+    return new
+
+
+def switch_orders(job: Job, transition: Transition) -> dict[str, protocol.JobSwitchOrder]:
+    """One order per node holding a staying, joining or leaving rank: the same order
+    except `ranks`, that node's slots in the union world (its old slots and its joining ones)."""
+    union = {slot["rank"]: slot for slot in transition.source_placement}
+    union.update({slot["rank"]: slot for slot in transition.destination_placement})
+    slots: dict[str, list[protocol.RankSlot]] = defaultdict(list)
+    for rank in sorted(union):
+        slot = union[rank]
+        slots[slot["node"]].append(protocol.RankSlot(rank=rank, gpu=slot["gpu"]))
+    return {node: protocol.JobSwitchOrder(
+        job_id=job.pk, transition_id=transition.pk, job_name=job.name, model=job.model,
+        global_batch=job.global_batch, micro_batch=job.micro_batch, seq=job.seq_len, max_steps=job.max_steps,
+        src_layout=transition.source_layout, src_world=transition.source_world, layout=transition.destination_layout,
+        world=transition.destination_world, rendezvous=transition.rendezvous, ranks=tuple(ranks),
+        staging_bytes=transition.staging_bytes, gpus_per_node=transition.gpus_per_node)
+        for node, ranks in slots.items()}
+
+
+def _send_switches(job_id: int, orders: dict[str, protocol.JobSwitchOrder]) -> None:
+    """After commit. A broker that refuses an order fails the job: some nodes may have got
+    theirs, and there is no order that takes a switch back (docs/elastic.md)."""
+    for node, order in orders.items():
+        try:
+            _send(protocol.NODE_JOB_SWITCH, node, order)
+        except (OperationalError, OSError) as exc:
+            log.error("job %s: switch order to node %s not sent: %s", job_id, node, exc)
+            job_fail(job_id=job_id, error=f"the switch order of transition {order.transition_id} to node {node} "
+                                          f"could not be sent: {exc}")
+            return

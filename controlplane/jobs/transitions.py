@@ -1,0 +1,125 @@
+"""A job's transitions (layout switches) in the database: state changes, what a commit or
+an abort does to the job and its GPUs, and the live `transition` events.
+
+Called with the job's row locked (and the transition's): by the resize service
+(resize.py), the transition report task (reports.py) and the job-failure path
+(scheduling.job_finish). Nothing here sends orders to the agents.
+"""
+from __future__ import annotations
+
+import logging
+
+from django.db.models import Q
+from django.utils import timezone
+
+from controlplane.cluster.models import Gpu
+from controlplane.cluster.services import gpus_release
+from controlplane.common.events import next_seq, publish_on_commit
+from controlplane.jobs.events import TransitionEvent, job_stream
+from controlplane.jobs.lifecycle import (
+    TERMINAL_TRANSITION_STATES,
+    JobState,
+    JobTrigger,
+    TransitionState,
+    job_next_state,
+    transition_end_with_job,
+)
+from controlplane.jobs.models import Job, Transition
+from controlplane.jobs.selectors import transition_view
+from controlplane.jobs.services import publish_job
+
+log = logging.getLogger(__name__)
+
+
+def publish_transition(transition: Transition) -> None:
+    """The transition's new state, on commit, to the job's stream (/ws/jobs/<id>/)."""
+    stream = job_stream(transition.job_id)
+    publish_on_commit(stream, TransitionEvent(seq=next_seq(stream), transition=transition_view(transition)))
+
+
+def active_transition(job: Job, *, lock: bool = False) -> Transition | None:
+    """The job's transition that is not terminal yet (at most one: a partial unique index)."""
+    queryset = Transition.objects.filter(job=job).exclude(state__in=[s.value for s in TERMINAL_TRANSITION_STATES])
+    return (queryset.select_for_update() if lock else queryset).first()
+
+
+def job_nodes(job: Job) -> list[str]:
+    """Nodes with ranks of the job: its placement's, and during a transition also the nodes
+    of the joining ranks (they run processes, or are starting them)."""
+    nodes = list(job.nodes)
+    active = active_transition(job)
+    if active is not None:
+        nodes += [slot["node"] for slot in active.destination_placement]
+    return list(dict.fromkeys(nodes))
+
+
+def enter(transition: Transition, state: TransitionState, *, reported: bool, at=None) -> None:
+    """Record entering `state` (the caller checked the lifecycle): history, started_at
+    (leaving planned), finished_at (a terminal state)."""
+    at = at or timezone.now()
+    transition.state = state.value
+    transition.history = [*transition.history, {"state": state.value, "at": at.isoformat(), "reported": reported}]
+    if state is not TransitionState.PLANNED and transition.started_at is None:
+        transition.started_at = at
+    if state in TERMINAL_TRANSITION_STATES:
+        transition.finished_at = at
+
+
+def _release_slots(job: Job, slots: list[dict]) -> None:
+    """Free the GPUs of these rank slots that the job still holds (lost ones stay lost)."""
+    if not slots:
+        return
+    where = Q()
+    for slot in slots:
+        where |= Q(node__name=slot["node"], index=slot["gpu"])
+    gpus_release(gpus=Gpu.objects.filter(where, job=job))
+
+
+def _back_to_running(job: Job) -> None:
+    if job.state == JobState.SWITCHING:
+        job.state = job_next_state(JobState.SWITCHING, JobTrigger.SWITCHED)
+
+
+def commit(job: Job, transition: Transition) -> None:
+    """A committed transition: the job trains the destination layout on the destination
+    placement, rank 0's store at the transition's rendezvous is the job's rendezvous now,
+    the leaving ranks' GPUs are free, switching -> running."""
+    leaving = [slot for slot in transition.source_placement if slot["rank"] >= transition.destination_world]
+    job.layout = transition.destination_layout
+    job.world_size = transition.destination_world
+    job.placement = transition.destination_placement
+    job.rendezvous, job.rendezvous_port = transition.rendezvous, transition.rendezvous_port
+    _back_to_running(job)
+    job.save(update_fields=["layout", "world_size", "placement", "rendezvous", "rendezvous_port", "state",
+                            "updated_at"])
+    _release_slots(job, leaving)
+    publish_job(job, "upsert")
+
+
+def undo(job: Job, transition: Transition) -> None:
+    """An aborted or rolled-back transition while the job lives on: it keeps (or is back on)
+    its source layout and placement, which were never overwritten; the joining ranks' GPUs
+    are free; switching -> running."""
+    joining = [slot for slot in transition.destination_placement if slot["rank"] >= transition.source_world]
+    _release_slots(job, joining)
+    if job.state == JobState.SWITCHING:
+        _back_to_running(job)
+        job.save(update_fields=["state", "updated_at"])
+        publish_job(job, "upsert")
+
+
+def end_with_job(job: Job, *, state: JobState, error: str = "") -> Transition | None:
+    """The job (locked) is about to stop or fail: its active transition, if any, ends
+    aborted with the reason (the job's GPUs, joining ones included, are then released by
+    the caller). The agents cannot restore the old layout, so this is never rolled_back."""
+    transition = active_transition(job, lock=True)
+    if transition is None:
+        return None
+    was = transition.state
+    enter(transition, transition_end_with_job(TransitionState(was)), reported=False)
+    why = f"the job {state.value} while the transition was {was}" + (f": {error}" if error else "")
+    transition.reason = f"{transition.reason}; {why}" if transition.reason else why
+    transition.save()
+    publish_transition(transition)
+    log.warning("job %s: transition %s aborted (%s)", job.name, transition.pk, why)
+    return transition
