@@ -111,13 +111,17 @@ class ShardedAdamW:
         for s, size in zip(self.slots, padded):
             mine[offset:offset + s.master.numel()] = s.master.reshape(-1)
             offset += size
-        everyone = [torch.empty_like(mine) for _ in range(self.dp)]
-        dist.all_gather(everyone, mine, group=self.group)
+        gathered = torch.empty(self.dp * mine.numel(), dtype=torch.bfloat16)
+        dist.all_gather_into_tensor(gathered, mine, group=self.group)
+        gathered = gathered.view(self.dp, mine.numel())
         offset = 0
         for s, size in zip(self.slots, padded):
-            for d, buf in enumerate(everyone):
-                lo, hi = chunk_rows(s.local.shape[0], self.dp, d)
-                if hi > lo:
-                    part = buf[offset:offset + size][:s.local[lo:hi].numel()]
-                    s.local[lo:hi].copy_(part.view(s.local[lo:hi].shape))
+            rows = s.local.shape[0]
+            if rows:
+                # Rank d's chunk is rows [d*c, (d+1)*c) padded to c rows (torch.chunk), so the
+                # ranks' padded chunks stacked in rank order are the parameter's rows, then padding:
+                # one copy per parameter, whatever the data-parallel size.
+                c = -(-rows // self.dp)
+                stacked = gathered[:, offset:offset + size].reshape(self.dp * c, -1)[:rows]
+                s.local.copy_(stacked.view(s.local.shape))
             offset += size
