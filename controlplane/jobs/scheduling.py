@@ -114,12 +114,19 @@ def job_start(*, job_id: int) -> Job:
 def _free_port() -> int:
     """The lowest port of the range that no live job uses and no active transition (a
     resize's union world) uses. Called with the free GPU rows locked, so two schedulers
-    never read the same set (and unique constraints back this up within each table)."""
+    never read the same set (and unique constraints back this up within each table).
+
+    A live job keeps every port it has had: its rank 0 process served the start store and
+    each switch's union store, and torch keeps a store's socket open as long as anything in
+    the process refers to it (measured: the start port was still bound after two switches,
+    and a resize given it failed with EADDRINUSE). The ports come back when the job ends."""
     ports = rendezvous_ports()
     used = set(Job.objects.filter(state__in=LIVE_JOB_STATES, rendezvous_port__isnull=False)
                .values_list("rendezvous_port", flat=True))
     used |= set(Transition.objects.exclude(state__in=[s.value for s in TERMINAL_TRANSITION_STATES])
                 .filter(rendezvous_port__isnull=False).values_list("rendezvous_port", flat=True))
+    used |= set(Transition.objects.filter(job__state__in=LIVE_JOB_STATES, rendezvous_port__isnull=False)
+                .values_list("rendezvous_port", flat=True))
     for port in ports:
         if port not in used:
             return port

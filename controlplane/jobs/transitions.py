@@ -82,16 +82,15 @@ def _back_to_running(job: Job) -> None:
 
 def commit(job: Job, transition: Transition) -> None:
     """A committed transition: the job trains the destination layout on the destination
-    placement, rank 0's store at the transition's rendezvous is the job's rendezvous now,
-    the leaving ranks' GPUs are free, switching -> running."""
+    placement, the leaving ranks' GPUs are free, switching -> running. The job keeps its
+    start rendezvous (and port): rank 0's process still holds that store open, as it holds
+    every union store it served (see scheduling._free_port)."""
     leaving = [slot for slot in transition.source_placement if slot["rank"] >= transition.destination_world]
     job.layout = transition.destination_layout
     job.world_size = transition.destination_world
     job.placement = transition.destination_placement
-    job.rendezvous, job.rendezvous_port = transition.rendezvous, transition.rendezvous_port
     _back_to_running(job)
-    job.save(update_fields=["layout", "world_size", "placement", "rendezvous", "rendezvous_port", "state",
-                            "updated_at"])
+    job.save(update_fields=["layout", "world_size", "placement", "state", "updated_at"])
     _release_slots(job, leaving)
     publish_job(job, "upsert")
 

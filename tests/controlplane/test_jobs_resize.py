@@ -162,7 +162,8 @@ def test_grow_from_two_to_four_ranks_across_two_nodes(two_nodes, token_client, s
                               "node": "node-1"}
     assert (job.state, job.layout, job.world_size) == ("running", "tp=2,dp=2", 4)
     assert job.placement == body["destination_placement"]
-    assert (job.rendezvous, job.rendezvous_port) == ("host-1:29401", 29401)  # where rank 0's store is now
+    # The job keeps its start rendezvous: rank 0's process still holds that store.
+    assert (job.rendezvous, job.rendezvous_port) == ("host-1:29400", 29400)
     assert set(_gpus().values()) == {("allocated", "j")}
 
     # Live: every transition change on the job's stream, in seq order; job states on the cluster stream.
@@ -190,8 +191,10 @@ def test_grow_from_two_to_four_ranks_across_two_nodes(two_nodes, token_client, s
     listed = token_client.get("/api/transitions?job=nope").json()
     assert (listed["results"] if isinstance(listed, dict) else listed) == []
 
-    # The job's start port is free again (the ranks left that world); the transition's is the job's now.
-    assert scheduling._free_port() == 29400
+    # Neither the start port nor the committed transition's is given out while the job lives:
+    # rank 0 keeps every store it served open (a resize given the start port failed with
+    # EADDRINUSE in the stack test).
+    assert scheduling._free_port() == 29402
 
 
 def test_gpus_grow_picks_dp_and_the_most_free_node(two_nodes, token_client, sent_tasks, run) -> None:
