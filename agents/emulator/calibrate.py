@@ -18,7 +18,9 @@ than ranks they share the cores). Measured, per rank:
   times from 4 KiB to 16 MiB, each issued between matmuls as a training step issues them
   (the time of matmul + collective minus the matmul's alone): on a CPU a small
   collective costs the wake-up of a process that slept waiting for its peer, about twice
-  what back-to-back collectives show.
+  what back-to-back collectives show;
+- how much of a collective hides behind compute (comm_overlap): with as many ranks as
+  cores, the collective's copies need the cores the matmuls use.
 """
 from __future__ import annotations
 
@@ -146,6 +148,34 @@ def _dispatch_overhead(world: int, n: int = 200) -> float:
     return max(sharded - plain, 0.0) / (4 * n)
 
 
+def _comm_overlap(world: int, repeats: int = 3) -> float:
+    """How much of a collective hides behind compute on this machine: an all-reduce started
+    asynchronously before a run of matmuls and waited for after them, against the two
+    alone: (matmuls + all-reduce - both) / the shorter of the two, in [0, 1]."""
+    a, b = torch.randn(512, 768, dtype=torch.bfloat16), torch.randn(768, 768, dtype=torch.bfloat16)
+    t = torch.ones(1 << 21)  # 8 MiB
+
+    def matmuls() -> None:
+        for _ in range(40):
+            a @ b
+
+    def both() -> None:
+        work = dist.all_reduce(t, async_op=True)
+        matmuls()
+        work.wait()
+
+    def timed(fn) -> float:
+        fn()
+        samples = []
+        for _ in range(repeats):
+            dist.barrier()
+            samples.append(_elapsed(fn))
+        return statistics.median(samples)
+
+    compute, comm, together = timed(matmuls), timed(lambda: dist.all_reduce(t)), timed(both)
+    return min(1.0, max(0.0, (compute + comm - together) / min(compute, comm)))
+
+
 def _elapsed(fn) -> float:
     started = time.perf_counter()
     fn()
@@ -242,8 +272,10 @@ def calibrate_rank(rank: int, world: int) -> dict:
     dist.barrier()
     alpha, bandwidth = _allreduce_fit(world)
     table = _collective_table(world) if world >= 2 else {}
+    overlap = _comm_overlap(world) if world >= 2 else 1.0
     return {"bf16": bf16, "fp32": fp32, "short_k": short_k, "attention": attention, "memory": memory,
-            "overhead": overhead, "dispatch": dispatch, "alpha": alpha, "bandwidth": bandwidth, "ops": ops, "table": table}
+            "overhead": overhead, "dispatch": dispatch, "alpha": alpha, "bandwidth": bandwidth, "ops": ops, "table": table,
+            "overlap": overlap}
 
 
 def calibrate(ranks: int = 2) -> DeviceProfile:
@@ -261,7 +293,7 @@ def calibrate(ranks: int = 2) -> DeviceProfile:
         name="cpu-calibrated", peak_flops={"bf16": bf16, "fp32": median("fp32")}, hbm_bytes=memory_bytes // ranks,
         hbm_bandwidth=median("memory"), sm_count=0, matmul_max_fraction=1.0,
         attention_fraction=min(1.0, median("attention") / bf16), memory_fraction=1.0,
-        launch_seconds=median("overhead"), dispatch_seconds=median("dispatch"), intra_node_bandwidth=median("bandwidth"), intra_node_efficiency=1.0,
+        launch_seconds=median("overhead"), dispatch_seconds=median("dispatch"), comm_overlap=median("overlap"), intra_node_bandwidth=median("bandwidth"), intra_node_efficiency=1.0,
         intra_node_latency=median("alpha"), inter_node_bandwidth=median("bandwidth"), inter_node_efficiency=1.0,
         inter_node_latency=median("alpha"), matmul_k_half=k_half, gpus_per_node=ranks,
         op_bandwidth={name: statistics.median(r["ops"][name] for r in results) for name in results[0]["ops"]},

@@ -68,6 +68,10 @@ class DeviceProfile:
     # Host seconds of one DTensor op's sharding dispatch on top of the local ops it runs.
     # 0 for the GPU profiles: there the host runs ahead of the kernels and this overlaps them.
     dispatch_seconds: float = 0.0
+    # Fraction of a collective's time that runs hidden while the rank computes. 1 on GPUs
+    # (copy engines and NICs move the bytes); on a CPU whose cores all compute, the
+    # collective's copies need the same cores, and `dynaplane calibrate` measures it.
+    comm_overlap: float = 1.0
 
     def __post_init__(self) -> None:
         require(isinstance(self.name, str) and self.name, f"profile name={self.name!r} must be a non-empty string")
@@ -84,6 +88,8 @@ class DeviceProfile:
             require(isinstance(value, (int, float)) and 0 < value <= 1,
                     f"profile {self.name}: {key}={value!r} must be in (0, 1]")
         _check_collective_table(self.name, self.collective_table)
+        require(isinstance(self.comm_overlap, (int, float)) and 0 <= self.comm_overlap <= 1,
+                f"profile {self.name}: comm_overlap={self.comm_overlap!r} must be in [0, 1]")
         for key in ("sm_count", "launch_seconds", "intra_node_latency", "inter_node_latency", "dispatch_seconds"):
             value = getattr(self, key)
             require(isinstance(value, (int, float)) and math.isfinite(value) and value >= 0,

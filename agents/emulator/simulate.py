@@ -120,29 +120,40 @@ class _Phase:
     op_end: list[float]  # offset at which each op ends
 
 
-def _run_phase(timed: list[tuple[float, str]], gathers: list[tuple[int, float, str]]) -> _Phase:
+def _run_phase(timed: list[tuple[float, str]], gathers: list[tuple[int, float, str]],
+               overlap: float = 1.0) -> _Phase:
     """Ops back to back; gather j must end before op gathers[j][0] starts; gather j+1 is
-    issued when gather j is consumed (one ahead), gather 0 at the phase start."""
+    issued when gather j is consumed (one ahead), gather 0 at the phase start. While an op
+    runs, the gather in flight advances `overlap` seconds per second (the profile's
+    comm_overlap); while the rank waits for it, at full speed."""
     t, parts, ends = 0.0, dict.fromkeys(PARTS, 0.0), []
-    j, gather_end = 0, (gathers[0][1] if gathers else 0.0)
+    j, left = 0, (gathers[0][1] if gathers else 0.0)  # left: the in-flight gather's remaining seconds
 
     def consume(index: int) -> None:
-        nonlocal t, j, gather_end
+        nonlocal t, j, left
         while j < len(gathers) and gathers[j][0] <= index:
-            stall = max(0.0, gather_end - t)
-            parts[gathers[j][2]] += stall
-            t += stall
+            parts[gathers[j][2]] += left
+            t += left
             j += 1
-            if j < len(gathers):
-                gather_end = t + gathers[j][1]
+            left = gathers[j][1] if j < len(gathers) else 0.0
 
     for i, (seconds, category) in enumerate(timed):
         consume(i)
         t += seconds
+        left = max(0.0, left - overlap * seconds)
         parts[category] += seconds
         ends.append(t)
     consume(len(timed))
     return _Phase(t, parts, ends)
+
+
+def _overlapped_end(begin: float, seconds: float, compute_end: float, overlap: float) -> float:
+    """When a collective issued at `begin` ends if the rank computes until `compute_end`:
+    it advances `overlap` seconds per second of that compute, then at full speed."""
+    window = max(0.0, compute_end - begin)
+    if overlap > 0 and seconds <= overlap * window:
+        return begin + seconds / overlap
+    return max(begin, compute_end) + seconds - overlap * window
 
 
 @dataclass
@@ -182,9 +193,11 @@ def _stage_cost(stage: StageTrace, profile: DeviceProfile, gpn: int, recompute: 
     fwd_index = _index_without_p2p(stage.forward)
     bwd_index = _index_without_p2p(stage.backward)
     rec = timed(recomputed_ops(stage, recompute))
-    forward = _run_phase(timed(stage.forward), [(fwd_index[a], s, c) for a, s, c in gathers("forward")])
+    forward = _run_phase(timed(stage.forward), [(fwd_index[a], s, c) for a, s, c in gathers("forward")],
+                         profile.comm_overlap)
     backward = _run_phase(rec + timed(stage.backward),
-                          [(bwd_index[a] + len(rec), s, c) for a, s, c in gathers("backward")])
+                          [(bwd_index[a] + len(rec), s, c) for a, s, c in gathers("backward")],
+                          profile.comm_overlap)
     ready = []
     for after in stage.grad_ready_after():
         i = len(rec) + bwd_index[after]
@@ -255,7 +268,7 @@ def simulate(trace: Trace, profile: DeviceProfile, gpus_per_node: int = 8, recom
                 if kind == "B" and (mb == m - 1 or trace.stages[k].grad_sync_each_microbatch):
                     for offset, (seconds, _) in zip(costs[k].grad_ready, costs[k].grad_buckets):
                         begin = max(dp_stream[r], start + offset)
-                        dp_stream[r] = begin + seconds
+                        dp_stream[r] = _overlapped_end(begin, seconds, free[r], profile.comm_overlap)
                         if record_events:
                             events.append(Event(r, "grad_sync", begin, dp_stream[r], mb, k))
                 ptr[r] += 1

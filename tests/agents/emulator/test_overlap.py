@@ -127,3 +127,44 @@ def test_bad_simulation_inputs():
         simulate(trace, PROFILE, gpus_per_node=0)
     with pytest.raises(ValueError, match="profile must be a DeviceProfile"):
         simulate(trace, "h100")
+
+
+@pytest.mark.parametrize("overlap", [0.0, 0.25, 0.5, 1.0])
+def test_partial_overlap_hides_that_share_of_the_concurrent_compute(overlap):
+    """comm_overlap = f: a bucket issued at 2 ms of a 10 ms backward advances f s per s of
+    the remaining 8 ms of compute, then runs at full speed: exposed = max(0, t - 8 f) (or 0
+    when it fits, finishing at 2 + t / f)."""
+    from dataclasses import replace
+
+    profile = replace(PROFILE, comm_overlap=overlap)
+    bucket = _bucket(5 * MS)
+    t = collective_seconds(bucket, PROFILE)
+    result = simulate(_dp_trace(bucket, after=2), profile)
+    exposed = max(0.0, t - 8 * MS * overlap) if t > 8 * MS * overlap else 0.0
+    assert result.breakdown["dp_comm"] == pytest.approx(exposed, abs=1e-12)
+    assert result.step_seconds == pytest.approx(3 * 14 * MS + exposed, rel=1e-9)
+
+
+@pytest.mark.parametrize("overlap", [0.0, 0.5])
+def test_zero3_gathers_hide_only_the_overlapped_share(overlap):
+    """Four 2 ms gathers before four 1 ms ops: the first waits in full; each next one was
+    issued when the previous was consumed and advanced `overlap` ms during the op between."""
+    from dataclasses import replace
+
+    gather = _bucket(2 * MS)
+    t = collective_seconds(gather, PROFILE)
+    forward = tuple(timed(f"f{i}", 1 * MS) for i in range(4))
+    s = stage(0, forward=forward, backward=0.0, param_sync=(gather,) * 4, param_sync_phase=("forward",) * 4,
+              param_sync_at=(0, 1, 2, 3))
+    result = simulate(with_stages(uniform_trace(1, 1), [s]), replace(PROFILE, comm_overlap=overlap))
+    expected = t + 3 * (t - overlap * MS) + 4 * MS
+    assert result.step_seconds == pytest.approx(expected, rel=1e-9)
+
+
+def test_comm_overlap_outside_zero_to_one_is_refused():
+    from dataclasses import replace
+
+    from agents.emulator.errors import EmulatorError
+
+    with pytest.raises(EmulatorError, match="comm_overlap=1.5 must be in"):
+        replace(PROFILE, comm_overlap=1.5)
