@@ -16,6 +16,8 @@ FORBIDDEN = {
     "agents/node": ["django", "controlplane", "frontend", "torch", "channels", "rest_framework"],
     "agents/engine": ["django", "celery", "controlplane", "frontend", "channels"],
     "agents/training": ["django", "celery", "controlplane", "frontend", "channels"],
+    # The rank processes: training (torch) plus reports through the broker (celery).
+    "agents/runtime": ["django", "controlplane", "frontend", "channels", "rest_framework"],
     "agents/emulator": ["django", "celery", "controlplane", "frontend", "channels"],
     "controlplane": ["torch", "agents.engine", "agents.training", "agents.emulator", "agents.node"],
     "frontend": ["torch", "agents.engine", "agents.training", "agents.emulator", "agents.node"],

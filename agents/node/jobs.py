@@ -14,6 +14,7 @@ import datetime
 import logging
 import os
 import queue
+import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from agents import protocol
 from agents.engine.launch import RANK_MALLOC_ENV
-from agents.training.worker import STOP_FILE, switch_file, switched_marker
+from agents.runtime.worker import STOP_FILE, switch_file, switched_marker, transferring_marker
 from dynaplane.processes import Child
 
 log = logging.getLogger(__name__)
@@ -40,8 +41,9 @@ class LocalJob:
 
 class JobRunner:
     def __init__(self, send_report, node: str, device: str, broker_url: str, run_root: Path,
-                 poll_seconds: float = 0.2) -> None:
+                 poll_seconds: float = 0.2, env: dict[str, str] | None = None) -> None:
         self._send_report, self.node, self.device, self.broker_url = send_report, node, device, broker_url
+        self.env = dict(env or {})  # added to the rank processes' environment
         self.run_root = run_root
         self.poll_seconds = poll_seconds
         self.jobs: dict[int, LocalJob] = {}
@@ -146,10 +148,10 @@ class JobRunner:
 
     def _spawn(self, job: LocalJob, slot: protocol.RankSlot, args: list[str]) -> None:
         env = {**os.environ, "DYNAPLANE_NODE": self.node, "DYNAPLANE_BROKER_URL": self.broker_url,
-               **{k: v for k, v in RANK_MALLOC_ENV.items() if k not in os.environ}}
+               **{k: v for k, v in RANK_MALLOC_ENV.items() if k not in os.environ}, **self.env}
         if self.device == "cuda":
             env["CUDA_VISIBLE_DEVICES"] = str(slot.gpu)
-        child = Child(f"job-{job.job_id}-rank-{slot.rank}", [sys.executable, "-m", "agents.training.worker", *args],
+        child = Child(f"job-{job.job_id}-rank-{slot.rank}", [sys.executable, "-m", "agents.runtime.worker", *args],
                       job.run_dir / f"rank-{slot.rank}.log", critical=False)
         child.start(env)
         job.ranks[slot.rank] = child
@@ -170,7 +172,13 @@ class JobRunner:
                     continue
                 order = job.joining.get(rank)
                 if order is not None and not (job.run_dir / switched_marker(order.transition_id, rank)).exists():
-                    self._abort_switch(job, order, rank, code, child.log_tail(15))
+                    if (job.run_dir / transferring_marker(order.transition_id, rank)).exists():
+                        # Lost during the transfer: the old ranks roll back (rank 0 reports it).
+                        log.error("job %d: joining rank %d died during switch %d: %s", job_id, rank,
+                                  order.transition_id, child.log_tail(5))
+                        self._drop_joining(job, order)
+                    else:
+                        self._abort_switch(job, order, rank, code, child.log_tail(15))
                     continue
                 job.failed = True
                 self._report_failure(job, rank, code, child.log_tail(15))
@@ -189,19 +197,26 @@ class JobRunner:
         this node's other ranks joining the same switch are stopped."""
         error = f"joining rank {rank} on node {self.node} exited with code {code} before the switch: {tail[-3000:]}"
         log.error("job %d: switch %d aborted: %s", job.job_id, order.transition_id, error)
-        try:
-            _union_store_client(order).set("abort", error[:2000])
-        except Exception as exc:  # rank 0 gone or the store closed: its own timeout then aborts
-            log.warning("job %d: could not tell rank 0 about the abort: %s", job.job_id, exc)
+        # The agent stays free of torch: a short-lived process sets the key in rank 0's store.
+        told = subprocess.run([sys.executable, "-m", "agents.runtime.worker", "--abort",
+                               str(job.run_dir / f"join-{order.transition_id}-{self.node}.json"), error[:2000]],
+                              capture_output=True, text=True, timeout=60, env={**os.environ, **self.env})
+        if told.returncode != 0:  # rank 0 gone or its store closed: its own timeout then aborts
+            log.warning("job %d: could not tell rank 0 about the abort: %s", job.job_id, told.stderr[-500:])
+        self._drop_joining(job, order)
+        self._send_report(protocol.TransitionReport(
+            job_id=job.job_id, transition_id=order.transition_id, node=self.node, state="aborted", error=error,
+            sent_at=datetime.datetime.now(datetime.timezone.utc)))
+
+    @staticmethod
+    def _drop_joining(job: LocalJob, order: protocol.JobSwitchOrder) -> None:
+        """Stop and forget this node's ranks that were joining a failed switch."""
         for other, other_order in list(job.joining.items()):
             if other_order.transition_id == order.transition_id:
                 job.joining.pop(other)
                 child = job.ranks.pop(other)
                 child.terminate()
                 child.kill_group()
-        self._send_report(protocol.TransitionReport(
-            job_id=job.job_id, transition_id=order.transition_id, node=self.node, state="aborted", error=error,
-            sent_at=datetime.datetime.now(datetime.timezone.utc)))
 
     def _report_failure(self, job: LocalJob, rank: int, code: int, tail: str) -> None:
         error = f"rank {rank} on node {self.node} exited with code {code}: {tail[-3500:]}"
@@ -220,14 +235,6 @@ class JobRunner:
             except Exception:
                 pass
             child.kill_group()
-
-
-def _union_store_client(order: protocol.JobSwitchOrder):
-    import torch.distributed as dist
-
-    host, _, port = order.rendezvous.rpartition(":")
-    return dist.TCPStore(host.strip("[]"), int(port), is_master=False, wait_for_workers=False,
-                         timeout=datetime.timedelta(seconds=5))
 
 
 def _now() -> float:

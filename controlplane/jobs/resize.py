@@ -1,7 +1,7 @@
 """Online resize of a running job (issue 6): plan the switch, place the joining ranks, and
 send every involved node its JobSwitchOrder (agents/protocol.py).
 
-Ranks keep their numbers across a switch (agents/training/worker.py): rank r below
+Ranks keep their numbers across a switch (agents/runtime/worker.py): rank r below
 min(old, new world) stays on its GPU, ranks from the old world size up are new processes
 on newly allocated GPUs, ranks from the new world size up leave after handing their state
 over. So only the joining ranks need GPUs, and a tensor-parallel group of the new layout

@@ -284,3 +284,55 @@ def test_a_joining_rank_lost_while_preparing_aborts_the_switch_and_the_job_train
     finally:
         node1.shutdown()
         node2.shutdown()
+
+
+@pytest.mark.timeout(300)
+def test_a_joining_rank_lost_during_the_transfer_rolls_the_job_back_to_its_old_layout(broker, tmp_path):
+    """Issue 6's second fault: a rank lost after the old ranks left their layout (here a
+    joining rank exits right after entering the union world, by fault injection). The old
+    ranks kept their state until the commit point: they form the old world again and train
+    on, with the step count and losses of a job that never switched; rank 0 reports
+    rolled_back with the reason, the job is not failed."""
+    url, client = broker
+    failures: list = []
+    node1 = JobRunner(failures.append, "node-1", "cpu", url, tmp_path / "n1")
+    node2 = JobRunner(failures.append, "node-2", "cpu", url, tmp_path / "n2",
+                      env={"DYNAPLANE_FAULT": "exit-in-transfer:2"})
+    try:
+        start = _order(41, 2, [0, 1], _free_port(), layout="dp=2").model_copy(update={"global_batch": 6})
+        node1.start(start)
+        _wait(lambda: [r for r in _job_reports(client, 41) if r["kind"] == "step"], 120, "a step")
+        grow = _switch(41, 7, "dp=2", 2, "tp=2,dp=2", 4, [(0, 0), (1, 1)]).model_copy(update={"timeout_seconds": 20})
+        node1.switch(grow)
+        node2.switch(grow.model_copy(update={"ranks": (protocol.RankSlot(rank=2, gpu=0),
+                                                       protocol.RankSlot(rank=3, gpu=1))}))
+        back = _wait(lambda: [t for t in _transitions(client, 41) if t["state"] == "rolled_back"], 120,
+                     "rank 0 to roll back")
+        assert [t["state"] for t in _transitions(client, 41)] == ["preparing", "ready", "transferring",
+                                                                  "rolled_back"]
+        assert back[0]["error"].startswith("switch failed, back on dp=2:")
+        at = back[0]["step"]
+        _wait(lambda: max(r["step"] for r in _job_reports(client, 41) if r["kind"] == "step") >= at + 3, 60,
+              "three steps after the rollback")
+        _wait(lambda: 41 not in node2.running(), 60, "node-2's joining ranks to be gone")
+        node1.stop(protocol.JobStopOrder(job_id=41))
+        _wait(lambda: not node1.running(), 60, "the job to stop")
+        assert failures == []  # neither the job failed nor the switch was reported aborted
+        steps = [r for r in _job_reports(client, 41) if r["kind"] == "step"]
+        assert [r["step"] for r in steps] == list(range(1, len(steps) + 1))
+        assert {r["layout"] for r in steps} == {"dp=2"}
+    finally:
+        node1.shutdown()
+        node2.shutdown()
+
+    # The rolled-back job's losses are the unswitched job's, step for step, to the bit: same
+    # layout, same state (kept until the commit point), same data.
+    reference = JobRunner([].append, "node-1", "cpu", url, tmp_path / "ref")
+    try:
+        reference.start(start.model_copy(update={"job_id": 42, "max_steps": len(steps),
+                                                 "rendezvous": f"127.0.0.1:{_free_port()}"}))
+        _wait(lambda: not reference.running(), 180, "the unswitched run")
+    finally:
+        reference.shutdown()
+    unswitched = [r["loss"] for r in _job_reports(client, 42) if r["kind"] == "step"]
+    assert [r["loss"] for r in steps] == unswitched

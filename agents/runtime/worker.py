@@ -1,7 +1,8 @@
 """One rank of a job run by a node agent.
 
-    python -m agents.training.worker ORDER RANK          a rank of a starting job
-    python -m agents.training.worker --join ORDER RANK   a rank joining at a layout switch
+    python -m agents.runtime.worker ORDER RANK          a rank of a starting job
+    python -m agents.runtime.worker --join ORDER RANK   a rank joining at a layout switch
+    python -m agents.runtime.worker --abort ORDER WHY   (agents) abandon a switch being prepared
 
 ORDER is the JobStartOrder / JobSwitchOrder (agents/protocol.py) the agent wrote as JSON
 into the job's run folder. The rank trains step after step; after every step the job's
@@ -47,6 +48,12 @@ SCHEDULE_STEPS = 10_000
 
 def switch_file(transition_id: int) -> str:
     return f"switch-{transition_id}.json"
+
+
+def transferring_marker(transition_id: int, rank: int) -> str:
+    """The file a joining rank leaves once it is in the union world: from then on the old
+    ranks roll the switch back if it dies (rank 0 reports it), nobody else has to."""
+    return f"transferring-{transition_id}-rank-{rank}"
 
 
 def switched_marker(transition_id: int, rank: int) -> str:
@@ -214,8 +221,27 @@ class Boundary:
         return False, order
 
 
+class RolledBack(Exception):
+    """The switch failed after the old layout was left; this rank is back on it."""
+
+    def __init__(self, trainer, reason: str) -> None:
+        super().__init__(reason)
+        self.trainer, self.reason = trainer, reason
+
+
+def _host_copy(shards: dict) -> dict:
+    """The old state, kept until the commit point: a host copy (on CPU a second copy)."""
+    from agents.engine.shards import LocalShard
+
+    return {key: LocalShard(s.tensor, s.state, s.box, s.data.detach().to("cpu", copy=True))
+            for key, s in shards.items()}
+
+
 def _switch_old_rank(trainer, order: protocol.JobSwitchOrder, settings: JobSettings, boundary: Boundary):
-    """Hand this rank's state over and move it to the new layout; None if the rank leaves."""
+    """Hand this rank's state over and move it to the new layout; None if the rank leaves.
+    Raises RolledBack (carrying a trainer on the old layout, rebuilt from the state kept
+    until the commit point) when the switch fails: a peer lost during the transfer, or a
+    digest that does not match."""
     import torch.distributed as dist
 
     from agents.training.parallel import ParallelTrainer
@@ -225,20 +251,43 @@ def _switch_old_rank(trainer, order: protocol.JobSwitchOrder, settings: JobSetti
     src = str(trainer.placement.layout)
     shards, scalars = trainer.hand_over()
     spec, config = trainer.spec, settings.config(order.layout)
+    kept = _host_copy(shards)
     del trainer
     store = boundary.store if rank == 0 else _store(order, master=False, timeout=settings.timeout_seconds)
     dist.destroy_process_group()
-    _join_union(order, store, rank, settings.timeout_seconds)
-    if rank == 0:
-        boundary.reporter.transition(order.transition_id, "transferring", step=scalars.step)
-    new, scalars, report = switch_state(spec, shards, scalars, src, order.layout, rank,
-                                        staging_bytes=order.staging_bytes, gpus_per_node=order.gpus_per_node)
     boundary.done_switches.add(order.transition_id)
     boundary.pending = None
-    # Every rank of the union world builds the trainer: its process groups are made
-    # collectively, by members and non-members alike. A rank outside the layout then leaves.
-    trainer = ParallelTrainer(config, order.layout, rank, new, scalars)
+    try:
+        _join_union(order, store, rank, settings.timeout_seconds)
+        if rank == 0:
+            boundary.reporter.transition(order.transition_id, "transferring", step=scalars.step)
+        new, new_scalars, report = switch_state(spec, shards, scalars, src, order.layout, rank,
+                                                staging_bytes=order.staging_bytes,
+                                                gpus_per_node=order.gpus_per_node)
+        # Every rank of the union world builds the trainer: its process groups are made
+        # collectively, by members and non-members alike. A rank outside the layout then leaves.
+        trainer = ParallelTrainer(config, order.layout, rank, new, new_scalars)
+    except Exception as exc:  # EngineError (digests, a dead peer), a gloo error, a timeout
+        reason = f"{type(exc).__name__}: {exc}"[:1500]
+        raise RolledBack(_back_to_old_layout(order, store, rank, src, kept, scalars, settings), reason) from exc
     return (trainer if trainer.active else None), report
+
+
+def _back_to_old_layout(order: protocol.JobSwitchOrder, store, rank: int, src: str, kept: dict, scalars,
+                        settings: JobSettings):
+    """The old ranks leave the broken union world and form the old one again on rank 0's
+    store, with the state they kept. (If an old rank is the one lost, this cannot work and
+    times out: the job then fails; restoring from a checkpoint is not built yet.)"""
+    import torch.distributed as dist
+
+    from agents.training.parallel import ParallelTrainer
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group(_backend(), store=dist.PrefixStore(f"rollback-{order.transition_id}", store),
+                            rank=rank, world_size=order.src_world,
+                            timeout=datetime.timedelta(seconds=settings.timeout_seconds))
+    return ParallelTrainer(settings.config(src), src, rank, kept, scalars)
 
 
 def _join(order: protocol.JobSwitchOrder, rank: int, settings: JobSettings, run_dir: Path):
@@ -253,6 +302,9 @@ def _join(order: protocol.JobSwitchOrder, rank: int, settings: JobSettings, run_
     store = _store(order, master=False, timeout=settings.timeout_seconds)
     store.add("joined", 1)
     _join_union(order, store, rank, settings.timeout_seconds)
+    (run_dir / transferring_marker(order.transition_id, rank)).touch()  # a death now rolls the switch back
+    if os.environ.get("DYNAPLANE_FAULT") == f"exit-in-transfer:{rank}":  # fault injection for the tests
+        os._exit(17)
     new, scalars, _ = switch_state(spec, {}, TrainScalars(), order.src_layout, order.layout, rank,
                                    staging_bytes=order.staging_bytes, gpus_per_node=order.gpus_per_node,
                                    prepared=prepared)
@@ -294,18 +346,34 @@ def _train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: R
             return steps
         if order is not None:
             paused_at = time.perf_counter()
-            trainer, report = _switch_old_rank(trainer, order, settings, boundary)
+            try:
+                trainer, report = _switch_old_rank(trainer, order, settings, boundary)
+            except RolledBack as back:
+                trainer = back.trainer
+                if rank == 0:
+                    reporter.transition(order.transition_id, "rolled_back", step=trainer.scalars.step,
+                                        pause_seconds=time.perf_counter() - paused_at,
+                                        error=f"switch failed, back on {trainer.placement.layout}: {back.reason}")
+                continue
             if trainer is None:  # this rank is not in the new layout: its state has been handed over
                 dist.destroy_process_group()
                 return steps
             committed = (order.transition_id, report, paused_at)
 
 
+def signal_abort(order: protocol.JobSwitchOrder, reason: str) -> None:
+    """Tell rank 0 (through the union store's `abort` key) that a switch cannot happen."""
+    _store(order, master=False, timeout=10).set("abort", reason)
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--abort"] and len(argv) == 3:  # run by an agent whose joining rank died
+        signal_abort(protocol.JobSwitchOrder.model_validate_json(Path(argv[1]).read_text()), argv[2])
+        return 0
     joining = argv[:1] == ["--join"]
     args = argv[1:] if joining else argv
     if len(args) != 2:
-        print("usage: python -m agents.training.worker [--join] ORDER_JSON RANK", file=sys.stderr)
+        print("usage: python -m agents.runtime.worker [--join] ORDER_JSON RANK", file=sys.stderr)
         return 2
     path, rank = Path(args[0]), int(args[1])
     started = time.perf_counter()
