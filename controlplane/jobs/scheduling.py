@@ -29,7 +29,8 @@ from controlplane.cluster.services import gpus_release
 from controlplane.common.errors import Conflict, InvalidInput
 from controlplane.common.events import next_seq, publish_on_commit
 from controlplane.jobs import transitions
-from controlplane.jobs.lifecycle import LIVE_JOB_STATES, TERMINAL_TRANSITION_STATES, JobState, JobTrigger, job_next_state
+from controlplane.jobs.lifecycle import (LIVE_JOB_STATES, TERMINAL_TRANSITION_STATES, JobState, JobTrigger,
+                                        TransitionState, job_next_state)
 from controlplane.jobs.models import Job, Transition
 from controlplane.jobs.services import job_create, layout_check, publish_job
 
@@ -215,12 +216,38 @@ def job_fail(*, job_id: int, error: str, notify: list[str] | None = None) -> Job
     return job
 
 
+def _abort_switch_of_lost_joiners(job_id: int, lost: set[str]) -> bool:
+    """A lost node that holds only ranks joining a resize that has not started moving
+    state: abort the resize, keep the job (its ranks never left their layout; rank 0
+    abandons the switch when the joining ranks do not come, within the job's timeout).
+    True when the job was spared."""
+    job = Job.objects.select_for_update().get(pk=job_id)
+    active = transitions.active_transition(job, lock=True)
+    if active is None or active.state not in (TransitionState.PLANNED, TransitionState.PREPARING):
+        return False
+    if any(slot["node"] in lost for slot in job.placement):
+        return False
+    joining = sorted(s["rank"] for s in active.destination_placement
+                     if s["node"] in lost and s["rank"] >= active.source_world)
+    transitions.enter(active, TransitionState.ABORTED, reported=False)
+    why = (f"node {', '.join(sorted(lost))} (joining ranks {', '.join(map(str, joining))}) lost before the "
+           f"transfer; the job trains on in {job.layout}")
+    active.reason = f"{active.reason}; {why}" if active.reason else why
+    active.save()
+    transitions.undo(job, active)
+    transitions.publish_transition(active)
+    log.warning("job %s: transition %s aborted: %s", job.name, active.pk, why)
+    return True
+
+
 def jobs_fail_on_node_loss(*, nodes: list[str]) -> list[int]:
     """Called where nodes are marked lost, in that transaction: every live job with ranks on
     them fails (recovery onto other GPUs is a later step). Returns the failed jobs' ids."""
     lost = set(nodes)
     ids = sorted(set(Gpu.objects.filter(node__name__in=lost, job__state__in=LIVE_JOB_STATES)
                      .values_list("job_id", flat=True)))
+    spared = [job_id for job_id in ids if _abort_switch_of_lost_joiners(job_id, lost)]
+    ids = [job_id for job_id in ids if job_id not in spared]
     for job_id in ids:
         job = Job.objects.get(pk=job_id)
         active = transitions.active_transition(job)

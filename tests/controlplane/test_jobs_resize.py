@@ -449,3 +449,28 @@ def test_schema_has_resize_and_generates_without_warnings(tmp_path) -> None:
     assert "202" in resize["responses"]
     assert "job" in [p["name"] for p in schema["paths"]["/api/transitions"]["get"]["parameters"]]
     call_command("spectacular", "--fail-on-warn", "--file", str(tmp_path / "schema.yaml"))
+
+
+def test_losing_a_node_with_only_joining_ranks_before_the_transfer_aborts_the_resize_not_the_job(
+        two_nodes, token_client, sent_tasks, sent_events, run) -> None:
+    """The job's ranks never left their layout: the resize is aborted with the reason, the
+    job trains on (rank 0 abandons the switch when the joining ranks never come)."""
+    job = _running_job(run, token_client, layout="dp=2")  # node-1
+    t = Transition.objects.get(pk=_resize(run, token_client, job, gpus=4).json()["id"])  # ranks 2, 3 on node-2
+    run(transition_report, _treport(t, "preparing"))
+    sent_tasks.clear()
+    later = dj_timezone.now() + timedelta(seconds=10)
+    cluster.node_record_heartbeat(report=heartbeat("node-1", gpus=2, host="host-1"), received_at=later)
+    assert run(cluster.nodes_mark_lost, silent_for=timedelta(seconds=6), now=later) == ["node-2"]
+    t.refresh_from_db()
+    job.refresh_from_db()
+    assert t.state == "aborted" and "node node-2 (joining ranks 2, 3) lost before the transfer" in t.reason
+    assert [h["state"] for h in t.history][-1] == "aborted"
+    assert (job.state, job.layout, job.world_size, job.error) == ("running", "dp=2", 2, "")
+    gpus = _gpus()
+    assert (gpus["node-1/0"], gpus["node-1/1"]) == (("allocated", "j"), ("allocated", "j"))
+    assert gpus["node-2/0"][1] is None and gpus["node-2/1"][1] is None  # no longer the job's
+    assert not [name for name, _, _ in sent_tasks if name == protocol.NODE_JOB_STOP]
+    run(transition_report, _treport(t, "aborted", error="switch abandoned: 0 of 2 joining ranks ready"))
+    t.refresh_from_db()
+    assert t.state == "aborted"  # rank 0's own abort, late, changes nothing
