@@ -26,6 +26,7 @@ NODE_PING = "node.ping"
 NODE_JOB_START = "node.job_start"
 NODE_JOB_STOP = "node.job_stop"
 NODE_JOB_SWITCH = "node.job_switch"
+NODE_JOB_SWITCH_CANCEL = "node.job_switch_cancel"
 # Tasks any agent runs (queue "emulate").
 EMULATE_RUN = "emulate.run"
 
@@ -258,3 +259,14 @@ class TransitionReport(_Message):
     verified: bool | None = None
     error: str = Field(default="", max_length=4000)
     sent_at: datetime
+
+
+class JobSwitchCancel(_Message):
+    """Control plane -> the nodes of a job: abandon a switch that has not started moving
+    state (e.g. a joining node was lost). Rank 0 drops it at its next step boundary and
+    the job trains on in its old layout; this node's joining ranks for it are stopped."""
+
+    version: Literal[1] = PROTOCOL_VERSION
+    job_id: int = Field(gt=0)
+    transition_id: int = Field(gt=0)
+    reason: str = Field(default="", max_length=2000)

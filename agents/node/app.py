@@ -62,6 +62,11 @@ def build_app(config: AgentConfig) -> tuple[Celery, HeartbeatSender]:
         """Start the ranks joining a job here and tell its local ranks about the switch."""
         runner.switch(protocol.JobSwitchOrder.model_validate(order))
 
+    @app.task(name=protocol.NODE_JOB_SWITCH_CANCEL)
+    def job_switch_cancel(order: dict) -> None:
+        """Abandon a switch that has not started moving state."""
+        runner.cancel(protocol.JobSwitchCancel.model_validate(order))
+
     @app.task(name=protocol.NODE_JOB_STOP)
     def job_stop(order: dict) -> None:
         runner.stop(protocol.JobStopOrder.model_validate(order))

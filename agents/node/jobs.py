@@ -62,6 +62,9 @@ class JobRunner:
     def stop(self, order: protocol.JobStopOrder) -> None:
         self._commands.put(("stop", order))
 
+    def cancel(self, order: protocol.JobSwitchCancel) -> None:
+        self._commands.put(("cancel", order))
+
     def switch(self, order: protocol.JobSwitchOrder) -> None:
         joining = [s.rank for s in order.ranks if s.rank >= order.src_world]
         if joining:
@@ -100,6 +103,8 @@ class JobRunner:
                             self._pending.pop(payload.job_id, None)
                 elif command == "stop":
                     self._request_stop(payload)
+                elif command == "cancel":
+                    self._cancel(payload)
                 self._poll()
             except Exception:  # the supervisor must outlive any one job's trouble
                 log.exception("job runner: %s failed", command or "poll")
@@ -197,16 +202,30 @@ class JobRunner:
         this node's other ranks joining the same switch are stopped."""
         error = f"joining rank {rank} on node {self.node} exited with code {code} before the switch: {tail[-3000:]}"
         log.error("job %d: switch %d aborted: %s", job.job_id, order.transition_id, error)
-        # The agent stays free of torch: a short-lived process sets the key in rank 0's store.
-        told = subprocess.run([sys.executable, "-m", "agents.runtime.worker", "--abort",
-                               str(job.run_dir / f"join-{order.transition_id}-{self.node}.json"), error[:2000]],
-                              capture_output=True, text=True, timeout=60, env={**os.environ, **self.env})
-        if told.returncode != 0:  # rank 0 gone or its store closed: its own timeout then aborts
-            log.warning("job %d: could not tell rank 0 about the abort: %s", job.job_id, told.stderr[-500:])
+        self._tell_rank0(job, job.run_dir / f"join-{order.transition_id}-{self.node}.json", error)
         self._drop_joining(job, order)
         self._send_report(protocol.TransitionReport(
             job_id=job.job_id, transition_id=order.transition_id, node=self.node, state="aborted", error=error,
             sent_at=datetime.datetime.now(datetime.timezone.utc)))
+
+    def _cancel(self, order: protocol.JobSwitchCancel) -> None:
+        """Abandon a switch: tell rank 0 through its store (from the switch order this node
+        got) and stop this node's joining ranks for it."""
+        job = self.jobs.get(order.job_id)
+        path = job.run_dir / switch_file(order.transition_id) if job else None
+        if path is None or not path.exists():
+            log.info("job %d: cancel of switch %d, which this node does not hold", order.job_id, order.transition_id)
+            return
+        switch = protocol.JobSwitchOrder.model_validate_json(path.read_text())
+        self._drop_joining(job, switch)
+        self._tell_rank0(job, path, f"cancelled by the control plane: {order.reason}")
+
+    def _tell_rank0(self, job: LocalJob, order_path: Path, reason: str) -> None:
+        # The agent stays free of torch: a short-lived process sets the key in rank 0's store.
+        told = subprocess.run([sys.executable, "-m", "agents.runtime.worker", "--abort", str(order_path), reason[:2000]],
+                              capture_output=True, text=True, timeout=60, env={**os.environ, **self.env})
+        if told.returncode != 0:  # rank 0 gone or its store closed: its own timeout then aborts
+            log.warning("job %d: could not tell rank 0 about the abort: %s", job.job_id, told.stderr[-500:])
 
     @staticmethod
     def _drop_joining(job: LocalJob, order: protocol.JobSwitchOrder) -> None:

@@ -146,7 +146,8 @@ def start_orders(job: Job) -> dict[str, protocol.JobStartOrder]:
         ranks=tuple(ranks), max_steps=job.max_steps) for node, ranks in slots.items()}
 
 
-def _send(task: str, node: str, order: protocol.JobStartOrder | protocol.JobStopOrder) -> None:
+def _send(task: str, node: str,
+          order: protocol.JobStartOrder | protocol.JobStopOrder | protocol.JobSwitchCancel) -> None:
     from controlplane.celery import app
 
     app.send_task(task, args=[order.model_dump(mode="json")], queue=protocol.node_queue(node))
@@ -237,7 +238,18 @@ def _abort_switch_of_lost_joiners(job_id: int, lost: set[str]) -> bool:
     transitions.undo(job, active)
     transitions.publish_transition(active)
     log.warning("job %s: transition %s aborted: %s", job.name, active.pk, why)
+    cancel = protocol.JobSwitchCancel(job_id=job.pk, transition_id=active.pk, reason=why)
+    nodes = sorted({slot["node"] for slot in job.placement})
+    transaction.on_commit(lambda: _send_cancels(job.pk, nodes, cancel))
     return True
+
+
+def _send_cancels(job_id: int, nodes: list[str], cancel: protocol.JobSwitchCancel) -> None:
+    for node in nodes:
+        try:
+            _send(protocol.NODE_JOB_SWITCH_CANCEL, node, cancel)
+        except (OperationalError, OSError) as exc:  # rank 0 then abandons the switch on its own timeout
+            log.error("job %s: switch cancel to node %s not sent: %s", job_id, node, exc)
 
 
 def jobs_fail_on_node_loss(*, nodes: list[str]) -> list[int]:

@@ -471,6 +471,10 @@ def test_losing_a_node_with_only_joining_ranks_before_the_transfer_aborts_the_re
     assert (gpus["node-1/0"], gpus["node-1/1"]) == (("allocated", "j"), ("allocated", "j"))
     assert gpus["node-2/0"][1] is None and gpus["node-2/1"][1] is None  # no longer the job's
     assert not [name for name, _, _ in sent_tasks if name == protocol.NODE_JOB_STOP]
+    cancels = [(args, q) for name, args, q in sent_tasks if name == protocol.NODE_JOB_SWITCH_CANCEL]
+    assert [q for _, q in cancels] == ["node.node-1"]  # rank 0's node is told to drop the switch
+    cancel = protocol.JobSwitchCancel.model_validate(cancels[0][0])
+    assert (cancel.job_id, cancel.transition_id) == (job.pk, t.pk) and "lost before the transfer" in cancel.reason
     run(transition_report, _treport(t, "aborted", error="switch abandoned: 0 of 2 joining ranks ready"))
     t.refresh_from_db()
     assert t.state == "aborted"  # rank 0's own abort, late, changes nothing

@@ -336,3 +336,43 @@ def test_a_joining_rank_lost_during_the_transfer_rolls_the_job_back_to_its_old_l
         reference.shutdown()
     unswitched = [r["loss"] for r in _job_reports(client, 42) if r["kind"] == "step"]
     assert [r["loss"] for r in steps] == unswitched
+
+
+@pytest.mark.timeout(300)
+def test_a_cancelled_switch_is_dropped_by_rank_0_at_once_and_the_job_trains_on(broker, tmp_path):
+    """The control plane cancels a switch whose joining node was lost (the node-2 runner
+    and its ranks are gone): rank 0 drops it at the next step boundary, long before the
+    job's 120 s timeout, and a later switch still works."""
+    url, client = broker
+    failures: list = []
+    node1 = JobRunner(failures.append, "node-1", "cpu", url, tmp_path / "n1")
+    node2 = JobRunner(failures.append, "node-2", "cpu", url, tmp_path / "n2")
+    try:
+        node1.start(_order(51, 2, [0, 1], _free_port(), layout="dp=2").model_copy(update={"global_batch": 6}))
+        _wait(lambda: [r for r in _job_reports(client, 51) if r["kind"] == "step"], 120, "a step")
+        grow = _switch(51, 9, "dp=2", 2, "tp=2,dp=2", 4, [(0, 0), (1, 1)]).model_copy(update={"timeout_seconds": 120})
+        node1.switch(grow)
+        node2.switch(grow.model_copy(update={"ranks": (protocol.RankSlot(rank=2, gpu=0),
+                                                       protocol.RankSlot(rank=3, gpu=1))}))
+        _wait(lambda: [t for t in _transitions(client, 51) if t["state"] == "preparing"], 60, "preparing")
+        node2.shutdown()  # the joining node is lost with its ranks
+        started = time.monotonic()
+        node1.cancel(protocol.JobSwitchCancel(job_id=51, transition_id=9, reason="node node-2 lost"))
+        aborted = _wait(lambda: [t for t in _transitions(client, 51) if t["state"] == "aborted"], 60,
+                        "rank 0 to drop the switch")
+        assert time.monotonic() - started < 30
+        assert "cancelled by the control plane: node node-2 lost" in aborted[0]["error"]
+        last = max(r["step"] for r in _job_reports(client, 51) if r["kind"] == "step")
+        _wait(lambda: max(r["step"] for r in _job_reports(client, 51) if r["kind"] == "step") >= last + 2, 60,
+              "two more steps")
+        assert not [t for t in _transitions(client, 51) if t["state"] in ("ready", "transferring", "committed")]
+        # A later switch (here to dp=1, a shrink needing no new rank) is taken up and commits.
+        node1.switch(_switch(51, 10, "dp=2", 2, "dp=1", 1, [(0, 0), (1, 1)]).model_copy(
+            update={"global_batch": 6}))
+        _wait(lambda: [t for t in _transitions(client, 51) if t["state"] == "committed"], 60, "the shrink")
+        node1.stop(protocol.JobStopOrder(job_id=51))
+        _wait(lambda: not node1.running(), 60, "the job to stop")
+        assert not [f for f in failures if isinstance(f, protocol.JobReport)]
+    finally:
+        node1.shutdown()
+        node2.shutdown()
