@@ -147,6 +147,57 @@ def test_a_job_resizes_online_from_two_to_four_and_back_to_three_gpus(stack) -> 
               f"(hidden behind training), pause {pause:.3f} s")
 
 
+@pytest.fixture(scope="module")
+def restarted_agents():
+    """Agents a test started again after killing them: they live until the module's stack
+    stops (later tests expect every node healthy)."""
+    started: list[subprocess.Popen] = []
+    yield started
+    for agent in started:
+        os.killpg(agent.pid, signal.SIGTERM)
+        agent.wait(timeout=20)
+
+
+def test_killing_the_joining_agent_while_a_resize_prepares_keeps_the_job_training(stack, restarted_agents,
+                                                                                  tmp_path) -> None:
+    """Issue 6's fault test: the agent that should host the joining ranks dies while the
+    resize is being prepared. Its node is lost, the resize is aborted with the reason, the
+    job never leaves its layout and trains on; its GPUs stay its own."""
+    job = stack.post("api/jobs", {"name": "fault", "model": "tiny-gpt", "gpus": 2, "global_batch": 12,
+                                  "seq_len": 16})
+
+    def read() -> dict:
+        return stack.get(f"api/jobs/{job['id']}", token=True)
+
+    def steps() -> list:
+        return stack.get(f"api/jobs/{job['id']}/live", token=True)["metrics"].get("loss", {}).get("x", [])
+
+    wait_for(lambda: read()["state"] == "running" and len(steps()) >= 2, timeout=90)
+    assert {p["node"] for p in read()["placement"]} == {"node-1"}
+    transition = stack.post(f"api/jobs/{job['id']}/resize", {"gpus": 4})
+    assert {p["node"] for p in transition["destination_placement"] if p["rank"] >= 2} == {"node-2"}
+    wait_for(lambda: stack.get(f"api/transitions/{transition['id']}", token=True)["state"] == "preparing", timeout=30)
+    os.kill(stack.child_pids()["agent-node-2"], signal.SIGKILL)
+    done, seconds = wait_for(
+        lambda: (t := stack.get(f"api/transitions/{transition['id']}", token=True))["state"] == "aborted" and t,
+        timeout=60)
+    assert "node node-2 (joining ranks 2, 3) lost before the transfer" in done["reason"]
+    after = read()
+    assert (after["state"], after["layout"], after["world_size"], after["error"]) == ("running", "dp=2", 2, "")
+    seen = len(steps())
+    wait_for(lambda: len(steps()) >= seen + 3, timeout=60)  # still training
+    print(f"resize aborted {seconds:.1f} s after the joining agent was killed; the job trained on")
+    stack.post(f"api/jobs/{job['id']}/stop", {})
+    wait_for(lambda: read()["state"] == "stopped", timeout=60)
+
+    env = {**os.environ, "REDIS_URL": stack.state["redis_url"]}
+    restarted_agents.append(subprocess.Popen(
+        [sys.executable, "-m", "dynaplane", "agent", "--name", "node-2", "--gpus", "2"], env=env, cwd=ROOT,
+        stdout=open(tmp_path / "agent.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True))
+    node, _ = wait_for(lambda: (n := _node(stack, "node-2"))["state"] == "healthy" and n, timeout=30)
+    assert {g["state"] for g in node["gpus"]} == {"free"}
+
+
 def test_agent_loss_and_return(stack, tmp_path) -> None:
     """Kill an agent: its node and GPUs are lost within 15 s; start it again: healthy."""
     os.kill(stack.child_pids()["agent-node-1"], signal.SIGKILL)
