@@ -261,9 +261,14 @@ def _switch_old_rank(trainer, order: protocol.JobSwitchOrder, settings: JobSetti
         _join_union(order, store, rank, settings.timeout_seconds)
         if rank == 0:
             boundary.reporter.transition(order.transition_id, "transferring", step=scalars.step)
+        def verifying(transfer_seconds: float) -> None:
+            if rank == 0:
+                boundary.reporter.transition(order.transition_id, "verifying", step=scalars.step,
+                                             transfer_seconds=transfer_seconds)
+
         new, new_scalars, report = switch_state(spec, shards, scalars, src, order.layout, rank,
                                                 staging_bytes=order.staging_bytes,
-                                                gpus_per_node=order.gpus_per_node)
+                                                gpus_per_node=order.gpus_per_node, on_verify=verifying)
         # Every rank of the union world builds the trainer: its process groups are made
         # collectively, by members and non-members alike. A rank outside the layout then leaves.
         trainer = ParallelTrainer(config, order.layout, rank, new, new_scalars)

@@ -91,10 +91,12 @@ def prepare_switch(spec, src: str, dst: str, rank: int, joining: bool, *, stagin
 
 
 def switch_state(spec, shards: dict[Key, LocalShard], scalars: TrainScalars, src: str, dst: str, rank: int, *,
-                 staging_bytes: int = 64 * 2**20, gpus_per_node: int = 8, prepared: PreparedSwitch | None = None
-                 ) -> tuple[dict[Key, LocalShard], TrainScalars, SwitchReport]:
+                 staging_bytes: int = 64 * 2**20, gpus_per_node: int = 8, prepared: PreparedSwitch | None = None,
+                 on_verify=None) -> tuple[dict[Key, LocalShard], TrainScalars, SwitchReport]:
     """Move handed-over state from layout src to dst; every rank of the union world calls
-    this. Consumes `shards` (the engine frees each as soon as it has been sent)."""
+    this. Consumes `shards` (the engine frees each as soon as it has been sent).
+    `on_verify(transfer_seconds)` is called when the transfer is done and the digests are
+    about to be compared."""
     box = [scalars]
     dist.broadcast_object_list(box, src=0)  # rank 0 is in every layout
     scalars = box[0]
@@ -112,6 +114,8 @@ def switch_state(spec, shards: dict[Key, LocalShard], scalars: TrainScalars, src
     new: dict[Key, LocalShard] = execute_plan(plan, rank, shards, sample=sample, program=program, ready=ready)
     shards.clear()
     seconds = time.perf_counter() - started
+    if on_verify is not None:
+        on_verify(seconds)
     verify_started = time.perf_counter()
     after = state_digests(plan.dst, rank, new)
     compare_digests(spec, before, after)  # raises EngineError naming the tensors that differ

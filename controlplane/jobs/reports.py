@@ -9,7 +9,7 @@ reached) goes through stopping. Reports of unknown or finished jobs are logged a
 ignored: a late step after a stop must neither fail nor bring the job back.
 
 Transition reports (rank 0): preparing, ready, transferring, [verifying], committed; or
-aborted / rolled_back. A report may skip states (the ranks do not report verifying): the
+aborted / rolled_back. A report may skip states (e.g. one lost on the way): the
 transition walks the forward path through them. A late report (a state the transition
 has passed) or a duplicate only fills fields still empty (e.g. prepare_seconds of a
 `ready` overtaken by `transferring`); a terminal transition never changes state again.

@@ -124,6 +124,9 @@ def test_a_job_resizes_online_from_two_to_four_and_back_to_three_gpus(stack) -> 
                 "committed", "aborted", "rolled_back") and t, timeout=150)
         assert done["state"] == "committed", done
         assert done["verification"]["verified"] is True
+        assert [(h["state"], h["reported"]) for h in done["history"]] == [
+            ("planned", False), ("preparing", True), ("ready", True), ("transferring", True), ("verifying", True),
+            ("committed", True)], done["history"]
         assert done["transfer_seconds"] > 0 and done["pause_seconds"] >= done["transfer_seconds"]
         # Growing sends the new replicas their state; shrinking plain data parallelism moves
         # nothing (every staying rank already holds a full replica).

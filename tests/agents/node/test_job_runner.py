@@ -209,9 +209,11 @@ def test_a_job_grows_from_two_to_four_ranks_and_shrinks_to_three_while_training(
 
         transitions = _transitions(client, 21)
         assert [t["state"] for t in transitions if t["transition_id"] == 1] == [
-            "preparing", "ready", "transferring", "committed"]
+            "preparing", "ready", "transferring", "verifying", "committed"]
         assert [t["state"] for t in transitions if t["transition_id"] == 2] == [
-            "preparing", "ready", "transferring", "committed"]
+            "preparing", "ready", "transferring", "verifying", "committed"]
+        verifying = [t for t in transitions if t["state"] == "verifying"]
+        assert all(t["transfer_seconds"] > 0 for t in verifying)
         for t in (t for t in transitions if t["state"] == "committed"):
             assert t["verified"] is True and t["transfer_seconds"] > 0 and t["pause_seconds"] >= t["transfer_seconds"]
             assert t["network_bytes"] > 0 and t["fingerprint"]
