@@ -218,15 +218,22 @@ def job_fail(*, job_id: int, error: str, notify: list[str] | None = None) -> Job
 
 
 def _abort_switch_of_lost_joiners(job_id: int, lost: set[str]) -> bool:
-    """A lost node that holds only ranks joining a resize that has not started moving
-    state: abort the resize, keep the job (its ranks never left their layout; rank 0
-    abandons the switch when the joining ranks do not come, within the job's timeout).
-    True when the job was spared."""
+    """A lost node that holds only ranks joining a resize: the job is spared. Before the
+    state moves, the resize is aborted here (the job's ranks never left their layout) and
+    rank 0 is told to drop it; once it moves, the ranks roll back and report it. True when
+    the job was spared."""
     job = Job.objects.select_for_update().get(pk=job_id)
     active = transitions.active_transition(job, lock=True)
-    if active is None or active.state not in (TransitionState.PLANNED, TransitionState.PREPARING):
+    if active is None or any(slot["node"] in lost for slot in job.placement):
         return False
-    if any(slot["node"] in lost for slot in job.placement):
+    if active.state in (TransitionState.READY, TransitionState.TRANSFERRING, TransitionState.VERIFYING):
+        # The old ranks are all alive and keep their state until the commit point: the
+        # switch fails on the ranks and rank 0 reports rolled_back (or, if the switch had
+        # finished, committed, and a later failure report fails the job).
+        log.warning("job %s: node %s with joining ranks lost while transition %s is %s; the ranks roll back",
+                    job.name, ", ".join(sorted(lost)), active.pk, active.state)
+        return True
+    if active.state not in (TransitionState.PLANNED, TransitionState.PREPARING):
         return False
     joining = sorted(s["rank"] for s in active.destination_placement
                      if s["node"] in lost and s["rank"] >= active.source_world)

@@ -367,8 +367,10 @@ def test_the_report_task_is_registered_with_the_control_worker() -> None:
 
 # --- failures during a transition -----------------------------------------------------------
 
-def test_losing_a_joining_node_while_transferring_aborts_and_fails_the_job(two_nodes, token_client, sent_tasks,
-                                                                         run) -> None:
+def test_losing_a_joining_node_while_transferring_leaves_the_rollback_to_the_ranks(two_nodes, token_client,
+                                                                                 sent_tasks, run) -> None:
+    """The old ranks are alive and kept their state until the commit point: the switch
+    fails on the ranks, which roll back and say so; the job is not failed meanwhile."""
     job = _running_job(run, token_client, layout="dp=2")  # node-1
     t = Transition.objects.get(pk=_resize(run, token_client, job, gpus=4).json()["id"])  # ranks 2, 3 on node-2
     run(transition_report, _treport(t, "transferring"))
@@ -378,16 +380,38 @@ def test_losing_a_joining_node_while_transferring_aborts_and_fails_the_job(two_n
     assert run(cluster.nodes_mark_lost, silent_for=timedelta(seconds=6), now=later) == ["node-2"]
     t.refresh_from_db()
     job.refresh_from_db()
+    assert (t.state, job.state) == ("transferring", "switching")
+    assert not [name for name, _, _ in sent_tasks if name == protocol.NODE_JOB_STOP]
+    run(transition_report, _treport(t, "rolled_back", error="switch failed, back on dp=2: peer 2 closed"))
+    t.refresh_from_db()
+    job.refresh_from_db()
+    assert t.state == "rolled_back" and "back on dp=2" in t.reason
+    assert (job.state, job.layout, job.world_size, job.error) == ("running", "dp=2", 2, "")
+    gpus = _gpus()
+    assert (gpus["node-1/0"], gpus["node-1/1"]) == (("allocated", "j"), ("allocated", "j"))
+    assert gpus["node-2/0"] == ("lost", None) and gpus["node-2/1"] == ("lost", None)
+    run(transition_report, _committed(t))  # late: the transition is over
+    t.refresh_from_db()
+    assert t.state == "rolled_back" and t.verification == {}
+
+
+def test_losing_a_node_of_the_old_ranks_while_transferring_aborts_and_fails_the_job(two_nodes, token_client,
+                                                                                  sent_tasks, run) -> None:
+    job = _running_job(run, token_client, layout="dp=2")  # node-1
+    t = Transition.objects.get(pk=_resize(run, token_client, job, gpus=4).json()["id"])  # ranks 2, 3 on node-2
+    run(transition_report, _treport(t, "transferring"))
+    sent_tasks.clear()
+    later = dj_timezone.now() + timedelta(seconds=10)
+    cluster.node_record_heartbeat(report=heartbeat("node-2", gpus=2, host="host-2"), received_at=later)
+    assert run(cluster.nodes_mark_lost, silent_for=timedelta(seconds=6), now=later) == ["node-1"]
+    t.refresh_from_db()
+    job.refresh_from_db()
     assert t.state == "aborted"
     assert "the job failed while the transition was transferring" in t.reason
-    assert job.state == "failed" and "node node-2 (ranks 2, 3) lost" in job.error
-    assert (job.layout, job.world_size) == ("dp=2", 2)
+    assert job.state == "failed" and "node node-1 (ranks 0, 1) lost" in job.error
     gpus = _gpus()
-    assert (gpus["node-1/0"], gpus["node-1/1"], gpus["node-2/0"]) == (("free", None), ("free", None), ("lost", None))
+    assert (gpus["node-2/0"], gpus["node-2/1"], gpus["node-1/0"]) == (("free", None), ("free", None), ("lost", None))
     assert {q for name, _, q in sent_tasks if name == protocol.NODE_JOB_STOP} == {"node.node-1", "node.node-2"}
-    run(transition_report, _committed(t))  # late: the job is gone
-    t.refresh_from_db()
-    assert t.state == "aborted" and t.verification == {}
 
 
 def test_a_failed_rank_while_preparing_aborts_and_stops_the_joining_node(two_nodes, token_client, sent_tasks,
