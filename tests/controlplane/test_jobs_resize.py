@@ -8,7 +8,6 @@ replaced, by a recorder, since no agent runs here.
 from __future__ import annotations
 
 import logging
-import threading
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -29,38 +28,6 @@ from controlplane.jobs.tasks import transition_report
 from tests.controlplane.conftest import heartbeat
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def sent_tasks(monkeypatch) -> list[tuple[str, dict, str]]:
-    """(task name, message, queue) of every task the control plane sends."""
-    from controlplane.celery import app
-
-    sent: list[tuple[str, dict, str]] = []
-    lock = threading.Lock()
-
-    def record(name, args=None, queue=None, **kwargs):
-        with lock:
-            sent.append((name, args[0], queue))
-
-    monkeypatch.setattr(app, "send_task", record)
-    return sent
-
-
-@pytest.fixture
-def two_nodes():
-    """node-1 on host-1 and node-2 on host-2, two GPUs each."""
-    for i in (1, 2):
-        cluster.node_record_heartbeat(report=heartbeat(f"node-{i}", gpus=2, host=f"host-{i}"))
-
-
-@pytest.fixture
-def run(django_capture_on_commit_callbacks):
-    """Call fn(...) and run its on-commit callbacks (events, orders), as a commit would."""
-    def call(fn, *args, **kwargs):
-        with django_capture_on_commit_callbacks(execute=True):
-            return fn(*args, **kwargs)
-    return call
 
 
 def _running_job(run, token_client, name="j", **body) -> Job:

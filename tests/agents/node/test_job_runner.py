@@ -46,16 +46,25 @@ def _order(job_id: int, world: int, ranks: list[int], port: int, layout: str = "
                                   ranks=[protocol.RankSlot(rank=r, gpu=i) for i, r in enumerate(ranks)])
 
 
-def _reports(client) -> list[dict]:
-    """JobReports rank 0 sent through the broker (Celery's Redis transport keeps a queue as
-    a list of JSON envelopes whose body is the base64 JSON [args, kwargs, options])."""
+def _messages(client, task: str, job_id: int | None = None) -> list[dict]:
+    """Messages rank 0 (or an agent) sent through the broker for `task`, oldest first
+    (Celery's Redis transport keeps a queue as a list of JSON envelopes whose body is the
+    base64 JSON [args, kwargs, options]; LPUSH puts the newest first)."""
     out = []
-    for raw in client.lrange(protocol.CONTROL_QUEUE, 0, -1):
+    for raw in reversed(client.lrange(protocol.CONTROL_QUEUE, 0, -1)):
         envelope = json.loads(raw)
-        assert envelope["headers"]["task"] == protocol.CONTROL_JOB_REPORT
-        args, _, _ = json.loads(base64.b64decode(envelope["body"]))
-        out.append(protocol.JobReport.model_validate(args[0]).model_dump())
-    return list(reversed(out))  # LPUSH: newest first
+        if envelope["headers"]["task"] == task:
+            args, _, _ = json.loads(base64.b64decode(envelope["body"]))
+            if job_id is None or args[0]["job_id"] == job_id:
+                out.append(args[0])
+    return out
+
+
+def _reports(client) -> list[dict]:
+    """Every JobReport sent (each validated against the protocol); nothing else was sent."""
+    assert all(json.loads(raw)["headers"]["task"] == protocol.CONTROL_JOB_REPORT
+               for raw in client.lrange(protocol.CONTROL_QUEUE, 0, -1))
+    return [protocol.JobReport.model_validate(m).model_dump() for m in _messages(client, protocol.CONTROL_JOB_REPORT)]
 
 
 def _wait(predicate, timeout: float, what: str):
@@ -139,25 +148,11 @@ def test_a_duplicate_start_order_is_ignored(broker, tmp_path):
 
 
 def _transitions(client, job_id: int) -> list[dict]:
-    out = []
-    for raw in reversed(client.lrange(protocol.CONTROL_QUEUE, 0, -1)):
-        envelope = json.loads(raw)
-        if envelope["headers"]["task"] == protocol.CONTROL_TRANSITION_REPORT:
-            args, _, _ = json.loads(base64.b64decode(envelope["body"]))
-            if args[0]["job_id"] == job_id:
-                out.append(args[0])
-    return out
+    return _messages(client, protocol.CONTROL_TRANSITION_REPORT, job_id)
 
 
 def _job_reports(client, job_id: int) -> list[dict]:
-    out = []
-    for raw in reversed(client.lrange(protocol.CONTROL_QUEUE, 0, -1)):
-        envelope = json.loads(raw)
-        if envelope["headers"]["task"] == protocol.CONTROL_JOB_REPORT:
-            args, _, _ = json.loads(base64.b64decode(envelope["body"]))
-            if args[0]["job_id"] == job_id:
-                out.append(args[0])
-    return out
+    return _messages(client, protocol.CONTROL_JOB_REPORT, job_id)
 
 
 def _switch(job_id: int, tid: int, src: str, src_world: int, dst: str, world: int, ranks: list[tuple[int, int]]):
