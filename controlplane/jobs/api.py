@@ -8,7 +8,7 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from controlplane.jobs import resize, scheduling, services
+from controlplane.jobs import resize, resize_preview, scheduling, services
 from controlplane.jobs.models import Job, Transition
 from controlplane.jobs.selectors import job_live_snapshot
 
@@ -91,6 +91,53 @@ class JobLiveSerializer(serializers.Serializer):
                                         help_text="the job's transitions, oldest first (as in `transition` events)")
 
 
+class ProposalSerializer(serializers.Serializer):
+    layout = serializers.CharField()
+    world = serializers.IntegerField()
+    tp = serializers.IntegerField()
+    pp = serializers.IntegerField()
+    dp = serializers.IntegerField()
+    state_bytes_per_gpu = serializers.IntegerField(help_text="model state per GPU (params + optimizer), no activations")
+    fits = serializers.BooleanField(help_text="state_bytes_per_gpu <= the smallest GPU's memory")
+    step_seconds = serializers.FloatField(allow_null=True, help_text="predicted; null before the first measured step")
+    tokens_per_second = serializers.FloatField(allow_null=True)
+
+
+class ProposalsSerializer(serializers.Serializer):
+    """GET /api/jobs/{id}/proposals?gpus=N: the layouts for N GPUs, best first."""
+
+    job = serializers.IntegerField()
+    gpus = serializers.IntegerField()
+    current_layout = serializers.CharField()
+    current_world = serializers.IntegerField()
+    measured_step_seconds = serializers.FloatField(allow_null=True)
+    capacity_bytes = serializers.IntegerField(allow_null=True)
+    default_layout = serializers.CharField(help_text="what POST resize {gpus: N} would pick")
+    predictor = serializers.CharField(help_text="'rule': ranked by `ranking`, no emulator prediction")
+    ranking = serializers.CharField()
+    proposals = ProposalSerializer(many=True)
+
+
+class PlanPreviewSerializer(serializers.Serializer):
+    """GET /api/jobs/{id}/plan?layout=L: the routing plan of the switch to L."""
+
+    model = serializers.CharField()
+    source_layout = serializers.CharField()
+    destination_layout = serializers.CharField()
+    world = serializers.IntegerField(help_text="ranks of the union world")
+    summary = serializers.DictField(help_text="`dynaplane plan --json` (CONTRACTS section 3)")
+    matrix = serializers.ListField(child=serializers.ListField(child=serializers.IntegerField()), allow_null=True,
+                                   help_text="bytes from source rank (row) to destination rank (column)")
+    round_bytes = serializers.ListField(child=serializers.IntegerField(), help_text="bytes sent per round")
+    round_seconds = serializers.ListField(child=serializers.FloatField(), help_text="estimated seconds per round")
+    wave_after = serializers.ListField(child=serializers.ListField(child=serializers.IntegerField()),
+                                       help_text="predicted state bytes per rank before round 0 and after each round")
+    wave_peak = serializers.ListField(child=serializers.ListField(child=serializers.IntegerField()),
+                                      help_text="predicted peak bytes per rank within each round")
+    estimated_seconds = serializers.FloatField()
+    staging_bytes = serializers.IntegerField()
+
+
 class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
                  mixins.DestroyModelMixin, viewsets.GenericViewSet):
     queryset = Job.objects.prefetch_related("gpus")
@@ -142,6 +189,26 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
         """The job's training metrics, consistent with `seq` of /ws/jobs/{id}/."""
         return Response(job_live_snapshot(job_id=self.get_object().pk).model_dump(mode="json"))
 
+    @extend_schema(parameters=[OpenApiParameter("gpus", int, required=True, description="the new GPU count")],
+                   responses={200: ProposalsSerializer})
+    @action(detail=True, methods=["get"])
+    def proposals(self, request, pk=None):
+        """The feasible layouts for `gpus` GPUs, ranked (read-only; docs/elastic.md)."""
+        gpus = request.query_params.get("gpus", "")
+        if not gpus.isdigit() or not 1 <= int(gpus) <= 65536:
+            raise serializers.ValidationError({"gpus": [f"gpus must be an integer from 1 to 65536, got {gpus!r}"]})
+        return Response(resize_preview.job_proposals(job=self.get_object(), gpus=int(gpus)))
+
+    @extend_schema(parameters=[OpenApiParameter("layout", str, required=True, description="the destination layout")],
+                   responses={200: PlanPreviewSerializer})
+    @action(detail=True, methods=["get"])
+    def plan(self, request, pk=None):
+        """The routing plan from the job's layout to `layout` (read-only; nothing is allocated)."""
+        layout = request.query_params.get("layout", "").strip()
+        if not layout:
+            raise serializers.ValidationError({"layout": ["give the destination layout, e.g. ?layout=dp=4"]})
+        return Response(resize_preview.job_plan(job=self.get_object(), layout=layout))
+
     def destroy(self, request, *args, **kwargs):
         services.job_delete(job_id=self.get_object().pk)
         return Response(status=status.HTTP_204_NO_CONTENT)
@@ -163,3 +230,9 @@ class TransitionViewSet(viewsets.ReadOnlyModelViewSet):
         if job.isdigit():
             where |= Q(job_id=int(job))
         return queryset.filter(where)
+
+    @extend_schema(responses={200: PlanPreviewSerializer})
+    @action(detail=True, methods=["get"])
+    def plan(self, request, pk=None):
+        """The routing plan this transition ran, recomputed from its recorded inputs."""
+        return Response(resize_preview.transition_plan(transition=self.get_object()))

@@ -1,0 +1,122 @@
+"""Ranked layout proposals for resizing a job to N GPUs (GET /api/jobs/{id}/proposals).
+
+Pure: a model, the job's batch and its measured step time in, ranked candidates out.
+No emulator prediction is used here (an emulation run is a Celery round trip), so the
+ranking is by a documented rule, RANKING_RULE, which the page shows next to the table:
+
+1. a layout whose model state fits the GPUs' memory comes before one that does not;
+2. then the lower predicted step time: the measured step time scaled by the work per
+   GPU (W_old / W_new, the global batch is fixed) and by the pipeline bubble
+   ((m + pp - 1) / m, m micro-batches per data-parallel rank), new over old;
+3. then fewer model-parallel ranks (tp * pp: less communication inside a step);
+4. then the smaller model state per GPU.
+
+Worked example: tiny-gpt on dp=2 measured at 0.20 s/step, global_batch=12, micro_batch=1,
+N=4: dp=4 -> 0.20 * 2/4 * 1 = 0.10 s; tp=1,pp=2,dp=2 -> m=6, bubble 7/6 -> 0.117 s.
+Memory per GPU counts the model state (bf16 param + fp32 master, exp_avg, exp_avg_sq,
+sharded as CONTRACTS section 2 says), not activations.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from agents.layout.errors import LayoutError
+from agents.layout.placement import Placement, place
+from agents.layout.shards import STATE_CLASS, holder_boxes
+from agents.layout.spec import Layout, ModuleLayout, parse_layout
+from agents.layout.tensors import STATE_BYTES, STATES, Model
+
+RANKING_RULE = ("fits in GPU memory first, then the lower predicted step time (the measured step time "
+                "scaled by work per GPU and by the pipeline bubble), then fewer model-parallel ranks "
+                "(tp x pp), then less model state per GPU; no emulator prediction")
+MAX_PROPOSALS = 24
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    layout: str
+    world: int
+    tp: int
+    pp: int
+    dp: int
+    state_bytes_per_gpu: int
+    fits: bool
+    step_seconds: float | None
+    tokens_per_second: float | None
+
+    def as_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+def state_bytes_per_rank(placement: Placement) -> np.ndarray:
+    """Bytes of model state (every tensor's param, master, exp_avg, exp_avg_sq box) per rank.
+    Tensors of one geometry on the same stages have the same boxes: each is cut once."""
+    out = np.zeros(placement.world)
+    groups: dict[tuple, list] = {}
+    for tensor in placement.model.tensors:
+        split = tensor.split
+        key = (tensor.shape, split.module, split.tp_dim, split.tp_units, split.ep_dim, placement.tensor_stages(tensor))
+        groups.setdefault(key, [tensor, 0])[1] += 1
+    per_class = {c: sum(STATE_BYTES[s] for s in STATES if STATE_CLASS[s] == c) for c in set(STATE_CLASS.values())}
+    for tensor, count in groups.values():
+        for state_class, nbytes in per_class.items():
+            boxes = holder_boxes(placement, tensor, state_class)
+            np.add.at(out, boxes.rank, boxes.size * float(nbytes * count))
+    return out
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _bubble(global_batch: int, micro_batch: int, dp: int, pp: int) -> float:
+    micro_batches = max(global_batch // (micro_batch * dp), 1)
+    return (micro_batches + pp - 1) / micro_batches
+
+
+def candidate_layouts(model: Model, gpus: int, current: Layout, global_batch: int, micro_batch: int) -> list[Placement]:
+    """Every tp x pp x dp = gpus layout the model and the batch accept (the current zero kept)."""
+    if gpus < 1:
+        raise LayoutError(f"gpus={gpus} must be >= 1")
+    if current.is_heterogeneous or current.modules[0].first_rank is not None:
+        raise LayoutError(f"proposals cover single-module layouts; the job runs {current}")
+    module = current.modules[0]
+    out = []
+    for tp in _divisors(gpus):
+        for pp in _divisors(gpus // tp):
+            dp = gpus // (tp * pp)
+            if global_batch % (micro_batch * dp):
+                continue
+            try:
+                layout = Layout(modules=(ModuleLayout(module=module.module, tp=tp, pp=pp, dp=dp, zero=module.zero),))
+                out.append(place(model, layout))
+            except LayoutError:
+                continue  # e.g. heads not divisible by tp, fewer layers than pp stages
+    return out
+
+
+def propose(model: Model, *, current_layout: str, gpus: int, global_batch: int, micro_batch: int, seq_len: int,
+            capacity_bytes: int | None, step_seconds: float | None) -> list[Proposal]:
+    """The layouts for `gpus` GPUs, ranked by RANKING_RULE. `step_seconds`: the job's
+    recent measured step time (None: no prediction); `capacity_bytes`: the smallest GPU's
+    memory (None: unknown, every layout counts as fitting)."""
+    current = parse_layout(current_layout)
+    old = place(model, current)
+    old_module = old.layout.modules[0]
+    old_bubble = _bubble(global_batch, micro_batch, old_module.dp, old_module.pp)
+    proposals = []
+    for placement in candidate_layouts(model, gpus, current, global_batch, micro_batch):
+        m = placement.layout.modules[0]
+        state = int(state_bytes_per_rank(placement).max(initial=0))
+        predicted = None
+        if step_seconds is not None and step_seconds > 0:
+            predicted = step_seconds * old.world / placement.world * _bubble(global_batch, micro_batch, m.dp, m.pp) / old_bubble
+        proposals.append(Proposal(
+            layout=str(placement.layout), world=placement.world, tp=m.tp, pp=m.pp, dp=m.dp, state_bytes_per_gpu=state,
+            fits=capacity_bytes is None or state <= capacity_bytes, step_seconds=predicted,
+            tokens_per_second=global_batch * seq_len / predicted if predicted else None))
+    proposals.sort(key=lambda p: (not p.fits, p.step_seconds if p.step_seconds is not None else 0.0, p.tp * p.pp,
+                                  p.state_bytes_per_gpu, p.layout))
+    return proposals[:MAX_PROPOSALS]

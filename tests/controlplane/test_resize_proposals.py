@@ -1,0 +1,148 @@
+"""Resize proposals and plan preview: the pure maths (proposals.py, plan_preview.py) and
+the read-only endpoints GET /api/jobs/{id}/proposals and /plan, /api/transitions/{id}/plan."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agents import protocol
+from agents.layout.catalog import get_model
+from agents.layout.errors import LayoutError
+from agents.layout.placement import place
+from agents.layout.plan import PlanOptions, plan_routes
+from agents.layout.shards import rank_shards
+from agents.layout.tensors import STATE_BYTES
+from controlplane.jobs.plan_preview import plan_preview, route_matrix
+from controlplane.jobs.proposals import propose, state_bytes_per_rank
+
+TINY = get_model("tiny-gpt")
+
+
+def test_state_bytes_per_rank_matches_the_shards_each_rank_holds() -> None:
+    placement = place(TINY, "tp=2,pp=2,dp=2,zero=1")
+    fast = state_bytes_per_rank(placement)
+    for rank in range(placement.world):
+        slow = sum(int(np.prod(s["lengths"])) * STATE_BYTES[s["state"]] for s in rank_shards(placement, rank))
+        assert fast[rank] == slow, rank
+
+
+def test_dp_only_grow_is_ranked_first_with_the_scaled_step_time() -> None:
+    ranked = propose(TINY, current_layout="dp=2", gpus=4, global_batch=12, micro_batch=1, seq_len=16,
+                     capacity_bytes=2**30, step_seconds=0.2)
+    assert ranked[0].layout == "dp=4" and ranked[0].step_seconds == pytest.approx(0.1)
+    assert ranked[0].tokens_per_second == pytest.approx(12 * 16 / 0.1)
+    assert all(p.world == 4 and p.tp * p.pp * p.dp == 4 for p in ranked)
+    pipelined = next(p for p in ranked if p.layout == "pp=2,dp=2")
+    assert pipelined.step_seconds == pytest.approx(0.2 * 2 / 4 * 7 / 6)  # 6 micro-batches: bubble 7/6
+    times = [p.step_seconds for p in ranked]
+    assert times == sorted(times)
+
+
+def test_a_layout_that_does_not_fit_comes_last_and_says_so() -> None:
+    capacity = int(state_bytes_per_rank(place(TINY, "tp=2,dp=2")).max())  # dp=4 holds more per GPU
+    ranked = propose(TINY, current_layout="dp=2", gpus=4, global_batch=12, micro_batch=1, seq_len=16,
+                     capacity_bytes=capacity, step_seconds=None)
+    assert not next(p for p in ranked if p.layout == "dp=4").fits
+    fits = [p.fits for p in ranked]
+    assert fits == sorted(fits, reverse=True) and fits[0]
+    assert all(p.step_seconds is None and p.tokens_per_second is None for p in ranked)
+
+
+def test_the_batch_rule_filters_data_parallel_degrees() -> None:
+    ranked = propose(TINY, current_layout="dp=2", gpus=4, global_batch=2, micro_batch=1, seq_len=16,
+                     capacity_bytes=None, step_seconds=None)
+    assert ranked and all(2 % p.dp == 0 for p in ranked)
+    assert "dp=4" not in {p.layout for p in ranked}
+
+
+def test_heterogeneous_layouts_are_refused_with_the_reason() -> None:
+    model = get_model("tiny-gpt")
+    with pytest.raises(LayoutError, match="single-module"):
+        propose(model, current_layout="dp=2,ranks=0-1", gpus=4, global_batch=8, micro_batch=1, seq_len=16,
+                capacity_bytes=None, step_seconds=None)
+
+
+@settings(max_examples=25, deadline=None)
+@given(gpus=st.integers(1, 12), batch=st.sampled_from([1, 4, 12, 24]))
+def test_every_proposal_is_a_valid_layout_of_the_asked_size(gpus: int, batch: int) -> None:
+    for p in propose(TINY, current_layout="dp=2", gpus=gpus, global_batch=batch, micro_batch=1, seq_len=8,
+                     capacity_bytes=None, step_seconds=1.0):
+        assert place(TINY, p.layout).world == gpus
+        assert batch % p.dp == 0 and p.fits and p.step_seconds > 0
+
+
+@pytest.mark.parametrize("src,dst", [("dp=2", "dp=4"), ("dp=4", "tp=2,dp=2"), ("tp=2,pp=2", "dp=3")])
+def test_plan_preview_numbers_agree_with_the_plan(src: str, dst: str) -> None:
+    data = plan_preview(TINY, src, dst, gpus_per_node=2, staging_bytes=2**20)
+    summary = data["summary"]
+    matrix = np.array(data["matrix"])
+    assert matrix.shape == (data["world"], data["world"]) and np.trace(matrix) == 0
+    assert matrix.sum() == summary["network_bytes"] == sum(data["round_bytes"])
+    assert len(data["round_bytes"]) == summary["rounds"] == len(data["wave_peak"]) == len(data["wave_after"]) - 1
+    assert np.max(data["wave_peak"]) == summary["predicted_peak_bytes"]
+    assert sum(data["round_seconds"]) == pytest.approx(data["estimated_seconds"])
+    src_world, dst_world = place(TINY, src).world, place(TINY, dst).world
+    assert np.array(data["wave_after"])[0, src_world:].sum() == 0  # joining ranks start empty
+    assert np.array(data["wave_after"])[-1, dst_world:].sum() == 0  # leaving ranks end empty
+    plan = plan_routes(TINY, src, dst, PlanOptions(gpus_per_node=2, staging_bytes=2**20))
+    assert summary["fingerprint"] == plan.fingerprint and (route_matrix(plan) == matrix).all()
+
+
+# --- the endpoints ------------------------------------------------------------------------
+
+def _running(run, token_client, **body) -> dict:
+    from controlplane.jobs.reports import job_record_report
+
+    response = run(token_client.post, "/api/jobs", {"name": "p", "model": "tiny-gpt", "global_batch": 12, **body},
+                   format="json")
+    assert response.status_code == 201, response.content
+    job = response.json()
+    run(job_record_report, report=protocol.JobReport(job_id=job["id"], node="node-1", kind="started",
+                                                     sent_at=datetime.now(timezone.utc)))
+    return job
+
+
+@pytest.mark.django_db
+def test_proposals_endpoint_ranks_layouts_with_the_measured_step_time(run, token_client, two_nodes, sent_tasks) -> None:
+    from controlplane.jobs.models import Job
+    from controlplane.jobs.services import metrics_append, metrics_series_get
+
+    job = _running(run, token_client, gpus=2)
+    before = token_client.get(f"/api/jobs/{job['id']}/proposals?gpus=4").json()
+    assert before["measured_step_seconds"] is None and before["proposals"][0]["step_seconds"] is None
+    series = metrics_series_get(job=Job.objects.get(pk=job["id"]), name="step_seconds", unit="s")
+    metrics_append(series_id=series.pk, xs=[1, 2, 3, 4, 5, 6], ys=[9.0, 0.3, 0.2, 0.2, 0.2, 0.4])
+    body = token_client.get(f"/api/jobs/{job['id']}/proposals?gpus=4").json()
+    assert body["measured_step_seconds"] == pytest.approx(0.2)  # median of the last five
+    assert body["capacity_bytes"] == 16 * 2**30 and body["predictor"] == "rule" and "emulator" in body["ranking"]
+    assert body["default_layout"] == "dp=4" and body["proposals"][0]["layout"] == "dp=4"
+    assert body["proposals"][0]["step_seconds"] == pytest.approx(0.1) and body["proposals"][0]["fits"] is True
+
+
+@pytest.mark.django_db
+def test_proposals_and_plan_reject_bad_input_by_name(run, token_client, two_nodes, sent_tasks) -> None:
+    job = _running(run, token_client, gpus=2)
+    for query in ("", "?gpus=0", "?gpus=x"):
+        response = token_client.get(f"/api/jobs/{job['id']}/proposals{query}")
+        assert response.status_code == 400 and "gpus" in response.json(), response.content
+    response = token_client.get(f"/api/jobs/{job['id']}/proposals?gpus=7")  # 12 % 7: no dp works, 7 is prime
+    assert response.status_code == 400 and "no layout of tiny-gpt spans 7 GPUs" in str(response.json())
+    response = token_client.get(f"/api/jobs/{job['id']}/plan?layout=tp=3")
+    assert response.status_code == 400 and "cannot be planned" in str(response.json()), response.content
+    assert token_client.get(f"/api/jobs/{job['id']}/plan").status_code == 400
+
+
+@pytest.mark.django_db
+def test_plan_preview_is_the_plan_the_resize_then_records(run, token_client, two_nodes, sent_tasks) -> None:
+    job = _running(run, token_client, gpus=2)
+    preview = token_client.get(f"/api/jobs/{job['id']}/plan?layout=dp=4").json()
+    assert preview["source_layout"] == "dp=2" and preview["destination_layout"] == "dp=4" and preview["world"] == 4
+    transition = run(token_client.post, f"/api/jobs/{job['id']}/resize", {"layout": "dp=4"}, format="json").json()
+    assert transition["plan_fingerprint"] == preview["summary"]["fingerprint"]
+    recorded = token_client.get(f"/api/transitions/{transition['id']}/plan").json()
+    assert recorded["summary"]["fingerprint"] == transition["plan_fingerprint"]
+    assert recorded["matrix"] == preview["matrix"]
