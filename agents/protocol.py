@@ -155,6 +155,14 @@ class JobStartOrder(_Message):
     seed: int = 0
     report_every: int = Field(default=1, gt=0)
     timeout_seconds: float = Field(default=120.0, gt=0, le=3600)
+    # Periodic checkpoints (torch.distributed.checkpoint): every `checkpoint_interval` steps
+    # (0: none) into `checkpoint_dir`, which every node of the job must see (shared storage).
+    checkpoint_interval: int = Field(default=0, ge=0)
+    checkpoint_dir: str = Field(default="", max_length=1000)
+    # A restart after a failure: the new world loads this checkpoint (a step folder of
+    # checkpoint_dir) instead of initialising the model; `restore_id` names the restore row.
+    restore_from: str = Field(default="", max_length=1000)
+    restore_id: int | None = Field(default=None, gt=0)
 
     @field_validator("ranks")
     @classmethod
@@ -184,12 +192,16 @@ class JobReport(_Message):
     started: the world is up and the first step is done (from rank 0);
     step:    a finished step's metrics (from rank 0, every `report_every` steps);
     stopped: every rank left cleanly after a stop order or max_steps (from rank 0);
-    failed:  a rank died or raised (from its agent, `ranks` and `error` say which and why)."""
+    failed:  a rank died or raised (from its agent, `ranks` and `error` say which and why);
+    checkpoint: a periodic checkpoint of `step` is complete at `checkpoint_path` (from rank 0,
+             `seconds`: how long training paused for it);
+    restored: a restarted world loaded the checkpoint of `step` (from rank 0; `verified`:
+             the loaded state's digests equal the saved ones)."""
 
     version: Literal[1] = PROTOCOL_VERSION
     job_id: int = Field(gt=0)
     node: str = Field(max_length=63)
-    kind: Literal["started", "step", "stopped", "failed"]
+    kind: Literal["started", "step", "stopped", "failed", "checkpoint", "restored"]
     step: int | None = Field(default=None, ge=0)
     loss: float | None = None
     step_seconds: float | None = Field(default=None, ge=0)
@@ -197,6 +209,10 @@ class JobReport(_Message):
     layout: str = Field(default="", max_length=500)
     ranks: tuple[int, ...] = ()
     error: str = Field(default="", max_length=4000)
+    checkpoint_path: str = Field(default="", max_length=1000)
+    seconds: float | None = Field(default=None, ge=0)
+    verified: bool | None = None
+    restore_id: int | None = Field(default=None, gt=0)
     sent_at: datetime
 
 
@@ -232,6 +248,10 @@ class JobSwitchOrder(_Message):
     ranks: tuple[RankSlot, ...] = ()
     staging_bytes: int = Field(default=64 * 2**20, gt=0)
     gpus_per_node: int = Field(default=8, gt=0)
+    # Periodic checkpoints (torch.distributed.checkpoint): every `checkpoint_interval` steps
+    # (0: none) into `checkpoint_dir`, which every node of the job must see (shared storage).
+    checkpoint_interval: int = Field(default=0, ge=0)
+    checkpoint_dir: str = Field(default="", max_length=1000)
 
 
 class TransitionReport(_Message):

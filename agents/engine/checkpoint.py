@@ -21,8 +21,10 @@ from agents.layout.placement import Placement
 from agents.layout.shards import STATE_CLASS, is_sharded
 
 
-def _meshes(placement: Placement) -> dict[tuple[str, int, bool], DeviceMesh]:
-    """(module, stage, expert) -> mesh; built by every rank of the world in the same order."""
+def layout_meshes(placement: Placement) -> dict[tuple[str, int, bool], DeviceMesh]:
+    """(module, stage, expert) -> mesh; built by every rank of the world in the same order
+    (group creation is collective over the default group: build them while every rank of
+    it is there, and reuse them)."""
     meshes = {}
     for module in placement.model.modules:
         ml = placement.modules[module.name]
@@ -36,6 +38,9 @@ def _meshes(placement: Placement) -> dict[tuple[str, int, bool], DeviceMesh]:
                 experts = grid.view(data // ml.ep, ml.ep, ml.tp).permute(1, 2, 0).contiguous()
                 meshes[(module.name, stage, True)] = DeviceMesh("cpu", experts, mesh_dim_names=("ep", "tp", "edp"))
     return meshes
+
+
+_meshes = layout_meshes
 
 
 def _placements(tensor, state: str, ml) -> list:
@@ -55,9 +60,10 @@ def check_expressible(placement: Placement) -> None:
             _placements(tensor, state, placement.modules[tensor.split.module])
 
 
-def to_dtensors(placement: Placement, rank: int, shards: dict[Key, LocalShard]) -> dict[str, DTensor]:
-    """This rank's shards as DTensors (keys "tensor/state")."""
-    meshes = _meshes(placement)
+def to_dtensors(placement: Placement, rank: int, shards: dict[Key, LocalShard],
+                meshes: dict | None = None) -> dict[str, DTensor]:
+    """This rank's shards as DTensors (keys "tensor/state"); `meshes` from layout_meshes."""
+    meshes = meshes or _meshes(placement)
     out = {}
     for (index, state), shard in sorted(shards.items()):
         tensor = placement.model.tensors[index]

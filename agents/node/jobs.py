@@ -37,6 +37,7 @@ class LocalJob:
     stop_deadline: float | None = None
     failed: bool = False
     joining: dict[int, protocol.JobSwitchOrder] = field(default_factory=dict)  # rank -> the switch it joins
+    restore_id: int | None = None  # the restart from a checkpoint these ranks are (None: the first start)
 
 
 class JobRunner:
@@ -110,15 +111,25 @@ class JobRunner:
                 log.exception("job runner: %s failed", command or "poll")
 
     def _start(self, order: protocol.JobStartOrder) -> None:
-        if order.job_id in self.jobs:
+        old = self.jobs.get(order.job_id)
+        if old is not None and order.restore_from and old.restore_id != order.restore_id:
+            # A restart from a checkpoint replaces whatever ranks of the job still run here
+            # (waiting on a lost peer): they are killed without a failure report.
+            log.warning("job %d: restart from %s; stopping the ranks still here", order.job_id, order.restore_from)
+            old.failed = True
+            self._kill(old)
+            del self.jobs[order.job_id]
+        elif old is not None:
             log.warning("job %d already runs here; duplicate start order ignored", order.job_id)
             return
-        run_dir = self.run_root / f"job-{order.job_id}"
+        # Each restart gets its own folder: no switch order or stop file of the old world is seen again.
+        suffix = f"-restore-{order.restore_id}" if order.restore_id else ""
+        run_dir = self.run_root / f"job-{order.job_id}{suffix}"
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / STOP_FILE).unlink(missing_ok=True)
         order_path = run_dir / f"order-{self.node}.json"
         order_path.write_text(order.model_dump_json())
-        job = LocalJob(order.job_id, order.layout, run_dir)
+        job = LocalJob(order.job_id, order.layout, run_dir, restore_id=order.restore_id)
         for slot in order.ranks:
             self._spawn(job, slot, [str(order_path), str(slot.rank)])
         self.jobs[order.job_id] = job

@@ -104,11 +104,19 @@ class JobSettings:
     max_steps: int | None
     report_every: int
     timeout_seconds: float
+    checkpoint_interval: int = 0
+    checkpoint_dir: str = ""
 
     @classmethod
     def of(cls, order) -> "JobSettings":
         return cls(order.job_id, order.model, order.global_batch, order.micro_batch, order.seq, order.seed,
-                   order.max_steps, order.report_every, order.timeout_seconds)
+                   order.max_steps, order.report_every, order.timeout_seconds, order.checkpoint_interval,
+                   order.checkpoint_dir)
+
+    def checkpointer(self, rank: int):
+        from agents.runtime.checkpoints import Checkpointer
+
+        return Checkpointer(self.checkpoint_interval, self.checkpoint_dir, rank)
 
     def config(self, layout: str):
         """TrainConfig for a layout: micro-batches per step follow its data parallelism."""
@@ -120,6 +128,16 @@ class JobSettings:
         return TrainConfig(model=self.model, global_batch=self.global_batch, seq_len=self.seq,
                            micro_batches=self.global_batch // (self.micro_batch * dp), seed=self.seed,
                            total_steps=SCHEDULE_STEPS)
+
+
+def _trainer(settings: JobSettings, layout: str, rank: int, shards: dict, scalars, ckpt):
+    """A ParallelTrainer for `layout` (collective: every rank of the default group calls
+    it), with the checkpoint meshes built alongside while every rank is still there."""
+    from agents.training.parallel import ParallelTrainer
+
+    trainer = ParallelTrainer(settings.config(layout), layout, rank, shards, scalars)
+    ckpt.prepare(trainer.placement)
+    return trainer
 
 
 def _backend() -> str:
@@ -237,20 +255,19 @@ def _host_copy(shards: dict) -> dict:
             for key, s in shards.items()}
 
 
-def _switch_old_rank(trainer, order: protocol.JobSwitchOrder, settings: JobSettings, boundary: Boundary):
+def _switch_old_rank(trainer, order: protocol.JobSwitchOrder, settings: JobSettings, boundary: Boundary, ckpt):
     """Hand this rank's state over and move it to the new layout; None if the rank leaves.
     Raises RolledBack (carrying a trainer on the old layout, rebuilt from the state kept
     until the commit point) when the switch fails: a peer lost during the transfer, or a
     digest that does not match."""
     import torch.distributed as dist
 
-    from agents.training.parallel import ParallelTrainer
     from agents.training.run import switch_state
 
     rank = trainer.rank
     src = str(trainer.placement.layout)
     shards, scalars = trainer.hand_over()
-    spec, config = trainer.spec, settings.config(order.layout)
+    spec = trainer.spec
     kept = _host_copy(shards)
     del trainer
     store = boundary.store if rank == 0 else _store(order, master=False, timeout=settings.timeout_seconds)
@@ -271,34 +288,32 @@ def _switch_old_rank(trainer, order: protocol.JobSwitchOrder, settings: JobSetti
                                                 gpus_per_node=order.gpus_per_node, on_verify=verifying)
         # Every rank of the union world builds the trainer: its process groups are made
         # collectively, by members and non-members alike. A rank outside the layout then leaves.
-        trainer = ParallelTrainer(config, order.layout, rank, new, new_scalars)
+        trainer = _trainer(settings, order.layout, rank, new, new_scalars, ckpt)
     except Exception as exc:  # EngineError (digests, a dead peer), a gloo error, a timeout
         reason = f"{type(exc).__name__}: {exc}"[:1500]
-        raise RolledBack(_back_to_old_layout(order, store, rank, src, kept, scalars, settings), reason) from exc
+        raise RolledBack(_back_to_old_layout(order, store, rank, src, kept, scalars, settings, ckpt), reason) from exc
     return (trainer if trainer.active else None), report
 
 
 def _back_to_old_layout(order: protocol.JobSwitchOrder, store, rank: int, src: str, kept: dict, scalars,
-                        settings: JobSettings):
+                        settings: JobSettings, ckpt):
     """The old ranks leave the broken union world and form the old one again on rank 0's
     store, with the state they kept. (If an old rank is the one lost, this cannot work and
-    times out: the job then fails; restoring from a checkpoint is not built yet.)"""
+    times out; the control plane then restores the job from its latest checkpoint.)"""
     import torch.distributed as dist
-
-    from agents.training.parallel import ParallelTrainer
 
     if dist.is_initialized():
         dist.destroy_process_group()
     dist.init_process_group(_backend(), store=dist.PrefixStore(f"rollback-{order.transition_id}", store),
                             rank=rank, world_size=order.src_world,
                             timeout=datetime.timedelta(seconds=settings.timeout_seconds))
-    return ParallelTrainer(settings.config(src), src, rank, kept, scalars)
+    return _trainer(settings, src, rank, kept, scalars, ckpt)
 
 
-def _join(order: protocol.JobSwitchOrder, rank: int, settings: JobSettings, run_dir: Path):
+def _join(order: protocol.JobSwitchOrder, rank: int, settings: JobSettings, run_dir: Path, ckpt):
     """A joining rank: prepare while the old ranks train, then take part in the switch."""
     from agents.layout.catalog import get_model
-    from agents.training.parallel import ParallelTrainer, TrainScalars
+    from agents.training.parallel import TrainScalars
     from agents.training.run import prepare_switch, switch_state
 
     spec = get_model(order.model)
@@ -308,17 +323,20 @@ def _join(order: protocol.JobSwitchOrder, rank: int, settings: JobSettings, run_
     store.add("joined", 1)
     _join_union(order, store, rank, settings.timeout_seconds)
     (run_dir / transferring_marker(order.transition_id, rank)).touch()  # a death now rolls the switch back
-    if os.environ.get("DYNAPLANE_FAULT") == f"exit-in-transfer:{rank}":  # fault injection for the tests
+    fault = os.environ.get("DYNAPLANE_FAULT", "")
+    if fault == f"exit-in-transfer:{rank}":  # fault injection for the tests
         os._exit(17)
+    if fault.startswith(f"hold-in-transfer:{rank}:"):  # hold the union world in the transfer (tests kill a node then)
+        time.sleep(float(fault.rsplit(":", 1)[1]))
     new, scalars, _ = switch_state(spec, {}, TrainScalars(), order.src_layout, order.layout, rank,
                                    staging_bytes=order.staging_bytes, gpus_per_node=order.gpus_per_node,
                                    prepared=prepared)
     (run_dir / switched_marker(order.transition_id, rank)).touch()  # from here on, a death fails the job
-    return ParallelTrainer(settings.config(order.layout), order.layout, rank, new, scalars)
+    return _trainer(settings, order.layout, rank, new, scalars, ckpt)
 
 
 def _train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: Reporter,
-           done_switches: set[int]) -> int:
+           done_switches: set[int], ckpt) -> int:
     """Steps until the job stops or this rank leaves the layout; returns steps done here."""
     import torch.distributed as dist
 
@@ -343,6 +361,11 @@ def _train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: R
                 reporter.job("step", step=result.step, loss=result.loss, step_seconds=result.seconds,
                              tokens_per_second=result.tokens / result.seconds, layout=str(trainer.placement.layout))
         committed = None
+        if ckpt.due(trainer.scalars.step):
+            trainer, path, seconds = ckpt.save(trainer, settings.config(str(trainer.placement.layout)))
+            if rank == 0:
+                reporter.job("checkpoint", step=trainer.scalars.step, checkpoint_path=str(path), seconds=seconds,
+                             layout=str(trainer.placement.layout))
         stop, order = boundary.decide(trainer)
         if stop:
             if rank == 0:
@@ -352,7 +375,7 @@ def _train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: R
         if order is not None:
             paused_at = time.perf_counter()
             try:
-                trainer, report = _switch_old_rank(trainer, order, settings, boundary)
+                trainer, report = _switch_old_rank(trainer, order, settings, boundary, ckpt)
             except RolledBack as back:
                 trainer = back.trainer
                 if rank == 0:
@@ -390,25 +413,38 @@ def main(argv: list[str]) -> int:
         order = protocol.JobSwitchOrder.model_validate_json(path.read_text())
         settings = JobSettings.of(order)
         reporter = Reporter(order.job_id, rank, node, broker)
-        trainer = _join(order, rank, settings, path.parent)
+        ckpt = settings.checkpointer(rank)
+        trainer = _join(order, rank, settings, path.parent, ckpt)
         done = {order.transition_id}
     else:
         import torch.distributed as dist
 
         from agents.layout.catalog import get_model
         from agents.layout.placement import place
+        from agents.runtime.checkpoints import restore
         from agents.training.parallel import ParallelTrainer, initial_shards
 
         order = protocol.JobStartOrder.model_validate_json(path.read_text())
         settings = JobSettings.of(order)
         reporter = Reporter(order.job_id, rank, node, broker)
+        ckpt = settings.checkpointer(rank)
         dist.init_process_group(_backend(), init_method=f"tcp://{order.rendezvous}", rank=rank,
                                 world_size=order.world, timeout=datetime.timedelta(seconds=order.timeout_seconds))
         placement = place(get_model(order.model), order.layout)
-        trainer = ParallelTrainer(settings.config(order.layout), order.layout, rank,
-                                  initial_shards(order.model, placement, rank, order.seed))
+        if order.restore_from:  # a restart after a failure: the state comes from the checkpoint
+            loading = time.perf_counter()
+            ckpt.prepare(placement, force=True)
+            shards, scalars, verified = restore(order.model, order.layout, rank, order.restore_from, ckpt.meshes)
+            # (the meshes just built serve the periodic checkpoints of this world as well)
+            trainer = ParallelTrainer(settings.config(order.layout), order.layout, rank, shards, scalars)
+            if rank == 0:
+                reporter.job("restored", step=scalars.step, checkpoint_path=order.restore_from, verified=verified,
+                             seconds=time.perf_counter() - loading, restore_id=order.restore_id, layout=order.layout)
+        else:
+            trainer = _trainer(settings, order.layout, rank, initial_shards(order.model, placement, rank, order.seed),
+                               None, ckpt)
         done = set()
-    steps = _train(trainer, settings, rank, path.parent, reporter, done)
+    steps = _train(trainer, settings, rank, path.parent, reporter, done, ckpt)
     print(f"rank {rank}: {steps} steps in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return 0
 

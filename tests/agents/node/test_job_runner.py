@@ -373,3 +373,55 @@ def test_a_cancelled_switch_is_dropped_by_rank_0_at_once_and_the_job_trains_on(b
     finally:
         node1.shutdown()
         node2.shutdown()
+
+
+def test_periodic_checkpoints_and_a_restart_from_one_on_fewer_ranks(broker, tmp_path):
+    """Ranks checkpoint every 2 steps with DCP (rank 0 reports each; only the last 3 stay);
+    after a rank dies, a restart order makes a new world load the latest checkpoint: in the
+    same layout it trains on bit-identically (the same losses the first world had at the
+    same steps), in a smaller one (dp=1, DCP reshards) the loaded state's digests match."""
+    url, client = broker
+    failures: list = []
+    root = tmp_path / "ckpt"
+    runner = JobRunner(failures.append, "node-1", "cpu", url, tmp_path / "run")
+
+    def order(port, **fields):
+        return _order(11, 2, [0, 1], port).model_copy(update={"checkpoint_interval": 2,
+                                                               "checkpoint_dir": str(root), **fields})
+    try:
+        runner.start(order(_free_port()))
+        _wait(lambda: len([r for r in _reports(client) if r["kind"] == "checkpoint"]) >= 4, 180, "four checkpoints")
+        os.kill(runner.jobs[11].ranks[1].process.pid, signal.SIGKILL)
+        _wait(lambda: failures, 30, "the failure report")
+        reports = _reports(client)
+        checkpoints = [r for r in reports if r["kind"] == "checkpoint"]
+        assert [r["step"] for r in checkpoints[:4]] == [2, 4, 6, 8]
+        assert all(r["seconds"] > 0 and r["checkpoint_path"].startswith(str(root)) for r in checkpoints)
+        first_losses = {r["step"]: r["loss"] for r in reports if r["kind"] == "step"}
+        latest = checkpoints[-1]
+        kept = sorted(p.name for p in root.iterdir())
+        assert len(kept) <= 4 and kept[-1] == f"step-{latest['step']:08d}", kept  # 3 complete (+ one being written)
+        # The same layout, restarted from a checkpoint whose next steps the first world ran.
+        back = checkpoints[-2]
+        client.delete(protocol.CONTROL_QUEUE)
+        runner.start(order(_free_port(), restore_from=back["checkpoint_path"], restore_id=1))
+        _wait(lambda: len([r for r in _reports(client) if r["kind"] == "step"]) >= 2, 120, "steps after the restart")
+        reports = _reports(client)
+        (restored,) = [r for r in reports if r["kind"] == "restored"]
+        assert (restored["step"], restored["verified"], restored["restore_id"]) == (back["step"], True, 1)
+        steps = [r for r in reports if r["kind"] == "step"][:2]
+        assert [r["step"] for r in steps] == [back["step"] + 1, back["step"] + 2]
+        assert [r["loss"] for r in steps] == [first_losses[back["step"] + 1], first_losses[back["step"] + 2]]
+        # A restart on one rank (dp=1) from the latest: the state is resharded and verified.
+        client.delete(protocol.CONTROL_QUEUE)
+        one = _order(11, 1, [0], _free_port(), layout="dp=1").model_copy(update={
+            "checkpoint_interval": 2, "checkpoint_dir": str(root), "restore_from": latest["checkpoint_path"],
+            "restore_id": 2})
+        runner.start(one)
+        _wait(lambda: [r for r in _reports(client) if r["kind"] == "step"], 120, "a step on one rank")
+        (restored,) = [r for r in _reports(client) if r["kind"] == "restored"]
+        assert (restored["step"], restored["verified"], restored["layout"]) == (latest["step"], True, "dp=1")
+        assert len(failures) == 1  # the killed ranks of the replaced worlds are not reported
+        print(f"checkpoint pause {[round(r['seconds'], 3) for r in checkpoints]} s; restore {restored['seconds']:.2f} s")
+    finally:
+        runner.shutdown()
