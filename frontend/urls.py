@@ -1,10 +1,18 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend import views
+from frontend import compare_views, job_views, views
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
+    path("compare/", compare_views.compare, name="compare"),
+    path("compare/data", compare_views.compare_data, name="compare-data"),
+    path("compare/export.csv", compare_views.compare_export, name="compare-export"),
+    path("jobs/", job_views.jobs_list, name="jobs"),
+    path("jobs/<int:job_id>/", job_views.job_detail, name="job"),
+    path("jobs/<int:job_id>/state.json", job_views.job_state, name="job-state"),
+    path("jobs/<int:job_id>/plan-figures.json", job_views.job_plan_figures, name="job-plan-figures"),
+    path("transitions/<int:transition_id>/", job_views.transition_detail, name="transition"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
 ]

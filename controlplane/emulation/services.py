@@ -16,7 +16,8 @@ from controlplane.emulation.models import EmulationRun
 
 def emulation_view(run: EmulationRun) -> EmulationView:
     return EmulationView(id=run.pk, model=run.model, layout=run.layout, gpus=run.gpus, gpu_type=run.gpu_type,
-                         state=run.state, message=run.message, error=run.error, result=run.result or None,
+                         global_batch=run.global_batch, micro_batch=run.micro_batch, seq_len=run.seq_len,
+                         recompute=run.recompute, state=run.state, message=run.message, error=run.error, result=run.result or None,
                          wall_seconds=run.wall_seconds)
 
 
