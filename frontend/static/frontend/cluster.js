@@ -46,7 +46,10 @@ function renderJobs() {
   document.getElementById("jobs-empty").hidden = jobs.length > 0;
   body.replaceChildren(...jobs.map((job) => {
     const tr = el("tr", { "data-job": job.name });
-    for (const value of [job.name, job.model, job.layout, String(job.gpus), job.state]) tr.append(el("td", {}, value));
+    const name = el("td");
+    name.append(el("a", { href: `/jobs/${job.id}/` }, job.name));
+    tr.append(name);
+    for (const value of [job.model, job.layout, String(job.gpus), job.state]) tr.append(el("td", {}, value));
     return tr;
   }));
 }

@@ -1,0 +1,103 @@
+"""Job pages: the jobs list, a job's live page with the resize flow, a transition's detail,
+and the small JSON pieces those pages fetch (figures built here, by frontend.figures)."""
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, JsonResponse
+from django.shortcuts import get_object_or_404, render
+
+from controlplane.cluster.selectors import cluster_snapshot
+from controlplane.common.errors import InvalidInput
+from controlplane.jobs.events import METRIC_NAMES
+from controlplane.jobs.models import Job, Transition
+from controlplane.jobs.resize_preview import gpu_capacity_bytes, job_plan, transition_plan
+from controlplane.jobs.selectors import job_live_snapshot
+from frontend.figures import (
+    history_bands,
+    memory_wave_figure,
+    metric_figure,
+    plan_heatmap_figure,
+    round_bytes_figure,
+    step_time_around,
+)
+from frontend.layout_view import rank_coordinates
+
+JOB_FIELDS = ("id", "name", "model", "layout", "world_size", "state", "global_batch", "micro_batch", "seq_len",
+              "max_steps", "error", "placement")
+
+
+def job_data(job: Job) -> dict:
+    data = {name: getattr(job, name) for name in JOB_FIELDS}
+    data["ranks"] = rank_coordinates(job.layout, job.placement)
+    return data
+
+
+def plan_figures(plan: dict, *, measured: dict[int, int] | None = None) -> dict:
+    """The plan's three figures and its headline numbers, as the pages draw them."""
+    return {
+        "heatmap": plan_heatmap_figure(plan["matrix"]),
+        "rounds": round_bytes_figure(plan["round_bytes"], plan["round_seconds"]),
+        "wave": memory_wave_figure(plan["wave_after"], plan["wave_peak"], capacity_bytes=gpu_capacity_bytes(),
+                                   measured=measured),
+        "summary": {key: plan["summary"].get(key) for key in (
+            "src", "dst", "world_src", "world_dst", "network_bytes", "min_network_bytes", "local_bytes", "rounds",
+            "transfers", "predicted_peak_bytes", "peak_staging_bytes", "estimated_seconds", "fingerprint")},
+    }
+
+
+@login_required
+def jobs_list(request: HttpRequest):
+    jobs = Job.objects.prefetch_related("transitions").order_by("-created_at", "-id")
+    return render(request, "frontend/jobs.html", {"jobs": jobs})
+
+
+@login_required
+def job_detail(request: HttpRequest, job_id: int):
+    job = get_object_or_404(Job, pk=job_id)
+    live = job_live_snapshot(job_id=job.pk).model_dump(mode="json")
+    steps = live["metrics"].get("loss", {}).get("x") or [0]
+    bands = history_bands(job.layout, live["transitions"], steps[-1])
+    figures = {name: metric_figure(name, live["metrics"].get(name), bands if name == "step_seconds" else ())
+               for name in METRIC_NAMES}
+    cluster = cluster_snapshot().model_dump(mode="json")
+    return render(request, "frontend/job.html", {
+        "job": job, "job_data": job_data(job), "live": live, "figures": figures, "cluster": cluster,
+        "total_gpus": len(cluster["gpus"]),
+    })
+
+
+@login_required
+def job_state(request: HttpRequest, job_id: int) -> JsonResponse:
+    """The job's row and its ranks' coordinates (the page redraws the layout after a switch)."""
+    return JsonResponse(job_data(get_object_or_404(Job, pk=job_id)))
+
+
+@login_required
+def job_plan_figures(request: HttpRequest, job_id: int) -> JsonResponse:
+    """The plan preview of a switch to ?layout=, drawn."""
+    job = get_object_or_404(Job, pk=job_id)
+    layout = request.GET.get("layout", "").strip()
+    if not layout:
+        return JsonResponse({"error": "give the destination layout, e.g. ?layout=dp=4"}, status=400)
+    try:
+        plan = job_plan(job=job, layout=layout)
+    except InvalidInput as exc:
+        return JsonResponse({"error": str(exc)}, status=400)
+    return JsonResponse(plan_figures(plan))
+
+
+@login_required
+def transition_detail(request: HttpRequest, transition_id: int):
+    transition = get_object_or_404(Transition.objects.select_related("job"), pk=transition_id)
+    plan = transition_plan(transition=transition)
+    measured = {0: transition.peak_bytes} if transition.peak_bytes else None
+    live = job_live_snapshot(job_id=transition.job_id).model_dump(mode="json")
+    before, after = step_time_around(live["metrics"].get("step_seconds"), transition.step)
+    timings = [(label, getattr(transition, f"{name}_seconds")) for label, name in (
+        ("Preparation (hidden behind training)", "prepare"), ("Pause (training stopped)", "pause"),
+        ("Transfer", "transfer"), ("Verification", "verify"))]
+    return render(request, "frontend/transition.html", {
+        "transition": transition, "figures": plan_figures(plan, measured=measured), "timings": timings,
+        "step_before": before, "step_after": after, "history": transition.history,
+        "verification": transition.verification,
+    })

@@ -1,0 +1,62 @@
+// One job's live snapshot and how its events change it (mirrors controlplane/jobs/events.py:
+// apply_job_event), plus the layout-history bands (mirrors frontend/figures.py:
+// history_bands) and the step time around a switch (figures.step_time_around).
+// Pure: no DOM, no network; tests/test_job_store_js.py runs it under node against Python.
+
+export const METRIC_NAMES = ["loss", "step_seconds", "tokens_per_second"];
+export const TERMINAL = ["committed", "aborted", "rolled_back", "failed"];
+
+// Returns {snapshot, gap, appended}: gap when an event was missed (reload the snapshot);
+// appended: {name: value} of the metrics a `metrics` event added (for extendTraces).
+export function applyJobEvent(snapshot, event) {
+  if (event.type === "hello") return { snapshot, gap: event.seq > snapshot.seq, appended: null };
+  if (event.seq <= snapshot.seq) return { snapshot, gap: false, appended: null };
+  if (event.seq !== snapshot.seq + 1) return { snapshot, gap: true, appended: null };
+  if (event.type === "transition") {
+    const others = snapshot.transitions.filter((t) => t.id !== event.transition.id);
+    const transitions = [...others, event.transition].sort((a, b) => a.id - b.id);
+    return { snapshot: { ...snapshot, seq: event.seq, transitions }, gap: false, appended: null };
+  }
+  if (event.type !== "metrics") return { snapshot: { ...snapshot, seq: event.seq }, gap: false, appended: null };
+  const metrics = { ...snapshot.metrics };
+  const appended = {};
+  for (const name of METRIC_NAMES) {
+    const value = event[name];
+    if (value === null || value === undefined) continue;
+    const old = metrics[name] || { x: [], y: [] };
+    metrics[name] = { x: [...old.x, event.step], y: [...old.y, value] };
+    appended[name] = value;
+  }
+  return { snapshot: { ...snapshot, seq: event.seq, metrics }, gap: false, appended };
+}
+
+export function historyBands(sourceLayout, transitions, lastStep) {
+  const committed = transitions.filter((t) => t.state === "committed" && t.step !== null && t.step !== undefined);
+  const first = committed.length ? committed[0].source_layout : sourceLayout;
+  if (first === null || first === undefined) return [];
+  const bands = [];
+  let x0 = 0;
+  let layout = first;
+  let startedBy = null;
+  for (const t of committed) {
+    bands.push({ x0, x1: t.step, layout, transition: startedBy });
+    [x0, layout, startedBy] = [t.step, t.destination_layout, t.id];
+  }
+  bands.push({ x0, x1: Math.max(lastStep || 0, x0), layout, transition: startedBy });
+  return bands;
+}
+
+const median = (values) => {
+  if (!values.length) return null;
+  const s = [...values].sort((a, b) => a - b);
+  const mid = Math.floor(s.length / 2);
+  return s.length % 2 ? s[mid] : (s[mid - 1] + s[mid]) / 2;
+};
+
+export function stepTimeAround(series, step, count = 5) {
+  if (!series || step === null || step === undefined) return [null, null];
+  const points = series.x.map((x, i) => [x, series.y[i]]).sort((a, b) => a[0] - b[0]);
+  const before = points.filter(([x]) => x <= step).map(([, y]) => y).slice(-count);
+  const after = points.filter(([x]) => x > step).map(([, y]) => y).slice(1, count + 1);
+  return [median(before), median(after)];
+}

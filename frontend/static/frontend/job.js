@@ -1,0 +1,177 @@
+// Job page: live charts (extended in place), the layout drawn on the GPUs, the layout
+// history (bands + table), kept live over /ws/jobs/<id>/ and /ws/cluster/.
+import { applyEvent } from "./cluster-store.js";
+import { applyJobEvent, historyBands, METRIC_NAMES, TERMINAL } from "./job-store.js";
+import { startResizeFlow } from "./resize.js";
+
+const readJson = (id) => JSON.parse(document.getElementById(id).textContent);
+export const el = (tag, attrs = {}, text = "") => {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  if (text !== "") node.textContent = text;
+  return node;
+};
+const PLOT = { displayModeBar: false, responsive: true };
+
+let job = readJson("job-data");
+let live = readJson("job-live");
+let cluster = readJson("cluster-snapshot");
+const figures = readJson("job-figures");
+const listeners = [];
+
+function lastStep() {
+  const loss = live.metrics.loss;
+  return loss && loss.x.length ? loss.x[loss.x.length - 1] : 0;
+}
+
+function drawCharts() {
+  for (const name of METRIC_NAMES) {
+    const figure = figures[name];
+    const series = live.metrics[name] || { x: [], y: [] };
+    figure.data[0].x = [...series.x];
+    figure.data[0].y = [...series.y];
+    window.Plotly.react(`chart-${name}`, figure.data, figure.layout, PLOT);
+  }
+  drawBands();
+}
+
+function drawBands() {
+  const bands = historyBands(job.layout, live.transitions, lastStep());
+  const colors = ["#2f6fd6", "#d79a1c"];
+  const shapes = bands.map((b, i) => ({ type: "rect", xref: "x", yref: "paper", x0: b.x0, x1: b.x1, y0: 0, y1: 1,
+    fillcolor: colors[i % 2], opacity: 0.08, line: { width: 0 }, layer: "below" }));
+  const annotations = bands.map((b, i) => ({ xref: "x", yref: "paper", x: b.x0, y: 1, xanchor: "left",
+    yanchor: "bottom", text: b.layout, showarrow: false, font: { size: 11, color: colors[i % 2] } }));
+  window.Plotly.relayout("chart-step_seconds", { shapes, annotations });
+  document.getElementById("chart-step_seconds").dataset.bands = String(bands.length);
+}
+
+function extendCharts(step, appended) {
+  for (const [name, value] of Object.entries(appended)) {
+    window.Plotly.extendTraces(`chart-${name}`, { x: [[step]], y: [[value]] }, [0]);
+    const node = document.getElementById(`chart-${name}`);
+    node.dataset.points = String(live.metrics[name].x.length);
+  }
+}
+
+function drawGpus() {
+  const byGpu = new Map(job.ranks.map((r) => [`${r.node}/${r.gpu}`, r]));
+  const grid = document.getElementById("job-gpus");
+  const nodes = [...cluster.nodes].sort((a, b) => a.name.localeCompare(b.name, undefined, { numeric: true }));
+  grid.replaceChildren(...nodes.map((node) => {
+    const row = el("div", { class: "node-row", role: "row", "data-node": node.name });
+    const head = el("div", { class: `node-head node-${node.state}`, role: "rowheader" });
+    head.append(el("strong", {}, node.name), el("span", { class: "node-state" }, node.state));
+    row.append(head);
+    const gpus = cluster.gpus.filter((g) => g.node === node.name).sort((a, b) => a.index - b.index);
+    for (const gpu of gpus) {
+      const mine = byGpu.get(`${gpu.node}/${gpu.index}`);
+      const other = gpu.job && gpu.job !== job.name;
+      const state = mine ? "mine" : gpu.job === job.name ? "joining" : other ? "other" : gpu.state;
+      const label = mine ? `${node.name} GPU ${gpu.index}: rank ${mine.rank}, ${mine.label}`
+        : `${node.name} GPU ${gpu.index}: ${gpu.state}${gpu.job ? ` (job ${gpu.job})` : ""}`;
+      const cell = el("div", { class: `gpu gpu-${gpu.state} job-gpu-${state}`, role: "cell", tabindex: "0",
+        "data-gpu": `${gpu.node}/${gpu.index}`, "data-state": gpu.state, title: label, "aria-label": label });
+      if (mine) cell.dataset.rank = String(mine.rank);
+      cell.append(el("span", { class: "gpu-index" }, mine ? `rank ${mine.rank}` : `GPU ${gpu.index}`),
+        el("span", { class: "gpu-job" }, mine ? mine.label : gpu.job || gpu.state));
+      row.append(cell);
+    }
+    return row;
+  }));
+}
+
+const fmtSeconds = (s) => (s === null || s === undefined ? "–" : s < 1 ? `${(s * 1000).toFixed(0)} ms` : `${s.toFixed(2)} s`);
+
+function drawHistory() {
+  const body = document.getElementById("history-body");
+  const rows = [...live.transitions].reverse();
+  document.getElementById("history-empty").hidden = rows.length > 0;
+  body.replaceChildren(...rows.map((t) => {
+    const tr = el("tr", { "data-transition": String(t.id), "data-state": t.state });
+    const link = el("a", { href: `/transitions/${t.id}/` }, `#${t.id}`);
+    const first = el("td");
+    first.append(link);
+    tr.append(first);
+    for (const value of [`${t.source_layout} → ${t.destination_layout}`, t.state, t.step ?? "–",
+      fmtSeconds(t.pause_seconds), t.verified === null ? "–" : t.verified ? "verified" : "MISMATCH", t.reason]) {
+      tr.append(el("td", {}, String(value)));
+    }
+    return tr;
+  }));
+}
+
+function drawHeader() {
+  document.getElementById("job-state").textContent = job.state;
+  document.getElementById("job-state").dataset.state = job.state;
+  document.getElementById("job-layout").textContent = `${job.layout} on ${job.world_size} GPUs`;
+  document.body.dataset.jobSeq = String(live.seq);
+}
+
+async function refreshJob() {
+  const response = await fetch(`/jobs/${job.id}/state.json`, { credentials: "same-origin" });
+  if (response.ok) { job = await response.json(); drawHeader(); drawGpus(); drawBands(); }
+}
+
+async function reloadLive() {
+  const response = await fetch(`/api/jobs/${job.id}/live`, { credentials: "same-origin" });
+  if (response.ok) { live = await response.json(); drawCharts(); drawHistory(); drawHeader(); }
+}
+
+function onJobEvent(event) {
+  const result = applyJobEvent(live, event);
+  if (result.gap) { reloadLive(); return; }
+  if (result.snapshot === live) return;
+  const previous = live;
+  live = result.snapshot;
+  if (result.appended) {
+    extendCharts(event.step, result.appended);
+    if (live.transitions.some((t) => t.state === "committed")) drawBands();
+  }
+  if (event.type === "transition") {
+    drawHistory();
+    const before = previous.transitions.find((t) => t.id === event.transition.id);
+    if (TERMINAL.includes(event.transition.state) && (!before || before.state !== event.transition.state)) refreshJob();
+  }
+  drawHeader();
+  for (const listener of listeners) listener(event, live);
+}
+
+function onClusterEvent(event) {
+  const result = applyEvent(cluster, event);
+  if (result.gap) { fetch("/api/cluster/snapshot", { credentials: "same-origin" }).then((r) => r.json()).then((s) => { cluster = s; drawGpus(); }); return; }
+  if (result.snapshot === cluster) return;
+  cluster = result.snapshot;
+  if (event.type === "job" && event.job.id === job.id && (event.job.state !== job.state || event.job.layout !== job.layout)) {
+    refreshJob();
+  } else {
+    drawGpus();
+  }
+}
+
+function connect(path, onEvent, badge) {
+  let retryMs = 500;
+  const open = () => {
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    const socket = new WebSocket(`${scheme}://${location.host}${path}`);
+    socket.onopen = () => { retryMs = 500; if (badge) { badge.dataset.state = "live"; badge.textContent = "live"; } };
+    socket.onmessage = (message) => onEvent(JSON.parse(message.data));
+    socket.onclose = (event) => {
+      if (badge) {
+        badge.dataset.state = event.code === 4401 ? "closed" : "reconnecting";
+        badge.textContent = event.code === 4401 ? "signed out: reload to sign in" : "disconnected; retrying";
+      }
+      if (event.code !== 4401) { setTimeout(open, retryMs); retryMs = Math.min(retryMs * 2, 10000); }
+    };
+  };
+  open();
+}
+
+drawHeader();
+drawGpus();
+drawCharts();
+drawHistory();
+connect(`/ws/jobs/${job.id}/`, onJobEvent, document.getElementById("connection"));
+connect("/ws/cluster/", onClusterEvent, null);
+startResizeFlow({ getJob: () => job, getLive: () => live, onEvent: (fn) => listeners.push(fn) });
+window.dynaplane = { get live() { return live; }, get job() { return job; } };

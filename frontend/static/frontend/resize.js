@@ -1,0 +1,174 @@
+// The click-to-resize flow on the job page: GPU count -> ranked proposals -> plan preview
+// -> confirm dialog -> POST resize -> live progress -> result.
+import { stepTimeAround, TERMINAL } from "./job-store.js";
+
+const STEPS = ["planned", "preparing", "ready", "transferring", "verifying", "committed"];
+const PLOT = { displayModeBar: false, responsive: true };
+const $ = (id) => document.getElementById(id);
+const mib = (b) => (b >= 2 ** 30 ? `${(b / 2 ** 30).toFixed(2)} GiB` : `${(b / 2 ** 20).toFixed(2)} MiB`);
+const secs = (s) => (s === null || s === undefined ? "–" : s < 1 ? `${(s * 1000).toFixed(0)} ms` : `${s.toFixed(2)} s`);
+
+function el(tag, attrs = {}, text = "") {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  if (text !== "") node.textContent = text;
+  return node;
+}
+
+function describeError(body, status) {
+  if (!body) return `HTTP ${status}`;
+  if (typeof body.detail === "string") return body.detail;
+  if (body.error) return body.error;
+  return Object.entries(body).map(([k, v]) => `${k}: ${[].concat(v).join(" ")}`).join("; ");
+}
+
+function showError(text) {
+  const box = $("resize-error");
+  box.textContent = text;
+  box.hidden = !text;
+}
+
+function fillDl(dl, pairs) {
+  dl.replaceChildren(...pairs.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, String(v))]));
+}
+
+export function startResizeFlow({ getJob, getLive, onEvent }) {
+  const input = $("resize-gpus");
+  let chosen = null;
+  let tracking = null; // transition id being followed
+
+  const clamp = (n) => Math.max(Number(input.min) || 1, Math.min(Number(input.max) || 65536, n));
+  $("resize-minus").addEventListener("click", () => { input.value = clamp(Number(input.value) - 1); });
+  $("resize-plus").addEventListener("click", () => { input.value = clamp(Number(input.value) + 1); });
+
+  $("resize-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    showError("");
+    $("plan-section").hidden = true;
+    const gpus = Number(input.value);
+    const response = await fetch(`/api/jobs/${getJob().id}/proposals?gpus=${gpus}`, { credentials: "same-origin" });
+    const body = await response.json().catch(() => null);
+    if (!response.ok) { $("proposals-section").hidden = true; showError(describeError(body, response.status)); return; }
+    $("ranking-note").textContent = body.predictor === "rule"
+      ? `Ranked by rule, not by the emulator: ${body.ranking}. Step times scale the measured ` +
+        `${secs(body.measured_step_seconds)} per step; memory counts model state only (no activations).`
+      : `Ranked by ${body.predictor}.`;
+    $("proposals-body").replaceChildren(...body.proposals.map((p, i) => {
+      const tr = el("tr", { "data-layout": p.layout, "data-fits": String(p.fits) });
+      const cap = body.capacity_bytes ? ` of ${mib(body.capacity_bytes)}` : "";
+      for (const v of [String(i + 1), p.layout + (p.layout === body.default_layout ? " (default)" : ""),
+        secs(p.step_seconds), p.tokens_per_second ? Math.round(p.tokens_per_second).toLocaleString() : "–",
+        `${mib(p.state_bytes_per_gpu)}${cap}`, p.fits ? "fits" : "does not fit"]) tr.append(el("td", {}, v));
+      const td = el("td");
+      const button = el("button", { type: "button", class: "preview", "aria-label": `Preview the switch to ${p.layout}` },
+        "Preview plan");
+      button.addEventListener("click", () => preview(p.layout));
+      td.append(button);
+      tr.append(td);
+      return tr;
+    }));
+    $("proposals-section").hidden = false;
+    $("proposals-section").querySelector("button.preview")?.focus();
+  });
+
+  async function preview(layout) {
+    showError("");
+    const response = await fetch(`/jobs/${getJob().id}/plan-figures.json?layout=${encodeURIComponent(layout)}`,
+      { credentials: "same-origin" });
+    const body = await response.json().catch(() => null);
+    if (!response.ok) { showError(describeError(body, response.status)); return; }
+    chosen = layout;
+    const s = body.summary;
+    $("plan-title").textContent = `Plan: ${s.src} → ${s.dst}`;
+    fillDl($("plan-summary"), [["network bytes", mib(s.network_bytes)], ["kept locally", mib(s.local_bytes)],
+      ["rounds", s.rounds], ["transfers", s.transfers], ["predicted peak per rank", mib(s.predicted_peak_bytes)],
+      ["estimated transfer time", secs(s.estimated_seconds)], ["plan fingerprint", s.fingerprint.slice(0, 12)]]);
+    $("plan-section").hidden = false;
+    $("plan-section").dataset.layout = layout;
+    for (const [key, id] of [["heatmap", "plan-heatmap"], ["rounds", "plan-rounds"], ["wave", "plan-wave"]]) {
+      window.Plotly.react(id, body[key].data, body[key].layout, PLOT);
+    }
+    $("resize-open").textContent = `Resize to ${layout}…`;
+    $("resize-open").focus();
+  }
+
+  $("resize-open").addEventListener("click", () => {
+    const job = getJob();
+    $("resize-dialog-text").textContent =
+      `Switch ${job.name} from ${job.layout} (${job.world_size} GPUs) to ${chosen} while it trains? ` +
+      "Training pauses at a step boundary while the state moves; the new layout is verified before it commits.";
+    $("resize-dialog").showModal();
+  });
+  $("resize-cancel").addEventListener("click", () => $("resize-dialog").close());
+  $("resize-confirm").addEventListener("click", async () => {
+    $("resize-dialog").close();
+    showError("");
+    const token = document.querySelector("[name=csrfmiddlewaretoken]").value;
+    const response = await fetch(`/api/jobs/${getJob().id}/resize`, {
+      method: "POST", credentials: "same-origin",
+      headers: { "Content-Type": "application/json", "X-CSRFToken": token }, body: JSON.stringify({ layout: chosen }),
+    });
+    const body = await response.json().catch(() => null);
+    if (response.status !== 202) { showError(`Resize refused: ${describeError(body, response.status)}`); return; }
+    follow(body.id);
+    showProgress(getLive().transitions.find((t) => t.id === body.id) || { ...body, verified: null });
+  });
+
+  function follow(id) {
+    tracking = id;
+    $("progress-section").hidden = false;
+    $("resize-result").replaceChildren();
+    $("progress-section").focus();
+  }
+
+  function showProgress(t) {
+    const section = $("progress-section");
+    section.dataset.state = t.state;
+    section.dataset.transition = String(t.id);
+    const reached = STEPS.indexOf(t.state);
+    for (const li of $("progress-steps").children) {
+      const i = STEPS.indexOf(li.dataset.step);
+      li.dataset.done = String(reached >= 0 && i <= reached);
+      li.dataset.current = String(i === reached);
+    }
+    const rounds = t.rounds ? ` · ${t.rounds} rounds` : "";
+    $("progress-text").textContent = TERMINAL.includes(t.state)
+      ? `${t.source_layout} → ${t.destination_layout}: ${t.state}${rounds}`
+      : `${t.source_layout} → ${t.destination_layout}: ${t.state}…${rounds}`;
+    fillDl($("progress-timings"), [["preparation (training goes on)", secs(t.prepare_seconds)],
+      ["pause", secs(t.pause_seconds)], ["transfer", secs(t.transfer_seconds)], ["verification", secs(t.verify_seconds)],
+      ["network bytes", t.network_bytes === null ? "–" : mib(t.network_bytes)],
+      ["peak bytes rank 0 (measured / predicted)",
+        `${t.peak_bytes ? mib(t.peak_bytes) : "–"} / ${t.predicted_peak_bytes ? mib(t.predicted_peak_bytes) : "–"}`]]);
+    if (TERMINAL.includes(t.state)) showResult(t);
+  }
+
+  function showResult(t) {
+    const result = $("resize-result");
+    result.dataset.state = t.state;
+    if (t.state !== "committed") {
+      result.replaceChildren(el("p", { class: "error", role: "alert" },
+        `The switch ${t.state.replace("_", " ")}: ${t.reason}. The job keeps training on ${t.source_layout}.`));
+      return;
+    }
+    const [before, after] = stepTimeAround(getLive().metrics.step_seconds, t.step);
+    const link = el("a", { href: `/transitions/${t.id}/` }, "transition details");
+    const p = el("p", { role: "status" });
+    p.append(`Committed at step ${t.step}: ${t.verified ? "every tensor verified bit-exact" : "NOT verified"}, ` +
+      `pause ${secs(t.pause_seconds)}, step time ${secs(before)} before → ${after === null ? "measuring…" : secs(after)} after. `, link);
+    result.replaceChildren(p);
+    result.dataset.verified = String(Boolean(t.verified));
+  }
+
+  onEvent((event, live) => {
+    if (event.type === "transition" && tracking === null && !TERMINAL.includes(event.transition.state)) {
+      follow(event.transition.id); // started elsewhere (API, another tab)
+    }
+    const t = live.transitions.find((x) => x.id === tracking);
+    if (t) showProgress(t);
+  });
+
+  const active = getLive().transitions.find((t) => !TERMINAL.includes(t.state));
+  if (active) { follow(active.id); showProgress(active); }
+  input.value = getJob().world_size;
+}

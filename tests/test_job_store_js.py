@@ -1,0 +1,108 @@
+"""The job page's store (frontend/static/frontend/job-store.js) against its Python
+originals, under node: snapshot + events == later snapshot (apply_job_event), the
+history bands and the step time around a switch. Skipped without node."""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from controlplane.common.events import HelloEvent
+from controlplane.jobs.events import JobLiveSnapshot, MetricsEvent, TransitionEvent, TransitionView, apply_job_event
+from frontend.figures import history_bands, step_time_around
+
+STORE = Path(__file__).resolve().parents[1] / "frontend" / "static" / "frontend" / "job-store.js"
+NODE = shutil.which("node")
+pytestmark = pytest.mark.skipif(NODE is None, reason="node is not installed")
+
+RUNNER = """
+import { applyJobEvent, historyBands, stepTimeAround } from "%s";
+let input = "";
+process.stdin.on("data", (d) => { input += d; });
+process.stdin.on("end", () => {
+  const out = JSON.parse(input).map((c) => {
+    let snapshot = c.snapshot;
+    const gaps = [];
+    for (const e of c.events) { const r = applyJobEvent(snapshot, e); gaps.push(r.gap); snapshot = r.snapshot; }
+    const last = snapshot.metrics.loss ? snapshot.metrics.loss.x.at(-1) : 0;
+    return { snapshot, gaps, bands: historyBands(c.layout, snapshot.transitions, last),
+             around: snapshot.transitions.map((t) => stepTimeAround(snapshot.metrics.step_seconds, t.step)) };
+  });
+  process.stdout.write(JSON.stringify(out));
+});
+"""
+
+
+def _transition(rng: random.Random, id_: int, step: int) -> TransitionView:
+    state = rng.choice(["planned", "transferring", "committed", "aborted"])
+    return TransitionView(
+        id=id_, job=1, source_layout=f"dp={id_}", destination_layout=f"dp={id_ + 1}", source_world=id_,
+        destination_world=id_ + 1, state=state, reason="r", plan_fingerprint="f", destination_placement=(),
+        rendezvous="h:1", created_at="2026-01-01T00:00:00+00:00", started_at=None, finished_at=None,
+        step=step if state == "committed" else None, prepare_seconds=None, pause_seconds=rng.random(),
+        transfer_seconds=None, verify_seconds=None, network_bytes=None, rounds=None, peak_bytes=None,
+        predicted_peak_bytes=None, verified=state == "committed" or None)
+
+
+def _case(seed: int) -> dict:
+    rng = random.Random(seed)
+    events, seq, step, ids = [], 0, 0, [1]
+    for _ in range(rng.randint(0, 40)):
+        seq += 1
+        roll = rng.random()
+        if roll < 0.7:
+            step += 1
+            events.append(MetricsEvent(seq=seq, job=1, step=step, loss=rng.choice([None, rng.random() * 8]),
+                                       step_seconds=rng.random(), tokens_per_second=rng.choice([None, 1000.0])))
+        elif roll < 0.9:
+            if rng.random() < 0.5:
+                ids.append(ids[-1] + 1)
+            events.append(TransitionEvent(seq=seq, transition=_transition(rng, ids[-1], step)))
+        else:
+            events.append(HelloEvent(seq=seq - 1))
+            seq -= 1
+    cut = rng.randint(0, len(events))
+    snapshot = JobLiveSnapshot(seq=0, metrics={})
+    for event in events[:cut]:
+        snapshot = apply_job_event(snapshot, event)
+    later = snapshot
+    for event in events[cut:]:
+        later = apply_job_event(later, event)
+    replay = events[max(cut - rng.randint(0, 2), 0):]  # a page may receive events it already has
+    return {"snapshot": snapshot.model_dump(mode="json"), "events": [e.model_dump(mode="json") for e in replay],
+            "layout": "dp=1", "later": later.model_dump(mode="json")}
+
+
+def test_js_store_matches_python_snapshot_bands_and_step_times(tmp_path: Path) -> None:
+    cases = [_case(seed) for seed in range(150)]
+    runner = tmp_path / "run.mjs"
+    runner.write_text(RUNNER % STORE.as_uri())
+    done = subprocess.run([NODE, str(runner)], input=json.dumps(cases), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    results = json.loads(done.stdout)
+    for case, result in zip(cases, results):
+        later = case["later"]
+        assert not any(result["gaps"])
+        # JSON numbers: 3.0 from Python and 3 from JS compare equal.
+        assert result["snapshot"] == json.loads(json.dumps(later)), case
+        loss = later["metrics"].get("loss")
+        last = loss["x"][-1] if loss else 0
+        assert result["bands"] == history_bands(case["layout"], later["transitions"], last)
+        assert [tuple(a) for a in result["around"]] == [
+            step_time_around(later["metrics"].get("step_seconds"), t["step"]) for t in later["transitions"]]
+
+
+def test_js_store_reports_a_gap_when_an_event_was_missed(tmp_path: Path) -> None:
+    snapshot = JobLiveSnapshot(seq=3, metrics={}).model_dump(mode="json")
+    event = MetricsEvent(seq=5, job=1, step=1, loss=1.0, step_seconds=None, tokens_per_second=None)
+    runner = tmp_path / "gap.mjs"
+    runner.write_text(f'import {{ applyJobEvent }} from "{STORE.as_uri()}";\n'
+                      f"const r = applyJobEvent({json.dumps(snapshot)}, {json.dumps(event.model_dump(mode='json'))});\n"
+                      "process.stdout.write(JSON.stringify(r));")
+    done = subprocess.run([NODE, str(runner)], capture_output=True, text=True, timeout=30)
+    result = json.loads(done.stdout)
+    assert result["gap"] is True and result["snapshot"]["seq"] == 3
