@@ -21,6 +21,7 @@ CONTROL_SWEEP_LOST_NODES = "control.sweep_lost_nodes"
 CONTROL_EMULATION_PROGRESS = "control.emulation_progress"
 CONTROL_JOB_REPORT = "control.job_report"
 CONTROL_TRANSITION_REPORT = "control.transition_report"
+CONTROL_JOB_RESTORE = "control.job_restore"  # (the control plane queues it for itself)
 # Tasks one agent runs (queue "node.<name>").
 NODE_PING = "node.ping"
 NODE_JOB_START = "node.job_start"
@@ -248,6 +249,7 @@ class JobSwitchOrder(_Message):
     ranks: tuple[RankSlot, ...] = ()
     staging_bytes: int = Field(default=64 * 2**20, gt=0)
     gpus_per_node: int = Field(default=8, gt=0)
+    restore_id: int | None = Field(default=None, gt=0)  # the restore the job's running world came from
     # Periodic checkpoints (torch.distributed.checkpoint): every `checkpoint_interval` steps
     # (0: none) into `checkpoint_dir`, which every node of the job must see (shared storage).
     checkpoint_interval: int = Field(default=0, ge=0)

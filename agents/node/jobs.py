@@ -140,8 +140,10 @@ class JobRunner:
         """Tell the local ranks (rank 0 acts on it) and start the ranks that join here."""
         job = self.jobs.get(order.job_id)
         if job is None:
+            suffix = f"-restore-{order.restore_id}" if order.restore_id else ""
             job = self.jobs[order.job_id] = LocalJob(order.job_id, order.src_layout,
-                                                     self.run_root / f"job-{order.job_id}")
+                                                     self.run_root / f"job-{order.job_id}{suffix}",
+                                                     restore_id=order.restore_id)
             job.run_dir.mkdir(parents=True, exist_ok=True)
             (job.run_dir / STOP_FILE).unlink(missing_ok=True)
         order_text = order.model_dump_json()
@@ -253,7 +255,7 @@ class JobRunner:
         log.error("job %d: %s", job.job_id, error)
         self._send_report(protocol.JobReport(
             job_id=job.job_id, node=self.node, kind="failed", ranks=(rank,), layout=job.layout,
-            error=error, sent_at=datetime.datetime.now(datetime.timezone.utc)))
+            error=error, restore_id=job.restore_id, sent_at=datetime.datetime.now(datetime.timezone.utc)))
 
     @staticmethod
     def _kill(job: LocalJob) -> None:

@@ -65,8 +65,9 @@ def switched_marker(transition_id: int, rank: int) -> str:
 class Reporter:
     """Sends reports to the control queue (rank 0 only; other ranks stay silent)."""
 
-    def __init__(self, job_id: int, rank: int, node: str, broker_url: str | None) -> None:
-        self.job_id, self.node = job_id, node
+    def __init__(self, job_id: int, rank: int, node: str, broker_url: str | None,
+                 restore_id: int | None = None) -> None:
+        self.job_id, self.node, self.restore_id = job_id, node, restore_id
         self.app = None
         if rank == 0 and broker_url:
             from celery import Celery
@@ -80,7 +81,8 @@ class Reporter:
 
     def job(self, kind: str, **fields) -> None:
         self._send(protocol.CONTROL_JOB_REPORT, protocol.JobReport(
-            job_id=self.job_id, node=self.node, kind=kind, sent_at=_now(), **fields))
+            job_id=self.job_id, node=self.node, kind=kind, sent_at=_now(),
+            **{"restore_id": self.restore_id, **fields}))
 
     def transition(self, transition_id: int, state: str, **fields) -> None:
         self._send(protocol.CONTROL_TRANSITION_REPORT, protocol.TransitionReport(
@@ -412,7 +414,7 @@ def main(argv: list[str]) -> int:
     if joining:
         order = protocol.JobSwitchOrder.model_validate_json(path.read_text())
         settings = JobSettings.of(order)
-        reporter = Reporter(order.job_id, rank, node, broker)
+        reporter = Reporter(order.job_id, rank, node, broker, order.restore_id)
         ckpt = settings.checkpointer(rank)
         trainer = _join(order, rank, settings, path.parent, ckpt)
         done = {order.transition_id}
@@ -426,7 +428,7 @@ def main(argv: list[str]) -> int:
 
         order = protocol.JobStartOrder.model_validate_json(path.read_text())
         settings = JobSettings.of(order)
-        reporter = Reporter(order.job_id, rank, node, broker)
+        reporter = Reporter(order.job_id, rank, node, broker, order.restore_id)
         ckpt = settings.checkpointer(rank)
         dist.init_process_group(_backend(), init_method=f"tcp://{order.rendezvous}", rank=rank,
                                 world_size=order.world, timeout=datetime.timedelta(seconds=order.timeout_seconds))
@@ -439,7 +441,7 @@ def main(argv: list[str]) -> int:
             trainer = ParallelTrainer(settings.config(order.layout), order.layout, rank, shards, scalars)
             if rank == 0:
                 reporter.job("restored", step=scalars.step, checkpoint_path=order.restore_from, verified=verified,
-                             seconds=time.perf_counter() - loading, restore_id=order.restore_id, layout=order.layout)
+                             seconds=time.perf_counter() - loading, layout=order.layout)
         else:
             trainer = _trainer(settings, order.layout, rank, initial_shards(order.model, placement, rank, order.seed),
                                None, ckpt)

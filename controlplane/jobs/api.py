@@ -26,9 +26,12 @@ class JobSerializer(serializers.ModelSerializer):
     class Meta:
         model = Job
         fields = ["id", "name", "model", "layout", "world_size", "state", "global_batch", "micro_batch", "seq_len",
-                  "max_steps", "error", "gpus", "placement", "rendezvous", "created_at", "updated_at"]
+                  "max_steps", "error", "gpus", "placement", "rendezvous", "created_at", "updated_at",
+                  "step", "checkpoint_interval", "checkpoint_dir", "checkpoint_step", "checkpoint_path",
+                  "checkpoint_seconds", "checkpoint_at"]
         read_only_fields = ["world_size", "state", "error", "gpus", "placement", "rendezvous", "created_at",
-                            "updated_at"]
+                            "updated_at", "step", "checkpoint_step", "checkpoint_path", "checkpoint_seconds",
+                            "checkpoint_at"]
 
 
 class JobCreateSerializer(serializers.Serializer):
@@ -46,6 +49,11 @@ class JobCreateSerializer(serializers.Serializer):
     max_steps = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None,
                                          help_text="stop after this many steps; omitted: train until stopped")
     start = serializers.BooleanField(default=True, help_text="schedule onto free GPUs now (else it stays pending)")
+    checkpoint_interval = serializers.IntegerField(min_value=0, required=False,
+                                                   help_text="steps between periodic checkpoints (default 100; 0: off)")
+    checkpoint_dir = serializers.CharField(max_length=1000, required=False, default="",
+                                           help_text="absolute path every node sees (shared storage); default "
+                                                     "<var dir>/checkpoints/<name>-<id>")
 
     def validate(self, attrs: dict) -> dict:
         if ("layout" in attrs) == ("gpus" in attrs):
@@ -74,8 +82,8 @@ class TransitionSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Transition
-        fields = ["id", "job", "job_id", "source_layout", "destination_layout", "source_world", "destination_world",
-                  "state", "reason", "plan_summary", "plan_fingerprint", "source_placement", "destination_placement",
+        fields = ["id", "job", "job_id", "kind", "source_layout", "destination_layout", "source_world",
+                  "destination_world", "state", "reason", "plan_summary", "plan_fingerprint", "source_placement", "destination_placement",
                   "rendezvous", "gpus_per_node", "staging_bytes", "created_at", "started_at", "finished_at", "step",
                   "prepare_seconds", "pause_seconds", "transfer_seconds", "verify_seconds", "network_bytes", "rounds",
                   "peak_bytes", "predicted_peak_bytes", "peak_staging_bytes", "verification", "history"]

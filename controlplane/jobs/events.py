@@ -37,6 +37,18 @@ class MetricsEvent(Closed):
     tokens_per_second: float | None
 
 
+class CheckpointEvent(Closed):
+    """A periodic checkpoint of the job is complete (the latest one is what a restore loads)."""
+
+    type: Literal["checkpoint"] = "checkpoint"
+    op: Literal["upsert"] = "upsert"
+    seq: int
+    job: int
+    step: int
+    path: str
+    seconds: float | None
+
+
 class RankSlotView(Closed):
     rank: int
     node: str
@@ -70,6 +82,7 @@ class TransitionView(Closed):
     peak_bytes: int | None
     predicted_peak_bytes: int | None
     verified: bool | None
+    kind: str = "resize"  # or "restore": a restart from a checkpoint after ranks were lost
 
 
 class TransitionEvent(Closed):
@@ -81,7 +94,8 @@ class TransitionEvent(Closed):
     transition: TransitionView
 
 
-JobStreamEvent = Annotated[Union[MetricsEvent, TransitionEvent, HelloEvent], Field(discriminator="type")]
+JobStreamEvent = Annotated[Union[MetricsEvent, TransitionEvent, CheckpointEvent, HelloEvent],
+                           Field(discriminator="type")]
 job_event_adapter: TypeAdapter = TypeAdapter(JobStreamEvent)
 
 
@@ -108,6 +122,8 @@ def apply_job_event(snapshot: JobLiveSnapshot, event: MetricsEvent | TransitionE
         others = [t for t in snapshot.transitions if t.id != new.id]
         transitions = tuple(sorted([*others, new], key=lambda t: t.id))
         return snapshot.model_copy(update={"seq": event.seq, "transitions": transitions})
+    if isinstance(event, CheckpointEvent):  # the job row has it; the snapshot only moves on
+        return snapshot.model_copy(update={"seq": event.seq})
     metrics = dict(snapshot.metrics)
     for name in METRIC_NAMES:
         value = getattr(event, name)

@@ -1,7 +1,9 @@
 """Job and transition lifecycles: documented enums, pure transition functions.
 
 Job:        pending -> starting -> running <-> switching ; running/starting/switching ->
-            stopping -> stopped ; any live state -> failed.
+            stopping -> stopped ; any live state -> failed ;
+            running/starting/switching -> restoring (ranks lost; a checkpoint exists) ->
+            starting (a new world loads the checkpoint) ; restoring -> stopped (stop).
 Transition: planned -> preparing -> ready -> transferring -> verifying -> committed;
             planned/preparing/ready -> aborted (old layout never left);
             transferring/verifying -> rolled_back (old layout restored).
@@ -21,6 +23,7 @@ class JobState(StrEnum):
     STARTING = "starting"
     RUNNING = "running"
     SWITCHING = "switching"
+    RESTORING = "restoring"
     STOPPING = "stopping"
     STOPPED = "stopped"
     FAILED = "failed"
@@ -34,6 +37,8 @@ class JobTrigger(StrEnum):
     STOP = "stop"
     STOPPED = "stopped"
     FAIL = "fail"
+    RESTORE = "restore"
+    RESTART = "restart"
 
 
 _JOB_EDGES: dict[tuple[JobState, JobTrigger], JobState] = {
@@ -46,8 +51,13 @@ _JOB_EDGES: dict[tuple[JobState, JobTrigger], JobState] = {
     (JobState.RUNNING, JobTrigger.STOP): JobState.STOPPING,
     (JobState.SWITCHING, JobTrigger.STOP): JobState.STOPPING,
     (JobState.STOPPING, JobTrigger.STOPPED): JobState.STOPPED,
+    (JobState.STARTING, JobTrigger.RESTORE): JobState.RESTORING,
+    (JobState.RUNNING, JobTrigger.RESTORE): JobState.RESTORING,
+    (JobState.SWITCHING, JobTrigger.RESTORE): JobState.RESTORING,
+    (JobState.RESTORING, JobTrigger.RESTART): JobState.STARTING,
+    (JobState.RESTORING, JobTrigger.STOP): JobState.STOPPED,  # no rank trains: nothing to wait for
 }
-_LIVE = {JobState.STARTING, JobState.RUNNING, JobState.SWITCHING, JobState.STOPPING}
+_LIVE = {JobState.STARTING, JobState.RUNNING, JobState.SWITCHING, JobState.RESTORING, JobState.STOPPING}
 # Live: ranks may be running on nodes (GPUs held, rendezvous port in use).
 LIVE_JOB_STATES = frozenset(_LIVE)
 DELETABLE_JOB_STATES = frozenset({JobState.PENDING, JobState.STOPPED, JobState.FAILED})
@@ -91,6 +101,21 @@ def transition_next_state(state: TransitionState, target: TransitionState) -> Tr
     if target is TransitionState.ROLLED_BACK and state in (TransitionState.TRANSFERRING, TransitionState.VERIFYING):
         return target
     raise IllegalTransition(f"transition in state {state.value} cannot become {target.value}")
+
+
+class TransitionKind(StrEnum):
+    """resize: an online layout switch (the lifecycle above). restore: a restart of the job
+    from a checkpoint after ranks were lost; planned (new world ordered) -> committed (it
+    loaded the checkpoint) or aborted (it failed too, or the job stopped)."""
+
+    RESIZE = "resize"
+    RESTORE = "restore"
+
+
+def restore_next_state(state: TransitionState, target: TransitionState) -> TransitionState:
+    if state is TransitionState.PLANNED and target in (TransitionState.COMMITTED, TransitionState.ABORTED):
+        return target
+    raise IllegalTransition(f"restore in state {state.value} cannot become {target.value}")
 
 
 def transition_forward_path(state: TransitionState, target: TransitionState) -> list[TransitionState]:

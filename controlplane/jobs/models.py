@@ -4,7 +4,10 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
-from controlplane.jobs.lifecycle import LIVE_JOB_STATES, TERMINAL_TRANSITION_STATES, JobState, TransitionState
+from controlplane.jobs.lifecycle import (LIVE_JOB_STATES, TERMINAL_TRANSITION_STATES, JobState, TransitionKind,
+                                        TransitionState)
+
+DEFAULT_CHECKPOINT_INTERVAL = 100
 
 ACTIVE_TRANSITION_STATES = sorted(s.value for s in TransitionState if s not in TERMINAL_TRANSITION_STATES)
 
@@ -25,6 +28,20 @@ class Job(models.Model):
         help_text="where the current layout's ranks run: [{rank, node, gpu}] in rank order (empty until started)")
     rendezvous = models.CharField(max_length=300, blank=True, help_text="host:port where rank 0 listens")
     rendezvous_port = models.PositiveIntegerField(null=True, blank=True)
+    step = models.PositiveIntegerField(null=True, blank=True, help_text="the last step rank 0 reported")
+    checkpoint_interval = models.PositiveIntegerField(
+        default=DEFAULT_CHECKPOINT_INTERVAL, help_text="steps between periodic checkpoints; 0: none")
+    checkpoint_dir = models.CharField(
+        max_length=1000, blank=True,
+        help_text="where the ranks write checkpoints; every node of the job must see it (shared storage)")
+    checkpoint_step = models.PositiveIntegerField(null=True, blank=True, help_text="step of the latest checkpoint")
+    checkpoint_path = models.CharField(max_length=1000, blank=True, help_text="folder of the latest checkpoint")
+    checkpoint_seconds = models.FloatField(null=True, blank=True, help_text="training paused this long for it")
+    checkpoint_at = models.DateTimeField(null=True, blank=True)
+    restore_id = models.PositiveIntegerField(
+        null=True, blank=True, help_text="the restore transition the ranks now running came from (none: first start)")
+    restored_step = models.PositiveIntegerField(null=True, blank=True,
+                                                help_text="checkpoint step of the latest restore")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -50,6 +67,9 @@ class Transition(models.Model):
     """One layout switch of a job: the layout history."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="transitions")
+    kind = models.CharField(max_length=16, choices=[(k.value, k.value) for k in TransitionKind],
+                            default=TransitionKind.RESIZE,
+                            help_text="resize: an online switch; restore: a restart from a checkpoint after a loss")
     source_layout = models.CharField(max_length=500)
     destination_layout = models.CharField(max_length=500)
     state = models.CharField(

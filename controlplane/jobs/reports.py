@@ -24,8 +24,8 @@ from django.utils import timezone
 from agents import protocol
 from controlplane.cluster.lifecycle import IllegalTransition
 from controlplane.common.events import next_seq, publish_on_commit
-from controlplane.jobs import transitions
-from controlplane.jobs.events import METRIC_NAMES, METRIC_UNITS, MetricsEvent, job_stream
+from controlplane.jobs import restore, transitions
+from controlplane.jobs.events import METRIC_NAMES, METRIC_UNITS, CheckpointEvent, MetricsEvent, job_stream
 from controlplane.jobs.lifecycle import (
     LIVE_JOB_STATES,
     TERMINAL_TRANSITION_STATES,
@@ -53,7 +53,13 @@ def job_record_report(*, report: protocol.JobReport) -> Job | None:
         if job.state not in LIVE_JOB_STATES:
             log.info("ignored %s report from %s: job %s is %s", report.kind, report.node, job.name, job.state)
             return job
-        {"started": _started, "step": _step, "stopped": _stopped, "failed": _failed}[report.kind](job, report)
+        if report.restore_id != job.restore_id or job.state == JobState.RESTORING:
+            # From a world the job has left (before a restart from a checkpoint), or while no world runs.
+            log.info("ignored %s report from %s: job %s is %s (restore %s), the report is from restore %s",
+                     report.kind, report.node, job.name, job.state, job.restore_id, report.restore_id)
+            return job
+        {"started": _started, "step": _step, "stopped": _stopped, "failed": _failed, "checkpoint": _checkpoint,
+         "restored": _restored}[report.kind](job, report)
     return job
 
 
@@ -73,6 +79,9 @@ def _step(job: Job, report: protocol.JobReport) -> None:
         log.warning("ignored step report from %s for job %s: no step number", report.node, job.name)
         return
     _to_running(job)
+    if job.step is None or report.step > job.step:
+        job.step = report.step
+        job.save(update_fields=["step"])
     values = {name: getattr(report, name) for name in METRIC_NAMES}
     for name, value in values.items():
         if value is not None:
@@ -89,9 +98,31 @@ def _stopped(job: Job, report: protocol.JobReport) -> None:
     job_finish(job, state=job_next_state(state, JobTrigger.STOPPED))
 
 
+def _checkpoint(job: Job, report: protocol.JobReport) -> None:
+    """A periodic checkpoint is complete: the latest one is what a restore loads."""
+    if report.step is None or not report.checkpoint_path:
+        log.warning("ignored checkpoint report from %s for job %s: no step or path", report.node, job.name)
+        return
+    if job.checkpoint_step is not None and report.step <= job.checkpoint_step:
+        return  # late: a newer one is known
+    job.checkpoint_step, job.checkpoint_path = report.step, report.checkpoint_path
+    job.checkpoint_seconds, job.checkpoint_at = report.seconds, timezone.now()
+    job.save(update_fields=["checkpoint_step", "checkpoint_path", "checkpoint_seconds", "checkpoint_at", "updated_at"])
+    publish_job(job, "upsert")
+    stream = job_stream(job.pk)
+    publish_on_commit(stream, CheckpointEvent(seq=next_seq(stream), job=job.pk, step=report.step,
+                                              path=report.checkpoint_path, seconds=report.seconds))
+
+
+def _restored(job: Job, report: protocol.JobReport) -> None:
+    restore.restore_record_report(job, report)
+
+
 def _failed(job: Job, report: protocol.JobReport) -> None:
     ranks = ", ".join(map(str, report.ranks)) or "unknown"
     error = f"node {report.node or '?'} ranks {ranks}: {report.error or 'failed without a reason'}"
+    if restore.restore_begin(job, cause=f"node {report.node or '?'} ranks {ranks} failed", known_lost=False):
+        return
     nodes = [node for node in transitions.job_nodes(job) if node != report.node]
     job_finish(job, state=job_next_state(JobState(job.state), JobTrigger.FAIL), error=error)
     stop_on_commit(job, nodes)

@@ -243,7 +243,8 @@ def switch_orders(job: Job, transition: Transition) -> dict[str, protocol.JobSwi
         global_batch=job.global_batch, micro_batch=job.micro_batch, seq=job.seq_len, max_steps=job.max_steps,
         src_layout=transition.source_layout, src_world=transition.source_world, layout=transition.destination_layout,
         world=transition.destination_world, rendezvous=transition.rendezvous, ranks=tuple(ranks),
-        staging_bytes=transition.staging_bytes, gpus_per_node=transition.gpus_per_node)
+        staging_bytes=transition.staging_bytes, gpus_per_node=transition.gpus_per_node,
+        checkpoint_interval=job.checkpoint_interval, checkpoint_dir=job.checkpoint_dir, restore_id=job.restore_id)
         for node, ranks in slots.items()}
 
 

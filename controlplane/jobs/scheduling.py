@@ -30,8 +30,9 @@ from controlplane.common.errors import Conflict, InvalidInput
 from controlplane.common.events import next_seq, publish_on_commit
 from controlplane.jobs import transitions
 from controlplane.jobs.lifecycle import (LIVE_JOB_STATES, TERMINAL_TRANSITION_STATES, JobState, JobTrigger,
-                                        TransitionState, job_next_state)
+                                        TransitionKind, TransitionState, job_next_state)
 from controlplane.jobs.models import Job, Transition
+from controlplane.jobs.restore import no_restore_reason, restore_begin
 from controlplane.jobs.services import job_create, layout_check, publish_job
 
 log = logging.getLogger(__name__)
@@ -143,7 +144,9 @@ def start_orders(job: Job) -> dict[str, protocol.JobStartOrder]:
     return {node: protocol.JobStartOrder(
         job_id=job.pk, job_name=job.name, model=job.model, layout=job.layout, world=job.world_size,
         global_batch=job.global_batch, micro_batch=job.micro_batch, seq=job.seq_len, rendezvous=job.rendezvous,
-        ranks=tuple(ranks), max_steps=job.max_steps) for node, ranks in slots.items()}
+        ranks=tuple(ranks), max_steps=job.max_steps, checkpoint_interval=job.checkpoint_interval,
+        checkpoint_dir=job.checkpoint_dir, restore_id=job.restore_id,
+        restore_from=job.checkpoint_path if job.restore_id else "") for node, ranks in slots.items()}
 
 
 def _send(task: str, node: str,
@@ -182,6 +185,11 @@ def job_stop(*, job_id: int) -> Job:
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
         state = JobState(job.state)
+        if state is JobState.RESTORING:  # no world trains; the restore task finds it stopped
+            nodes = transitions.job_nodes(job) + [g.node.name for g in job.gpus.select_related("node")]
+            job_finish(job, state=job_next_state(state, JobTrigger.STOP))
+            stop_on_commit(job, list(dict.fromkeys(nodes)))
+            return job
         if state is not JobState.STOPPING:
             if state is not JobState.PENDING and state not in LIVE_JOB_STATES:
                 raise Conflict(f"job {job.name!r} is {job.state}; only a pending or live job can be stopped")
@@ -224,7 +232,7 @@ def _abort_switch_of_lost_joiners(job_id: int, lost: set[str]) -> bool:
     the job was spared."""
     job = Job.objects.select_for_update().get(pk=job_id)
     active = transitions.active_transition(job, lock=True)
-    if active is None or any(slot["node"] in lost for slot in job.placement):
+    if active is None or active.kind != TransitionKind.RESIZE or any(slot["node"] in lost for slot in job.placement):
         return False
     if active.state in (TransitionState.READY, TransitionState.TRANSFERRING, TransitionState.VERIFYING):
         # The old ranks are all alive and keep their state until the commit point: the
@@ -261,12 +269,14 @@ def _send_cancels(job_id: int, nodes: list[str], cancel: protocol.JobSwitchCance
 
 def jobs_fail_on_node_loss(*, nodes: list[str]) -> list[int]:
     """Called where nodes are marked lost, in that transaction: every live job with ranks on
-    them fails (recovery onto other GPUs is a later step). Returns the failed jobs' ids."""
+    them restarts from its latest checkpoint on the GPUs it has left (restore.py), or,
+    without one, fails. Returns the ids of the jobs that failed."""
     lost = set(nodes)
     ids = sorted(set(Gpu.objects.filter(node__name__in=lost, job__state__in=LIVE_JOB_STATES)
                      .values_list("job_id", flat=True)))
     spared = [job_id for job_id in ids if _abort_switch_of_lost_joiners(job_id, lost)]
     ids = [job_id for job_id in ids if job_id not in spared]
+    restored: list[int] = []
     for job_id in ids:
         job = Job.objects.get(pk=job_id)
         active = transitions.active_transition(job)
@@ -278,8 +288,14 @@ def jobs_fail_on_node_loss(*, nodes: list[str]) -> list[int]:
             if node in lost:
                 ranks[node].append(rank)
         where = "; ".join(f"node {node} (ranks {', '.join(map(str, r))})" for node, r in sorted(ranks.items()))
-        job_fail(job_id=job_id, error=f"{where or 'node ' + ', '.join(sorted(lost))} lost: its heartbeats stopped "
-                                      f"while it ran this job's ranks")
+        where = where or "node " + ", ".join(sorted(lost))
+        locked = Job.objects.select_for_update().get(pk=job_id)
+        if restore_begin(locked, cause=f"{where} lost", known_lost=True):
+            restored.append(job_id)
+            continue
+        why = no_restore_reason(locked) or f"the job was {locked.state}"
+        job_fail(job_id=job_id, error=f"{where} lost: its heartbeats stopped while it ran this job's ranks; {why}")
+    ids = [job_id for job_id in ids if job_id not in restored]
     for job_id in ids:
         log.warning("job %s failed: a node running its ranks was lost", job_id)
     return ids

@@ -23,7 +23,7 @@ def transition_view(t: Transition) -> TransitionView:
         finished_at=_iso(t.finished_at), step=t.step, prepare_seconds=t.prepare_seconds,
         pause_seconds=t.pause_seconds, transfer_seconds=t.transfer_seconds, verify_seconds=t.verify_seconds,
         network_bytes=t.network_bytes, rounds=t.rounds, peak_bytes=t.peak_bytes,
-        predicted_peak_bytes=t.predicted_peak_bytes, verified=(t.verification or {}).get("verified"))
+        predicted_peak_bytes=t.predicted_peak_bytes, verified=(t.verification or {}).get("verified"), kind=t.kind)
 
 
 def metric_points(*, series_id: int) -> tuple[list[float], list[float]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from django.conf import settings
 from django.db import transaction
 
 from agents.layout.catalog import get_model
@@ -17,7 +18,7 @@ from controlplane.common.errors import Conflict, InvalidInput
 from controlplane.common.events import next_seq, publish_on_commit
 from controlplane.jobs.lifecycle import DELETABLE_JOB_STATES
 from controlplane.jobs.metric_codec import CHUNK_POINTS, pack, unpack
-from controlplane.jobs.models import Job, MetricChunk, MetricSeries, Transition
+from controlplane.jobs.models import DEFAULT_CHECKPOINT_INTERVAL, Job, MetricChunk, MetricSeries, Transition
 
 
 def publish_job(job: Job, op: str) -> None:
@@ -46,10 +47,14 @@ def layout_check(*, model: str, layout: str) -> Placement:
 def job_create(
     *, name: str, model: str, layout: str | None = None, gpus: int | None = None, global_batch: int = 8,
     micro_batch: int = 1, seq_len: int = 128, max_steps: int | None = None, created_by=None,
+    checkpoint_interval: int | None = None, checkpoint_dir: str = "",
 ) -> Job:
     """A new pending job, with either a layout or a GPU count (the layout is then picked,
     layout_for_gpus). The layout is checked against the model here; scheduling it onto
-    GPUs is scheduling.job_start."""
+    GPUs is scheduling.job_start. Checkpoints: every `checkpoint_interval` steps (default
+    DEFAULT_CHECKPOINT_INTERVAL, 0: none) into `checkpoint_dir` (default
+    <DYNAPLANE_VAR_DIR>/checkpoints/<name>-<id>; on a real cluster it must be shared storage
+    every node mounts at the same path)."""
     if (layout is None) == (gpus is None):
         raise InvalidInput({"layout": ["give either a layout or a number of gpus, not both or neither"]})
     if layout is None:
@@ -60,6 +65,11 @@ def job_create(
         raise InvalidInput({"layout": [str(exc)]}) from None
     if global_batch % micro_batch:
         raise InvalidInput({"global_batch": [f"global_batch={global_batch} is not a multiple of micro_batch={micro_batch}"]})
+    if checkpoint_dir and not checkpoint_dir.startswith("/"):
+        raise InvalidInput({"checkpoint_dir": [f"{checkpoint_dir!r} is not an absolute path (every node of the job "
+                                               f"must reach it at the same path)"]})
+    if checkpoint_interval is not None and checkpoint_interval < 0:
+        raise InvalidInput({"checkpoint_interval": [f"{checkpoint_interval} is negative (0 turns checkpoints off)"]})
     placement = layout_check(model=model, layout=str(parsed))
     if gpus is not None and placement.world != gpus:
         raise InvalidInput({"gpus": [f"layout {parsed} spans {placement.world} GPUs, not {gpus}"]})
@@ -69,7 +79,12 @@ def job_create(
         job = Job.objects.create(
             name=name, model=model, layout=str(parsed), world_size=placement.world, global_batch=global_batch,
             micro_batch=micro_batch, seq_len=seq_len, max_steps=max_steps, created_by=created_by,
+            checkpoint_interval=DEFAULT_CHECKPOINT_INTERVAL if checkpoint_interval is None else checkpoint_interval,
+            checkpoint_dir=checkpoint_dir,
         )
+        if not job.checkpoint_dir:
+            job.checkpoint_dir = str(settings.VAR_DIR / "checkpoints" / f"{job.name}-{job.pk}")
+            job.save(update_fields=["checkpoint_dir"])
         publish_job(job, "upsert")
     return job
 

@@ -7,7 +7,7 @@ from celery import shared_task
 from pydantic import ValidationError
 
 from agents import protocol
-from controlplane.jobs import reports
+from controlplane.jobs import reports, restore
 
 log = logging.getLogger(__name__)
 
@@ -31,3 +31,9 @@ def transition_report(report: dict) -> None:
                   report.get("job_id"), report.get("node"), exc)
         return
     reports.transition_record_report(report=parsed)
+
+
+@shared_task(name=protocol.CONTROL_JOB_RESTORE)
+def job_restore(job_id: int) -> None:
+    """Queued by restore.restore_begin: restart a restoring job from its checkpoint."""
+    restore.job_restore(job_id=int(job_id))

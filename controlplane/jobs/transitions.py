@@ -107,6 +107,23 @@ def undo(job: Job, transition: Transition) -> None:
         publish_job(job, "upsert")
 
 
+def end_with_restore(job: Job, why: str) -> Transition | None:
+    """The job (locked) lost ranks and restarts from a checkpoint: its active transition (a
+    resize, or a restore whose new world failed too) ends aborted with `why`. Its GPUs stay
+    the job's: the restore picks the survivors among them, joining ranks' ones included."""
+    transition = active_transition(job, lock=True)
+    if transition is None:
+        return None
+    was = transition.state
+    enter(transition, transition_end_with_job(TransitionState(was)), reported=False)
+    why = f"ranks lost while the {transition.kind} was {was}: {why}"
+    transition.reason = f"{transition.reason}; {why}" if transition.reason else why
+    transition.save()
+    publish_transition(transition)
+    log.warning("job %s: transition %s aborted (%s)", job.name, transition.pk, why)
+    return transition
+
+
 def end_with_job(job: Job, *, state: JobState, error: str = "") -> Transition | None:
     """The job (locked) is about to stop or fail: its active transition, if any, ends
     aborted with the reason (the job's GPUs, joining ones included, are then released by

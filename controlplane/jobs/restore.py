@@ -1,0 +1,169 @@
+"""Recovery of a job whose ranks were lost: restart it from its latest checkpoint on the
+GPUs it still has (docs/elastic.md, "Failures and recovery").
+
+Two steps, because the cause is often known late: a rank that dies takes its peers down
+at once (gloo reports the broken connection), so the survivors' agent reports `failed`
+seconds before the heartbeat sweep marks the dead node lost.
+1. restore_begin (in the failure or node-loss transaction): a job with a checkpoint goes
+   `restoring`; its active resize ends aborted, saying so; a `control.job_restore` task is
+   queued to run once a dead node has surely been marked lost (lost-after + 2 heartbeats),
+   at once when the loss is already known.
+2. job_restore (that task): the job's GPUs on healthy nodes are the survivors; the layout
+   for their count follows the resize rule (resize.layout_for_resize); the ranks are placed
+   on them (TP blocks on one node), a `restore` transition records what happens (reason:
+   "node node-2 lost at step 14; restored from checkpoint step 10 (4 steps redone)"), and
+   every node gets a JobStartOrder with `restore_from` (the agents replace the ranks still
+   there). restoring -> starting; the new world's `restored` report commits the row.
+A job without a checkpoint fails, saying so; so does a second failure before a newer
+checkpoint than the one the last restore loaded (no restore loops).
+"""
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from kombu.exceptions import OperationalError
+
+from agents import protocol
+from agents.layout.allocate import AllocationError, FreeGpus, allocate
+from controlplane.cluster.lifecycle import GpuState, NodeState
+from controlplane.cluster.models import Gpu
+from controlplane.cluster.services import gpus_release
+from controlplane.common.errors import Conflict
+from controlplane.jobs import transitions
+from controlplane.jobs.lifecycle import (JobState, JobTrigger, TransitionKind, TransitionState, job_next_state,
+                                        restore_next_state)
+from controlplane.jobs.models import Job, Transition
+from controlplane.jobs.services import layout_check, publish_job
+
+log = logging.getLogger(__name__)
+
+
+def no_restore_reason(job: Job) -> str | None:
+    """Why the job cannot be restored from a checkpoint (None: it can)."""
+    if job.checkpoint_step is None or not job.checkpoint_path:
+        return ("no checkpoint to restore from" if job.checkpoint_interval
+                else "no checkpoint to restore from (checkpoint_interval=0: checkpoints are off)")
+    if job.restored_step is not None and job.restored_step >= job.checkpoint_step:
+        return (f"the restore from checkpoint step {job.restored_step} failed too before a newer checkpoint; "
+                f"not restoring again")
+    return None
+
+
+def restore_begin(job: Job, *, cause: str, known_lost: bool) -> bool:
+    """The locked live job lost ranks (`cause` says how). With a checkpoint to restore
+    from: -> restoring, the restore task queued, True. Else False (the caller fails it)."""
+    if job.state == JobState.RESTORING:
+        return True
+    if no_restore_reason(job) is not None or job.state == JobState.STOPPING:
+        return False
+    why = f"{cause}; restoring from checkpoint step {job.checkpoint_step}"
+    transitions.end_with_restore(job, why)
+    job.state = job_next_state(JobState(job.state), JobTrigger.RESTORE)
+    job.error = why[:4000]
+    job.save(update_fields=["state", "error", "updated_at"])
+    publish_job(job, "upsert")
+    delay = 0.5 if known_lost else settings.DYNAPLANE_NODE_LOST_AFTER_SECONDS + 2 * protocol.HEARTBEAT_SECONDS
+    transaction.on_commit(lambda: _queue_restore(job.pk, delay))
+    log.warning("job %s: %s (in %.1f s)", job.name, why, delay)
+    return True
+
+
+def _queue_restore(job_id: int, delay: float) -> None:
+    from controlplane.celery import app
+
+    try:
+        app.send_task(protocol.CONTROL_JOB_RESTORE, args=[job_id], queue=protocol.CONTROL_QUEUE, countdown=delay)
+    except (OperationalError, OSError) as exc:
+        log.error("job %s: restore task not queued: %s", job_id, exc)
+        from controlplane.jobs.scheduling import job_fail
+
+        job_fail(job_id=job_id, error=f"the restore could not be queued: {exc}")
+
+
+def job_restore(*, job_id: int) -> Transition | None:
+    """Restart a restoring job from its latest checkpoint on its GPUs of healthy nodes;
+    fails it when that cannot be done. Returns the restore transition."""
+    from controlplane.jobs.resize import layout_for_resize
+    from controlplane.jobs.scheduling import _free_port, job_fail, start_orders, stop_on_commit, tp_block
+
+    with transaction.atomic():
+        job = Job.objects.select_for_update().filter(pk=job_id).first()
+        if job is None or job.state != JobState.RESTORING:
+            return None
+        cause = job.error.rpartition("; restoring from")[0] or job.error
+        held = list(Gpu.objects.select_for_update(of=("self",)).select_related("node").filter(job=job).order_by("id"))
+        alive = [g for g in held if g.node.state == NodeState.HEALTHY and g.state == GpuState.ALLOCATED]
+        old_nodes = list(dict.fromkeys([*job.nodes, *(g.node.name for g in held)]))
+        failure = None
+        layout = layout_for_resize(job, len(alive)) if alive else ""
+        slots = []
+        if not alive:
+            failure = "no GPU of the job is left on a healthy node"
+        else:
+            try:
+                placement = layout_check(model=job.model, layout=layout)
+                by_node: dict[str, list[int]] = defaultdict(list)
+                for gpu in alive:
+                    by_node[gpu.node.name].append(gpu.index)
+                slots = allocate(placement.world, tp_block(placement),
+                                 [FreeGpus(node, tuple(ix)) for node, ix in by_node.items()])
+                port = _free_port()
+            except (AllocationError, Conflict, Exception) as exc:  # InvalidInput names the broken rule
+                failure = f"{len(alive)} surviving GPUs cannot run the job ({layout}): {exc}"
+        if failure is not None:
+            transaction.on_commit(lambda: log.error("job %s: restore failed: %s", job.name, failure))
+            job_fail(job_id=job.pk, error=f"{cause}; cannot restore: {failure}", notify=old_nodes)
+            return None
+        used = {(s.node, s.gpu) for s in slots}
+        gpus_release(gpus=Gpu.objects.filter(job=job).exclude(pk__in=[g.pk for g in held
+                                                                        if (g.node.name, g.index) in used]))
+        host = next(g.node.host for g in alive if (g.node.name, g.index) == (slots[0].node, slots[0].gpu))
+        redone = max(0, (job.step or 0) - job.checkpoint_step)
+        reason = (f"{cause} at step {max(job.step or 0, job.checkpoint_step)}; restored from checkpoint step "
+                  f"{job.checkpoint_step} ({redone} steps redone) on {len(slots)} GPUs as {layout}")
+        source_placement, source_layout, source_world = job.placement, job.layout, job.world_size
+        job.placement = [{"rank": s.rank, "node": s.node, "gpu": s.gpu} for s in slots]
+        job.layout, job.world_size = layout, len(slots)
+        job.rendezvous = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+        job.rendezvous_port = port
+        row = Transition.objects.create(
+            job=job, kind=TransitionKind.RESTORE, source_layout=source_layout, destination_layout=layout,
+            source_world=source_world, destination_world=len(slots), source_placement=source_placement,
+            destination_placement=job.placement, rendezvous=job.rendezvous, step=job.checkpoint_step,
+            reason=reason, history=[{"state": "planned", "at": timezone.now().isoformat(), "reported": False}],
+            verification={"checkpoint": job.checkpoint_path, "checkpoint_step": job.checkpoint_step})
+        job.restore_id, job.restored_step = row.pk, job.checkpoint_step
+        job.error = ""
+        job.state = job_next_state(JobState.RESTORING, JobTrigger.RESTART)
+        job.save()
+        publish_job(job, "upsert")
+        transitions.publish_transition(row)
+        orders = start_orders(job)
+        stop_on_commit(job, [n for n in old_nodes if n not in orders])
+        from controlplane.jobs.scheduling import _send_start
+
+        for node, order in orders.items():
+            transaction.on_commit(lambda node=node, order=order: _send_start(job.pk, node, order))
+        log.warning("job %s: %s", job.name, reason)
+    return row
+
+
+def restore_record_report(job: Job, report: protocol.JobReport) -> None:
+    """`restored` from rank 0 of the new world (job locked): the restore row commits with
+    what the ranks checked (the loaded state's digests against the saved ones)."""
+    row = Transition.objects.select_for_update().filter(pk=report.restore_id, job=job,
+                                                        kind=TransitionKind.RESTORE).first()
+    if row is None or row.state != TransitionState.PLANNED:
+        log.info("ignored restored report for job %s: restore %s is not planned", job.name, report.restore_id)
+        return
+    transitions.enter(row, restore_next_state(TransitionState.PLANNED, TransitionState.COMMITTED), reported=True)
+    row.verification = {**row.verification, "verified": report.verified, "node": report.node}
+    row.transfer_seconds = report.seconds
+    row.save()
+    transitions.publish_transition(row)
+    if report.verified is False:
+        log.error("job %s: restore %s loaded a state whose digests differ from the checkpoint's", job.name, row.pk)
