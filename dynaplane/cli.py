@@ -117,6 +117,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--global-batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--micro-batches", type=int, default=2)
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="Megatron-style sequence parallelism with tp > 1 (llama-style models)")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--staging-mb", type=float, default=64.0)
@@ -141,6 +143,8 @@ def _add_emulate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--micro-batch", type=int, default=1)
     p.add_argument("--seq", type=int, required=True)
     p.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="Megatron-style sequence parallelism with tp > 1 (llama-style models)")
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--profile", help="a calibrated device profile (JSON) instead of --gpu's built-in one")
     p.add_argument("--no-cache", action="store_true", help="trace again even when a cached trace exists")
@@ -156,6 +160,8 @@ def _add_compare_and_search(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--global-batch", type=int, required=True)
         p.add_argument("--seq", type=int, required=True)
         p.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
+        p.add_argument("--sequence-parallel", action="store_true",
+                       help="Megatron-style sequence parallelism with tp > 1 (llama-style models)")
         p.add_argument("--gpus-per-node", type=int, default=8)
         p.add_argument("--profile", help="a calibrated device profile (JSON)")
         p.add_argument("--json", action="store_true")

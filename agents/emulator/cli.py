@@ -28,14 +28,16 @@ def _run(command: str, args, work):
 def emulate_main(args) -> int:
     request = EmulateRequest(model=args.model, layout=args.layout, gpus=args.gpus, gpu=args.gpu,
                              global_batch=args.global_batch, micro_batch=args.micro_batch, seq=args.seq,
-                             recompute=args.recompute, gpus_per_node=args.gpus_per_node, profile=args.profile)
+                             recompute=args.recompute, gpus_per_node=args.gpus_per_node, profile=args.profile,
+                             sequence_parallel=args.sequence_parallel)
     result, code = _run("emulate", args, lambda progress: emulate(request, use_cache=not args.no_cache,
                                                                    progress=progress))
     if result is None:
         return code
     r, m, b = result, result["memory"], result["breakdown"]
     print(f"{r['model']} {r['layout']} on {r['gpus']} x {r['gpu']}, global batch {r['global_batch']} "
-          f"({r['micro_batches']} micro-batches of {r['micro_batch']}) x seq {r['seq']}, recompute {r['recompute']}")
+          f"({r['micro_batches']} micro-batches of {r['micro_batch']}) x seq {r['seq']}, recompute {r['recompute']}"
+          + (", sequence parallel" if r["sequence_parallel"] else ""))
     print(f"  step {r['step_seconds']:.3f} s   {r['tokens_per_second']:,.0f} tokens/s   "
           f"{r['model_tflops_per_gpu']:.0f} model TFLOP/s per GPU (MFU {r['mfu']:.1%}), "
           f"{r['hardware_tflops_per_gpu']:.0f} hardware")
@@ -71,7 +73,8 @@ def compare_main(args) -> int:
 
     requests = [EmulateRequest(model=args.model, layout=layout, gpus=args.gpus, gpu=args.gpu,
                                global_batch=args.global_batch, micro_batch=args.micro_batch, seq=args.seq,
-                               recompute=args.recompute, gpus_per_node=args.gpus_per_node, profile=args.profile)
+                               recompute=args.recompute, gpus_per_node=args.gpus_per_node, profile=args.profile,
+                             sequence_parallel=args.sequence_parallel)
                 for layout in args.layout]
     progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
     results = compare(requests, progress=progress)  # a bad layout is a row with its error, not an exception
@@ -89,7 +92,8 @@ def search_main(args) -> int:
 
     request = SearchRequest(model=args.model, gpus=args.gpus, gpu=args.gpu, global_batch=args.global_batch,
                             seq=args.seq, top=args.top, gpus_per_node=args.gpus_per_node, recompute=args.recompute,
-                            profile=args.profile, max_candidates=args.max_candidates)
+                            profile=args.profile, max_candidates=args.max_candidates,
+                            sequence_parallel=args.sequence_parallel)
     result, code = _run("search", args, lambda progress: search(request, progress=progress))
     if result is None:
         return code

@@ -28,6 +28,7 @@ class EmulateRequest:
     recompute: str = "none"
     gpus_per_node: int = 8
     profile: str | None = None  # a calibrated profile file instead of the built-in `gpu`
+    sequence_parallel: bool = False  # Megatron-style, with tp > 1 (agents/training/parallel.py TrainConfig)
 
 
 def matmul_params(model_name: str) -> float:
@@ -78,7 +79,7 @@ def emulate(request: EmulateRequest, *, use_cache: bool = True, progress=None) -
     micro_batches = check_request(request)
     profile = _profile(request)
     traced, info = trace(TraceRequest(request.model, request.layout, request.micro_batch, request.seq,
-                                      micro_batches, request.gpus_per_node), use_cache=use_cache, progress=progress)
+                                      micro_batches, request.gpus_per_node, request.sequence_parallel), use_cache=use_cache, progress=progress)
     sim = simulate(traced, profile, request.gpus_per_node, request.recompute)
     config = get_config(request.model).llm
     tokens = tokens_per_second(request.global_batch, request.seq, sim.step_seconds)
@@ -89,7 +90,7 @@ def emulate(request: EmulateRequest, *, use_cache: bool = True, progress=None) -
     return {
         "model": request.model, "layout": request.layout, "gpus": request.gpus, "gpu": profile.name,
         "global_batch": request.global_batch, "micro_batch": request.micro_batch, "micro_batches": micro_batches,
-        "seq": request.seq, "recompute": request.recompute,
+        "seq": request.seq, "recompute": request.recompute, "sequence_parallel": request.sequence_parallel,
         "step_seconds": sim.step_seconds, "tokens_per_second": tokens,
         "model_tflops_per_gpu": model_tflops,
         "hardware_tflops_per_gpu": hardware_tflops_per_gpu(traced, sim.step_seconds, request.recompute),

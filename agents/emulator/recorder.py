@@ -72,6 +72,26 @@ def _attention_shape(q: torch.Tensor, k: torch.Tensor) -> tuple[int, ...]:
     return (q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3])
 
 
+def causal_fraction(s_q: int, s_kv: int) -> float:
+    """Share of the s_q x s_kv score matrix a causal (top-left aligned, as torch's is_causal)
+    attention computes: query i sees keys 0..i. Flash kernels, on GPUs and torch's CPU
+    kernel alike, skip the blocks above the diagonal, so their FLOPs scale by this."""
+    if s_q <= 0 or s_kv <= 0:
+        return 1.0
+    below = min(s_q, s_kv)  # rows 0..below-1 see i+1 keys, the rest see all s_kv
+    return (below * (below + 1) // 2 + (s_q - below) * s_kv) / (s_q * s_kv)
+
+
+def _argument(func, args, kwargs, name: str):
+    """An op's argument by its schema name, positional or keyword (None if it has none)."""
+    if name in kwargs:
+        return kwargs[name]
+    for i, argument in enumerate(func._schema.arguments):
+        if argument.name == name:
+            return args[i] if i < len(args) else argument.default_value
+    return None
+
+
 @dataclass
 class CommRecord:
     name: str
@@ -203,6 +223,8 @@ class OpRecorder(TorchDispatchMode):
             q, k = (args[0], args[1]) if "backward" not in name else (args[1], args[2])
             if q.dim() == 4 and k.dim() == 4:
                 shape = _attention_shape(q, k)
+                if _argument(func, args, kwargs, "is_causal"):
+                    flops *= causal_fraction(q.shape[2], k.shape[2])
         dtype = _DTYPES.get(outs[0].dtype, "fp32") if outs and outs[0].is_floating_point() else "fp32"
         self.records.append(ComputeRecord(name, kind, flops, moved, tuple(int(d) for d in shape), self.phase,
                                           dtype))

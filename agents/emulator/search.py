@@ -52,6 +52,7 @@ class SearchRequest:
     micro_batches: tuple[int, ...] = (1, 2, 4)
     zero: tuple[int, ...] = (1, 3)
     max_candidates: int = 24
+    sequence_parallel: bool = False
 
 
 def _divisors(n: int) -> list[int]:
@@ -135,7 +136,8 @@ def search(request: SearchRequest, progress=None) -> dict:
     feasible.sort(key=lambda x: (_model_parallel(x[1]), _fields(x[1])["tp"], -_fields(x[1]).get("zero", 0), x[2]))
     results = []
     base = EmulateRequest(request.model, "", request.gpus, request.gpu, request.global_batch, 1, request.seq,
-                          request.recompute, request.gpus_per_node, request.profile)
+                          request.recompute, request.gpus_per_node, request.profile,
+                          sequence_parallel=request.sequence_parallel)
     too_big: list[tuple[dict, int]] = []  # (layout fields, micro-batch) that did not fit
     emulated = 0
     for _, layout, mb in feasible:

@@ -41,7 +41,8 @@ from agents.layout.catalog import get_config, get_model
 from agents.layout.placement import layer_stages, place
 from agents.training.parallel import LayoutMeshes, ParallelTrainer, TrainConfig, TrainingError, _loss
 
-TRACER_VERSION = 3  # 2: activations_full; vpp traced as pp*vpp flat stages; 3: DTensor dispatch as host ops
+TRACER_VERSION = 4  # 2: activations_full; vpp traced as pp*vpp flat stages; 3: DTensor dispatch as host ops;
+# 4: causal attention FLOPs, sequence parallelism
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class TraceRequest:
     seq: int
     micro_batches: int
     gpus_per_node: int = 8
+    sequence_parallel: bool = False
 
     def key(self) -> str:
         spec = get_model(self.model)
@@ -86,7 +88,8 @@ def trace(request: TraceRequest, *, use_cache: bool = True, progress=None) -> tu
     # The request the stage processes trace: the flat layout when interleaved (see the module doc).
     flat = request if ml.vpp == 1 else dataclasses.replace(request, layout=flat_layout(placement))
     config = TrainConfig(model=request.model, global_batch=request.micro_batch * request.micro_batches * ml.dp,
-                         seq_len=request.seq, micro_batches=request.micro_batches)
+                         seq_len=request.seq, micro_batches=request.micro_batches,
+                         sequence_parallel=request.sequence_parallel)
     stages = layer_stages(spec.modules[-1].num_layers, virtual)
     classes: dict[tuple, list[int]] = {}
     for s in range(virtual):
@@ -195,12 +198,13 @@ def _run_one_microbatch(trainer: ParallelTrainer, request: TraceRequest, stage: 
     hidden = get_config(request.model).llm.hidden
     first, last = stage == 0, stage == ml.pp - 1
     static = _static_bytes(trainer, ml.zero)
+    positions = _positions_between_stages(request, ml)
     recorder = OpRecorder()
     with ignoring_sharding_propagation(recorder), recorder:
         if first:
             x = torch.zeros(request.micro_batch, request.seq, dtype=torch.long)
         else:
-            x = torch.zeros(request.micro_batch, request.seq, hidden, dtype=torch.bfloat16, requires_grad=True)
+            x = torch.zeros(request.micro_batch, positions, hidden, dtype=torch.bfloat16, requires_grad=True)
         recorder.track(x)
         out = trainer.stage(x)
         if last:
@@ -223,11 +227,16 @@ def _run_one_microbatch(trainer: ParallelTrainer, request: TraceRequest, stage: 
     # this is the formula, not a traced figure). Selective recompute is left unset: this
     # program's attention is fused (flash) and keeps no s x s tensors to drop.
     layers = layer_stages(get_config(request.model).llm.layers, ml.pp).count(stage)
-    full = min(int(activation_bytes), layers * request.micro_batch * request.seq * hidden * 2)
+    full = min(int(activation_bytes), layers * request.micro_batch * positions * hidden * 2)
     memory = StageMemory(params=static["params"], grads=grads, optimizer=static["optimizer"],
                          activations_per_microbatch=int(activation_bytes), temporary=int(temporary),
                          activations_full=full)
     return _stage_trace(recorder.records, stage, ml, dims, memory, request, hidden)
+
+
+def _positions_between_stages(request: TraceRequest, ml) -> int:
+    """Sequence positions a rank's hidden states hold between layers and stages."""
+    return request.seq // ml.tp if request.sequence_parallel and ml.tp > 1 else request.seq
 
 
 def _static_bytes(trainer: ParallelTrainer, zero: int) -> dict[str, int]:
@@ -274,7 +283,8 @@ def _stage_trace(records, stage: int, ml, dims, memory: StageMemory, request: Tr
             param_at.append(len(ops) if r.phase != "step" else 0)
     n_back = len(phases["backward"])
     grad_after = [n_back if a < 0 else a for a in grad_after]
-    activation = float(request.micro_batch * request.seq * hidden * 2)  # bf16 hidden states between stages
+    # bf16 hidden states between stages (the rank's seq/tp slice under sequence parallelism)
+    activation = float(request.micro_batch * _positions_between_stages(request, ml) * hidden * 2)
     rank = stage * ml.dp * ml.tp
     stride = ml.dp * ml.tp
     if stage < ml.pp - 1:

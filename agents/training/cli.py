@@ -38,7 +38,7 @@ def train_main(args) -> int:
         check_schedule(args.steps, switches)
         config = TrainConfig(model=args.model, global_batch=args.global_batch, seq_len=args.seq,
                              micro_batches=args.micro_batches, seed=args.seed, lr=args.lr,
-                             total_steps=max(args.steps, 1))
+                             total_steps=max(args.steps, 1), sequence_parallel=args.sequence_parallel)
         needed = union_world(config, args.layout, switches)
         world = args.world or needed
         if world < needed:

@@ -24,8 +24,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                               SequenceParallel, parallelize_module)
 
 from agents.engine.shards import DTYPES, Key, LocalShard, box_shape, rank_boxes
 from agents.layout.catalog import get_config, get_model
@@ -57,6 +58,10 @@ class TrainConfig:
     warmup_steps: int = 5
     total_steps: int = 100   # length of the cosine schedule
     weight_decay: float = 0.01
+    # Megatron-style sequence parallelism (Korthikanti et al. 2022): with tp > 1, norms and
+    # residual adds run on seq/tp positions; the TP all-reduces become reduce-scatter +
+    # all-gather. Same state layout, so switches are unaffected.
+    sequence_parallel: bool = False
 
     def lr_at(self, step: int) -> float:
         """Linear warmup, then cosine decay to min_lr_ratio * lr at total_steps: a pure function
@@ -105,6 +110,13 @@ def check_trainable(config: TrainConfig, placement: Placement) -> None:
         raise TrainingError(f"{config.model} ties its embedding and head: train it with tp=1 and pp=1")
     if c.experts and ml.tp > 1:
         raise TrainingError(f"{config.model} has MoE layers: the trainer supports them with tp=1 only")
+    if config.sequence_parallel and ml.tp > 1:
+        if c.style != "llama":
+            raise TrainingError(f"sequence parallelism needs rotary positions; {config.model} ({c.style} style) "
+                                "adds a learned position table: train it without --sequence-parallel")
+        if config.seq_len % ml.tp:
+            raise TrainingError(f"sequence parallelism splits the sequence over tp={ml.tp}: seq {config.seq_len} "
+                                f"is not a multiple of {ml.tp}")
     per_rank = config.global_batch / ml.dp
     if config.global_batch % (ml.dp * config.micro_batches):
         raise TrainingError(f"global batch {config.global_batch} must divide into dp={ml.dp} x "
@@ -138,21 +150,34 @@ def _device_type() -> str:
     return "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
 
 
-def _tp_plan(stage: DecoderStage) -> dict:
+def _tp_plan(stage: DecoderStage, sequence_parallel: bool = False) -> dict:
+    """DTensor's tensor-parallel plan of a stage. With sequence parallelism the residual
+    stream between sublayers is the rank's [B, T/tp, H] slice (Shard(1)): norms run on it
+    (SequenceParallel), each sublayer all-gathers its input (PrepareModuleInput) and
+    reduce-scatters its output (RowwiseParallel to Shard(1)), as Megatron-LM does."""
+    seq = Shard(1) if sequence_parallel else Replicate()
     plan: dict = {}
     if stage.first:
-        plan["llm.embed"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
-    if stage.last and stage.llm.head is not None:
-        plan["llm.head"] = ColwiseParallel(output_layouts=Replicate())
+        plan["llm.embed"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
+    if stage.last:
+        if sequence_parallel:
+            plan["llm.final_norm"] = SequenceParallel()
+        if stage.llm.head is not None:
+            plan["llm.head"] = ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
     for i, layer in stage.llm.layers.items():
         p = f"llm.layers.{i}"
+        if sequence_parallel:
+            gather = PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None))
+            plan.update({f"{p}.attn_norm": SequenceParallel(), f"{p}.mlp_norm": SequenceParallel(),
+                         f"{p}.attn": gather,
+                         f"{p}.mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))})
         for proj in ("q", "k", "v"):
             plan[f"{p}.attn.{proj}"] = ColwiseParallel()
-        plan[f"{p}.attn.o"] = RowwiseParallel()
+        plan[f"{p}.attn.o"] = RowwiseParallel(output_layouts=seq)
         if getattr(layer, "mlp", None) is not None:
             if hasattr(layer.mlp, "gate"):
                 plan.update({f"{p}.mlp.gate": ColwiseParallel(), f"{p}.mlp.up": ColwiseParallel(),
-                             f"{p}.mlp.down": RowwiseParallel()})
+                             f"{p}.mlp.down": RowwiseParallel(output_layouts=seq)})
             else:
                 plan.update({f"{p}.mlp.fc1": ColwiseParallel(), f"{p}.mlp.fc2": RowwiseParallel()})
     return plan
@@ -204,10 +229,12 @@ class ParallelTrainer:
         # zero=3 keeps fp32 parameters (FSDP2's shards are the masters); otherwise the model is bf16.
         dtype = torch.float32 if self.ml.zero == 3 else torch.bfloat16
         model = build_training_model(get_config(config.model), device="meta", dtype=dtype)
-        self.stage = DecoderStage(model, self.pp_rank, self.ml.pp)
+        sequence_parallel = config.sequence_parallel and self.ml.tp > 1
+        self.stage = DecoderStage(model, self.pp_rank, self.ml.pp,
+                                  sequence_shards=self.ml.tp if sequence_parallel else 1)
         del model
         if self.ml.tp > 1:
-            parallelize_module(self.stage, self.meshes.tp, _tp_plan(self.stage))
+            parallelize_module(self.stage, self.meshes.tp, _tp_plan(self.stage, sequence_parallel))
         state = self._states_by_name(shards)
         if self.ml.zero == 3:
             self.optimizer = FullyShardedState(self.stage, self.meshes.dp, torch.device(_device_type()), state,

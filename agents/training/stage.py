@@ -21,8 +21,11 @@ class DecoderStage(nn.Module):
     `llm.{final_norm,head}` (last stage). forward: tokens [B, T] (first stage) or hidden
     [B, T, H] -> hidden [B, T, H], or logits [B, T, vocab] on the last stage."""
 
-    def __init__(self, model: TrainingModel, stage: int, stages: int) -> None:
+    def __init__(self, model: TrainingModel, stage: int, stages: int, sequence_shards: int = 1) -> None:
+        """sequence_shards: tp under sequence parallelism (hidden states between layers hold
+        T/tp positions; the rotary tables still cover all T), else 1."""
         super().__init__()
+        self.sequence_shards = sequence_shards
         if model.encoder is not None:
             raise ValueError(f"{model.config.name}: pipeline stages of multimodal models are not supported yet "
                              "(heterogeneous layouts are issue 8); train a decoder-only model")
@@ -46,7 +49,7 @@ class DecoderStage(nn.Module):
         llm = self.llm
         if self.first:
             x = llm.embed(x)
-        length = x.shape[1]
+        length = x.shape[1] * self.sequence_shards
         rope = None
         if self.gpt:
             if self.first:

@@ -198,3 +198,44 @@ def test_full_recompute_keeps_each_layers_input_only() -> None:
         layers = 2  # 4 layers over 2 stages
         assert stage.memory.activations_full == layers * MB * SEQ * hidden * 2
         assert stage.memory.activations("full") < stage.memory.activations("none")
+
+
+def test_causal_attention_counts_only_the_blocks_at_or_below_the_diagonal() -> None:
+    """Flash kernels skip masked blocks: the forward attention FLOPs of a causal layer are
+    4 b h s^2 d (QK^T and PV) times the causal share (s+1)/(2s), not the full square."""
+    from agents.emulator.recorder import causal_fraction
+
+    assert causal_fraction(SEQ, SEQ) == (SEQ + 1) / (2 * SEQ)
+    assert causal_fraction(4, 8) == (1 + 2 + 3 + 4) / 32 and causal_fraction(8, 4) == (1 + 2 + 3 + 4 * 5) / 32
+    traced, _ = trace(TraceRequest(MODEL, "tp=1,pp=1,dp=1,zero=1", MB, SEQ, M))
+    config = get_model(MODEL)
+    attention = [op for op in traced.stages[0].forward if isinstance(op, ComputeOp) and op.kind == "attention"]
+    from agents.layout.catalog import get_config
+
+    c = get_config(MODEL).llm
+    assert len(attention) == c.layers and config is not None
+    full = 4 * MB * c.heads * SEQ * SEQ * c.head_dim
+    assert all(op.flops == pytest.approx(full * (SEQ + 1) / (2 * SEQ)) for op in attention)
+
+
+def test_sequence_parallelism_traces_reduce_scatter_and_all_gather_on_seq_over_tp_slices() -> None:
+    """Same matmul FLOPs; the TP all-reduces become reduce-scatter + all-gather; hidden states
+    between stages (the p2p sends) and the activations kept for the backward shrink."""
+    layout = "tp=2,pp=2,dp=1,zero=1"
+    plain, _ = trace(TraceRequest(MODEL, layout, MB, SEQ, M))
+    sp, _ = trace(TraceRequest(MODEL, layout, MB, SEQ, M, sequence_parallel=True))
+    for a, b in zip(plain.stages, sp.stages):
+        def flops(stage, kind):
+            return sum(op.flops for op in stage.forward if isinstance(op, ComputeOp) and op.kind == kind)
+
+        assert flops(a, "matmul") == flops(b, "matmul")
+        kinds = {op.kind for op in b.forward if getattr(op, "dim", None) == "tp"}
+        assert {"reduce_scatter", "all_gather"} <= kinds
+        assert "all_reduce" not in {op.kind for op in b.forward[:-3] if getattr(op, "dim", None) == "tp"}
+        assert b.memory.activations_per_microbatch < a.memory.activations_per_microbatch
+        def sends(stage):
+            return {op.name: op.bytes for op in stage.forward + stage.backward if getattr(op, "dim", None) == "pp"}
+
+        assert sends(a) and {name: 2 * size for name, size in sends(b).items()} == sends(a)
+    with pytest.raises(EmulatorError, match="not a multiple of 2"):
+        trace(TraceRequest(MODEL, layout, MB, 15, M, sequence_parallel=True))
