@@ -118,9 +118,10 @@ def plan_heatmap_figure(matrix: list[list[int]] | None) -> dict:
                                                                           "showarrow": False}]}}
     world = len(matrix)
     z = [[v if v else None for v in row] for row in matrix]
+    top = max((v for row in matrix for v in row), default=0) or 1
     return {
         "data": [{"type": "heatmap", "z": z, "x": list(range(world)), "y": list(range(world)),
-                  "colorscale": "Blues", "colorbar": {"title": {"text": "bytes"}}, "hoverongaps": False,
+                  "colorscale": "Blues", "zmin": 0, "zmax": top, "colorbar": {"title": {"text": "bytes"}}, "hoverongaps": False,
                   "hovertemplate": "rank %{y} -> rank %{x}: %{z:,} B<extra></extra>"}],
         "layout": {"height": 260 + 6 * min(world, 64), "margin": {"l": 60, "r": 10, "t": 10, "b": 50},
                    "xaxis": {"title": {"text": "destination rank"}, "dtick": 1 if world <= 32 else None},
@@ -177,8 +178,8 @@ def memory_wave_figure(wave_after: list[list[int]], wave_peak: list[list[int]], 
                        "y1": capacity_bytes, "line": {"dash": "dash", "color": "#c0392b", "width": 1}})
     return {
         "data": data,
-        "layout": {"height": 280, "margin": {"l": 70, "r": 10, "t": 10, "b": 40},
+        "layout": {"height": 320, "margin": {"l": 70, "r": 10, "t": 10, "b": 40},
                    "xaxis": {"title": {"text": "round (0: before; k.5: peak within round k+1)"}},
                    "yaxis": {"title": {"text": "state bytes"}, "rangemode": "tozero"}, "shapes": shapes,
-                   "legend": {"orientation": "h", "y": -0.3}},
+                   "legend": {"orientation": "h", "y": -0.35, "yanchor": "top"}},
     }

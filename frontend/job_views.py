@@ -45,6 +45,22 @@ def plan_figures(plan: dict, *, measured: dict[int, int] | None = None) -> dict:
     }
 
 
+def summary_rows(summary: dict) -> list[tuple[str, str]]:
+    """The plan summary as (label, text) rows: bytes in MiB, seconds in ms."""
+    rows = []
+    for key, value in summary.items():
+        if value is None:
+            text = "–"
+        elif key.endswith("bytes"):
+            text = f"{value / 2**20:,.2f} MiB ({value:,} B)"
+        elif key.endswith("seconds"):
+            text = f"{value * 1000:.3g} ms"
+        else:
+            text = str(value)
+        rows.append((key.replace("_", " "), text))
+    return rows
+
+
 @login_required
 def jobs_list(request: HttpRequest):
     jobs = Job.objects.prefetch_related("transitions").order_by("-created_at", "-id")
@@ -96,8 +112,10 @@ def transition_detail(request: HttpRequest, transition_id: int):
     timings = [(label, getattr(transition, f"{name}_seconds")) for label, name in (
         ("Preparation (hidden behind training)", "prepare"), ("Pause (training stopped)", "pause"),
         ("Transfer", "transfer"), ("Verification", "verify"))]
+    figures = plan_figures(plan, measured=measured)
     return render(request, "frontend/transition.html", {
-        "transition": transition, "figures": plan_figures(plan, measured=measured), "timings": timings,
+        "transition": transition, "figures": figures, "summary_rows": summary_rows(figures["summary"]),
+        "timings": timings,
         "step_before": before, "step_after": after, "history": transition.history,
         "verification": transition.verification,
     })

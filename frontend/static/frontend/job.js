@@ -46,6 +46,12 @@ function drawBands() {
   document.getElementById("chart-step_seconds").dataset.bands = String(bands.length);
 }
 
+// The last band grows with every step: redraw the bands at most once a second, not per step.
+let bandsTimer = null;
+function drawBandsSoon() {
+  if (bandsTimer === null) bandsTimer = setTimeout(() => { bandsTimer = null; drawBands(); }, 1000);
+}
+
 function extendCharts(step, appended) {
   for (const [name, value] of Object.entries(appended)) {
     window.Plotly.extendTraces(`chart-${name}`, { x: [[step]], y: [[value]] }, [0]);
@@ -126,7 +132,7 @@ function onJobEvent(event) {
   live = result.snapshot;
   if (result.appended) {
     extendCharts(event.step, result.appended);
-    if (live.transitions.some((t) => t.state === "committed")) drawBands();
+    if (live.transitions.some((t) => t.state === "committed")) drawBandsSoon();
   }
   if (event.type === "transition") {
     drawHistory();

@@ -6,7 +6,8 @@ const STEPS = ["planned", "preparing", "ready", "transferring", "verifying", "co
 const PLOT = { displayModeBar: false, responsive: true };
 const $ = (id) => document.getElementById(id);
 const mib = (b) => (b >= 2 ** 30 ? `${(b / 2 ** 30).toFixed(2)} GiB` : `${(b / 2 ** 20).toFixed(2)} MiB`);
-const secs = (s) => (s === null || s === undefined ? "–" : s < 1 ? `${(s * 1000).toFixed(0)} ms` : `${s.toFixed(2)} s`);
+const secs = (s) => (s === null || s === undefined ? "–" : s < 0.01 ? `${(s * 1000).toPrecision(2)} ms`
+  : s < 1 ? `${(s * 1000).toFixed(0)} ms` : `${s.toFixed(2)} s`);
 
 function el(tag, attrs = {}, text = "") {
   const node = document.createElement(tag);

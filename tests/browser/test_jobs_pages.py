@@ -1,0 +1,129 @@
+"""A real browser through the job pages: sign in, see the grid, open a job started through
+the API, watch its charts extend, resize it 2 -> 4 GPUs by clicking through proposals,
+plan preview and the confirm dialog to committed, and open the transition from the
+history. Screenshots of each page go to the stack's var dir (printed at the end)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.integration.conftest import stack  # noqa: F401  (module-scoped stack fixture)
+from tests.support.stack import wait_for
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+def _sign_in(page, stack) -> None:
+    page.goto(stack.url)
+    page.get_by_label("Username").fill(stack.state["username"])
+    page.get_by_label("Password").fill(stack.state["password"])
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_selector("#connection[data-state=live]", timeout=15_000)
+
+
+def _points(page, name: str) -> int:
+    return int(page.locator(f"#chart-{name}").get_attribute("data-points") or 0)
+
+
+def test_job_page_resizes_by_clicking_through_to_committed(stack, browser) -> None:  # noqa: F811
+    started = time.monotonic()
+    shots = stack.var_dir / "screenshots"
+    shots.mkdir(exist_ok=True)
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})
+    page.set_default_timeout(60_000)  # the machine is shared: four training ranks compete with the browser
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("console", lambda msg: msg.type == "error" and errors.append(msg.text))
+    _sign_in(page, stack)
+    assert page.locator("[data-gpu]").count() == 4
+
+    job = stack.post("api/jobs", {"name": "clicky", "model": "tiny-gpt", "gpus": 2, "global_batch": 12,
+                                  "seq_len": 16})
+    try:
+        # The dashboard's jobs table links to the job page.
+        page.locator("tr[data-job=clicky] a").click()
+        page.wait_for_url(f"**/jobs/{job['id']}/")
+        page.wait_for_selector("#connection[data-state=live]", timeout=10_000)
+        page.evaluate("window.__sameDocument = true")
+        assert page.locator("[data-rank]").count() == 2
+        assert page.locator("[data-rank='1']").inner_text().splitlines() == ["rank 1", "pp0 dp1 tp0"]
+
+        # Live charts extend in place from /ws/jobs/<id>/.
+        page.wait_for_function("document.querySelector('#chart-loss')?.dataset.points >= 3", timeout=90_000)
+        first = _points(page, "loss")
+        page.wait_for_function(f"document.querySelector('#chart-loss').dataset.points > {first}", timeout=30_000)
+        assert page.locator("#chart-loss .main-svg").count() > 0
+        page.screenshot(path=str(shots / "job-live.png"), full_page=True)
+
+        # Resize: stepper to 4 -> ranked proposals -> plan preview -> confirm.
+        page.get_by_role("button", name="One GPU more").click()
+        page.get_by_role("button", name="One GPU more").click()
+        assert page.get_by_label("New GPU count").input_value() == "4"
+        page.get_by_role("button", name="Show proposals").click()
+        page.wait_for_selector("#proposals-body tr", timeout=10_000)
+        assert page.locator("#proposals-body tr").first.get_attribute("data-layout") == "dp=4"
+        assert "not by the emulator" in page.locator("#ranking-note").inner_text()
+        page.get_by_role("button", name="Preview the switch to dp=4").click()
+        page.wait_for_selector("#plan-heatmap .main-svg", timeout=10_000)
+        assert "dp=2 → dp=4" in page.locator("#plan-title").inner_text()
+        assert page.locator("#plan-wave .main-svg").count() > 0 and page.locator("#plan-rounds .main-svg").count() > 0
+        page.screenshot(path=str(shots / "job-plan-preview.png"), full_page=True)
+        page.get_by_role("button", name="Resize to dp=4…").click()
+        dialog = page.get_by_role("dialog")
+        assert "from dp=2 (2 GPUs) to dp=4" in dialog.inner_text()
+        page.screenshot(path=str(shots / "job-confirm.png"), timeout=60_000)
+        clicked = time.monotonic()
+        dialog.get_by_role("button", name="Resize now").click()
+
+        # Live progress to committed, then the result with verification and step times.
+        page.wait_for_selector("#progress-section:not([hidden])", timeout=5_000)
+        page.wait_for_selector("#progress-section[data-state=committed]", timeout=150_000)
+        committed_after = time.monotonic() - clicked
+        page.wait_for_selector("#resize-result[data-verified]", state="attached", timeout=30_000)
+        result = page.locator("#resize-result")
+        assert result.get_attribute("data-verified") == "true", page.locator("#progress-section").inner_html()
+        assert "every tensor verified bit-exact" in result.inner_text()
+        page.wait_for_function("document.querySelectorAll('[data-rank]').length === 4", timeout=30_000)
+        assert page.locator("#job-state").inner_text() == "running"
+        assert page.locator("#job-layout").inner_text() == "dp=4 on 4 GPUs"
+        page.wait_for_function("document.querySelector('#chart-step_seconds').dataset.bands === '2'", timeout=30_000)
+        steps = page.evaluate("window.dynaplane.live.metrics.loss.x.at(-1)")
+        page.wait_for_function(f"window.dynaplane.live.metrics.loss.x.at(-1) >= {steps + 6}", timeout=60_000)
+        page.wait_for_function("!document.querySelector('#resize-result').innerText.includes('measuring')",
+                               timeout=30_000)
+        assert page.evaluate("window.__sameDocument") is True, "the page reloaded"
+        page.screenshot(path=str(shots / "job-resized.png"), full_page=True)
+
+        # The page's store after all those events equals a fresh snapshot at the same seq.
+        live = page.evaluate("window.dynaplane.live")
+        fresh = stack.get(f"api/jobs/{job['id']}/live", token=True)
+        if fresh["seq"] == live["seq"]:
+            assert fresh == live
+
+        # The history links to the transition's page.
+        row = page.locator("#history-body tr[data-state=committed]")
+        assert row.count() == 1
+        row.get_by_role("link").click()
+        page.wait_for_selector("#plan-heatmap .main-svg", timeout=10_000)
+        assert page.locator("#verification").get_attribute("data-verified") == "true"
+        assert page.locator("#transition-state").inner_text() == "committed"
+        assert [li.get_attribute("data-state") for li in page.locator("#state-history li").all()][-1] == "committed"
+        assert page.locator("#plan-wave .main-svg").count() > 0
+        page.screenshot(path=str(shots / "transition.png"), full_page=True)
+
+        page.get_by_role("link", name="Jobs", exact=True).click()
+        page.wait_for_selector("tr[data-job=clicky]")
+        page.screenshot(path=str(shots / "jobs.png"), full_page=True)
+        page.set_viewport_size({"width": 1024, "height": 768})
+        page.locator("tr[data-job=clicky] a").click()
+        page.wait_for_selector("#chart-loss .main-svg")
+        page.keyboard.press("Tab")  # controls are keyboard reachable: the first Tab lands in the page
+        page.screenshot(path=str(shots / "job-laptop.png"), full_page=True)
+        assert errors == [], errors
+        print(f"resize by clicks committed {committed_after:.1f} s after confirming; test took "
+              f"{time.monotonic() - started:.0f} s; screenshots in {shots}")
+    finally:
+        if stack.get(f"api/jobs/{job['id']}", token=True)["state"] in ("starting", "running", "switching"):
+            stack.post(f"api/jobs/{job['id']}/stop", {})
+        wait_for(lambda: stack.get(f"api/jobs/{job['id']}", token=True)["state"] in ("stopped", "failed"), timeout=60)

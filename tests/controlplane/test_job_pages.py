@@ -1,0 +1,84 @@
+"""The job pages render from real rows (PostgreSQL or SQLite): jobs list, job page with its
+embedded snapshot and figures, the JSON pieces it fetches, and a transition's page."""
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, timezone
+
+import pytest
+from django.test import Client
+
+from agents import protocol
+from controlplane.jobs.reports import job_record_report
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def browser_client(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _embedded(html: str, element_id: str):
+    found = re.search(rf'<script id="{element_id}" type="application/json">(.*?)</script>', html, re.S)
+    assert found, element_id
+    return json.loads(found.group(1))
+
+
+@pytest.fixture
+def running_job(run, token_client, two_nodes, sent_tasks) -> dict:
+    response = run(token_client.post, "/api/jobs", {"name": "paged", "model": "tiny-gpt", "gpus": 2,
+                                                    "global_batch": 12}, format="json")
+    job = response.json()
+    run(job_record_report, report=protocol.JobReport(job_id=job["id"], node="node-1", kind="started",
+                                                     sent_at=datetime.now(timezone.utc)))
+    return job
+
+
+def test_pages_need_a_signed_in_user(running_job) -> None:
+    for path in ("/jobs/", f"/jobs/{running_job['id']}/", f"/jobs/{running_job['id']}/state.json"):
+        response = Client().get(path)
+        assert response.status_code == 302 and "/accounts/login/" in response["Location"], path
+
+
+def test_jobs_list_links_each_job(browser_client, running_job) -> None:
+    html = browser_client.get("/jobs/").content.decode()
+    assert f'href="/jobs/{running_job["id"]}/"' in html and "dp=2" in html
+
+
+def test_job_page_embeds_its_snapshot_layout_and_figures(browser_client, running_job) -> None:
+    response = browser_client.get(f"/jobs/{running_job['id']}/")
+    assert response.status_code == 200
+    html = response.content.decode()
+    job = _embedded(html, "job-data")
+    assert job["layout"] == "dp=2" and [r["label"] for r in job["ranks"]] == ["pp0 dp0 tp0", "pp0 dp1 tp0"]
+    assert _embedded(html, "job-live")["transitions"] == []
+    figures = _embedded(html, "job-figures")
+    assert sorted(figures) == ["loss", "step_seconds", "tokens_per_second"]
+    assert [a["text"] for a in figures["step_seconds"]["layout"]["annotations"]] == ["dp=2"]
+    assert 'max="4"' in html  # the stepper stops at the cluster's GPU count
+    assert browser_client.get("/jobs/99999/").status_code == 404
+
+
+def test_plan_figures_json_and_its_error(browser_client, running_job) -> None:
+    body = browser_client.get(f"/jobs/{running_job['id']}/plan-figures.json?layout=dp=4").json()
+    assert body["summary"]["src"] == "dp=2" and body["summary"]["dst"] == "dp=4"
+    assert {"heatmap", "rounds", "wave"} <= set(body)
+    bad = browser_client.get(f"/jobs/{running_job['id']}/plan-figures.json?layout=tp=3")
+    assert bad.status_code == 400 and "cannot be planned" in bad.json()["error"]
+    assert browser_client.get(f"/jobs/{running_job['id']}/plan-figures.json").status_code == 400
+
+
+def test_transition_page_after_a_resize(run, token_client, browser_client, running_job) -> None:
+    transition = run(token_client.post, f"/api/jobs/{running_job['id']}/resize", {"gpus": 4}, format="json").json()
+    state = browser_client.get(f"/jobs/{running_job['id']}/state.json").json()
+    assert state["state"] == "switching"
+    html = browser_client.get(f"/transitions/{transition['id']}/").content.decode()
+    assert "dp=2 → dp=4" in html and 'data-verified="unknown"' in html and "planned" in html
+    figures = _embedded(html, "plan-figures")
+    assert figures["summary"]["fingerprint"] == transition["plan_fingerprint"]
+    job_page = browser_client.get(f"/jobs/{running_job['id']}/").content.decode()
+    assert _embedded(job_page, "job-live")["transitions"][0]["state"] == "planned"
