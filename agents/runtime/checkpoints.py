@@ -86,8 +86,11 @@ class Checkpointer:
         shards, scalars = trainer.hand_over()
         del trainer
         path = step_dir(self.root, scalars.step)
+        if self.rank == 0:  # a folder of this step from an earlier world (before a restore) goes first
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir(parents=True)
+        digests = state_digests(placement, self.rank, shards, group=meshes.everyone)  # (also: rank 0 is done)
         path.mkdir(parents=True, exist_ok=True)
-        digests = state_digests(placement, self.rank, shards, group=meshes.everyone)
         dcp.save(to_dtensors(placement, self.rank, shards, self.meshes), checkpoint_id=str(path),
                  process_group=meshes.everyone)
         if self.rank == 0:

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from websockets.sync.client import connect
@@ -125,7 +126,7 @@ def test_a_job_resizes_online_from_two_to_four_and_back_to_three_gpus(stack) -> 
 
 def _stopped(stack, job: dict, read) -> None:
     """Stop a test's job (also when the test failed: later tests need the GPUs free)."""
-    if read()["state"] in ("starting", "running", "switching"):
+    if read()["state"] in ("starting", "running", "switching", "restoring"):
         stack.post(f"api/jobs/{job['id']}/stop", {})
     wait_for(lambda: read()["state"] in ("stopped", "failed"), timeout=60)
 
@@ -178,7 +179,10 @@ def restarted_agents():
     started: list[subprocess.Popen] = []
     yield started
     for agent in started:
-        os.killpg(agent.pid, signal.SIGTERM)
+        try:
+            os.killpg(agent.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
         agent.wait(timeout=20)
 
 
@@ -223,6 +227,88 @@ def test_killing_the_joining_agent_while_a_resize_prepares_keeps_the_job_trainin
                 stdout=open(tmp_path / "agent.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True))
             wait_for(lambda: _node(stack, "node-2")["state"] == "healthy", timeout=30)
     assert {g["state"] for g in _node(stack, "node-2")["gpus"]} == {"free"}
+
+
+def _agent(stack, name: str, log: Path, **env: str) -> subprocess.Popen:
+    """Start agent `name` (again), with extra environment for its rank processes."""
+    env = {**os.environ, "REDIS_URL": stack.state["redis_url"], "DYNAPLANE_VAR_DIR": str(log.parent / name), **env}
+    return subprocess.Popen([sys.executable, "-m", "dynaplane", "agent", "--name", name, "--gpus", "2"], env=env,
+                            cwd=ROOT, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _replace_agent(stack, restarted_agents, name: str, log: Path, **env: str) -> None:
+    """Kill agent `name` (whichever process runs it now) and start it again with `env`."""
+    try:
+        os.kill(_node(stack, name)["agent_pid"], signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    agent = _agent(stack, name, log, **env)
+    restarted_agents.append(agent)
+    wait_for(lambda: (n := _node(stack, name))["state"] == "healthy" and n["agent_pid"] == agent.pid, timeout=60)
+
+
+def test_killing_the_old_ranks_agent_during_the_transfer_restores_the_job_from_its_checkpoint(
+        stack, restarted_agents, tmp_path) -> None:
+    """Issue 6's fault test, during the transfer: a job on node-1 grows onto node-2; while
+    the state moves (a joining rank holds the union world there, by fault injection), node-1's
+    agent is killed with the job's old ranks. The joining ranks alone no longer hold the
+    state, so the resize ends aborted and the job restarts from its latest periodic
+    checkpoint on node-2's GPUs (the restore row says so); the loaded state's digests equal
+    the saved ones, the first steps after the restore repeat the old world's losses exactly,
+    and training goes on."""
+    _replace_agent(stack, restarted_agents, "node-2", tmp_path / "node-2.log",
+                   DYNAPLANE_FAULT="hold-in-transfer:2:30")
+    job = stack.post("api/jobs", {"name": "restore", "model": "tiny-gpt", "gpus": 2, "global_batch": 12,
+                                  "seq_len": 16, "checkpoint_interval": 3})
+
+    def read() -> dict:
+        return stack.get(f"api/jobs/{job['id']}", token=True)
+
+    def loss() -> dict:
+        return stack.get(f"api/jobs/{job['id']}/live", token=True)["metrics"].get("loss", {"x": [], "y": []})
+
+    killed = False
+    try:
+        assert {p["node"] for p in job["placement"]} == {"node-1"}
+        wait_for(lambda: read()["checkpoint_step"] is not None and len(loss()["x"]) >= 5, timeout=120)
+        transition = stack.post(f"api/jobs/{job['id']}/resize", {"gpus": 4})
+        assert {p["node"] for p in transition["destination_placement"] if p["rank"] >= 2} == {"node-2"}
+        wait_for(lambda: stack.get(f"api/transitions/{transition['id']}", token=True)["state"] == "transferring",
+                 timeout=90)
+        before = read()
+        checkpoint, last_step = before["checkpoint_step"], before["step"]
+        os.kill(_node(stack, "node-1")["agent_pid"], signal.SIGKILL)
+        killed = True
+        started = time.monotonic()
+        restore, seconds = wait_for(lambda: next((t for t in stack.get(f"api/transitions?job={job['id']}", token=True)
+                                                  ["results"] if t["kind"] == "restore"
+                                                  and t["state"] == "committed"), None), timeout=90)
+        resize = stack.get(f"api/transitions/{transition['id']}", token=True)
+        assert resize["state"] == "aborted"
+        assert "ranks lost while the resize was transferring: node node-1 (ranks 0, 1) lost" in resize["reason"]
+        assert restore["reason"] == (f"node node-1 (ranks 0, 1) lost at step {last_step}; restored from checkpoint "
+                                     f"step {checkpoint} ({last_step - checkpoint} steps redone) on 2 GPUs as dp=2")
+        assert restore["verification"]["verified"] is True and restore["step"] == checkpoint
+        assert restore["destination_placement"] == [{"rank": 0, "node": "node-2", "gpu": 0},
+                                                     {"rank": 1, "node": "node-2", "gpu": 1}]
+        after, _ = wait_for(lambda: (j := read())["state"] == "running" and j, timeout=60)
+        assert (after["layout"], after["world_size"], after["error"]) == ("dp=2", 2, "")
+        assert {p["node"] for p in after["placement"]} == {"node-2"}
+        # Training goes on from the checkpoint: its next step is reported twice (by the old
+        # world before the loss, by the restored one), with bit-identical losses.
+        series, _ = wait_for(lambda: (m := loss())["x"].count(checkpoint + 1) == 2 and m, timeout=60)
+        repeated = [y for x, y in zip(series["x"], series["y"]) if x == checkpoint + 1]
+        assert repeated[0] == repeated[1], repeated
+        seen = max(series["x"])
+        wait_for(lambda: max(loss()["x"]) >= seen + 2, timeout=60)
+        print(f"node-1 killed during the transfer; restored from checkpoint step {checkpoint} on node-2 "
+              f"{time.monotonic() - started:.1f} s later ({seconds:.1f} s to the committed restore row)")
+    finally:
+        _stopped(stack, job, read)
+        if killed:
+            _replace_agent(stack, restarted_agents, "node-1", tmp_path / "node-1.log")
+        _replace_agent(stack, restarted_agents, "node-2", tmp_path / "node-2-clean.log")
+    assert {g["state"] for n in ("node-1", "node-2") for g in _node(stack, n)["gpus"]} == {"free"}
 
 
 def test_agent_loss_and_return(stack, tmp_path) -> None:
