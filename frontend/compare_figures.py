@@ -25,6 +25,7 @@ SETTING_LABELS = {"model": "model", "layout": "layout", "gpus": "GPUs", "gpu_typ
 CSV_COLUMNS = ("id", *SETTINGS, "state", "step_seconds", *BREAKDOWN, "tokens_per_second", "model_tflops_per_gpu",
                "hardware_tflops_per_gpu", "mfu", "peak_bytes", "capacity_bytes", "fits", "error")
 GIB = 2**30
+OFF_SCALE = 40  # capacity more than this many times the highest peak: written, not drawn
 
 
 def config_labels(runs: Sequence[Mapping]) -> list[str]:
@@ -83,17 +84,29 @@ def memory_figure(runs: Sequence[Mapping]) -> dict:
     data.append({"type": "scatter", "mode": "markers", "name": "peak", "x": x, "y": peaks,
                  "marker": {"symbol": "line-ew-open", "size": 18, "color": "#1d2330"},
                  "hovertemplate": "%{x}<br>peak: %{y:.3f} GiB<extra></extra>"})
+    top = max((p for p in peaks if p is not None), default=0.0)
+    # A capacity far above every peak would flatten the bars: the axis then ends above the
+    # highest peak and the capacity is written at the top instead of drawn.
+    off_scale = bool(top) and bool(capacities) and min(capacities.values()) > OFF_SCALE * top
     shapes, annotations = [], []
-    for gpu_type, gib in sorted(capacities.items()):
+    for n, (gpu_type, gib) in enumerate(sorted(capacities.items())):
+        if off_scale:
+            annotations.append({"xref": "paper", "x": 1, "xanchor": "right", "yref": "paper", "y": 1 - 0.08 * n,
+                                "yanchor": "top", "showarrow": False, "font": {"color": "#c0392b"},
+                                "text": f"{gpu_type} capacity {gib:.0f} GiB (above the scale: "
+                                        f"highest peak {100 * top / gib:.2g} % of it)"})
+            continue
         shapes.append({"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y", "y0": gib, "y1": gib,
                        "line": {"color": "#c0392b", "dash": "dash", "width": 2}})
         annotations.append({"xref": "paper", "x": 1, "xanchor": "right", "yref": "y", "y": gib, "yanchor": "bottom",
                             "text": f"{gpu_type} capacity {gib:.0f} GiB", "showarrow": False,
                             "font": {"color": "#c0392b"}})
+    yaxis = {"title": {"text": "memory per GPU (GiB)"}, "rangemode": "tozero"}
+    if off_scale:
+        yaxis["range"] = [0, top * 1.3]
     return {"data": data, "layout": {
         "barmode": "stack", "height": 340, "margin": {"l": 60, "r": 10, "t": 20, "b": 80},
-        "yaxis": {"title": {"text": "memory per GPU (GiB)"}, "rangemode": "tozero"},
-        "shapes": shapes, "annotations": annotations,
+        "yaxis": yaxis, "shapes": shapes, "annotations": annotations,
         "legend": {"orientation": "h", "y": -0.3, "traceorder": "normal"}}}
 
 

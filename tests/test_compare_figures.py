@@ -68,6 +68,17 @@ def test_memory_has_one_bar_per_stage_and_the_capacity_line_per_gpu_type() -> No
     assert [a["text"] for a in fig["layout"]["annotations"]] == ["a100 capacity 80 GiB", "h100 capacity 80 GiB"]
 
 
+def test_a_capacity_far_above_every_peak_is_written_not_drawn() -> None:
+    tiny = run("dp=4")
+    for stage in tiny["result"]["memory"]["per_stage"]:
+        stage["peak"] = GIB // 100
+    fig = memory_figure([tiny])
+    assert fig["layout"]["shapes"] == []
+    assert fig["layout"]["yaxis"]["range"] == pytest.approx([0, 0.013], rel=0.01)
+    assert fig["layout"]["annotations"][0]["text"] == "h100 capacity 80 GiB (above the scale: highest peak 0.012 % of it)"
+    assert "range" not in memory_figure([run("dp=4")])["layout"]["yaxis"]  # 3 of 80 GiB: drawn to scale
+
+
 def test_throughput_and_mfu_side_by_side() -> None:
     fig = throughput_figure([run("tp=4", step=0.5), run("dp=4", state="queued")])
     tokens, mfu = fig["data"]

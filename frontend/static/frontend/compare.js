@@ -151,10 +151,9 @@ async function runComparison(event) {
   }
   const body = await response.json().catch(() => ({ detail: response.statusText }));
   if (response.status !== 201) {
-    const lines = errorLines(body).map((line) => line.replace(/^configs\[(\d+)\](\.)?/, (m, n) => {
-      const i = Number(n);
-      return `Layout #${i + 1} (${layouts[i]}): `;
-    }));
+    // "configs[0]: gpus: ..." names the layout the user typed: "Layout #1 (dp=2): gpus: ...".
+    const lines = errorLines(body).map((line) => line.replace(/^configs\[(\d+)\](?:: |\.)?/,
+      (m, n) => `Layout #${Number(n) + 1} (${layouts[Number(n)]}): `));
     errors.replaceChildren(el("p", {}, "Nothing was queued; fix these and run again:"),
       ...lines.map((line) => el("p", {}, line)));
     $("run-compare").disabled = false;
