@@ -6,6 +6,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, JsonResponse
 from django.shortcuts import get_object_or_404, render
 
+from agents.protocol import EMULATOR_DEVICES
 from controlplane.cluster.selectors import cluster_snapshot
 from controlplane.common.errors import InvalidInput
 from controlplane.jobs.events import METRIC_NAMES
@@ -21,6 +22,16 @@ from frontend.figures import (
     step_time_around,
 )
 from frontend.layout_view import rank_coordinates
+
+def emulator_device(gpu_models: list[str]) -> str:
+    """The emulator's device for the cluster's GPUs ("NVIDIA H100 80GB HBM3" -> h100);
+    cpu for virtual GPUs or models it does not know."""
+    for name in gpu_models:
+        for device in EMULATOR_DEVICES:
+            if device != "cpu" and device in name.lower():
+                return device
+    return "cpu"
+
 
 JOB_FIELDS = ("id", "name", "model", "layout", "world_size", "state", "global_batch", "micro_batch", "seq_len",
               "max_steps", "error", "placement")
@@ -78,7 +89,8 @@ def job_detail(request: HttpRequest, job_id: int):
     cluster = cluster_snapshot().model_dump(mode="json")
     return render(request, "frontend/job.html", {
         "job": job, "job_data": job_data(job), "live": live, "figures": figures, "cluster": cluster,
-        "total_gpus": len(cluster["gpus"]),
+        "total_gpus": len(cluster["gpus"]), "emulator_devices": EMULATOR_DEVICES,
+        "emulator_default": emulator_device([g["model_name"] for g in cluster["gpus"]]),
     })
 
 

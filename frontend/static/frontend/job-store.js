@@ -60,3 +60,23 @@ export function stepTimeAround(series, step, count = 5) {
   const after = points.filter(([x]) => x > step).map(([, y]) => y).slice(1, count + 1);
   return [median(before), median(after)];
 }
+
+// Proposals re-ranked by finished emulation runs (run.result = `dynaplane emulate --json`):
+// fits (emulated peak <= capacity) first, then the emulated step time; proposals without a
+// finished run keep their order after those with one.
+export function rankByEmulation(proposals, runsByLayout, capacityBytes) {
+  const scored = proposals.map((p, i) => {
+    const run = runsByLayout[p.layout];
+    const result = run && run.state === "done" ? run.result : null;
+    const emulated = result ? { step_seconds: result.step_seconds, tokens_per_second: result.tokens_per_second,
+      peak_bytes: result.memory.peak_bytes,
+      fits: !capacityBytes || result.memory.peak_bytes <= capacityBytes } : null;
+    return { ...p, emulated, order: i };
+  });
+  const key = (p) => (p.emulated ? [0, p.emulated.fits ? 0 : 1, p.emulated.step_seconds, p.order] : [1, 0, 0, p.order]);
+  return scored.sort((a, b) => {
+    const [ka, kb] = [key(a), key(b)];
+    for (let i = 0; i < ka.length; i += 1) if (ka[i] !== kb[i]) return ka[i] - kb[i];
+    return 0;
+  });
+}

@@ -1,7 +1,8 @@
 // The click-to-resize flow on the job page: GPU count -> ranked proposals -> plan preview
 // -> confirm dialog -> POST resize -> live progress -> result.
-import { stepTimeAround, TERMINAL } from "./job-store.js";
+import { rankByEmulation, stepTimeAround, TERMINAL } from "./job-store.js";
 
+const EMULATE_TOP = 3;
 const STEPS = ["planned", "preparing", "ready", "transferring", "verifying", "committed"];
 const PLOT = { displayModeBar: false, responsive: true };
 const $ = (id) => document.getElementById(id);
@@ -36,6 +37,8 @@ function fillDl(dl, pairs) {
 export function startResizeFlow({ getJob, getLive, onEvent }) {
   const input = $("resize-gpus");
   let chosen = null;
+  let proposals = null; // the last GET proposals answer
+  let runs = {}; // layout -> emulation run
   let tracking = null; // transition id being followed
 
   const clamp = (n) => Math.max(Number(input.min) || 1, Math.min(Number(input.max) || 65536, n));
@@ -50,16 +53,28 @@ export function startResizeFlow({ getJob, getLive, onEvent }) {
     const response = await fetch(`/api/jobs/${getJob().id}/proposals?gpus=${gpus}`, { credentials: "same-origin" });
     const body = await response.json().catch(() => null);
     if (!response.ok) { $("proposals-section").hidden = true; showError(describeError(body, response.status)); return; }
+    proposals = body;
+    runs = {};
     $("ranking-note").textContent = body.predictor === "rule"
       ? `Ranked by rule, not by the emulator: ${body.ranking}. Step times scale the measured ` +
         `${secs(body.measured_step_seconds)} per step; memory counts model state only (no activations).`
       : `Ranked by ${body.predictor}.`;
-    $("proposals-body").replaceChildren(...body.proposals.map((p, i) => {
-      const tr = el("tr", { "data-layout": p.layout, "data-fits": String(p.fits) });
-      const cap = body.capacity_bytes ? ` of ${mib(body.capacity_bytes)}` : "";
-      for (const v of [String(i + 1), p.layout + (p.layout === body.default_layout ? " (default)" : ""),
+    $("emulate-status").textContent = "";
+    renderProposals(body.proposals);
+    $("proposals-section").hidden = false;
+    $("proposals-section").querySelector("button.preview")?.focus();
+  });
+
+  function renderProposals(list) {
+    const cap = proposals.capacity_bytes ? ` of ${mib(proposals.capacity_bytes)}` : "";
+    $("proposals-body").replaceChildren(...list.map((p, i) => {
+      const tr = el("tr", { "data-layout": p.layout, "data-fits": String(p.emulated ? p.emulated.fits : p.fits) });
+      const run = runs[p.layout];
+      const emulated = p.emulated ? `${secs(p.emulated.step_seconds)} · peak ${mib(p.emulated.peak_bytes)}`
+        : run ? (run.state === "failed" ? `failed: ${run.error}` : `${run.state}…`) : "–";
+      for (const v of [String(i + 1), p.layout + (p.layout === proposals.default_layout ? " (default)" : ""),
         secs(p.step_seconds), p.tokens_per_second ? Math.round(p.tokens_per_second).toLocaleString() : "–",
-        `${mib(p.state_bytes_per_gpu)}${cap}`, p.fits ? "fits" : "does not fit"]) tr.append(el("td", {}, v));
+        `${mib(p.state_bytes_per_gpu)}${cap}`, p.fits ? "fits" : "does not fit", emulated]) tr.append(el("td", {}, v));
       const td = el("td");
       const button = el("button", { type: "button", class: "preview", "aria-label": `Preview the switch to ${p.layout}` },
         "Preview plan");
@@ -68,8 +83,44 @@ export function startResizeFlow({ getJob, getLive, onEvent }) {
       tr.append(td);
       return tr;
     }));
-    $("proposals-section").hidden = false;
-    $("proposals-section").querySelector("button.preview")?.focus();
+  }
+
+  // Emulator predictions for the top proposals: POST /api/emulations, then follow each run
+  // until done or failed, re-ranking the table as results arrive.
+  $("emulate-button").addEventListener("click", async () => {
+    if (!proposals) return;
+    const top = proposals.proposals.slice(0, EMULATE_TOP);
+    const job = getJob();
+    const token = document.querySelector("[name=csrfmiddlewaretoken]").value;
+    const gpuType = $("emulate-gpu").value;
+    const response = await fetch("/api/emulations", {
+      method: "POST", credentials: "same-origin", headers: { "Content-Type": "application/json", "X-CSRFToken": token },
+      body: JSON.stringify({ configs: top.map((p) => ({ model: job.model, layout: p.layout, gpus: p.world,
+        gpu_type: gpuType, global_batch: job.global_batch, micro_batch: job.micro_batch, seq_len: job.seq_len })) }),
+    });
+    const body = await response.json().catch(() => null);
+    if (response.status !== 201) { showError(`Emulation refused: ${describeError(body, response.status)}`); return; }
+    const mine = proposals;
+    body.runs.forEach((run) => { runs[run.layout] = run; });
+    const update = () => {
+      if (mine !== proposals) return; // a newer GPU count was asked for
+      const done = Object.values(runs).filter((r) => r.state === "done" || r.state === "failed").length;
+      const all = Object.keys(runs).length;
+      $("emulate-status").textContent = done < all ? `emulating on the agents: ${done} of ${all} done…`
+        : `Ranked by the emulator (${gpuType}) for the top ${all}: fits in memory first (emulated peak incl. ` +
+          "activations), then the emulated step time; the rest by rule.";
+      $("proposals-section").dataset.emulated = String(done === all);
+      renderProposals(rankByEmulation(proposals.proposals, runs, proposals.capacity_bytes));
+      return done === all;
+    };
+    update();
+    while (!update()) {
+      await new Promise((resolve) => setTimeout(resolve, 1000));
+      await Promise.all(Object.values(runs).filter((r) => r.state !== "done" && r.state !== "failed").map(async (r) => {
+        const reply = await fetch(`/api/emulations/${r.id}`, { credentials: "same-origin" });
+        if (reply.ok) runs[r.layout] = await reply.json();
+      }));
+    }
   });
 
   async function preview(layout) {
