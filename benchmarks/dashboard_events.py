@@ -1,0 +1,218 @@
+"""Dashboard under load: 64 nodes x 8 GPUs, 10 running jobs each reporting 10 steps/s.
+
+A real stack (`dynaplane up`, no real agents: daphne + Channels on channels-redis, the
+control-plane Celery worker, PostgreSQL or SQLite) and a real browser (Playwright driving
+Debian's Chromium). The agents are simulated at the message level: this process sends the
+messages real agents send, through the real path
+
+    Celery send_task (queue "control") -> control-plane worker (heartbeat / job report
+    tasks, DB writes, seq) -> channels-redis group_send -> daphne websocket -> browser
+
+64 nodes heartbeat every 2 s (AgentHeartbeat, 8 virtual GPUs each); 10 jobs (dp=8) are
+created and started through the API and moved to running by a `started` JobReport; then
+every job sends a `step` JobReport every 100 ms. The browser has the cluster dashboard
+open and follows the 10 jobs' streams (/ws/jobs/<id>/, what a job page subscribes to).
+
+Measured: page load (navigation to load event, and to the grid showing all 512 GPUs
+live), latency from send_task to the browser's websocket onmessage (same machine clock:
+Python time.time() vs the page's Date.now()), p50/p95/max, and per job that the seqs are
+1..n with no gap and the steps arrive in the order they were sent.
+
+    flock /tmp/dynaplane-stack.lock .venv/bin/python -m benchmarks.dashboard_events --seconds 30
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from celery import Celery
+
+from agents import protocol
+from agents.node.inventory import virtual_gpus
+
+NODES, GPUS_PER_NODE, JOBS, RATE = 64, 8, 10, 10.0
+CHROMIUM = os.environ.get("DYNAPLANE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+# Injected into the dashboard: follow each job's stream, keep what arrived and when.
+FOLLOW_JOBS = """(ids) => new Promise((resolve) => {
+  window.__bench = {};
+  let open = 0;
+  for (const id of ids) {
+    const got = window.__bench[id] = [];
+    const ws = new WebSocket(`ws://${location.host}/ws/jobs/${id}/`);
+    ws.onmessage = (m) => { const now = Date.now(); const e = JSON.parse(m.data);
+      if (e.type === "metrics") got.push([e.seq, e.step, now]); };
+    ws.onopen = () => { if (++open === ids.length) resolve(open); };
+  }
+})"""
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+class SimulatedAgents:
+    """64 agents' heartbeats, every 2 s, in a background thread."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app, self.stop = app, threading.Event()
+        self.started = datetime.now(timezone.utc)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def beat_once(self) -> None:
+        now = datetime.now(timezone.utc)
+        for n in range(1, NODES + 1):
+            beat = protocol.AgentHeartbeat(node=f"node-{n:02d}", host=f"sim-{n:02d}", device="cpu", pid=1000 + n,
+                                           started_at=self.started, sent_at=now,
+                                           interval_seconds=protocol.HEARTBEAT_SECONDS,
+                                           gpus=virtual_gpus(GPUS_PER_NODE, memory_bytes=80 * 2**30))
+            self.app.send_task(protocol.CONTROL_AGENT_HEARTBEAT, args=[beat.model_dump(mode="json")],
+                               queue=protocol.CONTROL_QUEUE)
+
+    def _run(self) -> None:
+        while not self.stop.wait(protocol.HEARTBEAT_SECONDS):
+            self.beat_once()
+
+
+def report(app: Celery, job_id: int, kind: str, **fields) -> None:
+    message = protocol.JobReport(job_id=job_id, node="node-01", kind=kind, **fields)
+    app.send_task(protocol.CONTROL_JOB_REPORT, args=[message.model_dump(mode="json")], queue=protocol.CONTROL_QUEUE)
+
+
+def send_steps(app: Celery, job_ids: list[int], seconds: float) -> dict[tuple[int, int], float]:
+    """Every job one step report every 1/RATE s, spread evenly; (job, step) -> send time (ms)."""
+    sent: dict[tuple[int, int], float] = {}
+    interval = 1.0 / (RATE * len(job_ids))
+    start = time.perf_counter()
+    n = 0
+    total = int(seconds * RATE) * len(job_ids)
+    while n < total:
+        due = start + n * interval
+        delay = due - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        job = job_ids[n % len(job_ids)]
+        step = n // len(job_ids) + 1
+        sent[(job, step)] = time.time() * 1000
+        report(app, job, "step", step=step, loss=1.0 / step, step_seconds=0.1, tokens_per_second=1000.0)
+        n += 1
+    return sent
+
+
+def run(seconds: float, out_dir: Path) -> dict:
+    from playwright.sync_api import sync_playwright
+
+    from tests.support.stack import StackProcess, isolated_database, wait_for
+
+    redis_url = os.environ.get("REDIS_URL")
+    env = {"REDIS_URL": redis_url.rsplit("/", 1)[0] + "/7"} if redis_url else {}
+    with isolated_database() as database_url:
+        stack = StackProcess(out_dir / "stack", agents=0, env={"DATABASE_URL": database_url, **env})
+        stack.start()
+        try:
+            stack.wait_ready()
+            return _measure(stack, seconds, out_dir, sync_playwright, wait_for)
+        finally:
+            stack.stop()
+
+
+def _measure(stack, seconds: float, out_dir: Path, sync_playwright, wait_for) -> dict:
+    app = Celery("simulated-agents", broker=stack.state["redis_url"])
+    app.conf.update(task_serializer="json", accept_content=["json"], task_ignore_result=True)
+    agents = SimulatedAgents(app)
+    agents.beat_once()
+    agents.thread.start()
+    wait_for(lambda: stack.get("api/health")["agents"]["healthy"] == NODES, timeout=60)
+    job_ids = []
+    for j in range(JOBS):
+        job = stack.post("api/jobs", {"name": f"bench-{j}", "model": "tiny-gpt", "layout": "dp=8"})
+        job_ids.append(job["id"])
+    for job_id in job_ids:
+        report(app, job_id, "started")
+    wait_for(lambda: all(stack.get(f"api/jobs/{i}")["state"] == "running" for i in job_ids), timeout=60)
+
+    result: dict = {"nodes": NODES, "gpus": NODES * GPUS_PER_NODE, "jobs": JOBS, "events_per_second_per_job": RATE,
+                    "seconds": seconds}
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
+        page = browser.new_page(viewport={"width": 1920, "height": 1080})
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(stack.url + "accounts/login/")
+        page.get_by_label("Username").fill(stack.state["username"])
+        page.get_by_label("Password").fill(stack.state["password"])
+        page.get_by_role("button", name="Sign in").click()
+        page.wait_for_selector("#cluster-grid", timeout=15_000)
+        loads = []
+        for _ in range(3):  # signed in: the dashboard itself, three times
+            started = time.perf_counter()
+            page.goto(stack.url)
+            page.wait_for_function(f"document.querySelectorAll('[data-gpu]').length === {NODES * GPUS_PER_NODE}"
+                                   " && document.querySelector('#connection').dataset.state === 'live'"
+                                   " && document.querySelector('#gpu-state-chart .main-svg') !== null",
+                                   timeout=30_000)
+            shown = (time.perf_counter() - started) * 1000
+            nav = page.evaluate("JSON.parse(JSON.stringify(performance.getEntriesByType('navigation')[0]))")
+            loads.append({"load_event_ms": nav["loadEventEnd"], "dom_content_loaded_ms": nav["domContentLoadedEventEnd"],
+                          "grid_live_ms": shown, "html_bytes": nav["transferSize"]})
+        result["page_load"] = loads
+        page.evaluate(FOLLOW_JOBS, job_ids)
+        sent = send_steps(app, job_ids, seconds)
+        expected = len(sent)
+        count = "Object.values(window.__bench).reduce((n, got) => n + got.length, 0)"
+        try:
+            wait_for(lambda: page.evaluate(count) >= expected, timeout=120, interval=0.5)
+        except AssertionError:
+            pass  # reported below as lost
+        got = page.evaluate("window.__bench")
+        page.screenshot(path=str(out_dir / "dashboard-64x8.png"), full_page=True)
+        result["browser_errors"] = errors
+        browser.close()
+    agents.stop.set()
+
+    latencies, lost, reordered, seq_gaps = [], 0, 0, 0
+    for job_id in job_ids:
+        rows = got.get(str(job_id), [])
+        seqs = [r[0] for r in rows]
+        steps = [r[1] for r in rows]
+        seq_gaps += sum(1 for a, b in zip(seqs, seqs[1:]) if b != a + 1)
+        reordered += sum(1 for a, b in zip(steps, steps[1:]) if b < a)
+        lost += len({s for (j, s) in sent if j == job_id} - set(steps))
+        latencies += [t - sent[(job_id, step)] for _, step, t in rows if (job_id, step) in sent]
+    result.update({
+        "events_sent": expected, "events_received": sum(len(v) for v in got.values()), "lost": lost,
+        "out_of_order": reordered, "seq_gaps": seq_gaps,
+        "latency_ms": {"p50": percentile(latencies, 50), "p95": percentile(latencies, 95),
+                       "p99": percentile(latencies, 99), "max": max(latencies), "mean": statistics.fmean(latencies)}
+        if latencies else None,
+    })
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=30.0, help="how long the jobs report (default 30)")
+    parser.add_argument("--out", default="", help="folder for the stack's logs and the screenshot (default: a temp dir)")
+    args = parser.parse_args(argv)
+    out = Path(args.out or tempfile.mkdtemp(prefix="dashboard-bench-"))
+    out.mkdir(parents=True, exist_ok=True)
+    result = run(args.seconds, out)
+    result["out"] = str(out)
+    print(json.dumps(result, indent=2))
+    ok = result["lost"] == 0 and result["seq_gaps"] == 0 and not result["browser_errors"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

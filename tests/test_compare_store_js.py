@@ -1,0 +1,91 @@
+"""The compare page's store (frontend/static/frontend/compare-store.js) against its Python
+originals, under node: apply_emulation_event, and the query string that the page writes
+and frontend/compare_views.py reads back. Skipped without node."""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from django.http import QueryDict
+
+from controlplane.emulation.events import EmulationEvent, EmulationSnapshot, EmulationView, apply_emulation_event
+from frontend.compare_views import parse_runs, parse_settings
+
+STORE = Path(__file__).resolve().parents[1] / "frontend" / "static" / "frontend" / "compare-store.js"
+NODE = shutil.which("node")
+pytestmark = pytest.mark.skipif(NODE is None, reason="node is not installed")
+
+RUNNER = """
+import { applyEmulationEvent, comparisonQuery, emulationRequest } from "%s";
+let input = "";
+process.stdin.on("data", (d) => { input += d; });
+process.stdin.on("end", () => {
+  const out = JSON.parse(input).map((c) => {
+    let snapshot = c.snapshot;
+    const gaps = [];
+    for (const e of c.events) { const r = applyEmulationEvent(snapshot, e); gaps.push(r.gap); snapshot = r.snapshot; }
+    return { snapshot, gaps, query: comparisonQuery(c.settings, c.layouts, c.ids),
+             request: emulationRequest(c.settings, c.layouts) };
+  });
+  process.stdout.write(JSON.stringify(out));
+});
+"""
+
+
+def _view(rng: random.Random, run_id: int) -> EmulationView:
+    state = rng.choice(["queued", "running", "done", "failed"])
+    return EmulationView(id=run_id, model="tiny-gpt", layout=f"dp={run_id}", gpus=run_id, gpu_type="h100",
+                         global_batch=8, micro_batch=1, seq_len=64, recompute="none", state=state,
+                         message=rng.choice(["", "tracing"]), error="boom" if state == "failed" else "",
+                         result={"step_seconds": rng.random()} if state == "done" else None,
+                         wall_seconds=rng.random() if state in ("done", "failed") else None)
+
+
+def _case(seed: int) -> dict:
+    rng = random.Random(seed)
+    ids = tuple(rng.sample(range(1, 8), rng.randint(0, 4)))
+    start = rng.randint(0, 5)
+    snapshot = EmulationSnapshot(seq=start, ids=ids, runs=tuple(_view(rng, i) for i in ids if rng.random() < 0.7))
+    events, seq = [], start
+    for _ in range(rng.randint(0, 25)):
+        seq += rng.choice([1, 1, 1, 1, 0, -1])  # mostly in order; some repeats
+        events.append(EmulationEvent(seq=max(seq, 1), run=_view(rng, rng.randint(1, 8))))
+    settings = {"model": rng.choice(["tiny-gpt", "llama3-8b"]), "gpu": rng.choice(["h100", "a100"]),
+                "gpus": rng.randint(1, 64), "batch": rng.randint(1, 512), "micro": rng.randint(1, 8),
+                "seq": rng.randint(1, 8192), "recompute": rng.choice(["none", "full"])}
+    layouts = [rng.choice(["tp=2,dp=2", "pp=2,dp=2,zero=1", "encoder:tp=1,dp=4;llm:tp=2,dp=2"]) for _ in range(3)]
+    return {"snapshot": snapshot, "events": events, "settings": settings, "layouts": layouts, "ids": list(ids)}
+
+
+def test_js_store_matches_python() -> None:
+    cases = [_case(seed) for seed in range(60)]
+    wire = [{"snapshot": c["snapshot"].model_dump(mode="json"), "events": [e.model_dump(mode="json") for e in c["events"]],
+             "settings": c["settings"], "layouts": c["layouts"], "ids": c["ids"]} for c in cases]
+    proc = subprocess.run([NODE, "--input-type=module", "-e", RUNNER % STORE.as_uri()], input=json.dumps(wire),
+                          capture_output=True, text=True, timeout=60, check=True)
+    for case, got in zip(cases, json.loads(proc.stdout)):
+        snapshot, gaps = case["snapshot"], []
+        for event in case["events"]:
+            gap = event.seq > snapshot.seq + 1
+            gaps.append(gap)
+            if gap:
+                break  # the page reloads here; the rest of the case is not comparable
+            snapshot = apply_emulation_event(snapshot, event)
+        assert got["gaps"][:len(gaps)] == gaps
+        if not any(gaps):
+            assert EmulationSnapshot.model_validate(got["snapshot"]) == snapshot
+        # The URL the page writes reopens the same settings, layouts and runs.
+        query = QueryDict(got["query"])
+        settings, problems = parse_settings(query)
+        assert problems == []
+        assert settings == {**case["settings"], "layouts": case["layouts"]}
+        assert parse_runs(query.get("runs", "")) == case["ids"]
+        configs = got["request"]["configs"]
+        assert [c["layout"] for c in configs] == case["layouts"]
+        assert {(c["gpus"], c["gpu_type"], c["global_batch"], c["micro_batch"], c["seq_len"]) for c in configs} <= {
+            (case["settings"]["gpus"], case["settings"]["gpu"], case["settings"]["batch"], case["settings"]["micro"],
+             case["settings"]["seq"])}
