@@ -19,9 +19,10 @@ import torch.distributed as dist
 from agents.engine.digest import compare_digests, state_digests
 from agents.engine.execute import execute_plan, preallocate, prepare
 from agents.engine.shards import Key, LocalShard
-from agents.layout.catalog import get_model
+from agents.layout.catalog import get_config, get_model
 from agents.layout.placement import place
 from agents.layout.plan import PlanOptions, plan_routes
+from agents.training.hetero import HeteroTrainer
 from agents.training.parallel import ParallelTrainer, StepResult, TrainConfig, TrainingError, TrainScalars, initial_shards
 
 
@@ -143,7 +144,12 @@ def train_rank(rank: int, world: int, config: TrainConfig, layout: str, steps: i
     check_schedule(steps, switches)
     placement = place(get_model(config.model), layout)
     shards = initial_shards(config.model, placement, rank, config.seed) if rank < placement.world else {}
-    trainer = ParallelTrainer(config, layout, rank, shards, TrainScalars())
+    if get_config(config.model).encoder is not None:  # multimodal: a layout per module (issue 8)
+        if switches:
+            raise TrainingError(f"{config.model}: online switches of multimodal models are not supported yet")
+        trainer = HeteroTrainer(config, layout, rank, shards, TrainScalars())
+    else:
+        trainer = ParallelTrainer(config, layout, rank, shards, TrainScalars())
     del shards
     pending = {s.step: s for s in switches}
     log = RankLog()
