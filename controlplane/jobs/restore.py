@@ -29,6 +29,7 @@ from kombu.exceptions import OperationalError
 
 from agents import protocol
 from agents.layout.allocate import AllocationError, FreeGpus, allocate
+from agents.layout.survivors import uncovered
 from controlplane.cluster.lifecycle import GpuState, NodeState
 from controlplane.cluster.models import Gpu
 from controlplane.cluster.services import gpus_release
@@ -51,6 +52,19 @@ def no_restore_reason(job: Job) -> str | None:
         return (f"the restore from checkpoint step {job.restored_step} failed too before a newer checkpoint; "
                 f"not restoring again")
     return None
+
+
+def survivors_note(job: Job, alive: set[tuple[str, int]]) -> str:
+    """Whether the job's surviving old ranks still hold every state element of its layout
+    (agents.layout.survivors): said in the restore row. Either way the state is loaded from
+    the checkpoint: restarting from the survivors' memory is not built (docs/elastic.md)."""
+    ranks = {slot["rank"] for slot in job.placement if (slot["node"], slot["gpu"]) in alive}
+    missing = uncovered(layout_check(model=job.model, layout=job.layout), ranks)
+    if not missing:
+        return f"the surviving ranks ({len(ranks)} of {job.world_size}) still held a full replica of the state"
+    name, state_class = missing[0]
+    return (f"the surviving ranks ({len(ranks)} of {job.world_size}) no longer held every state element "
+            f"({len(missing)} tensor states incomplete, e.g. {name} {state_class})")
 
 
 def restore_begin(job: Job, *, cause: str, known_lost: bool) -> bool:
@@ -125,6 +139,7 @@ def job_restore(*, job_id: int) -> Transition | None:
         redone = max(0, (job.step or 0) - job.checkpoint_step)
         reason = (f"{cause} at step {max(job.step or 0, job.checkpoint_step)}; restored from checkpoint step "
                   f"{job.checkpoint_step} ({redone} steps redone) on {len(slots)} GPUs as {layout}")
+        reason += "; " + survivors_note(job, {(g.node.name, g.index) for g in alive})
         source_placement, source_layout, source_world = job.placement, job.layout, job.world_size
         job.placement = [{"rank": s.rank, "node": s.node, "gpu": s.gpu} for s in slots]
         job.layout, job.world_size = layout, len(slots)

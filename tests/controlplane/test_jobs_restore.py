@@ -120,7 +120,8 @@ def test_a_node_lost_while_training_restores_the_job_on_the_survivors(two_nodes,
     assert (row.kind, row.state, row.source_layout, row.destination_layout, row.step) == (
         "restore", "planned", "dp=4", "dp=2", 10)
     assert row.reason == ("node node-2 (ranks 2, 3) lost at step 14; restored from checkpoint step 10 "
-                          "(4 steps redone) on 2 GPUs as dp=2")
+                          "(4 steps redone) on 2 GPUs as dp=2; the surviving ranks (2 of 4) still held a full "
+                          "replica of the state")
     ((message, queue),) = _tasks(sent_tasks, protocol.NODE_JOB_START)
     order = protocol.JobStartOrder.model_validate(message)
     assert (queue, order.restore_from, order.restore_id, order.layout, order.world) == (
@@ -198,6 +199,8 @@ def test_old_ranks_lost_during_a_transfer_restore_from_the_checkpoint_on_the_joi
     assert (job.layout, job.placement) == ("dp=2", [{"rank": 0, "node": "node-2", "gpu": 0},
                                                     {"rank": 1, "node": "node-2", "gpu": 1}])
     assert row.source_layout == "dp=2" and "restored from checkpoint step 20" in row.reason
+    assert row.reason.endswith("; the surviving ranks (0 of 2) no longer held every state element "
+                               "(78 tensor states incomplete, e.g. llm.embed.weight param)")
     assert _gpus()["node-1/0"] == ("lost", None)
 
 

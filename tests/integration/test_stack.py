@@ -287,7 +287,9 @@ def test_killing_the_old_ranks_agent_during_the_transfer_restores_the_job_from_i
         assert resize["state"] == "aborted"
         assert "ranks lost while the resize was transferring: node node-1 (ranks 0, 1) lost" in resize["reason"]
         assert restore["reason"] == (f"node node-1 (ranks 0, 1) lost at step {last_step}; restored from checkpoint "
-                                     f"step {checkpoint} ({last_step - checkpoint} steps redone) on 2 GPUs as dp=2")
+                                     f"step {checkpoint} ({last_step - checkpoint} steps redone) on 2 GPUs as dp=2; "
+                                     f"the surviving ranks (0 of 2) no longer held every state element "
+                                     f"(78 tensor states incomplete, e.g. llm.embed.weight param)")
         assert restore["verification"]["verified"] is True and restore["step"] == checkpoint
         assert restore["destination_placement"] == [{"rank": 0, "node": "node-2", "gpu": 0},
                                                      {"rank": 1, "node": "node-2", "gpu": 1}]
