@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.parallel import parallelize_module
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from agents.engine.shards import Key, LocalShard, rank_boxes
 from agents.layout.activations import ActivationShape, plan_boundary
@@ -64,13 +64,24 @@ def check_hetero_trainable(config: TrainConfig, placement: Placement) -> None:
     enc, llm = placement.modules["encoder"], placement.modules["llm"]
     if enc.pp != 1:
         raise TrainingError(f"encoder: pp={enc.pp}; the encoder runs unpipelined (give it more dp instead)")
-    if enc.tp != 1:
-        raise TrainingError(f"encoder: tp={enc.tp}; the encoder runs without tensor parallelism (tp=1)")
     if mc.llm.kv_heads < llm.tp:
         raise TrainingError(f"llm: tp={llm.tp} exceeds the {mc.llm.kv_heads} kv heads of {config.model}")
     if config.global_batch % (llm.dp * config.micro_batches):
         raise TrainingError(f"global batch {config.global_batch} must divide into llm dp={llm.dp} x "
                             f"{config.micro_batches} micro-batches")
+
+
+def _encoder_tp_plan(layers: int) -> dict:
+    """The ViT tower and projector as Megatron splits them (CONTRACTS section 2: q, k, v, fc1
+    by rows, o and fc2 by columns; norms, embeddings and the row-parallel biases replicated).
+    The output, like the input, is replicated over tp."""
+    plan: dict = {"encoder.projector.fc1": ColwiseParallel(), "encoder.projector.fc2": RowwiseParallel()}
+    for i in range(layers):
+        p = f"encoder.layers.{i}"
+        plan.update({f"{p}.attn.q": ColwiseParallel(), f"{p}.attn.k": ColwiseParallel(),
+                     f"{p}.attn.v": ColwiseParallel(), f"{p}.attn.o": RowwiseParallel(),
+                     f"{p}.mlp.fc1": ColwiseParallel(), f"{p}.mlp.fc2": RowwiseParallel()})
+    return plan
 
 
 def _mesh(ml: ModuleLayout) -> DeviceMesh:
@@ -155,6 +166,8 @@ class HeteroTrainer:
         if enc_coord is not None:
             _, self.enc_dp_rank, _ = enc_coord
             self.encoder = _Encoder(model.encoder)
+            if self.enc_ml.tp > 1:
+                parallelize_module(self.encoder, enc_mesh["tp"], _encoder_tp_plan(v.layers))
             self.enc_optimizer = adopt(self.encoder, state["encoder"], zero=self.enc_ml.zero, dp=self.enc_ml.dp,
                                        dp_rank=self.enc_dp_rank, group=enc_mesh["dp"].get_group(), config=config,
                                        step=self.scalars.step, grad_scale=self.enc_ml.dp / self.llm_ml.dp)

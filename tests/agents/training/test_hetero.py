@@ -42,6 +42,7 @@ CONFIG = TrainConfig(model="tiny-vlm", global_batch=9, seq_len=16, micro_batches
 STEPS = 3
 LAYOUTS = {
     "colocated": "encoder:dp=4;llm:tp=2,pp=2",                     # LLM tp and 1F1B pipeline
+    "colocated-encoder-tp": "encoder:tp=2,dp=2;llm:tp=2,pp=2",      # both modules tensor-parallel
     "non-colocated": "encoder:dp=2,ranks=0-1;llm:tp=2,ranks=2-3",  # encoder on its own ranks
 }
 
@@ -133,7 +134,7 @@ def test_gradients_match_a_single_rank(runs, name) -> None:
 
 
 @pytest.mark.parametrize("layout,message", [
-    ("encoder:tp=2,dp=2;llm:tp=2,dp=2", "encoder: tp=2"),
+    ("encoder:dp=4;llm:tp=4", "llm: tp=4 exceeds the 2 kv heads"),
     ("encoder:pp=2,dp=2;llm:tp=2,dp=2", "encoder: pp=2"),
     ("encoder:dp=4;llm:dp=2,cp=2", "llm: cp=2"),
     ("encoder:dp=4,zero=3;llm:dp=4", "encoder: zero=3"),
