@@ -112,6 +112,7 @@ def test_compare_two_emulated_configs_export_csv_and_reopen(stack, browser) -> N
     assert wide.evaluate("window.dynaplaneCompare.figures") == figures
     wide.screenshot(path=str(stack.var_dir / "compare-reopened-1920.png"), full_page=True)
     assert stack.get("api/emulations")["count"] == 2
-    assert errors == []
+    # The one console error is the refused request's 400, which the page explained above.
+    assert [e for e in errors if "status of 400" not in e] == [] and len(errors) == 1, errors
     context.close()
     print(f"two emulations ran and showed side by side {seconds:.1f} s after Run; screenshots in {stack.var_dir}")
