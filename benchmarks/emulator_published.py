@@ -60,6 +60,7 @@ class PublishedRun:
     published_memory_gib: float | None = None
     notes: str = ""
     arch: dict = field(default_factory=dict)  # l, h, V for the Megatron formula
+    sequence_parallel: bool = False  # Korthikanti et al. 2022; after Narayanan et al. 2021
 
 
 def _gpt(name: str, size: str, layers: int, hidden: int, layout: str, gpus: int, gbs: int, mbs: int,
@@ -91,18 +92,25 @@ RUNS: tuple[PublishedRun, ...] = (
     # virtual stages; vpp=4 (two layers per chunk, the paper's 126 layers +2 = 8 per stage) is our assumption,
     # chosen before running; vpp 1 and 2 are printed as a sensitivity check. Micro-batch 1 (assumed), ZeRO-1
     # (the paper shards optimizer state and gradients; zero=1 is the closest layout the trainer runs), no
-    # activation recompute (not stated). BF16.
+    # activation recompute (not stated). BF16. Sequence parallelism with the TP groups (not stated either;
+    # Megatron-style TP at this scale runs with it, and without it the activations of 405B at 8k do not fit
+    # 80 GB: printed as a sensitivity check).
     PublishedRun("llama3-405b H100x8192", LLAMA3, "llama3-405b", "tp=8,pp=16,vpp=4,dp=64,zero=1", 8192, "h100",
-                 2048, 1, 8192, "none", "model", 430.0, notes="vpp assumed"),
+                 2048, 1, 8192, "none", "model", 430.0, notes="vpp and sequence parallelism assumed",
+                 sequence_parallel=True),
     PublishedRun("llama3-405b H100x16384", LLAMA3, "llama3-405b", "tp=8,pp=16,vpp=4,dp=128,zero=1", 16384, "h100",
-                 2048, 1, 8192, "none", "model", 400.0, notes="vpp assumed"),
+                 2048, 1, 8192, "none", "model", 400.0, notes="vpp and sequence parallelism assumed",
+                 sequence_parallel=True),
 )
 
 SENSITIVITY = tuple(
     PublishedRun(f"llama3-405b H100x8192 vpp={v}", LLAMA3, "llama3-405b", f"tp=8,pp=16,vpp={v},dp=64,zero=1"
                  .replace(",vpp=1", ""), 8192, "h100", 2048, 1, 8192, "none", "model", 430.0,
-                 notes="sensitivity, not in the error means")
-    for v in (1, 2))  # vpp=8 would need pp*vpp = 128 chunks of 126 layers
+                 notes="sensitivity, not in the error means", sequence_parallel=True)
+    for v in (1, 2)) + (  # vpp=8 would need pp*vpp = 128 chunks of 126 layers
+    PublishedRun("llama3-405b H100x8192 no sequence parallelism", LLAMA3, "llama3-405b",
+                 "tp=8,pp=16,vpp=4,dp=64,zero=1", 8192, "h100", 2048, 1, 8192, "none", "model", 430.0,
+                 notes="sensitivity, not in the error means"),)
 
 
 def megatron_flops(run: PublishedRun) -> float:
@@ -115,7 +123,7 @@ def megatron_flops(run: PublishedRun) -> float:
 def predict(run: PublishedRun, use_cache: bool) -> dict:
     request = EmulateRequest(model=run.model, layout=run.layout, gpus=run.gpus, gpu=run.gpu,
                              global_batch=run.global_batch, micro_batch=run.micro_batch, seq=run.seq,
-                             recompute=run.recompute)
+                             recompute=run.recompute, sequence_parallel=run.sequence_parallel)
     started = time.perf_counter()
     result = emulate(request, use_cache=use_cache)
     if run.metric == "megatron":
@@ -127,7 +135,7 @@ def predict(run: PublishedRun, use_cache: bool) -> dict:
     return {
         "name": run.name, "gpu": run.gpu, "gpus": run.gpus, "layout": run.layout, "model": run.model,
         "global_batch": run.global_batch, "micro_batch": run.micro_batch, "seq": run.seq,
-        "recompute": run.recompute, "metric": run.metric, "source": run.source, "notes": run.notes,
+        "recompute": run.recompute, "sequence_parallel": run.sequence_parallel, "metric": run.metric, "source": run.source, "notes": run.notes,
         "published_tflops": run.published_tflops, "predicted_tflops": predicted,
         "error": predicted / run.published_tflops - 1,
         "published_step_seconds": published_step, "predicted_step_seconds": result["step_seconds"],
