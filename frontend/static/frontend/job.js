@@ -60,6 +60,23 @@ function extendCharts(step, appended) {
   }
 }
 
+// GPUs clicked in the grid: free ones to add, this job's own to remove. Only their count
+// is used (the new GPU count); the control plane picks the joining ranks' GPUs.
+const picked = new Set();
+
+function pickedCount() {
+  const own = new Set(job.ranks.map((r) => `${r.node}/${r.gpu}`));
+  let count = job.world_size;
+  for (const key of picked) count += own.has(key) ? -1 : 1;
+  return Math.max(count, 1);
+}
+
+function togglePick(key) {
+  if (picked.has(key)) picked.delete(key); else picked.add(key);
+  document.getElementById("resize-gpus").value = String(pickedCount());
+  drawGpus();
+}
+
 function drawGpus() {
   const byGpu = new Map(job.ranks.map((r) => [`${r.node}/${r.gpu}`, r]));
   const grid = document.getElementById("job-gpus");
@@ -79,6 +96,15 @@ function drawGpus() {
       const cell = el("div", { class: `gpu gpu-${gpu.state} job-gpu-${state}`, role: "cell", tabindex: "0",
         "data-gpu": `${gpu.node}/${gpu.index}`, "data-state": gpu.state, title: label, "aria-label": label });
       if (mine) cell.dataset.rank = String(mine.rank);
+      const key = `${gpu.node}/${gpu.index}`;
+      if (mine || (gpu.state === "free" && !gpu.job)) {
+        cell.classList.add("pickable");
+        cell.setAttribute("role", "button");
+        cell.setAttribute("aria-pressed", String(picked.has(key)));
+        cell.setAttribute("aria-label", `${label}. ${mine ? "Remove from" : "Add to"} the new GPU count`);
+        cell.addEventListener("click", () => togglePick(key));
+        cell.addEventListener("keydown", (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); togglePick(key); } });
+      }
       cell.append(el("span", { class: "gpu-index" }, mine ? `rank ${mine.rank}` : `GPU ${gpu.index}`),
         el("span", { class: "gpu-job" }, mine ? mine.label : gpu.job || gpu.state));
       row.append(cell);
@@ -116,7 +142,12 @@ function drawHeader() {
 
 async function refreshJob() {
   const response = await fetch(`/jobs/${job.id}/state.json`, { credentials: "same-origin" });
-  if (response.ok) { job = await response.json(); drawHeader(); drawGpus(); drawBands(); }
+  if (response.ok) {
+    const next = await response.json();
+    if (next.layout !== job.layout) picked.clear();
+    job = next;
+    drawHeader(); drawGpus(); drawBands();
+  }
 }
 
 async function reloadLive() {

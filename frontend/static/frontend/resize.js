@@ -89,7 +89,7 @@ export function startResizeFlow({ getJob, getLive, onEvent }) {
   // until done or failed, re-ranking the table as results arrive.
   $("emulate-button").addEventListener("click", async () => {
     if (!proposals) return;
-    const top = proposals.proposals.slice(0, EMULATE_TOP);
+    const top = proposals.proposals.slice(0, Number($("emulate-button").dataset.top) || EMULATE_TOP);
     const job = getJob();
     const token = document.querySelector("[name=csrfmiddlewaretoken]").value;
     const gpuType = $("emulate-gpu").value;
