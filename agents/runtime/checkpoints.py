@@ -4,9 +4,12 @@ A checkpoint is the job's whole training state at a step boundary: every rank's 
 params, fp32 masters and Adam moments, written with torch.distributed.checkpoint through
 agents/engine/checkpoint.py (the DTensor view of our shards the checkpoint-restart
 baseline uses), plus the scalars (step, which is also the LR schedule's position, data
-position, RNG state) and the state's digests. Layout: `<checkpoint_dir>/step-00000040/`
-holds DCP's files, `scalars.pt` and, written last by rank 0, `complete.json`; a folder
-without `complete.json` is not a checkpoint. Only the last KEEP complete ones are kept.
+position, RNG state) and the state's digests. Layout: `<checkpoint_dir>/step-00000040-0/`
+(step, then the restore the writing world came from, 0 for the first: a world restarted
+from step 30 that reaches step 40 again never touches the first world's folder, which the
+control plane may be restoring from) holds DCP's files, `scalars.pt` and, written last by
+rank 0, `complete.json`; a folder without `complete.json` is not a checkpoint. Only the
+last KEEP complete ones are kept.
 
 DCP reshards on load, so a world of another layout (fewer GPUs after a node loss) loads
 the same folder; the digests, which do not depend on the layout, prove the loaded state
@@ -24,8 +27,8 @@ SCALARS = "scalars.pt"
 KEEP = 3
 
 
-def step_dir(root: str | Path, step: int) -> Path:
-    return Path(root) / f"step-{step:08d}"
+def step_dir(root: str | Path, step: int, world: int = 0) -> Path:
+    return Path(root) / f"step-{step:08d}-{world}"
 
 
 def complete_checkpoints(root: str | Path) -> list[Path]:
@@ -56,10 +59,10 @@ class Checkpointer:
     DTensor meshes, which creates process groups over the default group): call it where
     every rank of the default group builds its trainer, so later saves need no new group."""
 
-    def __init__(self, interval: int, root: str, rank: int) -> None:
+    def __init__(self, interval: int, root: str, rank: int, world: int = 0) -> None:
         if interval and not root:
             raise ValueError(f"checkpoint_interval={interval} needs a checkpoint_dir")
-        self.interval, self.root, self.rank = interval, root, rank
+        self.interval, self.root, self.rank, self.world = interval, root, rank, world
         self.meshes: dict | None = None
 
     def prepare(self, placement, *, force: bool = False) -> None:
@@ -85,8 +88,8 @@ class Checkpointer:
         placement, meshes, layout = trainer.placement, trainer.meshes, str(trainer.placement.layout)
         shards, scalars = trainer.hand_over()
         del trainer
-        path = step_dir(self.root, scalars.step)
-        if self.rank == 0:  # a folder of this step from an earlier world (before a restore) goes first
+        path = step_dir(self.root, scalars.step, self.world)
+        if self.rank == 0:  # (a half-written folder of this step goes first)
             shutil.rmtree(path, ignore_errors=True)
             path.mkdir(parents=True)
         digests = state_digests(placement, self.rank, shards, group=meshes.everyone)  # (also: rank 0 is done)

@@ -108,17 +108,18 @@ class JobSettings:
     timeout_seconds: float
     checkpoint_interval: int = 0
     checkpoint_dir: str = ""
+    restore_id: int | None = None
 
     @classmethod
     def of(cls, order) -> "JobSettings":
         return cls(order.job_id, order.model, order.global_batch, order.micro_batch, order.seq, order.seed,
                    order.max_steps, order.report_every, order.timeout_seconds, order.checkpoint_interval,
-                   order.checkpoint_dir)
+                   order.checkpoint_dir, order.restore_id)
 
     def checkpointer(self, rank: int):
         from agents.runtime.checkpoints import Checkpointer
 
-        return Checkpointer(self.checkpoint_interval, self.checkpoint_dir, rank)
+        return Checkpointer(self.checkpoint_interval, self.checkpoint_dir, rank, self.restore_id or 0)
 
     def config(self, layout: str):
         """TrainConfig for a layout: micro-batches per step follow its data parallelism."""

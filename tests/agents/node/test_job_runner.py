@@ -400,7 +400,7 @@ def test_periodic_checkpoints_and_a_restart_from_one_on_fewer_ranks(broker, tmp_
         first_losses = {r["step"]: r["loss"] for r in reports if r["kind"] == "step"}
         latest = checkpoints[-1]
         kept = sorted(p.name for p in root.iterdir())
-        assert len(kept) <= 4 and kept[-1] == f"step-{latest['step']:08d}", kept  # 3 complete (+ one being written)
+        assert len(kept) <= 4 and kept[-1] == f"step-{latest['step']:08d}-0", kept  # 3 complete (+ one being written)
         # The same layout, restarted from a checkpoint whose next steps the first world ran.
         back = checkpoints[-2]
         client.delete(protocol.CONTROL_QUEUE)
