@@ -143,3 +143,10 @@ def test_gradients_match_a_single_rank(runs, name) -> None:
 def test_untrainable_layouts_are_refused_with_the_reason(layout, message) -> None:
     with pytest.raises(TrainingError, match=message):
         check_hetero_trainable(CONFIG, place(get_model(CONFIG.model), layout))
+
+
+def test_switching_a_multimodal_run_is_refused_with_the_reason() -> None:
+    from agents.training.run import Switch, train_rank
+
+    with pytest.raises(TrainingError, match="online switches of multimodal models are not supported yet"):
+        train_rank(0, 1, CONFIG, "tp=1", 3, [Switch(1, "encoder:dp=1;llm:dp=1")])
