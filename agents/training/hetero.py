@@ -61,6 +61,8 @@ def check_hetero_trainable(config: TrainConfig, placement: Placement) -> None:
                                     f"dp and zero, so {key} must be 1")
         if ml.zero == 3:
             raise TrainingError(f"{name}: zero=3 is not supported by the heterogeneous trainer (use zero <= 2)")
+    if config.sequence_parallel:
+        raise TrainingError("sequence parallelism is not supported by the heterogeneous trainer yet")
     enc, llm = placement.modules["encoder"], placement.modules["llm"]
     if enc.pp != 1:
         raise TrainingError(f"encoder: pp={enc.pp}; the encoder runs unpipelined (give it more dp instead)")

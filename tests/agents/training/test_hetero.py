@@ -21,6 +21,8 @@ scale or gradients returned to the wrong samples are O(1) off on most tensors.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -143,6 +145,11 @@ def test_gradients_match_a_single_rank(runs, name) -> None:
 def test_untrainable_layouts_are_refused_with_the_reason(layout, message) -> None:
     with pytest.raises(TrainingError, match=message):
         check_hetero_trainable(CONFIG, place(get_model(CONFIG.model), layout))
+
+
+def test_sequence_parallelism_is_refused_with_the_reason() -> None:
+    with pytest.raises(TrainingError, match="sequence parallelism is not supported by the heterogeneous trainer"):
+        check_hetero_trainable(replace(CONFIG, sequence_parallel=True), place(get_model(CONFIG.model), "tp=2"))
 
 
 def test_switching_a_multimodal_run_is_refused_with_the_reason() -> None:
