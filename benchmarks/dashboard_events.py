@@ -147,6 +147,10 @@ def run(seconds: float, rates: list[float], out_dir: Path) -> dict:
 
     redis_url = os.environ.get("REDIS_URL")
     env = {"REDIS_URL": redis_url.rsplit("/", 1)[0] + "/7"} if redis_url else {}
+    if env:  # the benchmark's own Redis database: a previous run's backlog must not leak in
+        import redis
+
+        redis.Redis.from_url(env["REDIS_URL"]).flushdb()
     with isolated_database() as database_url:
         stack = StackProcess(out_dir / "stack", agents=0, env={"DATABASE_URL": database_url, **env})
         stack.start()
@@ -155,6 +159,8 @@ def run(seconds: float, rates: list[float], out_dir: Path) -> dict:
             return _measure(stack, seconds, rates, out_dir, sync_playwright, wait_for)
         finally:
             stack.stop()
+            if env:
+                redis.Redis.from_url(env["REDIS_URL"]).flushdb()
 
 
 def _measure(stack, seconds: float, rates: list[float], out_dir: Path, sync_playwright, wait_for) -> dict:
