@@ -315,7 +315,7 @@ def test_killing_the_old_ranks_agent_during_the_transfer_restores_the_job_from_i
 
 def test_agent_loss_and_return(stack, tmp_path) -> None:
     """Kill an agent: its node and GPUs are lost within 15 s; start it again: healthy."""
-    os.kill(stack.child_pids()["agent-node-1"], signal.SIGKILL)
+    os.kill(_node(stack, "node-1")["agent_pid"], signal.SIGKILL)  # (an earlier test may have restarted it)
     killed = time.monotonic()
     node, _ = wait_for(lambda: (n := _node(stack, "node-1"))["state"] == "lost" and n, timeout=15)
     lost_after = time.monotonic() - killed
