@@ -110,14 +110,17 @@ def test_js_store_reports_a_gap_when_an_event_was_missed(tmp_path: Path) -> None
 
 def test_js_rank_by_emulation_puts_fitting_fast_layouts_first(tmp_path: Path) -> None:
     proposals = [{"layout": name} for name in ("a", "b", "c", "d")]
-    done = lambda step, peak: {"state": "done", "result": {"step_seconds": step, "tokens_per_second": 1 / step,  # noqa: E731
-                                                           "memory": {"peak_bytes": peak}}}
+
+    def done(step: float, peak: int) -> dict:
+        return {"state": "done",
+                "result": {"step_seconds": step, "tokens_per_second": 1 / step, "memory": {"peak_bytes": peak}}}
+
     runs = {"a": done(0.3, 10), "b": done(0.1, 99), "c": done(0.2, 10), "d": {"state": "running"}}
     runner = tmp_path / "rank.mjs"
     runner.write_text(f'import {{ rankByEmulation }} from "{STORE.as_uri()}";\n'
                       f"const r = rankByEmulation({json.dumps(proposals)}, {json.dumps(runs)}, 50);\n"
                       "process.stdout.write(JSON.stringify(r));")
-    done_ = subprocess.run([NODE, str(runner)], capture_output=True, text=True, timeout=30)
-    ranked = json.loads(done_.stdout)
+    finished = subprocess.run([NODE, str(runner)], capture_output=True, text=True, timeout=30)
+    ranked = json.loads(finished.stdout)
     assert [p["layout"] for p in ranked] == ["c", "a", "b", "d"]  # b is fastest but does not fit
     assert ranked[2]["emulated"]["fits"] is False and ranked[3]["emulated"] is None

@@ -114,7 +114,8 @@ def propose(model: Model, *, current_layout: str, gpus: int, global_batch: int, 
         state = int(state_bytes_per_rank(placement).max(initial=0))
         predicted = None
         if step_seconds is not None and step_seconds > 0:
-            predicted = step_seconds * old.world / placement.world * _bubble(global_batch, micro_batch, m.dp, m.pp) / old_bubble
+            bubble = _bubble(global_batch, micro_batch, m.dp, m.pp) / old_bubble
+            predicted = step_seconds * old.world / placement.world * bubble
         proposals.append(Proposal(
             layout=str(placement.layout), world=placement.world, tp=m.tp, pp=m.pp, dp=m.dp, state_bytes_per_gpu=state,
             fits=capacity_bytes is None or state <= capacity_bytes, step_seconds=predicted,

@@ -49,14 +49,8 @@ def test_job_page_resizes_by_clicking_through_to_committed(stack, browser) -> No
         assert page.locator("[data-rank]").count() == 2
         assert page.locator("[data-rank='1']").inner_text().splitlines() == ["rank 1", "pp0 dp1 tp0"]
 
-        # Live charts extend in place from /ws/jobs/<id>/.
-        page.wait_for_function("document.querySelector('#chart-loss')?.dataset.points >= 3", timeout=90_000)
-        first = _points(page, "loss")
-        page.wait_for_function(f"document.querySelector('#chart-loss').dataset.points > {first}", timeout=30_000)
-        assert page.locator("#chart-loss .main-svg").count() > 0
-        page.screenshot(path=str(shots / "job-live.png"), full_page=True)
-
-        # Resize: stepper to 4 -> ranked proposals -> plan preview -> confirm.
+        # Resize: GPU count -> ranked proposals (and the emulator, while the job starts) -> plan
+        # preview -> confirm.
         page.get_by_role("button", name="One GPU more").click()
         page.get_by_role("button", name="One GPU fewer").click()
         assert page.get_by_label("New GPU count", exact=True).input_value() == "2"
@@ -83,6 +77,13 @@ def test_job_page_resizes_by_clicking_through_to_committed(stack, browser) -> No
         cells = page.locator("#proposals-body tr td:nth-child(7)").all_inner_texts()
         assert "peak" in cells[0] and cells[1:] == ["–"] * 4, cells
         page.screenshot(path=str(shots / "job-proposals-emulated.png"), full_page=True)
+
+        # Live charts extend in place from /ws/jobs/<id>/.
+        page.wait_for_function("document.querySelector('#chart-loss')?.dataset.points >= 3", timeout=90_000)
+        first = _points(page, "loss")
+        page.wait_for_function(f"document.querySelector('#chart-loss').dataset.points > {first}", timeout=30_000)
+        assert page.locator("#chart-loss .main-svg").count() > 0
+        page.screenshot(path=str(shots / "job-live.png"), full_page=True)
         page.get_by_role("button", name="Preview the switch to dp=4").click()
         page.wait_for_selector("#plan-heatmap .main-svg", timeout=10_000)
         assert "dp=2 → dp=4" in page.locator("#plan-title").inner_text()

@@ -56,8 +56,9 @@ export function startResizeFlow({ getJob, getLive, onEvent }) {
     proposals = body;
     runs = {};
     $("ranking-note").textContent = body.predictor === "rule"
-      ? `Ranked by rule, not by the emulator: ${body.ranking}. Step times scale the measured ` +
-        `${secs(body.measured_step_seconds)} per step; memory counts model state only (no activations).`
+      ? `Ranked by rule, not by the emulator: ${body.ranking}. ` + (body.measured_step_seconds === null
+        ? "No step measured yet, so no step time is predicted" : `Step times scale the measured ` +
+        `${secs(body.measured_step_seconds)} per step`) + "; memory counts model state only (no activations)."
       : `Ranked by ${body.predictor}.`;
     $("emulate-status").textContent = "";
     renderProposals(body.proposals);
