@@ -121,13 +121,15 @@ def plan_heatmap_figure(matrix: list[list[int]] | None) -> dict:
     top = max((v for row in matrix for v in row), default=0) or 1
     return {
         "data": [{"type": "heatmap", "z": z, "x": list(range(world)), "y": list(range(world)),
-                  "colorscale": "Blues", "zmin": 0, "zmax": top, "colorbar": {"title": {"text": "bytes"}},
+                  "colorscale": "Blues", "reversescale": True, "zmin": 0, "zmax": top,  # more bytes: darker
+                  "colorbar": {"title": {"text": "bytes"}},
                   "hoverongaps": False,
                   "hovertemplate": "rank %{y} -> rank %{x}: %{z:,} B<extra></extra>"}],
         "layout": {"height": 260 + 6 * min(world, 64), "margin": {"l": 60, "r": 10, "t": 10, "b": 50},
-                   "xaxis": {"title": {"text": "destination rank"}, "dtick": 1 if world <= 32 else None},
+                   "xaxis": {"title": {"text": "destination rank"}, "dtick": 1 if world <= 32 else None,
+                             "zeroline": False},
                    "yaxis": {"title": {"text": "source rank"}, "dtick": 1 if world <= 32 else None,
-                             "autorange": "reversed"}},
+                             "autorange": "reversed", "zeroline": False}},
     }
 
 
