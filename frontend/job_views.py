@@ -10,6 +10,7 @@ from agents.protocol import EMULATOR_DEVICES
 from controlplane.cluster.selectors import cluster_snapshot
 from controlplane.common.errors import InvalidInput
 from controlplane.jobs.events import METRIC_NAMES
+from controlplane.jobs.lifecycle import TransitionKind
 from controlplane.jobs.models import Job, Transition
 from controlplane.jobs.resize_preview import gpu_capacity_bytes, job_plan, transition_plan
 from controlplane.jobs.selectors import job_live_snapshot
@@ -117,16 +118,18 @@ def job_plan_figures(request: HttpRequest, job_id: int) -> JsonResponse:
 @login_required
 def transition_detail(request: HttpRequest, transition_id: int):
     transition = get_object_or_404(Transition.objects.select_related("job"), pk=transition_id)
-    plan = transition_plan(transition=transition)
+    restore = transition.kind == TransitionKind.RESTORE  # loaded from a checkpoint: no routing plan ran
+    plan = None if restore else transition_plan(transition=transition)
     measured = {0: transition.peak_bytes} if transition.peak_bytes else None
     live = job_live_snapshot(job_id=transition.job_id).model_dump(mode="json")
     before, after = step_time_around(live["metrics"].get("step_seconds"), transition.step)
     timings = [(label, getattr(transition, f"{name}_seconds")) for label, name in (
         ("Preparation (hidden behind training)", "prepare"), ("Pause (training stopped)", "pause"),
         ("Transfer", "transfer"), ("Verification", "verify"))]
-    figures = plan_figures(plan, measured=measured)
+    figures = plan_figures(plan, measured=measured) if plan is not None else None
     return render(request, "frontend/transition.html", {
-        "transition": transition, "figures": figures, "summary_rows": summary_rows(figures["summary"]),
+        "transition": transition, "figures": figures, "restore": restore,
+        "summary_rows": summary_rows(figures["summary"]) if figures else [],
         "timings": timings,
         "step_before": before, "step_after": after, "history": transition.history,
         "verification": transition.verification,

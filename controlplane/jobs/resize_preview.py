@@ -12,6 +12,7 @@ from agents.layout.errors import LayoutError
 from agents.layout.spec import parse_layout
 from controlplane.cluster.models import Gpu
 from controlplane.common.errors import InvalidInput
+from controlplane.jobs.lifecycle import TransitionKind
 from controlplane.jobs.models import Job, MetricSeries, Transition
 from controlplane.jobs.plan_preview import plan_preview
 from controlplane.jobs.proposals import RANKING_RULE, propose
@@ -66,7 +67,11 @@ def job_plan(*, job: Job, layout: str) -> dict:
 
 
 def transition_plan(*, transition: Transition) -> dict:
-    """The plan a transition ran, recomputed from what it recorded (same inputs, same plan)."""
+    """The plan a transition ran, recomputed from what it recorded (same inputs, same plan).
+    A restore loaded a checkpoint and ran no plan: InvalidInput says so."""
+    if transition.kind == TransitionKind.RESTORE:
+        raise InvalidInput({"transition": [f"transition {transition.pk} is a restore from a checkpoint: "
+                                           "no routing plan ran"]})
     return plan_preview(get_model(transition.job.model), transition.source_layout, transition.destination_layout,
                         gpus_per_node=transition.gpus_per_node or 1,
                         staging_bytes=transition.staging_bytes or STAGING_BYTES)

@@ -82,3 +82,14 @@ def test_transition_page_after_a_resize(run, token_client, browser_client, runni
     assert figures["summary"]["fingerprint"] == transition["plan_fingerprint"]
     job_page = browser_client.get(f"/jobs/{running_job['id']}/").content.decode()
     assert _embedded(job_page, "job-live")["transitions"][0]["state"] == "planned"
+
+
+def test_a_restore_row_has_no_routing_plan(browser_client, token_client, running_job) -> None:
+    from controlplane.jobs.models import Transition
+
+    restore = Transition.objects.create(job_id=running_job["id"], kind="restore", source_layout="dp=2",
+                                        destination_layout="dp=2", state="committed", reason="node-1 lost")
+    html = browser_client.get(f"/transitions/{restore.pk}/").content.decode()
+    assert 'id="no-plan"' in html and "node-1 lost" in html and 'id="plan-figures"' not in html
+    response = token_client.get(f"/api/transitions/{restore.pk}/plan")
+    assert response.status_code == 400 and "restore from a checkpoint" in str(response.json())
