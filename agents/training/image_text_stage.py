@@ -10,34 +10,23 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from agents.layout.placement import layer_stages
-from agents.training.layers import rope_cos_sin
 from agents.training.model import TrainingModel
+from agents.training.stage import DecoderStage
 
 
-class ImageTextStage(nn.Module):
+class ImageTextStage(DecoderStage):
     """forward: first stage (tokens [b, T], image tokens [b, P, H]); later stages hidden
     [b, P+T, H]. Returns hidden [b, P+T, H], or text logits [b, T, vocab] on the last stage."""
 
     def __init__(self, model: TrainingModel, stage: int, stages: int) -> None:
-        super().__init__()
         if model.encoder is None:
             raise ValueError(f"{model.config.name} has no image encoder: use DecoderStage")
-        llm = model.llm
-        if llm.head is None:
+        if model.llm.head is None:
             raise ValueError(f"{model.config.name}: tied embeddings are not supported by the heterogeneous trainer")
-        self.first, self.last = stage == 0, stage == stages - 1
-        self.config, self.rope_theta, self.gpt = llm.config, llm.rope_theta, llm.gpt
+        self._cut(model, stage, stages, sequence_shards=1)
         self.image_tokens = model.encoder.num_tokens
-        mine = [i for i, s in enumerate(layer_stages(len(llm.layers), stages)) if s == stage]
-        self.llm = nn.Module()
-        self.llm.embed = llm.embed if self.first else None
-        self.llm.pos_embed = llm.pos_embed if self.first else None
-        self.llm.layers = nn.ModuleDict({str(i): llm.layers[i] for i in mine})
-        self.llm.final_norm = llm.final_norm if self.last else None
-        self.llm.head = llm.head if self.last else None
 
     def forward(self, x: Tensor, image_tokens: Tensor | None = None) -> Tensor:
         llm = self.llm
@@ -46,15 +35,7 @@ class ImageTextStage(nn.Module):
                 raise ValueError("the first stage needs the image tokens")
             text = llm.embed(x)
             x = torch.cat((image_tokens.to(text.dtype), text), dim=1)
-        length = x.shape[1]
-        rope = None
-        if self.gpt:
-            if self.first:
-                x = x + llm.pos_embed(torch.arange(length, device=x.device))
-        else:
-            rope = rope_cos_sin(length, self.config.head_dim, self.rope_theta, x.device)
-        for layer in llm.layers.values():
-            x = layer(x, rope)
+        x = self.run_layers(x)
         if not self.last:
             return x
         return llm.head(llm.final_norm(x[:, self.image_tokens:]))

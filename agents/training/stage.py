@@ -24,11 +24,14 @@ class DecoderStage(nn.Module):
     def __init__(self, model: TrainingModel, stage: int, stages: int, sequence_shards: int = 1) -> None:
         """sequence_shards: tp under sequence parallelism (hidden states between layers hold
         T/tp positions; the rotary tables still cover all T), else 1."""
+        if model.encoder is not None:
+            raise ValueError(f"{model.config.name}: this stage is the decoder-only one; a multimodal model's LLM "
+                             "stage is ImageTextStage (agents/training/image_text_stage.py)")
+        self._cut(model, stage, stages, sequence_shards)
+
+    def _cut(self, model: TrainingModel, stage: int, stages: int, sequence_shards: int) -> None:
         super().__init__()
         self.sequence_shards = sequence_shards
-        if model.encoder is not None:
-            raise ValueError(f"{model.config.name}: pipeline stages of multimodal models are not supported yet "
-                             "(heterogeneous layouts are issue 8); train a decoder-only model")
         llm = model.llm
         if llm.head is None and stages > 1:
             raise ValueError(f"{model.config.name}: tied embeddings across {stages} pipeline stages are not "
@@ -46,20 +49,25 @@ class DecoderStage(nn.Module):
         self.tied = llm.head is None
 
     def forward(self, x: Tensor) -> Tensor:
-        llm = self.llm
         if self.first:
-            x = llm.embed(x)
+            x = self.llm.embed(x)
+        x = self.run_layers(x)
+        if not self.last:
+            return x
+        x = self.llm.final_norm(x)
+        head = self.llm.embed if self.tied else self.llm.head
+        return head(x) if not self.tied else torch.nn.functional.linear(x, head.weight)
+
+    def run_layers(self, x: Tensor) -> Tensor:
+        """Hidden states [B, T(/tp), H] through this stage's layers (learned positions added
+        on the first stage of a GPT-style model, rotary tables for all T otherwise)."""
         length = x.shape[1] * self.sequence_shards
         rope = None
         if self.gpt:
             if self.first:
-                x = x + llm.pos_embed(torch.arange(length, device=x.device))
+                x = x + self.llm.pos_embed(torch.arange(length, device=x.device))
         else:
             rope = rope_cos_sin(length, self.config.head_dim, self.rope_theta, x.device)
-        for layer in llm.layers.values():
+        for layer in self.llm.layers.values():
             x = layer(x, rope)
-        if not self.last:
-            return x
-        x = llm.final_norm(x)
-        head = llm.embed if self.tied else llm.head
-        return head(x) if not self.tied else torch.nn.functional.linear(x, head.weight)
+        return x
