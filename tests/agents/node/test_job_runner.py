@@ -16,6 +16,7 @@ import redis
 
 from agents import protocol
 from agents.node.jobs import JobRunner
+from agents.runtime.checkpoints import complete_checkpoints
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -393,6 +394,7 @@ def test_periodic_checkpoints_and_a_restart_from_one_on_fewer_ranks(broker, tmp_
         _wait(lambda: len([r for r in _reports(client) if r["kind"] == "checkpoint"]) >= 4, 180, "four checkpoints")
         os.kill(runner.jobs[11].ranks[1].process.pid, signal.SIGKILL)
         _wait(lambda: failures, 30, "the failure report")
+        _wait(lambda: not runner.running(), 30, "rank 0 to be stopped too")  # (its reports are all sent then)
         reports = _reports(client)
         checkpoints = [r for r in reports if r["kind"] == "checkpoint"]
         assert [r["step"] for r in checkpoints[:4]] == [2, 4, 6, 8]
@@ -400,7 +402,9 @@ def test_periodic_checkpoints_and_a_restart_from_one_on_fewer_ranks(broker, tmp_
         first_losses = {r["step"]: r["loss"] for r in reports if r["kind"] == "step"}
         latest = checkpoints[-1]
         kept = sorted(p.name for p in root.iterdir())
-        assert len(kept) <= 4 and kept[-1] == f"step-{latest['step']:08d}-0", kept  # 3 complete (+ one being written)
+        complete = [p.name for p in complete_checkpoints(root)]
+        # 3 complete, the latest reported last (+ one a rank was writing when the job died)
+        assert len(complete) == 3 and len(kept) <= 4 and complete[-1] == f"step-{latest['step']:08d}-0", kept
         # The same layout, restarted from a checkpoint whose next steps the first world ran.
         back = checkpoints[-2]
         client.delete(protocol.CONTROL_QUEUE)
