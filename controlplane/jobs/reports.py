@@ -38,7 +38,7 @@ from controlplane.jobs.lifecycle import (
 )
 from controlplane.jobs.models import Job, Transition
 from controlplane.jobs.scheduling import job_finish, stop_on_commit
-from controlplane.jobs.services import metrics_append, metrics_series_get, publish_job
+from controlplane.jobs.services import job_metrics_append, publish_job
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +83,8 @@ def _step(job: Job, report: protocol.JobReport) -> None:
         job.step = report.step
         job.save(update_fields=["step"])
     values = {name: getattr(report, name) for name in METRIC_NAMES}
-    for name, value in values.items():
-        if value is not None:
-            series = metrics_series_get(job=job, name=name, unit=METRIC_UNITS[name])
-            metrics_append(series_id=series.pk, xs=[float(report.step)], ys=[float(value)])
+    job_metrics_append(job=job, x=float(report.step), units=METRIC_UNITS,
+                       values={name: value for name, value in values.items() if value is not None})
     stream = job_stream(job.pk)
     publish_on_commit(stream, MetricsEvent(seq=next_seq(stream), job=job.pk, step=report.step, **values))
 

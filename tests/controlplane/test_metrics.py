@@ -45,3 +45,36 @@ def test_mismatched_lengths_are_refused() -> None:
     series = metrics_series_get(job=job, name="loss")
     with pytest.raises(InvalidInput, match="2 x values but 1 y values"):
         metrics_append(series_id=series.pk, xs=[1.0, 2.0], ys=[1.0])
+
+
+def test_per_step_append_of_several_series_matches_the_chunked_store(django_assert_max_num_queries) -> None:
+    """job_metrics_append (one sample to several series per step, the report path) keeps the
+    same chunks as metrics_append: a series started mid-way (a metric first reported later)
+    and chunk boundaries crossed at different steps for different series."""
+    from controlplane.jobs.services import job_metrics_append
+
+    job = job_create(name="m", model="tiny-gpt", layout="dp=1")
+    head = metrics_series_get(job=job, name="loss", unit="")
+    metrics_append(series_id=head.pk, xs=[-1.0] * 7, ys=[9.0] * 7)  # loss is 7 points ahead
+    units = {"loss": "", "step_seconds": "s"}
+    steps = CHUNK_POINTS + 3
+    for step in range(steps):
+        values = {"loss": 1.0 / (step + 1)}
+        if step >= 5:
+            values["step_seconds"] = 0.5 + step
+        if step < 10:
+            job_metrics_append(job=job, x=float(step), values=values, units=units)
+        else:
+            # savepoint, series, last chunks, new chunks, chunk update, series update, release: never per series
+            with django_assert_max_num_queries(7):
+                job_metrics_append(job=job, x=float(step), values=values, units=units)
+    loss = metrics_series_get(job=job, name="loss")
+    seconds = metrics_series_get(job=job, name="step_seconds")
+    assert seconds.unit == "s" and loss.pk == head.pk
+    assert loss.points == steps + 7 and seconds.points == steps - 5
+    assert list(loss.chunks.order_by("first_point").values_list("first_point", "count")) == [
+        (0, CHUNK_POINTS), (CHUNK_POINTS, steps + 7 - CHUNK_POINTS)]
+    xs, ys = metric_points(series_id=loss.pk)
+    assert xs == [-1.0] * 7 + [float(s) for s in range(steps)] and ys[7:] == [1.0 / (s + 1) for s in range(steps)]
+    xs, ys = metric_points(series_id=seconds.pk)
+    assert xs == [float(s) for s in range(5, steps)] and ys == [0.5 + s for s in range(5, steps)]
