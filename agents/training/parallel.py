@@ -30,7 +30,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 
 from agents.engine.shards import DTYPES, Key, LocalShard, box_shape, rank_boxes
 from agents.layout.catalog import get_config, get_model
-from agents.layout.placement import Placement, place
+from agents.layout.placement import Placement, place, replicated_kv_heads
 from agents.layout.shards import b_dim
 from agents.layout.spec import DEFAULT_MODULE
 from agents.layout.tensors import STATES
@@ -103,9 +103,9 @@ def check_trainable(config: TrainConfig, placement: Placement) -> None:
             raise TrainingError(f"{name}={value}: the trainer supports tp, pp, dp and zero; {name} must be 1")
     if mc.encoder is not None:
         raise TrainingError(f"{config.model} is multimodal; the parallel trainer trains decoder-only models")
-    if c.kv_heads < ml.tp:
-        raise TrainingError(f"tp={ml.tp} exceeds the {c.kv_heads} kv heads of {config.model}: replicated kv heads "
-                            "are not expressible with DTensor; use tp <= kv_heads")
+    refused = replicated_kv_heads(placement)
+    if refused:
+        raise TrainingError(refused)
     if c.tied and (ml.tp > 1 or ml.pp > 1):
         raise TrainingError(f"{config.model} ties its embedding and head: train it with tp=1 and pp=1")
     if c.experts and ml.tp > 1:

@@ -241,6 +241,11 @@ def test_refusals_say_why(two_nodes, token_client, sent_tasks, run) -> None:
     assert response.status_code == 400 and "tp=3 does not divide" in response.json()["layout"][0]
     response = _resize(run, token_client, job, layout="tp=two")
     assert response.status_code == 400 and "not a non-negative integer" in response.json()["layout"][0]
+    response = _resize(run, token_client, job, layout="tp=4")  # valid for the planner, not for the trainers
+    assert response.status_code == 400 and "tp=4 exceeds the 2 kv heads" in response.json()["layout"][0]
+    response = run(token_client.post, "/api/jobs", {"name": "kv", "model": "tiny-gpt", "layout": "tp=4"},
+                   format="json")
+    assert response.status_code == 400 and "replicated kv heads" in response.json()["layout"][0]
     response = _resize(run, token_client, job, gpus=3)
     assert response.status_code == 400
     assert response.json()["global_batch"] == [
