@@ -262,7 +262,8 @@ def test_refusals_say_why(two_nodes, token_client, sent_tasks, run) -> None:
 
 
 def test_tensor_parallel_blocks_stay_on_one_node(two_nodes, token_client, sent_tasks, run) -> None:
-    wide = _running_job(run, token_client, "wide", gpus=4)  # dp=4 over both nodes
+    # dp=4 over both nodes; llama-124m's 4 kv heads allow tp=4 (tiny-gpt's 2 do not)
+    wide = _running_job(run, token_client, "wide", gpus=4, model="llama-124m")
     response = _resize(run, token_client, wide, layout="tp=4")
     assert response.status_code == 409
     assert "ranks 0-3 run on nodes node-1, node-2" in response.json()["detail"]
