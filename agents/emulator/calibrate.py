@@ -282,7 +282,7 @@ def calibrate_rank(rank: int, world: int) -> dict:
 def calibrate(ranks: int = 2) -> DeviceProfile:
     from agents.engine.launch import run_ranks
 
-    results = run_ranks(ranks, calibrate_rank, timeout_s=300)
+    results = run_ranks(ranks, calibrate_rank, timeout_s=540)  # minutes on a small CPU machine
 
     def median(key: str) -> float:
         return statistics.median(r[key] for r in results)
