@@ -107,7 +107,11 @@ class Transition(models.Model):
     peak_staging_bytes = models.BigIntegerField(null=True, blank=True,
                                                 help_text="planned: the largest per-rank send + receive bytes")
     verification = models.JSONField(default=dict, blank=True,
-                                    help_text="what rank 0 reported: verified (digests), fingerprint, matches_plan")
+                                    help_text="what rank 0 reported: verified (digests), fingerprint, matches_plan, "
+                                              "tensors (per logical tensor: name, shape, match)")
+    progress = models.JSONField(
+        default=dict, blank=True,
+        help_text="the state transfer: round (done), rounds, moved_bytes, waves {rank: measured state bytes}")
 
     class Meta:
         ordering = ["-created_at", "-id"]
