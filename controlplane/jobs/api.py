@@ -54,6 +54,9 @@ class JobCreateSerializer(serializers.Serializer):
     checkpoint_dir = serializers.CharField(max_length=1000, required=False, default="",
                                            help_text="absolute path every node sees (shared storage); default "
                                                      "<var dir>/checkpoints/<name>-<id>")
+    resume_from = serializers.CharField(max_length=1000, required=False, default="",
+                                        help_text="a complete checkpoint folder (absolute path) the job starts from "
+                                                  "instead of a fresh model, in its own layout (DCP reshards)")
 
     def validate(self, attrs: dict) -> dict:
         if ("layout" in attrs) == ("gpus" in attrs):

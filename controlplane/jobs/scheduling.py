@@ -33,6 +33,7 @@ from controlplane.jobs.lifecycle import (LIVE_JOB_STATES, TERMINAL_TRANSITION_ST
                                         TransitionKind, TransitionState, job_next_state)
 from controlplane.jobs.models import Job, Transition
 from controlplane.jobs.restore import no_restore_reason, restore_begin
+from controlplane.jobs.resume import is_resume, resume_row
 from controlplane.jobs.services import job_create, layout_check, publish_job
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,10 @@ def job_start(*, job_id: int) -> Job:
         job.rendezvous = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
         job.rendezvous_port = port
         job.error = ""
+        if is_resume(job):  # its ranks load the checkpoint (restore_from) and commit this row
+            row = resume_row(job)
+            job.restore_id = row.pk
+            transitions.publish_transition(row)
         job.state = job_next_state(JobState.PENDING, JobTrigger.START)
         job.save()
         publish_job(job, "upsert")

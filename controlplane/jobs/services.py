@@ -20,6 +20,7 @@ from controlplane.common.events import next_seq, publish_on_commit
 from controlplane.jobs.lifecycle import DELETABLE_JOB_STATES
 from controlplane.jobs.metric_codec import CHUNK_POINTS, pack, unpack
 from controlplane.jobs.models import DEFAULT_CHECKPOINT_INTERVAL, Job, MetricChunk, MetricSeries, Transition
+from controlplane.jobs.resume import checkpoint_info
 
 
 def publish_job(job: Job, op: str) -> None:
@@ -52,14 +53,16 @@ def layout_check(*, model: str, layout: str) -> Placement:
 def job_create(
     *, name: str, model: str, layout: str | None = None, gpus: int | None = None, global_batch: int = 8,
     micro_batch: int = 1, seq_len: int = 128, max_steps: int | None = None, created_by=None,
-    checkpoint_interval: int | None = None, checkpoint_dir: str = "",
+    checkpoint_interval: int | None = None, checkpoint_dir: str = "", resume_from: str = "",
 ) -> Job:
     """A new pending job, with either a layout or a GPU count (the layout is then picked,
     layout_for_gpus). The layout is checked against the model here; scheduling it onto
     GPUs is scheduling.job_start. Checkpoints: every `checkpoint_interval` steps (default
     DEFAULT_CHECKPOINT_INTERVAL, 0: none) into `checkpoint_dir` (default
     <DYNAPLANE_VAR_DIR>/checkpoints/<name>-<id>; on a real cluster it must be shared storage
-    every node mounts at the same path)."""
+    every node mounts at the same path). `resume_from`: a checkpoint folder the job starts
+    from instead of a fresh model (resume.py); it is the job's latest checkpoint until the
+    job writes its own."""
     if (layout is None) == (gpus is None):
         raise InvalidInput({"layout": ["give either a layout or a number of gpus, not both or neither"]})
     if layout is None:
@@ -78,6 +81,7 @@ def job_create(
     placement = layout_check(model=model, layout=str(parsed))
     if gpus is not None and placement.world != gpus:
         raise InvalidInput({"gpus": [f"layout {parsed} spans {placement.world} GPUs, not {gpus}"]})
+    resumed = checkpoint_info(path=resume_from, model=model) if resume_from else None
     with transaction.atomic():
         if Job.objects.filter(name=name).exists():
             raise InvalidInput({"name": [f"a job named {name!r} already exists"]})
@@ -86,6 +90,7 @@ def job_create(
             micro_batch=micro_batch, seq_len=seq_len, max_steps=max_steps, created_by=created_by,
             checkpoint_interval=DEFAULT_CHECKPOINT_INTERVAL if checkpoint_interval is None else checkpoint_interval,
             checkpoint_dir=checkpoint_dir,
+            checkpoint_step=resumed["step"] if resumed else None, checkpoint_path=resume_from if resumed else "",
         )
         if not job.checkpoint_dir:
             job.checkpoint_dir = str(settings.VAR_DIR / "checkpoints" / f"{job.name}-{job.pk}")
