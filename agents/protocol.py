@@ -22,6 +22,7 @@ CONTROL_EMULATION_PROGRESS = "control.emulation_progress"
 CONTROL_JOB_REPORT = "control.job_report"
 CONTROL_TRANSITION_REPORT = "control.transition_report"
 CONTROL_JOB_RESTORE = "control.job_restore"  # (the control plane queues it for itself)
+CONTROL_SWEEP_STUCK_TRANSITIONS = "control.sweep_stuck_transitions"  # (beat)
 # Tasks one agent runs (queue "node.<name>").
 NODE_PING = "node.ping"
 NODE_JOB_START = "node.job_start"

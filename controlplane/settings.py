@@ -180,11 +180,21 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(os.environ.get("DYNAPLANE_SWEEP_SECONDS", "1.0")),
         "options": {"expires": 5.0},
     },
+    "sweep-stuck-transitions": {
+        "task": protocol.CONTROL_SWEEP_STUCK_TRANSITIONS,
+        "schedule": 5.0,
+        "options": {"expires": 10.0},
+    },
 }
 
 # A node whose last heartbeat is older than this is lost (heartbeats come every
 # protocol.HEARTBEAT_SECONDS; the sweep runs every second).
 DYNAPLANE_NODE_LOST_AFTER_SECONDS = float(os.environ.get("DYNAPLANE_NODE_LOST_AFTER_SECONDS", "6.0"))
+# A resize that no report has moved for this long is ended by the control plane
+# (controlplane/jobs/timeouts.py): above the ranks' own timeouts (a joining rank's 120 s to
+# get ready, then the union world's 120 s rendezvous), since they end most stuck switches
+# themselves and report it; this one catches rank 0 or its agent never answering.
+DYNAPLANE_TRANSITION_TIMEOUT_SECONDS = float(os.environ.get("DYNAPLANE_TRANSITION_TIMEOUT_SECONDS", "600"))
 # Ports ("first-last") from which each live job gets the lowest unused one for its
 # torch.distributed rendezvous on rank 0's node (docs/elastic.md).
 DYNAPLANE_RENDEZVOUS_PORTS = os.environ.get("DYNAPLANE_RENDEZVOUS_PORTS", "29400-29599")

@@ -258,10 +258,15 @@ def _abort_switch_of_lost_joiners(job_id: int, lost: set[str]) -> bool:
     transitions.undo(job, active)
     transitions.publish_transition(active)
     log.warning("job %s: transition %s aborted: %s", job.name, active.pk, why)
-    cancel = protocol.JobSwitchCancel(job_id=job.pk, transition_id=active.pk, reason=why)
-    nodes = sorted({slot["node"] for slot in job.placement})
-    transaction.on_commit(lambda: _send_cancels(job.pk, nodes, cancel))
+    send_cancels_on_commit(job, sorted({slot["node"] for slot in job.placement}),
+                           protocol.JobSwitchCancel(job_id=job.pk, transition_id=active.pk, reason=why))
     return True
+
+
+def send_cancels_on_commit(job: Job, nodes: list[str], cancel: protocol.JobSwitchCancel) -> None:
+    """After commit, tell these nodes to drop the switch (joining ranks stopped, rank 0 told)."""
+    nodes = list(nodes)
+    transaction.on_commit(lambda: _send_cancels(job.pk, nodes, cancel))
 
 
 def _send_cancels(job_id: int, nodes: list[str], cancel: protocol.JobSwitchCancel) -> None:

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import logging
 
+from datetime import timedelta
+
 from celery import shared_task
+from django.conf import settings
 from pydantic import ValidationError
 
 from agents import protocol
-from controlplane.jobs import reports, restore
+from controlplane.jobs import reports, restore, timeouts
 
 log = logging.getLogger(__name__)
 
@@ -37,3 +40,9 @@ def transition_report(report: dict) -> None:
 def job_restore(job_id: int) -> None:
     """Queued by restore.restore_begin: restart a restoring job from its checkpoint."""
     restore.job_restore(job_id=int(job_id))
+
+
+@shared_task(name=protocol.CONTROL_SWEEP_STUCK_TRANSITIONS)
+def sweep_stuck_transitions() -> list[int]:
+    """Beat: end the resizes no report has moved for DYNAPLANE_TRANSITION_TIMEOUT_SECONDS."""
+    return timeouts.transitions_time_out(timeout=timedelta(seconds=settings.DYNAPLANE_TRANSITION_TIMEOUT_SECONDS))
