@@ -82,6 +82,9 @@ def job_create(
     if gpus is not None and placement.world != gpus:
         raise InvalidInput({"gpus": [f"layout {parsed} spans {placement.world} GPUs, not {gpus}"]})
     resumed = checkpoint_info(path=resume_from, model=model) if resume_from else None
+    if resumed and max_steps is not None and max_steps <= resumed["step"]:
+        raise InvalidInput({"max_steps": [f"max_steps={max_steps} is not after the checkpoint's step "
+                                          f"{resumed['step']} (steps count from 0 across the resume)"]})
     with transaction.atomic():
         if Job.objects.filter(name=name).exists():
             raise InvalidInput({"name": [f"a job named {name!r} already exists"]})

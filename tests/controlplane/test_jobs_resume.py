@@ -70,4 +70,8 @@ def test_resume_from_is_checked(two_nodes, token_client, run, tmp_path) -> None:
     bad = _post(run, token_client, gpus=1, resume_from=other)
     assert bad.status_code == 400 and bad.json()["resume_from"] == [
         f"{other} is a checkpoint of model 'llama-124m', not of 'tiny-gpt'"]
+    done = _checkpoint(tmp_path, 40, "dp=2")
+    bad = _post(run, token_client, gpus=1, resume_from=done, max_steps=40)
+    assert bad.status_code == 400 and bad.json()["max_steps"] == [
+        "max_steps=40 is not after the checkpoint's step 40 (steps count from 0 across the resume)"]
     assert not Job.objects.exists()
