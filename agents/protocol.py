@@ -257,6 +257,28 @@ class JobSwitchOrder(_Message):
     checkpoint_dir: str = Field(default="", max_length=1000)
 
 
+class TransferProgress(_Message):
+    """Where a switch's state transfer is: rounds done of `rounds`, the plan's network bytes
+    of those rounds, and measured state bytes per rank (engine.progress.WaveRecorder.wave:
+    the start, then per round its peak and the bytes after it). Live reports carry rank
+    0's wave so far; the committed report every rank's complete one."""
+
+    round: int = Field(ge=0)
+    rounds: int = Field(ge=0)
+    moved_bytes: int = Field(ge=0)
+    waves: dict[int, list[int]] = Field(default_factory=dict)
+
+
+class TensorCheck(_Message):
+    """One logical tensor after a switch: do its states' digests match the ones before?"""
+
+    name: str = Field(max_length=200)
+    shape: list[int]
+    match: bool
+    mismatched: list[str] = Field(default_factory=list)  # the states whose digest changed
+    digest: str = Field(default="", max_length=16)
+
+
 class TransitionReport(_Message):
     """Rank 0 (or an agent, for failures) -> control plane: where a layout switch is.
 
@@ -281,6 +303,8 @@ class TransitionReport(_Message):
     fingerprint: str = Field(default="", max_length=64)
     verified: bool | None = None
     error: str = Field(default="", max_length=4000)
+    progress: TransferProgress | None = None
+    tensors: list[TensorCheck] | None = None  # the verification per logical tensor
     sent_at: datetime
 
 

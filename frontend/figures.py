@@ -146,26 +146,45 @@ def round_bytes_figure(round_bytes: list[int], round_seconds: list[float]) -> di
     }
 
 
-def memory_wave_figure(wave_after: list[list[int]], wave_peak: list[list[int]], *,
-                       capacity_bytes: int | None = None, measured: Mapping[int, int] | None = None) -> dict:
-    """Predicted state bytes per rank through the switch: x = 0 before the first round,
-    k + 0.5 the peak within round k + 1, k + 1 after it. One line per rank (predicted);
-    `measured` ({rank: peak bytes}) drawn as markers at the highest predicted point's x;
-    the GPU capacity as a dashed line when the peak reaches a quarter of it (else the
-    waves would be flat at the bottom)."""
-    rounds = len(wave_peak)
-    world = len(wave_after[0]) if wave_after else 0
+RANK_COLORS = ("#2f6fd6", "#d79a1c", "#2e9d5b", "#8e44ad", "#c0392b", "#16a085", "#7f8c8d", "#d35400")
+
+
+def wave_xs(rounds: int) -> list[float]:
+    """The x of each point of a wave: 0 before the first round, k + 0.5 the peak within
+    round k + 1, k + 1 after it."""
     xs = [0.0]
     for k in range(rounds):
         xs += [k + 0.5, k + 1.0]
+    return xs
+
+
+def memory_wave_figure(wave_after: list[list[int]], wave_peak: list[list[int]], *,
+                       capacity_bytes: int | None = None, measured: Mapping[int, int] | None = None,
+                       measured_waves: Mapping[str | int, list[int]] | None = None) -> dict:
+    """Predicted state bytes per rank through the switch (x: wave_xs): one solid line per
+    rank; `measured_waves` ({rank: [start, peak 1, after 1, ...]}, as far as the transfer
+    got) drawn over them as dotted lines with markers in the rank's colour; `measured`
+    ({rank: peak bytes}, older transitions that reported only rank 0's peak) as a diamond
+    at the highest predicted point's x; the GPU capacity as a dashed line when the peak
+    reaches a quarter of it (else the waves would be flat at the bottom)."""
+    rounds = len(wave_peak)
+    world = len(wave_after[0]) if wave_after else 0
+    xs = wave_xs(rounds)
     data = []
     for rank in range(world):
         ys = [wave_after[0][rank]]
         for k in range(rounds):
             ys += [wave_peak[k][rank], wave_after[k + 1][rank]]
         data.append({"type": "scatter", "mode": "lines", "name": f"rank {rank} predicted", "x": xs, "y": ys,
-                     "legendgroup": f"rank {rank}",
-                     "hovertemplate": f"rank {rank}" + " @ %{x}: %{y:,} B<extra></extra>"})
+                     "legendgroup": f"rank {rank}", "line": {"color": RANK_COLORS[rank % len(RANK_COLORS)]},
+                     "hovertemplate": f"rank {rank} predicted" + " @ %{x}: %{y:,} B<extra></extra>"})
+    for rank, wave in sorted(((int(r), w) for r, w in (measured_waves or {}).items())):
+        if rank < world and wave:
+            data.append({"type": "scatter", "mode": "lines+markers", "name": f"rank {rank} measured",
+                         "x": xs[:len(wave)], "y": list(wave[:len(xs)]), "legendgroup": f"rank {rank}",
+                         "line": {"color": RANK_COLORS[rank % len(RANK_COLORS)], "dash": "dot", "width": 2},
+                         "marker": {"size": 6},
+                         "hovertemplate": f"rank {rank} measured" + " @ %{x}: %{y:,} B<extra></extra>"})
     for rank, peak in sorted((measured or {}).items()):
         if rank < world:
             predicted = [wave_peak[k][rank] for k in range(rounds)] or [0]

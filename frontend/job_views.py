@@ -44,13 +44,14 @@ def job_data(job: Job) -> dict:
     return data
 
 
-def plan_figures(plan: dict, *, measured: dict[int, int] | None = None) -> dict:
+def plan_figures(plan: dict, *, measured: dict[int, int] | None = None,
+                 measured_waves: dict[str, list[int]] | None = None) -> dict:
     """The plan's three figures and its headline numbers, as the pages draw them."""
     return {
         "heatmap": plan_heatmap_figure(plan["matrix"]),
         "rounds": round_bytes_figure(plan["round_bytes"], plan["round_seconds"]),
         "wave": memory_wave_figure(plan["wave_after"], plan["wave_peak"], capacity_bytes=gpu_capacity_bytes(),
-                                   measured=measured),
+                                   measured=measured, measured_waves=measured_waves),
         "summary": {key: plan["summary"].get(key) for key in (
             "src", "dst", "world_src", "world_dst", "network_bytes", "min_network_bytes", "local_bytes", "rounds",
             "transfers", "predicted_peak_bytes", "peak_staging_bytes", "estimated_seconds", "fingerprint")},
@@ -120,17 +121,36 @@ def transition_detail(request: HttpRequest, transition_id: int):
     transition = get_object_or_404(Transition.objects.select_related("job"), pk=transition_id)
     restore = transition.kind == TransitionKind.RESTORE  # loaded from a checkpoint: no routing plan ran
     plan = None if restore else transition_plan(transition=transition)
-    measured = {0: transition.peak_bytes} if transition.peak_bytes else None
+    waves = (transition.progress or {}).get("waves") or None
+    # Transitions from before the measured waves were reported show rank 0's peak only.
+    measured = {0: transition.peak_bytes} if transition.peak_bytes and not waves else None
     live = job_live_snapshot(job_id=transition.job_id).model_dump(mode="json")
     before, after = step_time_around(live["metrics"].get("step_seconds"), transition.step)
     timings = [(label, getattr(transition, f"{name}_seconds")) for label, name in (
         ("Preparation (hidden behind training)", "prepare"), ("Pause (training stopped)", "pause"),
         ("Transfer", "transfer"), ("Verification", "verify"))]
-    figures = plan_figures(plan, measured=measured) if plan is not None else None
+    figures = plan_figures(plan, measured=measured, measured_waves=waves) if plan is not None else None
+    tensors = (transition.verification or {}).get("tensors") or []
+    tensors = sorted(tensors, key=lambda row: row["match"])  # a mismatch first
     return render(request, "frontend/transition.html", {
         "transition": transition, "figures": figures, "restore": restore,
         "summary_rows": summary_rows(figures["summary"]) if figures else [],
         "timings": timings,
         "step_before": before, "step_after": after, "history": transition.history,
-        "verification": transition.verification,
+        "verification": transition.verification, "tensors": tensors,
+        "failed_tensors": sum(1 for row in tensors if not row["match"]), "progress": transition.progress,
     })
+
+
+@login_required
+def transition_wave(request: HttpRequest, transition_id: int) -> JsonResponse:
+    """The transition's memory-wave figure, predicted with the measured waves so far, and
+    its progress (the job page redraws it as `transferring` reports arrive)."""
+    transition = get_object_or_404(Transition.objects.select_related("job"), pk=transition_id)
+    if transition.kind == TransitionKind.RESTORE:
+        return JsonResponse({"error": f"transition {transition.pk} is a restore: no routing plan ran"}, status=400)
+    plan = transition_plan(transition=transition)
+    progress = transition.progress or {}
+    return JsonResponse({"progress": progress, "wave": memory_wave_figure(
+        plan["wave_after"], plan["wave_peak"], capacity_bytes=gpu_capacity_bytes(),
+        measured_waves=progress.get("waves"))})

@@ -13,6 +13,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/state.json", job_views.job_state, name="job-state"),
     path("jobs/<int:job_id>/plan-figures.json", job_views.job_plan_figures, name="job-plan-figures"),
     path("transitions/<int:transition_id>/", job_views.transition_detail, name="transition"),
+    path("transitions/<int:transition_id>/wave.json", job_views.transition_wave, name="transition-wave"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
 ]

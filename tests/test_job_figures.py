@@ -15,6 +15,7 @@ from frontend.figures import (
     plan_heatmap_figure,
     round_bytes_figure,
     step_time_around,
+    wave_xs,
 )
 from frontend.layout_view import rank_coordinates
 
@@ -111,3 +112,20 @@ def test_rank_coordinates_of_heterogeneous_layouts_name_the_module() -> None:
                             [{"rank": r, "node": "n", "gpu": r} for r in range(6)])
     assert rows[0]["label"] == "encoder: pp0 dp0 tp0" and rows[5]["label"] == "llm: pp1 dp0 tp1"
     assert rank_coordinates("dp=2", [{"rank": 3, "node": "n", "gpu": 0}])[0]["coordinates"] == []
+
+
+def test_measured_waves_drawn_over_the_predicted_ones_as_far_as_the_transfer_got() -> None:
+    plan = plan_preview(get_model("tiny-gpt"), "dp=2", "dp=4", gpus_per_node=2, staging_bytes=2**20)
+    rounds = plan["summary"]["rounds"]
+    full = [7] * (2 * rounds + 1)
+    wave = memory_wave_figure(plan["wave_after"], plan["wave_peak"], measured_waves={"0": [5, 9, 6], "3": full,
+                                                                                      "8": [1]})
+    measured = {t["name"]: t for t in wave["data"] if t["name"].endswith("measured")}
+    assert sorted(measured) == ["rank 0 measured", "rank 3 measured"]  # rank 8 is not in the world
+    assert measured["rank 0 measured"]["x"] == [0.0, 0.5, 1.0] and measured["rank 0 measured"]["y"] == [5, 9, 6]
+    assert measured["rank 3 measured"]["x"] == wave_xs(rounds) and measured["rank 3 measured"]["y"] == full
+    predicted = {t["name"]: t for t in wave["data"] if t["name"].endswith("predicted")}
+    for rank in (0, 3):  # the same colour as the rank's predicted line, dotted
+        assert measured[f"rank {rank} measured"]["line"]["color"] == predicted[f"rank {rank} predicted"]["line"]["color"]
+        assert measured[f"rank {rank} measured"]["line"]["dash"] == "dot"
+    assert wave_xs(2) == [0.0, 0.5, 1.0, 1.5, 2.0]

@@ -66,9 +66,34 @@ def state_digests(placement: Placement, rank: int, shards: dict[Key, LocalShard]
     return dict(zip(keys, local.tolist()))
 
 
-def compare_digests(model, before: dict[Key, int], after: dict[Key, int]) -> None:
-    """Raise naming every logical tensor whose digest changed."""
-    bad = [f"{model.tensors[i].name}/{state}" for (i, state) in before if before[(i, state)] != after.get((i, state))]
+def tensor_checks(model, before: dict[Key, int], after: dict[Key, int]) -> list[dict]:
+    """One row per logical tensor, in the model's order: {name, shape, match, mismatched
+    (the states whose digest changed), digest (its states' digests after the switch,
+    summed modulo 2^64, as 16 hex digits)} -- what the transition page lists."""
+    rows = []
+    for i, tensor in enumerate(model.tensors):
+        states = [state for (j, state) in before if j == i]
+        mismatched = [state for state in states if before[(i, state)] != after.get((i, state))]
+        combined = sum(after.get((i, state), 0) for state in states) % 2**64
+        rows.append({"name": tensor.name, "shape": list(tensor.shape), "match": not mismatched,
+                     "mismatched": mismatched, "digest": f"{combined:016x}"})
+    return rows
+
+
+class VerificationError(EngineError):
+    """Digests differ after a switch; `checks` holds tensor_checks' rows."""
+
+    def __init__(self, message: str, checks: list[dict]) -> None:
+        super().__init__(message)
+        self.checks = checks
+
+
+def compare_digests(model, before: dict[Key, int], after: dict[Key, int]) -> list[dict]:
+    """tensor_checks' rows; raise VerificationError naming every logical tensor whose
+    digest changed."""
+    checks = tensor_checks(model, before, after)
+    bad = [f"{row['name']}/{state}" for row in checks for state in row["mismatched"]]
     if bad:
-        raise EngineError(f"verification failed for {len(bad)} tensor states: {', '.join(bad[:8])}"
-                          + (" ..." if len(bad) > 8 else ""))
+        raise VerificationError(f"verification failed for {len(bad)} tensor states: {', '.join(bad[:8])}"
+                                + (" ..." if len(bad) > 8 else ""), checks)
+    return checks

@@ -288,7 +288,9 @@ def _switch_old_rank(trainer, order: protocol.JobSwitchOrder, settings: JobSetti
 
         new, new_scalars, report = switch_state(spec, shards, scalars, src, order.layout, rank,
                                                 staging_bytes=order.staging_bytes,
-                                                gpus_per_node=order.gpus_per_node, on_verify=verifying)
+                                                gpus_per_node=order.gpus_per_node, on_verify=verifying,
+                                                on_round=_round_reporter(boundary.reporter, order, rank,
+                                                                         scalars.step))
         # Every rank of the union world builds the trainer: its process groups are made
         # collectively, by members and non-members alike. A rank outside the layout then leaves.
         trainer = _trainer(settings, order.layout, rank, new, new_scalars, ckpt)
@@ -296,6 +298,25 @@ def _switch_old_rank(trainer, order: protocol.JobSwitchOrder, settings: JobSetti
         reason = f"{type(exc).__name__}: {exc}"[:1500]
         raise RolledBack(_back_to_old_layout(order, store, rank, src, kept, scalars, settings, ckpt), reason) from exc
     return (trainer if trainer.active else None), report
+
+
+PROGRESS_INTERVAL = 0.5  # seconds between live transfer reports (the first and last round always go)
+
+
+def _round_reporter(reporter: Reporter, order: protocol.JobSwitchOrder, rank: int, step: int):
+    """Rank 0's on_round for switch_state: a throttled `transferring` report with the
+    round reached and its measured wave so far (other ranks send nothing)."""
+    if rank != 0:
+        return None
+    from agents.engine.progress import Throttle
+
+    throttle = Throttle(PROGRESS_INTERVAL)
+
+    def on_round(done: int, rounds: int, moved_bytes: int, wave: list[int]) -> None:
+        if throttle.due(final=done >= rounds):
+            reporter.transition(order.transition_id, "transferring", step=step, progress=protocol.TransferProgress(
+                round=done, rounds=rounds, moved_bytes=moved_bytes, waves={0: wave}))
+    return on_round
 
 
 def _back_to_old_layout(order: protocol.JobSwitchOrder, store, rank: int, src: str, kept: dict, scalars,
@@ -357,7 +378,11 @@ def _train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: R
                                     transfer_seconds=report.seconds, verify_seconds=report.verify_seconds,
                                     network_bytes=report.network_bytes, rounds=report.rounds,
                                     peak_bytes=report.peak_bytes, predicted_peak_bytes=report.predicted_peak_bytes,
-                                    fingerprint=report.fingerprint, verified=report.verified)
+                                    fingerprint=report.fingerprint, verified=report.verified,
+                                    progress=protocol.TransferProgress(
+                                        round=report.rounds, rounds=report.rounds, moved_bytes=report.network_bytes,
+                                        waves=dict(enumerate(report.measured_waves))),
+                                    tensors=report.checks)
             if steps == 1:  # rank 0 is in every layout: it started with the job
                 reporter.job("started", step=result.step, layout=str(trainer.placement.layout))
             if result.step % settings.report_every == 0:
@@ -384,7 +409,8 @@ def _train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: R
                 if rank == 0:
                     reporter.transition(order.transition_id, "rolled_back", step=trainer.scalars.step,
                                         pause_seconds=time.perf_counter() - paused_at,
-                                        error=f"switch failed, back on {trainer.placement.layout}: {back.reason}")
+                                        error=f"switch failed, back on {trainer.placement.layout}: {back.reason}",
+                                        tensors=getattr(back.__cause__, "checks", None))  # a digest mismatch
                 continue
             if trainer is None:  # this rank is not in the new layout: its state has been handed over
                 dist.destroy_process_group()

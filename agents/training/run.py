@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from agents.engine.digest import compare_digests, state_digests
 from agents.engine.execute import execute_plan, preallocate, prepare
+from agents.engine.progress import WaveRecorder
 from agents.engine.shards import Key, LocalShard
 from agents.layout.catalog import get_config, get_model
 from agents.layout.placement import place
@@ -45,6 +46,9 @@ class SwitchReport:
     predicted_peak_bytes: int  # the planner's prediction for this rank
     verified: bool
     fingerprint: str
+    # every rank's measured state bytes through the switch (WaveRecorder.wave), rank order
+    measured_waves: list[list[int]] = field(default_factory=list)
+    checks: list[dict] = field(default_factory=list)  # per logical tensor (digest.tensor_checks)
 
 
 @dataclass
@@ -93,11 +97,12 @@ def prepare_switch(spec, src: str, dst: str, rank: int, joining: bool, *, stagin
 
 def switch_state(spec, shards: dict[Key, LocalShard], scalars: TrainScalars, src: str, dst: str, rank: int, *,
                  staging_bytes: int = 64 * 2**20, gpus_per_node: int = 8, prepared: PreparedSwitch | None = None,
-                 on_verify=None) -> tuple[dict[Key, LocalShard], TrainScalars, SwitchReport]:
+                 on_verify=None, on_round=None) -> tuple[dict[Key, LocalShard], TrainScalars, SwitchReport]:
     """Move handed-over state from layout src to dst; every rank of the union world calls
     this. Consumes `shards` (the engine frees each as soon as it has been sent).
     `on_verify(transfer_seconds)` is called when the transfer is done and the digests are
-    about to be compared."""
+    about to be compared; `on_round(done, rounds, moved_bytes, wave)` after each round
+    (moved_bytes: the plan's network bytes of the rounds done; wave: WaveRecorder.wave)."""
     box = [scalars]
     dist.broadcast_object_list(box, src=0)  # rank 0 is in every layout
     scalars = box[0]
@@ -105,28 +110,35 @@ def switch_state(spec, shards: dict[Key, LocalShard], scalars: TrainScalars, src
                                           gpus_per_node=gpus_per_node)
     plan, program, ready = prepared.plan, prepared.program, prepared.ready
     before = state_digests(plan.src, rank, shards)
-    peak = [sum(s.nbytes for s in shards.values())]
+    start_bytes = sum(s.nbytes for s in shards.values())
+    progress = None
+    if on_round is not None:
+        moved = [0, *(int(x) for x in (plan.stats.send_intra + plan.stats.send_inter).sum(axis=1).cumsum())]
+        rounds = len(moved) - 1
 
-    def sample(_label: str, live: int) -> None:
-        peak[0] = max(peak[0], live)
-
+        def progress(done: int, wave: list[int]) -> None:
+            on_round(done, rounds, moved[min(done, rounds)], wave)
+    recorder = WaveRecorder(progress)
     dist.barrier()
     started = time.perf_counter()
-    new: dict[Key, LocalShard] = execute_plan(plan, rank, shards, sample=sample, program=program, ready=ready)
+    new: dict[Key, LocalShard] = execute_plan(plan, rank, shards, sample=recorder, program=program, ready=ready)
     shards.clear()
     seconds = time.perf_counter() - started
     if on_verify is not None:
         on_verify(seconds)
     verify_started = time.perf_counter()
     after = state_digests(plan.dst, rank, new)
-    compare_digests(spec, before, after)  # raises EngineError naming the tensors that differ
+    checks = compare_digests(spec, before, after)  # raises VerificationError naming the tensors that differ
     verify_seconds = time.perf_counter() - verify_started
+    waves: list = [None] * dist.get_world_size()
+    dist.all_gather_object(waves, recorder.wave)  # small: 2 * rounds + 1 integers per rank
     torch.set_rng_state(scalars.rng)
     _, predicted = plan.waves
     summary = plan.summary()
     report = SwitchReport(scalars.step, str(plan.src.layout), str(plan.dst.layout), seconds, verify_seconds,
-                          summary["network_bytes"], summary["rounds"], peak[0],
-                          int(predicted[:, rank].max(initial=0)) if rank < plan.world else 0, True, plan.fingerprint)
+                          summary["network_bytes"], summary["rounds"], max(start_bytes, recorder.peak),
+                          int(predicted[:, rank].max(initial=0)) if rank < plan.world else 0, True, plan.fingerprint,
+                          measured_waves=waves, checks=checks)
     return new, scalars, report
 
 

@@ -55,6 +55,17 @@ class RankSlotView(Closed):
     gpu: int
 
 
+class TransferProgressView(Closed):
+    """A switch's state transfer: rounds done of `rounds`, the plan's network bytes of those
+    rounds, measured state bytes per rank ("rank" -> the start, then per round its peak
+    and the bytes after it; rank 0 while it runs, every rank once committed)."""
+
+    round: int
+    rounds: int
+    moved_bytes: int
+    waves: dict[str, tuple[int, ...]]
+
+
 class TransitionView(Closed):
     """One transition (layout switch) of the job, as the job's page shows it."""
 
@@ -83,6 +94,7 @@ class TransitionView(Closed):
     predicted_peak_bytes: int | None
     verified: bool | None
     kind: str = "resize"  # or "restore": a restart from a checkpoint after ranks were lost
+    progress: TransferProgressView | None = None
 
 
 class TransitionEvent(Closed):

@@ -39,6 +39,7 @@ from controlplane.jobs.lifecycle import (
 from controlplane.jobs.models import Job, Transition
 from controlplane.jobs.scheduling import job_finish, stop_on_commit
 from controlplane.jobs.services import job_metrics_append, publish_job
+from controlplane.jobs.transfer_progress import merge_progress
 
 log = logging.getLogger(__name__)
 
@@ -144,13 +145,23 @@ def _fill(transition: Transition, report: protocol.TransitionReport, *, overwrit
     if report.step is not None and (overwrite or transition.step is None) and transition.step != report.step:
         transition.step = report.step
         changed = True
+    tensors = [check.model_dump() for check in report.tensors] if report.tensors is not None else None
     if report.state == TransitionState.COMMITTED and (overwrite or not transition.verification):
         verification = {"verified": report.verified, "fingerprint": report.fingerprint,
                         "matches_plan": (report.fingerprint == transition.plan_fingerprint)
                         if report.fingerprint and transition.plan_fingerprint else None,
-                        "node": report.node}
+                        "node": report.node, "tensors": tensors}
         if verification != transition.verification:
             transition.verification = verification
+            changed = True
+    elif report.state == TransitionState.ROLLED_BACK and tensors and not transition.verification:
+        transition.verification = {"verified": False, "fingerprint": report.fingerprint, "matches_plan": None,
+                                   "node": report.node, "tensors": tensors}  # the digests that did not match
+        changed = True
+    if report.progress is not None:
+        progress = merge_progress(transition.progress or {}, report.progress)
+        if progress != transition.progress:
+            transition.progress = progress
             changed = True
     return changed
 
@@ -174,7 +185,7 @@ def transition_record_report(*, report: protocol.TransitionReport) -> Transition
             moved = _undo(job, transition, state, target, report)
         else:
             path = transition_forward_path(state, target)
-            if not path:
+            if not path and report.progress is None:  # (live progress repeats `transferring`)
                 log.info("late or duplicate %s report from %s: transition %s of job %s is %s", report.state,
                          report.node, transition.pk, job.name, state)
             now = timezone.now()

@@ -4,7 +4,15 @@ from __future__ import annotations
 from django.db import transaction
 
 from controlplane.common.models import EventStream
-from controlplane.jobs.events import METRIC_NAMES, JobLiveSnapshot, RankSlotView, Series, TransitionView, job_stream
+from controlplane.jobs.events import (
+    METRIC_NAMES,
+    JobLiveSnapshot,
+    RankSlotView,
+    Series,
+    TransferProgressView,
+    TransitionView,
+    job_stream,
+)
 from controlplane.jobs.metric_codec import unpack
 from controlplane.jobs.models import MetricSeries, Transition
 
@@ -23,7 +31,8 @@ def transition_view(t: Transition) -> TransitionView:
         finished_at=_iso(t.finished_at), step=t.step, prepare_seconds=t.prepare_seconds,
         pause_seconds=t.pause_seconds, transfer_seconds=t.transfer_seconds, verify_seconds=t.verify_seconds,
         network_bytes=t.network_bytes, rounds=t.rounds, peak_bytes=t.peak_bytes,
-        predicted_peak_bytes=t.predicted_peak_bytes, verified=(t.verification or {}).get("verified"), kind=t.kind)
+        predicted_peak_bytes=t.predicted_peak_bytes, verified=(t.verification or {}).get("verified"), kind=t.kind,
+        progress=TransferProgressView(**t.progress) if t.progress else None)
 
 
 def metric_points(*, series_id: int) -> tuple[list[float], list[float]]:

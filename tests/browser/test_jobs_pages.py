@@ -104,6 +104,13 @@ def test_job_page_resizes_by_clicking_through_to_committed(stack, browser) -> No
         result = page.locator("#resize-result")
         assert result.get_attribute("data-verified") == "true", page.locator("#progress-section").inner_html()
         assert "every tensor verified bit-exact" in result.inner_text()
+        # Rank 0's live progress: the last round reached, measured waves drawn over the predicted ones.
+        page.wait_for_function("(() => { const p = document.querySelector('#progress-round');"
+                               " return p.dataset.rounds && p.dataset.round === p.dataset.rounds; })()", timeout=30_000)
+        rounds = page.locator("#progress-round").get_attribute("data-rounds")
+        assert f"round {rounds} of {rounds}" in page.locator("#progress-round").inner_text()
+        page.wait_for_function("[...document.querySelectorAll('#progress-wave .legendtext')]"
+                               ".some((n) => n.textContent.endsWith('measured'))", timeout=30_000)
         page.wait_for_function("document.querySelectorAll('[data-rank]').length === 4", timeout=30_000)
         assert page.locator("#job-state").inner_text() == "running"
         assert page.locator("#job-layout").inner_text() == "dp=4 on 4 GPUs"
@@ -130,6 +137,19 @@ def test_job_page_resizes_by_clicking_through_to_committed(stack, browser) -> No
         assert page.locator("#transition-state").inner_text() == "committed"
         assert [li.get_attribute("data-state") for li in page.locator("#state-history li").all()][-1] == "committed"
         assert page.locator("#plan-wave .main-svg").count() > 0
+        measured = page.locator("#plan-wave .legendtext").all_inner_texts()
+        assert [t for t in measured if t.endswith("measured")] == [f"rank {r} measured" for r in range(4)], measured
+        # Per-tensor verification: collapsed when every tensor matched, filterable by name.
+        checks = page.locator("#tensor-checks")
+        assert checks.get_attribute("open") is None and "all matched" in checks.locator("summary").inner_text()
+        checks.locator("summary").focus()
+        page.keyboard.press("Enter")  # keyboard opens it
+        total = page.locator("#tensor-rows tr").count()
+        assert total > 0 and page.locator("#tensor-rows tr[data-match=false]").count() == 0
+        page.locator("#tensor-filter").fill("embed")
+        shown = page.locator("#tensor-rows tr:not([hidden])").count()
+        assert 0 < shown < total, (shown, total)
+        assert page.locator("#tensor-count").inner_text() == f"{shown} of {total} shown"
         page.screenshot(path=str(shots / "transition.png"), full_page=True)
 
         page.get_by_role("link", name="Jobs", exact=True).click()

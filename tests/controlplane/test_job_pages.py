@@ -84,6 +84,37 @@ def test_transition_page_after_a_resize(run, token_client, browser_client, runni
     assert _embedded(job_page, "job-live")["transitions"][0]["state"] == "planned"
 
 
+def _report(transition: dict, state: str, **fields) -> protocol.TransitionReport:
+    return protocol.TransitionReport(job_id=transition["job_id"], transition_id=transition["id"], node="node-1",
+                                     state=state, sent_at=datetime.now(timezone.utc), **fields)
+
+
+def test_transition_pages_draw_the_measured_waves_and_list_the_tensor_checks(run, token_client, browser_client,
+                                                                             running_job) -> None:
+    from controlplane.jobs.reports import transition_record_report
+
+    transition = run(token_client.post, f"/api/jobs/{running_job['id']}/resize", {"gpus": 4}, format="json").json()
+    run(transition_record_report, report=_report(transition, "transferring", step=4, progress=protocol.TransferProgress(
+        round=1, rounds=3, moved_bytes=4096, waves={0: [100, 150, 90]})))
+    live = browser_client.get(f"/transitions/{transition['id']}/wave.json").json()
+    assert live["progress"]["round"] == 1 and live["progress"]["rounds"] == 3
+    measured = [t for t in live["wave"]["data"] if t["name"] == "rank 0 measured"]
+    assert len(measured) == 1 and measured[0]["y"] == [100, 150, 90]
+    html = browser_client.get(f"/transitions/{transition['id']}/").content.decode()
+    assert "round 1 of 3" in html
+
+    rows = [{"name": "embed.weight", "shape": [256, 64], "match": True, "mismatched": [], "digest": "0a"},
+            {"name": "layers.0.attn.qkv", "shape": [64, 192], "match": False, "mismatched": ["master"], "digest": "0b"}]
+    run(transition_record_report, report=_report(transition, "rolled_back", tensors=rows,
+                                                 error="verification failed for 1 tensor states"))
+    html = browser_client.get(f"/transitions/{transition['id']}/").content.decode()
+    assert 'data-verified="false"' in html and "1 did NOT match" in html
+    assert "<details id=\"tensor-checks\" open>" in html  # a failure opens the table
+    failed = html.index('class="failed"')
+    assert html.index('data-name="layers.0.attn.qkv"') < failed < html.index('data-name="embed.weight"')
+    assert "MISMATCH: master" in html
+
+
 def test_a_restore_row_has_no_routing_plan(browser_client, token_client, running_job) -> None:
     from controlplane.jobs.models import Transition
 

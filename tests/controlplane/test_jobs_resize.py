@@ -126,7 +126,7 @@ def test_grow_from_two_to_four_ranks_across_two_nodes(two_nodes, token_client, s
     assert (t.prepare_seconds, t.pause_seconds, t.transfer_seconds, t.verify_seconds) == (1.5, 0.9, 0.5, 0.1)
     assert (t.network_bytes, t.rounds, t.peak_bytes, t.predicted_peak_bytes, t.step) == (123456, 2, 9000, 8800, 7)
     assert t.verification == {"verified": True, "fingerprint": t.plan_fingerprint, "matches_plan": True,
-                              "node": "node-1"}
+                              "node": "node-1", "tensors": None}
     assert (job.state, job.layout, job.world_size) == ("running", "tp=2,dp=2", 4)
     assert job.placement == body["destination_placement"]
     # The job keeps its start rendezvous: rank 0's process still holds that store.
@@ -315,6 +315,59 @@ def test_duplicate_late_and_unknown_reports_are_ignored(two_nodes, token_client,
     assert "does not exist" in caplog.text
     transition_report.run({"job_id": job.pk, "transition_id": t.pk, "state": "exploded"})
     assert "rejected transition report" in caplog.text
+
+
+def _progress(done: int, rounds: int, **waves: list[int]) -> dict:
+    return {"progress": protocol.TransferProgress(round=done, rounds=rounds, moved_bytes=100 * done,
+                                                  waves={int(r[4:]): w for r, w in waves.items()})}
+
+
+def test_transfer_progress_and_tensor_checks_are_stored_and_published(two_nodes, token_client, sent_tasks,
+                                                                      sent_events, run) -> None:
+    """Rank 0's live `transferring` reports (round k of R, its measured wave so far) and the
+    committed report's every-rank waves and per-tensor checks: stored on the transition
+    (the furthest round wins, whatever the arrival order), each change on the job's stream."""
+    job = _running_job(run, token_client, layout="dp=2")
+    t = Transition.objects.get(pk=_resize(run, token_client, job, gpus=4).json()["id"])
+    before = job_live_snapshot(job_id=job.pk)
+    sent_events.clear()
+    run(transition_report, _treport(t, "transferring", step=3, **_progress(1, 3, rank0=[10, 30, 20])))
+    run(transition_report, _treport(t, "transferring", step=3, **_progress(3, 3, rank0=[10, 30, 20, 25, 15, 18, 12])))
+    run(transition_report, _treport(t, "transferring", step=3, **_progress(2, 3, rank0=[10, 30, 20, 25, 15])))  # late
+    t.refresh_from_db()
+    assert t.state == "transferring"
+    assert t.progress == {"round": 3, "rounds": 3, "moved_bytes": 300, "waves": {"0": [10, 30, 20, 25, 15, 18, 12]}}
+    live = [e.transition.progress for e in sent_events if isinstance(e, TransitionEvent)]
+    assert [(p.round, p.rounds) for p in live] == [(1, 3), (3, 3)]  # the late one changed nothing: not published
+    tensors = [{"name": "embed", "shape": [64, 32], "match": True, "mismatched": [], "digest": "00ff"}]
+    waves = {"rank0": [10, 30, 20, 25, 15, 18, 12], "rank3": [0, 5, 5, 9, 9, 9, 9]}
+    run(transition_report, _committed(t, tensors=tensors, **_progress(2, 2, **waves)))
+    t.refresh_from_db()
+    assert t.state == "committed" and t.verification["tensors"] == tensors
+    assert t.progress["waves"] == {"0": waves["rank0"], "3": waves["rank3"]} and t.progress["round"] == 3
+    events = [e for e in sent_events if isinstance(e, TransitionEvent)]
+    for event in events:
+        job_event_adapter.validate_python(event.model_dump(mode="json"))
+    assert events[-1].transition.progress.waves == {"0": tuple(waves["rank0"]), "3": tuple(waves["rank3"])}
+    snapshot = before
+    for event in events:
+        snapshot = apply_job_event(snapshot, event)
+    assert snapshot == job_live_snapshot(job_id=job.pk)
+    page = token_client.get(f"/api/transitions/{t.pk}").json()
+    assert page["verification"]["tensors"] == tensors
+
+
+def test_a_digest_mismatch_rollback_keeps_the_failed_tensor_rows(two_nodes, token_client, sent_tasks, run) -> None:
+    job = _running_job(run, token_client, layout="dp=2")
+    t = Transition.objects.get(pk=_resize(run, token_client, job, gpus=4).json()["id"])
+    run(transition_report, _treport(t, "transferring", step=3))
+    rows = [{"name": "embed", "shape": [64, 32], "match": True, "mismatched": [], "digest": "01"},
+            {"name": "head", "shape": [32, 64], "match": False, "mismatched": ["exp_avg"], "digest": "02"}]
+    run(transition_report, _treport(t, "rolled_back", error="verification failed for 1 tensor states: head/exp_avg",
+                                    tensors=rows))
+    t.refresh_from_db()
+    assert t.state == "rolled_back" and "head/exp_avg" in t.reason
+    assert t.verification["verified"] is False and t.verification["tensors"] == rows
 
 
 def test_the_ranks_abort_before_transferring(two_nodes, token_client, sent_tasks, run) -> None:

@@ -169,9 +169,36 @@ export function startResizeFlow({ getJob, getLive, onEvent }) {
 
   function follow(id) {
     tracking = id;
+    waveShown = null;
     $("progress-section").hidden = false;
+    $("progress-round").textContent = "";
+    $("progress-wave-figure").hidden = true;
     $("resize-result").replaceChildren();
     $("progress-section").focus();
+  }
+
+  // The measured memory waves over the predicted ones: the figure is built on the server
+  // (GET /transitions/<id>/wave.json); fetched again only when the transfer got further or
+  // the state changed (rank 0 sends at most two progress reports a second).
+  let waveShown = null;
+  let waveLoading = false;
+  async function drawWave(t) {
+    const key = `${t.id}:${t.state}:${t.progress ? t.progress.round : -1}:${Object.keys(t.progress?.waves || {}).length}`;
+    const moving = STEPS.indexOf(t.state) >= STEPS.indexOf("transferring") || TERMINAL.includes(t.state);
+    if (waveShown === key || waveLoading || t.kind === "restore" || !moving) return;
+    waveLoading = true;
+    try {
+      const response = await fetch(`/transitions/${t.id}/wave.json`, { credentials: "same-origin" });
+      if (!response.ok || tracking !== t.id) return;
+      const body = await response.json();
+      waveShown = key;
+      $("progress-wave-figure").hidden = false;
+      window.Plotly.react("progress-wave", body.wave.data, body.wave.layout, PLOT);
+    } finally {
+      waveLoading = false;
+    }
+    const latest = getLive().transitions.find((x) => x.id === tracking);
+    if (latest) drawWave(latest); // a report that came while this one loaded
   }
 
   function showProgress(t) {
@@ -188,6 +215,14 @@ export function startResizeFlow({ getJob, getLive, onEvent }) {
     $("progress-text").textContent = TERMINAL.includes(t.state)
       ? `${t.source_layout} → ${t.destination_layout}: ${t.state}${rounds}`
       : `${t.source_layout} → ${t.destination_layout}: ${t.state}…${rounds}`;
+    const p = t.progress;
+    if (p && p.rounds) {
+      $("progress-round").textContent = `round ${p.round} of ${p.rounds} · ${mib(p.moved_bytes)} moved`
+        + (t.network_bytes ? ` of ${mib(t.network_bytes)}` : "");
+      $("progress-round").dataset.round = String(p.round);
+      $("progress-round").dataset.rounds = String(p.rounds);
+    }
+    drawWave(t);
     fillDl($("progress-timings"), [["preparation (training goes on)", secs(t.prepare_seconds)],
       ["pause", secs(t.pause_seconds)], ["transfer", secs(t.transfer_seconds)], ["verification", secs(t.verify_seconds)],
       ["network bytes", t.network_bytes === null ? "–" : mib(t.network_bytes)],

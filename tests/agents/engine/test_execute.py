@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agents.engine.digest import compare_digests, state_digests
+from agents.engine.digest import VerificationError, compare_digests, state_digests
 from agents.engine.errors import EngineError
 from agents.engine.execute import execute_plan
+from agents.engine.progress import WaveRecorder
 from agents.engine.launch import run_ranks
 from agents.engine.shards import LocalShard, rank_boxes
 from agents.engine.state_fill import value
@@ -29,7 +30,19 @@ def _switch(rank: int, world: int, model_name: str, src: str, dst: str, staging:
            for key, box in (rank_boxes(plan.src, rank).items() if rank < plan.src.world else [])}
     before = state_digests(plan.src, rank, old)
     samples: list[int] = []
-    new = execute_plan(plan, rank, old, sample=lambda label, live: samples.append(live))
+    rounds_seen: list[int] = []
+    recorder = WaveRecorder(lambda done, wave: rounds_seen.append(done))
+
+    def sample(label: str, live: int) -> None:
+        samples.append(live)
+        recorder(label, live)
+
+    new = execute_plan(plan, rank, old, sample=sample)
+    # The measured wave has the planner's shape (start, then peak and after per round), one
+    # on_round per round, and peaks no lower than what follows them.
+    assert rounds_seen == list(range(1, len(plan.rounds) + 1))
+    assert len(recorder.wave) == 2 * len(plan.rounds) + 1 and recorder.peak == max(samples)
+    assert all(recorder.wave[2 * k + 1] >= recorder.wave[2 * k + 2] for k in range(len(plan.rounds)))
     expected = rank_boxes(plan.dst, rank) if rank < plan.dst.world else {}
     assert set(new) == set(expected)
     # The engine keeps its live bytes as a running total: at the end it must equal a recount.
@@ -46,10 +59,12 @@ def _switch(rank: int, world: int, model_name: str, src: str, dst: str, staging:
     measured = max(samples, default=0)
     assert measured <= predicted, f"rank {rank}: measured peak {measured} B above the predicted {predicted:.0f} B"
     try:
-        compare_digests(model, before, after)
+        checks = compare_digests(model, before, after)
+        assert [row["name"] for row in checks] == [t.name for t in model.tensors] and all(r["match"] for r in checks)
         return ("ok", (measured, predicted))
-    except EngineError as exc:
-        return ("mismatch", str(exc))
+    except VerificationError as exc:
+        bad = [(row["name"], row["mismatched"]) for row in exc.checks if not row["match"]]
+        return ("mismatch", str(exc), bad)
 
 
 CASES = [
@@ -62,7 +77,7 @@ CASES = [
 
 def test_rows_fanned_out_beyond_the_budget_are_sent_over_several_rounds() -> None:
     results = run_ranks(4, _switch, "tiny-gpt", "dp=1", "dp=4", 2048, False, timeout_s=120)
-    assert all(status == "ok" for status, _ in results), results
+    assert all(status == "ok" for status, *_ in results), results
 
 
 @pytest.mark.parametrize(("name", "src", "dst"), CASES, ids=[c[0] for c in CASES])
@@ -71,21 +86,24 @@ def test_switch_is_exact_and_verified(name: str, src: str, dst: str) -> None:
 
     world = max(parse_layout(src).world, parse_layout(dst).world)
     results = run_ranks(world, _switch, "tiny-gpt", src, dst, 64 * 1024, False, timeout_s=90)
-    assert all(status == "ok" for status, _ in results), results
+    assert all(status == "ok" for status, *_ in results), results
 
 
 def test_heterogeneous_multimodal_switch_is_exact() -> None:
     results = run_ranks(4, _switch, "tiny-vlm", "tp=2,dp=2", "encoder:dp=2,ranks=0-1;llm:tp=2,ranks=2-3",
                         16 * 1024, False, timeout_s=90)
-    assert all(status == "ok" for status, _ in results), results
+    assert all(status == "ok" for status, *_ in results), results
 
 
 def test_digest_names_a_corrupted_tensor() -> None:
     results = run_ranks(4, _switch, "tiny-gpt", "tp=2,dp=2,zero=1", "tp=4", 64 * 1024, True, timeout_s=90)
-    statuses = {status for status, _ in results}
+    statuses = {status for status, *_ in results}
     assert statuses == {"mismatch"}, results
     assert "verification failed for 1 tensor states" in results[0][1]
     assert "/exp_avg" in results[0][1]
+    # The per-tensor rows (what the transition page lists) name the same one tensor and state.
+    [(name, states)] = results[0][2]
+    assert f"{name}/exp_avg" in results[0][1] and states == ["exp_avg"]
 
 
 def _mismatched_plan(rank: int, world: int):
@@ -131,3 +149,4 @@ def test_a_rank_dying_mid_switch_fails_the_others_within_the_timeout() -> None:
     import re
 
     assert re.search(r"round \d+ of \d+ failed exchanging with ranks \[[^]]*1", message), message
+
