@@ -9,7 +9,8 @@ from agents.engine.errors import EngineError
 from agents.engine.launch import run_ranks
 from agents.layout.errors import LayoutError
 from agents.training.parallel import StepResult, TrainConfig, TrainingError
-from agents.training.run import SwitchReport, Switch, check_schedule, parse_switch, train_rank, union_world
+from agents.training.run import (SwitchReport, Switch, check_layout, check_schedule, parse_switch, train_rank,
+                                union_world)
 
 
 def _print_progress(rank: int, event: StepResult | SwitchReport) -> None:
@@ -39,6 +40,8 @@ def train_main(args) -> int:
         config = TrainConfig(model=args.model, global_batch=args.global_batch, seq_len=args.seq,
                              micro_batches=args.micro_batches, seed=args.seed, lr=args.lr,
                              total_steps=max(args.steps, 1), sequence_parallel=args.sequence_parallel)
+        for layout in [args.layout, *(s.layout for s in switches)]:
+            check_layout(config, layout)
         needed = union_world(config, args.layout, switches)
         world = args.world or needed
         if world < needed:

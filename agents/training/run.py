@@ -23,8 +23,9 @@ from agents.engine.shards import Key, LocalShard
 from agents.layout.catalog import get_config, get_model
 from agents.layout.placement import place
 from agents.layout.plan import PlanOptions, plan_routes
-from agents.training.hetero import HeteroTrainer
-from agents.training.parallel import ParallelTrainer, StepResult, TrainConfig, TrainingError, TrainScalars, initial_shards
+from agents.training.hetero import HeteroTrainer, check_hetero_trainable
+from agents.training.parallel import (ParallelTrainer, StepResult, TrainConfig, TrainingError, TrainScalars,
+                                      check_trainable, initial_shards)
 
 
 @dataclass(frozen=True)
@@ -142,26 +143,47 @@ def switch_state(spec, shards: dict[Key, LocalShard], scalars: TrainScalars, src
     return new, scalars, report
 
 
-def switch_trainer(trainer: ParallelTrainer, layout: str, **options) -> tuple[ParallelTrainer, SwitchReport]:
-    """Hand a live trainer's state over to a trainer for `layout`, at a step boundary."""
+def check_layout(config: TrainConfig, layout: str) -> None:
+    """Raise TrainingError (or LayoutError) naming why the model's trainer cannot train
+    `layout`: checked for every layout of a schedule before any rank starts, so a switch is
+    never refused after the state has left the old layout."""
+    placement = place(get_model(config.model), layout)
+    if get_config(config.model).encoder is not None:
+        check_hetero_trainable(config, placement)
+    else:
+        check_trainable(config, placement)
+
+
+def build_trainer(config: TrainConfig, layout: str, rank: int, shards: dict[Key, LocalShard],
+                  scalars: TrainScalars) -> ParallelTrainer | HeteroTrainer:
+    """The trainer for the model: HeteroTrainer (a layout per module, issue 8) for models
+    with an encoder, whatever the layout string (a plain one gives both modules the same
+    layout), else ParallelTrainer. Collective: every rank of the default group calls it."""
+    if get_config(config.model).encoder is not None:
+        return HeteroTrainer(config, layout, rank, shards, scalars)
+    return ParallelTrainer(config, layout, rank, shards, scalars)
+
+
+def switch_trainer(trainer: ParallelTrainer | HeteroTrainer, layout: str,
+                   **options) -> tuple[ParallelTrainer | HeteroTrainer, SwitchReport]:
+    """Hand a live trainer's state over to a trainer for `layout`, at a step boundary. For a
+    multimodal model the plan moves each module's tensors from that module's old layout and
+    ranks to its new ones (homogeneous, colocated and non-colocated alike)."""
     src = str(trainer.placement.layout)
     shards, scalars = trainer.hand_over()
     new, scalars, report = switch_state(trainer.spec, shards, scalars, src, layout, trainer.rank, **options)
-    return ParallelTrainer(trainer.config, layout, trainer.rank, new, scalars), report
+    return build_trainer(trainer.config, layout, trainer.rank, new, scalars), report
 
 
 def train_rank(rank: int, world: int, config: TrainConfig, layout: str, steps: int, switches: list[Switch],
                staging_bytes: int = 64 * 2**20, on_step=None) -> RankLog:
     """The whole run on one rank; `on_step(rank, StepResult | SwitchReport)` sees progress."""
     check_schedule(steps, switches)
+    for text in [layout, *(s.layout for s in switches)]:
+        check_layout(config, text)
     placement = place(get_model(config.model), layout)
     shards = initial_shards(config.model, placement, rank, config.seed) if rank < placement.world else {}
-    if get_config(config.model).encoder is not None:  # multimodal: a layout per module (issue 8)
-        if switches:
-            raise TrainingError(f"{config.model}: online switches of multimodal models are not supported yet")
-        trainer = HeteroTrainer(config, layout, rank, shards, TrainScalars())
-    else:
-        trainer = ParallelTrainer(config, layout, rank, shards, TrainScalars())
+    trainer = build_trainer(config, layout, rank, shards, TrainScalars())
     del shards
     pending = {s.step: s for s in switches}
     log = RankLog()

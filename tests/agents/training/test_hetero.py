@@ -151,9 +151,3 @@ def test_sequence_parallelism_is_refused_with_the_reason() -> None:
     with pytest.raises(TrainingError, match="sequence parallelism is not supported by the heterogeneous trainer"):
         check_hetero_trainable(replace(CONFIG, sequence_parallel=True), place(get_model(CONFIG.model), "tp=2"))
 
-
-def test_switching_a_multimodal_run_is_refused_with_the_reason() -> None:
-    from agents.training.run import Switch, train_rank
-
-    with pytest.raises(TrainingError, match="online switches of multimodal models are not supported yet"):
-        train_rank(0, 1, CONFIG, "tp=1", 3, [Switch(1, "encoder:dp=1;llm:dp=1")])
