@@ -42,10 +42,13 @@ def emulate_main(args) -> int:
           f"{r['model_tflops_per_gpu']:.0f} model TFLOP/s per GPU (MFU {r['mfu']:.1%}), "
           f"{r['hardware_tflops_per_gpu']:.0f} hardware")
     print("  breakdown " + ", ".join(f"{k} {v:.3f} s" for k, v in b.items()))
+    if "phases" in r:  # a multimodal model: the per-module split of the step
+        print(f"  {r['placement']}, critical path: {r['critical_module']}; phases "
+              + ", ".join(f"{k} {v:.3f} s" for k, v in r["phases"].items()))
     verdict = "fits" if m["fits"] else "DOES NOT FIT"
     print(f"  memory peak {m['peak_bytes'] / GiB:.1f} GiB of {m['capacity_bytes'] / GiB:.1f} GiB: {verdict}")
     for s in m["per_stage"]:
-        print(f"    stage {s['stage']:3d}: params {s['params'] / GiB:6.2f}  grads {s['grads'] / GiB:6.2f}  "
+        print(f"    {s.get('module', 'stage')} {s['stage']:3d}: params {s['params'] / GiB:6.2f}  grads {s['grads'] / GiB:6.2f}  "
               f"optimizer {s['optimizer'] / GiB:6.2f}  activations {s['activations'] / GiB:6.2f}  "
               f"peak {s['peak'] / GiB:6.2f} GiB")
     print(f"  {r['ranks_emulated']} ranks emulated from {r['ranks_traced']} traced stage classes "
@@ -103,6 +106,10 @@ def search_main(args) -> int:
     print(HEADER)
     for r in result["top"]:
         print(_row(r))
+    for kind, r in result.get("best_by_placement", {}).items():  # a multimodal model
+        print(f"best {kind}: " + (f"{r['layout']} (micro-batch {r['micro_batch']}), {r['tokens_per_second']:,.0f} "
+                                  f"tokens/s, {r['model_tflops_per_gpu']:.0f} model TFLOP/s per GPU"
+                                  if r else "none emulated fits"))
     if not result["top"]:
         print("nothing fits; the closest misses:")
         for d in result["does_not_fit"][:5]:

@@ -76,6 +76,14 @@ def check_request(request: EmulateRequest) -> int:
 
 def emulate(request: EmulateRequest, *, use_cache: bool = True, progress=None) -> dict:
     started = time.perf_counter()
+    try:
+        multimodal = get_config(request.model).encoder is not None
+    except LayoutError as exc:
+        raise EmulatorError(str(exc)) from exc
+    if multimodal:  # HeteroTrainer's program: per-module layouts (hetero_emulate.py)
+        from agents.emulator.hetero_emulate import emulate_hetero
+
+        return emulate_hetero(request, _profile(request), use_cache=use_cache, progress=progress)
     micro_batches = check_request(request)
     profile = _profile(request)
     traced, info = trace(TraceRequest(request.model, request.layout, request.micro_batch, request.seq,

@@ -112,6 +112,14 @@ def _model_parallel(layout: str) -> int:
 
 
 def search(request: SearchRequest, progress=None) -> dict:
+    try:
+        multimodal = get_config(request.model).encoder is not None
+    except LayoutError as exc:
+        raise EmulatorError(str(exc)) from exc
+    if multimodal:  # homogeneous, colocated and non-colocated candidates (hetero_search.py)
+        from agents.emulator.hetero_search import search_multimodal
+
+        return search_multimodal(request, progress)
     profile = load_profile(request.profile) if request.profile else get_profile(request.gpu)
     candidates = candidate_layouts(request)
     if not candidates:

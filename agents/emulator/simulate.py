@@ -224,13 +224,17 @@ def _index_without_p2p(ops: tuple[Op, ...]) -> list[int]:
 
 # --- the step -------------------------------------------------------------------------
 def simulate(trace: Trace, profile: DeviceProfile, gpus_per_node: int = 8, recompute: str = "none",
-             record_events: bool = False) -> SimResult:
+             record_events: bool = False, input_ready: tuple[float, ...] | None = None) -> SimResult:
+    """`input_ready[i]`: when micro-batch i's input reaches the first stage (default 0: all at
+    the start); a heterogeneous layout's encoder feeds the LLM this way (hetero_sim.py)."""
     require(isinstance(trace, Trace), f"trace must be a Trace, got {type(trace).__name__}")
     require(isinstance(profile, DeviceProfile), f"profile must be a DeviceProfile, got {type(profile).__name__}")
     require(isinstance(gpus_per_node, int) and gpus_per_node >= 1,
             f"gpus_per_node={gpus_per_node!r} must be a positive integer")
     require(recompute in RECOMPUTE, f"recompute={recompute!r} not in {RECOMPUTE}")
     pp, vpp, m = trace.pp, trace.vpp, trace.micro_batches
+    require(input_ready is None or (len(input_ready) == m and all(t >= 0 for t in input_ready)),
+            f"input_ready must hold {m} times >= 0, one per micro-batch")
     K = pp * vpp
     costs = [_stage_cost(s, profile, gpus_per_node, recompute) for s in trace.stages]
     orders = rank_orders(pp, vpp, m)
@@ -256,7 +260,7 @@ def simulate(trace: Trace, profile: DeviceProfile, gpus_per_node: int = 8, recom
                     dep, edge = (("B", mb, k + 1), bwd_edge[k]) if k < K - 1 else (("F", mb, k), 0.0)
                 if dep is not None and dep not in end:
                     break
-                arrival = end[dep] + edge if dep is not None else 0.0
+                arrival = end[dep] + edge if dep is not None else (input_ready[mb] if input_ready else 0.0)
                 start = max(free[r], arrival)
                 parts[r]["pp_comm"] += min(start - free[r], edge)
                 phase = costs[k].forward if kind == "F" else costs[k].backward

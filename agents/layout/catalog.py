@@ -183,10 +183,11 @@ def _llama(hidden: int, layers: int, heads: int, kv: int, ffn: int, vocab: int, 
 
 _TINY = _llama(64, 4, 4, 2, 176, 512)
 _LLAMA3_8B = _llama(4096, 32, 32, 8, 14336, 128256)
+_LLAMA3_70B = _llama(8192, 80, 64, 8, 28672, 128256)
 _CATALOG: dict[str, ModelConfig] = {c.name: c for c in (
     ModelConfig("tiny-gpt", "llama", _TINY, description="Llama-style toy model, trains on a CPU"),
     ModelConfig("llama3-8b", "llama", _LLAMA3_8B, description="Llama 3 8B"),
-    ModelConfig("llama3-70b", "llama", _llama(8192, 80, 64, 8, 28672, 128256), description="Llama 3 70B"),
+    ModelConfig("llama3-70b", "llama", _LLAMA3_70B, description="Llama 3 70B"),
     ModelConfig("llama3-405b", "llama", _llama(16384, 126, 128, 8, 53248, 128256), description="Llama 3.1 405B"),
     ModelConfig("gpt3-175b", "gpt", DecoderConfig(
         "gpt", 12288, 96, 96, 96, 128, 4 * 12288, 50257, tied=True, positions=2048,
@@ -196,6 +197,14 @@ _CATALOG: dict[str, ModelConfig] = {c.name: c for c in (
         description="Qwen3 235B-A22B MoE, 128 experts top-8"),
     ModelConfig("llava-vitl-llama3-8b", "llava", _LLAMA3_8B, VisionConfig(1024, 24, 16, 4096, 14, 336, 3, 4096),
                 description="CLIP ViT-L/14-336 + MLP projector + Llama 3 8B (LLaVA-NeXT 8B)"),
+    # InternViT towers (published config.json of OpenGVLab/InternViT-6B-448px-V1-5: hidden 3200, 45 layers,
+    # 25 heads, MLP 12800, patch 14, image 448; OpenGVLab/InternViT-300M-448px: hidden 1024, 24 layers, 16
+    # heads, MLP 4096, patch 14, image 448) in this catalog's ViT form (pre-LN with biases, a class token,
+    # no pixel shuffle: 1025 image tokens into the LLM), with an MLP projector: issue 8's benchmark models.
+    ModelConfig("internvit6b-llama3-70b", "llava", _LLAMA3_70B, VisionConfig(3200, 45, 25, 12800, 14, 448, 3, 8192),
+                description="InternViT-6B-448px (45 layers) + MLP projector + Llama 3 70B"),
+    ModelConfig("internvit300m-llama3-8b", "llava", _LLAMA3_8B, VisionConfig(1024, 24, 16, 4096, 14, 448, 3, 4096),
+                description="InternViT-300M-448px + MLP projector + Llama 3 8B"),
     ModelConfig("llama-124m", "llama", _llama(768, 12, 12, 4, 2048, 32000),
                 description="Llama-style 124M model for switch benchmarks on one machine"),
     ModelConfig("tiny-vlm", "llava", _TINY, VisionConfig(32, 2, 2, 64, 4, 16, 3, 64),
@@ -210,6 +219,14 @@ PUBLISHED_PARAMS: dict[str, int] = {
     "gpt3-175b": 175_000_000_000,
     "qwen3-235b-a22b": 235_000_000_000,
     "llava-vitl-llama3-8b": 8_360_000_000,
+}
+
+
+# Published vision-tower sizes (model cards: InternViT-6B-448px-V1-5 "Params (M): 5540", InternViT-300M-448px
+# "Params (M): 304"): the encoder's tensors without the projector, within 0.5%.
+PUBLISHED_ENCODER_PARAMS: dict[str, int] = {
+    "internvit6b-llama3-70b": 5_540_000_000,
+    "internvit300m-llama3-8b": 304_000_000,
 }
 
 

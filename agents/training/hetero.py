@@ -144,20 +144,24 @@ class HeteroTrainer:
     """One rank's training program for a per-module layout of a multimodal model."""
 
     def __init__(self, config: TrainConfig, layout: str, rank: int, shards: dict[Key, LocalShard],
-                 scalars: TrainScalars | None = None) -> None:
+                 scalars: TrainScalars | None = None, *, meshes: tuple[DeviceMesh, DeviceMesh] | None = None,
+                 check_plan: bool = True) -> None:
+        """`meshes` (encoder, llm), built by the caller, and `check_plan=False` (no plan
+        fingerprint exchange) let the emulator's tracer build one rank of a target world on
+        fake tensors and torch's fake process group (agents/emulator/hetero_tracer.py)."""
         self.config, self.rank = config, rank
         self.spec, self.mc = get_model(config.model), get_config(config.model)
         self.placement = place(self.spec, layout)
         check_hetero_trainable(config, self.placement)
         self.enc_ml, self.llm_ml = self.placement.modules["encoder"], self.placement.modules["llm"]
         self.scalars = scalars or TrainScalars()
-        enc_mesh, llm_mesh = _mesh(self.enc_ml), _mesh(self.llm_ml)  # collective
+        enc_mesh, llm_mesh = meshes or (_mesh(self.enc_ml), _mesh(self.llm_ml))  # collective
         self.everyone = dist.new_group(ranks=list(range(self.placement.world)))
         v = self.mc.encoder
         assert v is not None
         self.image_shape = ActivationShape(config.global_batch, v.positions, self.mc.llm.hidden)
         self.boundary = Boundary(plan_boundary(self.enc_ml, self.llm_ml, self.image_shape), rank)
-        if rank < self.placement.world:
+        if rank < self.placement.world and check_plan:
             self.boundary.agree(self.everyone)
         self.images = SyntheticImages(v.channels, v.image, seed=config.seed)
         self.tokens = SyntheticTokens(self.mc.llm.vocab, config.seq_len, seed=config.seed)

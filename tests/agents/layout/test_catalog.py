@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from agents.layout.catalog import (
+    PUBLISHED_ENCODER_PARAMS,
     PUBLISHED_PARAMS,
     build_model,
     catalog_names,
@@ -73,6 +74,16 @@ def split(module: str = "llm", layer: int | None = None, place: str | None = Non
 def test_param_counts_match_published_within_half_a_percent(name: str) -> None:
     count, published = get_model(name).param_count, PUBLISHED_PARAMS[name]
     assert abs(count - published) / published < 0.005, (name, count, published)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_ENCODER_PARAMS))
+def test_vision_towers_match_published_within_half_a_percent(name: str) -> None:
+    model = get_model(name)
+    tower = sum(t.numel for t in model.tensors if t.split.module == "encoder" and ".projector." not in t.name)
+    published = PUBLISHED_ENCODER_PARAMS[name]
+    assert abs(tower - published) / published < 0.005, (name, tower, published)
+    llm = sum(t.numel for t in model.tensors if t.split.module == "llm")
+    assert llm == get_model(name.split("-", 1)[1]).param_count  # the catalog's LLM, unchanged
 
 
 def test_catalog_has_the_contract_models() -> None:
