@@ -10,8 +10,9 @@ from agents.protocol import EMULATOR_DEVICES
 from controlplane.cluster.selectors import cluster_snapshot
 from controlplane.common.errors import InvalidInput
 from controlplane.jobs.events import METRIC_NAMES
-from controlplane.jobs.lifecycle import TransitionKind
-from controlplane.jobs.models import Job, Transition
+from controlplane.jobs.lifecycle import LIVE_JOB_STATES, TransitionKind
+from controlplane.jobs.metric_codec import unpack
+from controlplane.jobs.models import Job, MetricSeries, Transition
 from controlplane.jobs.resize_preview import gpu_capacity_bytes, job_plan, transition_plan
 from controlplane.jobs.selectors import job_live_snapshot
 from frontend.figures import (
@@ -74,10 +75,27 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def last_losses(job_ids: list[int]) -> dict[int, float]:
+    """Each job's latest reported loss (jobs without one are left out): one read of the
+    last chunk of each loss series."""
+    out = {}
+    for series in MetricSeries.objects.filter(job_id__in=job_ids, transition=None, rank=None, name="loss"):
+        chunk = series.chunks.order_by("-first_point").first()
+        values = unpack(chunk.y) if chunk is not None else []
+        if values:
+            out[series.job_id] = values[-1]
+    return out
+
+
 @login_required
 def jobs_list(request: HttpRequest):
-    jobs = Job.objects.prefetch_related("transitions").order_by("-created_at", "-id")
-    return render(request, "frontend/jobs.html", {"jobs": jobs})
+    """The jobs, kept live by jobs.js: state, layout and GPUs from the cluster stream, step
+    and loss from each live job's stream."""
+    jobs = list(Job.objects.prefetch_related("transitions").order_by("-created_at", "-id"))
+    losses = last_losses([job.pk for job in jobs])
+    for job in jobs:
+        job.last_loss = losses.get(job.pk)
+    return render(request, "frontend/jobs.html", {"jobs": jobs, "live_states": sorted(s.value for s in LIVE_JOB_STATES)})
 
 
 @login_required

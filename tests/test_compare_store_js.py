@@ -89,3 +89,24 @@ def test_js_store_matches_python() -> None:
         assert {(c["gpus"], c["gpu_type"], c["global_batch"], c["micro_batch"], c["seq_len"]) for c in configs} <= {
             (case["settings"]["gpus"], case["settings"]["gpu"], case["settings"]["batch"], case["settings"]["micro"],
              case["settings"]["seq"])}
+
+
+def test_js_search_top_keeps_what_the_emulator_search_keeps() -> None:
+    from agents.emulator.search import top_fitting
+
+    rng = random.Random(7)
+    runs = []
+    for run_id in range(1, 13):
+        state = rng.choice(["done", "done", "done", "failed", "running"])
+        result = ({"tokens_per_second": rng.choice([100.0, 250.0, 900.0, 40.0]) + run_id,
+                   "memory": {"fits": rng.random() < 0.7}} if state == "done" else None)
+        runs.append({"id": run_id, "layout": f"dp={run_id}", "state": state, "result": result})
+    runner = (f'import {{ searchTop }} from "{STORE.as_uri()}";'
+              'const runs = JSON.parse(process.argv[1]);'
+              'process.stdout.write(JSON.stringify([1, 2, 3, 12].map((k) => searchTop(runs, k).map((r) => r.id))));')
+    proc = subprocess.run([NODE, "--input-type=module", "-e", runner, json.dumps(runs)], capture_output=True,
+                          text=True, timeout=60, check=True)
+    done = [dict(r["result"], id=r["id"]) for r in runs if r["state"] == "done"]
+    expected = [[r["id"] for r in top_fitting(done, k)] for k in (1, 2, 3, 12)]
+    assert json.loads(proc.stdout) == expected and len(expected[-1]) >= 3  # some fit, some were left out
+    assert len(expected[-1]) < len(done)

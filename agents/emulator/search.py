@@ -126,22 +126,7 @@ def search(request: SearchRequest, progress=None) -> dict:
         raise EmulatorError(f"no layout of {request.model} runs on {request.gpus} GPUs with global batch "
                             f"{request.global_batch} (tp must divide the heads and kv heads, tp <= "
                             f"{request.gpus_per_node} GPUs per node)")
-    feasible, dropped = [], []
-    for layout, mb in candidates:
-        try:
-            need = static_bytes(request.model, layout)
-        except LayoutError as exc:
-            dropped.append({"layout": layout, "micro_batch": mb, "reason": str(exc)})
-            continue
-        if need > profile.hbm_bytes:
-            dropped.append({"layout": layout, "micro_batch": mb,
-                            "reason": f"static state {need / 2**30:.1f} GiB > {profile.hbm_bytes / 2**30:.1f} GiB"})
-        else:
-            feasible.append((need, layout, mb))
-    # Likeliest fastest first: the least model parallelism (tp * pp: fewer collectives on the
-    # critical path, no bubble). Within one (tp, pp), the least memory first (ZeRO-3, the
-    # smallest micro-batch): when that does not fit, no variant with more memory is tried.
-    feasible.sort(key=lambda x: (_model_parallel(x[1]), _fields(x[1])["tp"], -_fields(x[1]).get("zero", 0), x[2]))
+    feasible, dropped = ranked_candidates(request, candidates, profile.hbm_bytes)
     results = []
     base = EmulateRequest(request.model, "", request.gpus, request.gpu, request.global_batch, 1, request.seq,
                           request.recompute, request.gpus_per_node, request.profile,
@@ -174,7 +159,37 @@ def search(request: SearchRequest, progress=None) -> dict:
             {"layout": layout, "micro_batch": mb,
              "reason": f"peak {result['memory']['peak_bytes'] / 2**30:.1f} GiB > "
                        f"{result['memory']['capacity_bytes'] / 2**30:.1f} GiB"})
-    results.sort(key=lambda r: -r["tokens_per_second"])
     return {"model": request.model, "gpus": request.gpus, "gpu": profile.name, "global_batch": request.global_batch,
             "seq": request.seq, "candidates": len(candidates), "emulated": emulated,
-            "top": results[:request.top], "does_not_fit": dropped}
+            "top": top_fitting(results, request.top), "does_not_fit": dropped}
+
+
+def ranked_candidates(request: SearchRequest, candidates: list[tuple[str, int]],
+                      capacity_bytes: int) -> tuple[list[tuple[int, str, int]], list[dict]]:
+    """The candidates worth emulating, likeliest fastest first, as (static bytes, layout,
+    micro-batch), and {layout, micro_batch, reason} for those whose static state alone
+    does not fit `capacity_bytes` (or that break a layout rule)."""
+    feasible, dropped = [], []
+    for layout, mb in candidates:
+        try:
+            need = static_bytes(request.model, layout)
+        except LayoutError as exc:
+            dropped.append({"layout": layout, "micro_batch": mb, "reason": str(exc)})
+            continue
+        if need > capacity_bytes:
+            dropped.append({"layout": layout, "micro_batch": mb,
+                            "reason": f"static state {need / 2**30:.1f} GiB > {capacity_bytes / 2**30:.1f} GiB"})
+        else:
+            feasible.append((need, layout, mb))
+    # Likeliest fastest first: the least model parallelism (tp * pp: fewer collectives on the
+    # critical path, no bubble). Within one (tp, pp), the least memory first (ZeRO-3, the
+    # smallest micro-batch): when that does not fit, no variant with more memory is tried.
+    feasible.sort(key=lambda x: (_model_parallel(x[1]), _fields(x[1])["tp"], -_fields(x[1]).get("zero", 0), x[2]))
+    return feasible, dropped
+
+
+def top_fitting(results: list[dict], top: int) -> list[dict]:
+    """The `top` fastest (tokens/s) of emulate() results that fit in memory (the compare
+    page's "top K from search" keeps the same ones: frontend compare-store.js searchTop)."""
+    fitting = [r for r in results if r.get("memory", {}).get("fits")]
+    return sorted(fitting, key=lambda r: -r["tokens_per_second"])[:top]

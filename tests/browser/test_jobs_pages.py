@@ -154,6 +154,15 @@ def test_job_page_resizes_by_clicking_through_to_committed(stack, browser) -> No
 
         page.get_by_role("link", name="Jobs", exact=True).click()
         page.wait_for_selector("tr[data-job=clicky]")
+        # The list is live: the running job's step and loss move on without a reload.
+        page.evaluate("window.__listPage = true")
+        first = page.locator("tr[data-job=clicky] [data-field=step]").inner_text()
+        page.wait_for_function("Number(document.querySelector('tr[data-job=clicky] [data-field=step]').textContent)"
+                               f" >= {int(first) + 2}", timeout=30_000)
+        assert page.locator("tr[data-job=clicky] [data-field=state]").inner_text() == "running"
+        assert page.locator("tr[data-job=clicky] [data-field=loss]").inner_text() != "–"
+        assert page.locator("tr[data-job=clicky] [data-field=gpus]").inner_text() == "4"
+        assert page.evaluate("window.__listPage") is True, "the jobs list reloaded"
         page.screenshot(path=str(shots / "jobs.png"), full_page=True)
         page.set_viewport_size({"width": 1024, "height": 768})
         page.locator("tr[data-job=clicky] a").click()

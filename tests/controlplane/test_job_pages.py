@@ -44,9 +44,17 @@ def test_pages_need_a_signed_in_user(running_job) -> None:
         assert response.status_code == 302 and "/accounts/login/" in response["Location"], path
 
 
-def test_jobs_list_links_each_job(browser_client, running_job) -> None:
+def test_jobs_list_links_each_job(browser_client, running_job, run) -> None:
     html = browser_client.get("/jobs/").content.decode()
     assert f'href="/jobs/{running_job["id"]}/"' in html and "dp=2" in html
+    assert '<td data-field="loss">–</td>' in html  # no step reported yet
+    for step, loss in ((1, 5.25), (2, 4.125)):
+        run(job_record_report, report=protocol.JobReport(job_id=running_job["id"], node="node-1", kind="step",
+                                                         step=step, loss=loss, step_seconds=0.5,
+                                                         sent_at=datetime.now(timezone.utc)))
+    html = browser_client.get("/jobs/").content.decode()
+    assert 'data-step="2">2</td>' in html and '<td data-field="loss">4.1250</td>' in html  # the latest
+    assert sorted(_embedded(html, "live-states")) == ["restoring", "running", "starting", "stopping", "switching"]
 
 
 def test_job_page_embeds_its_snapshot_layout_and_figures(browser_client, running_job) -> None:

@@ -57,3 +57,10 @@ export function errorLines(body, prefix = "") {
   }
   return [String(body)];
 }
+
+// The search's choice among finished runs (agents/emulator/search.py top_fitting): the `top`
+// fastest (tokens/s) that fit in memory.
+export function searchTop(runs, top) {
+  return runs.filter((r) => r.state === "done" && r.result && r.result.memory && r.result.memory.fits)
+    .sort((a, b) => b.result.tokens_per_second - a.result.tokens_per_second).slice(0, top);
+}

@@ -1,0 +1,109 @@
+// Jobs list, live without reloading: state, layout and GPU count from the cluster stream
+// (/ws/cluster/ `job` events), step and loss from each live job's own stream
+// (/ws/jobs/<id>/ `metrics` events; a socket per live job, closed when the job ends).
+const LIVE = new Set(JSON.parse(document.getElementById("live-states").textContent));
+const $ = (id) => document.getElementById(id);
+const scheme = location.protocol === "https:" ? "wss" : "ws";
+const jobSockets = new Map(); // job id -> WebSocket
+
+function el(tag, attrs = {}, text = "") {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  if (text !== "") node.textContent = text;
+  return node;
+}
+
+const row = (id) => document.querySelector(`#jobs-body tr[data-id="${id}"]`);
+const cell = (tr, field) => tr.querySelector(`[data-field="${field}"]`);
+
+function newRow(job) {
+  const tr = el("tr", { "data-job": job.name, "data-id": String(job.id) });
+  const name = el("td");
+  name.append(el("a", { href: `/jobs/${job.id}/` }, job.name));
+  const state = el("td");
+  state.append(el("span", { class: "job-state", "data-field": "state" }));
+  tr.append(name, el("td", {}, job.model), el("td", { "data-field": "layout" }), el("td", { "data-field": "gpus" }), state,
+    el("td", { "data-field": "step" }, "–"), el("td", { "data-field": "loss" }, "–"), el("td", {}, "0"),
+    el("td", {}, "just now"));
+  $("jobs-body").prepend(tr);
+  $("jobs-table").hidden = false;
+  $("jobs-empty").hidden = true;
+  return tr;
+}
+
+function upsertJob(job) {
+  const tr = row(job.id) || newRow(job);
+  cell(tr, "layout").textContent = job.layout;
+  cell(tr, "gpus").textContent = String(job.gpus);
+  const state = cell(tr, "state");
+  state.textContent = job.state;
+  state.dataset.state = job.state;
+  follow(job.id, job.state);
+}
+
+function follow(id, state) {
+  if (LIVE.has(state) && !jobSockets.has(id)) {
+    const socket = new WebSocket(`${scheme}://${location.host}/ws/jobs/${id}/`);
+    socket.onmessage = (message) => {
+      const event = JSON.parse(message.data);
+      const tr = row(id);
+      if (event.type !== "metrics" || !tr) return;
+      const step = cell(tr, "step");
+      if (Number(step.dataset.step || -1) >= event.step) return; // an older step: keep the newer one
+      step.dataset.step = String(event.step);
+      step.textContent = String(event.step);
+      if (event.loss !== null) cell(tr, "loss").textContent = event.loss.toFixed(4);
+    };
+    socket.onclose = () => { if (jobSockets.get(id) === socket) jobSockets.delete(id); };
+    jobSockets.set(id, socket);
+  } else if (!LIVE.has(state) && jobSockets.has(id)) {
+    const socket = jobSockets.get(id);
+    jobSockets.delete(id);
+    socket.close();
+  }
+}
+
+function setConnection(state, text) {
+  $("connection").dataset.state = state;
+  $("connection").textContent = text;
+}
+
+// After a gap or a reconnect, the cluster snapshot has every job's current row.
+async function resync() {
+  const response = await fetch("/api/cluster/snapshot", { credentials: "same-origin" });
+  if (!response.ok) return;
+  const snapshot = await response.json();
+  seq = snapshot.seq;
+  for (const job of snapshot.jobs) upsertJob(job);
+}
+
+let seq = null;
+let retryMs = 500;
+function connect() {
+  const socket = new WebSocket(`${scheme}://${location.host}/ws/cluster/`);
+  socket.onopen = () => { retryMs = 500; setConnection("live", "live"); resync(); };
+  socket.onmessage = (message) => {
+    const event = JSON.parse(message.data);
+    if (event.type !== "job") {
+      if (seq !== null && event.seq > seq + 1 && event.type !== "hello") resync();
+      else if (event.type !== "hello") seq = event.seq;
+      return;
+    }
+    if (seq !== null && event.seq <= seq) return; // already in the resync's snapshot
+    if (seq !== null && event.seq > seq + 1) { resync(); return; }
+    seq = event.seq;
+    if (event.op === "remove") row(event.job.id)?.remove();
+    else upsertJob(event.job);
+  };
+  socket.onclose = (event) => {
+    if (event.code === 4401) { setConnection("closed", "signed out: reload to sign in"); return; }
+    setConnection("reconnecting", `disconnected; retrying in ${Math.round(retryMs / 1000)} s`);
+    setTimeout(connect, retryMs);
+    retryMs = Math.min(retryMs * 2, 10000);
+  };
+}
+
+for (const tr of document.querySelectorAll("#jobs-body tr")) {
+  follow(Number(tr.dataset.id), cell(tr, "state").dataset.state);
+}
+connect();
