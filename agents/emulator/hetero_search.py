@@ -71,30 +71,38 @@ def _tp_pp(layout: str) -> tuple[int, int]:
     return fields.get("tp", 1), fields.get("pp", 1)
 
 
-def multimodal_candidates(request) -> list[tuple[str, str, int]]:
-    """(placement kind, layout, micro-batch size) for a multimodal model on request.gpus GPUs."""
+def multimodal_candidates(request, *, encoder_tp=(1, 2), shares=ENCODER_SHARES, llm_tp: tuple[int, ...] | None = None,
+                          llm_pp: tuple[int, ...] | None = None) -> list[tuple[str, str, int]]:
+    """(placement kind, layout, micro-batch size) for a multimodal model on request.gpus GPUs;
+    `llm_tp` / `llm_pp` keep only LLM layouts with those tp / pp (a benchmark's narrower sweep)."""
     n, gpn, heads = request.gpus, request.gpus_per_node, get_config(request.model).encoder.heads
+
+    def llm_layouts(gpus: int):
+        return [(layout, mb) for layout, mb in _llm_layouts(request, gpus)
+                if (llm_tp is None or _tp_pp(layout)[0] in llm_tp) and (llm_pp is None or _tp_pp(layout)[1] in llm_pp)]
+
     out = []
-    for layout, mb in _llm_layouts(request, n):
+    for layout, mb in llm_layouts(n):
         tp, pp = _tp_pp(layout)
         if pp == 1 and heads % tp == 0:
             out.append(("homogeneous", layout, mb))
-        for etp in _encoder_tps(request.model, n, gpn):
+        for etp in _encoder_tps(request.model, n, gpn, encoder_tp):
             if pp == 1 and etp == tp:
                 continue  # the homogeneous layout
             out.append(("colocated", f"encoder:tp={etp},dp={n // etp},zero=1;llm:{layout}", mb))
-    for share in ENCODER_SHARES:
+    for share in shares:
         ne = n // share
         if ne < 1 or n % share or n - ne < 1:
             continue
-        for layout, mb in _llm_layouts(request, n - ne):
+        for layout, mb in llm_layouts(n - ne):
             out.append(("non-colocated", f"encoder:dp={ne},zero=1,ranks=0-{ne - 1};llm:{layout},ranks={ne}-{n - 1}", mb))
     return out
 
 
-def search_multimodal(request, progress=None) -> dict:
+def search_multimodal(request, progress=None, **narrow) -> dict:
+    """`narrow`: multimodal_candidates' keyword arguments (default: the full bounded set)."""
     profile = load_profile(request.profile) if request.profile else get_profile(request.gpu)
-    candidates = multimodal_candidates(request)
+    candidates = multimodal_candidates(request, **narrow)
     if not candidates:
         raise EmulatorError(f"no layout of {request.model} runs on {request.gpus} GPUs with global batch "
                             f"{request.global_batch}")
