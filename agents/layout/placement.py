@@ -54,6 +54,29 @@ def replicated_kv_heads(placement: "Placement") -> str | None:
     return None
 
 
+def hetero_refusal(placement: "Placement") -> str | None:
+    """Why the heterogeneous trainer (agents/training/hetero.py) cannot run this placement of
+    a multimodal model, or None; one pure rule for the trainer and the control plane, which
+    refuses such a job or resize up front. Batch divisibility is checked apart (batch_dp)."""
+    for name, ml in placement.modules.items():
+        for key in ("cp", "ep", "vpp"):
+            if getattr(ml, key) != 1:
+                return (f"{name}: {key}={getattr(ml, key)}; the heterogeneous trainer supports tp, pp, dp and zero, "
+                        f"so {key} must be 1")
+        if ml.zero == 3:
+            return f"{name}: zero=3 is not supported by the heterogeneous trainer (use zero <= 2)"
+    encoder = placement.modules.get("encoder")
+    if encoder is not None and encoder.pp != 1:
+        return f"encoder: pp={encoder.pp}; the encoder runs unpipelined (give it more dp instead)"
+    return None
+
+
+def batch_dp(placement: "Placement") -> int:
+    """The data parallelism the global batch is cut over: the last module's (the LLM, which
+    reads the text and computes the loss; an encoder's dp only splits its own work)."""
+    return placement.modules[placement.model.modules[-1].name].dp
+
+
 @dataclass(frozen=True)
 class Placement:
     """Model + layout: every module's layout, validated."""

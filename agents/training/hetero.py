@@ -37,7 +37,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from agents.engine.shards import Key, LocalShard, rank_boxes
 from agents.layout.activations import ActivationShape, plan_boundary
 from agents.layout.catalog import get_config, get_model
-from agents.layout.placement import Placement, place
+from agents.layout.placement import Placement, hetero_refusal, place
 from agents.layout.shards import chunk
 from agents.layout.spec import ModuleLayout
 from agents.layout.tensors import STATES
@@ -54,18 +54,12 @@ def check_hetero_trainable(config: TrainConfig, placement: Placement) -> None:
     mc = get_config(config.model)
     if mc.encoder is None:
         raise TrainingError(f"{config.model} has no encoder: train it with the decoder trainer")
-    for name, ml in placement.modules.items():
-        for key in ("cp", "ep", "vpp"):
-            if getattr(ml, key) != 1:
-                raise TrainingError(f"{name}: {key}={getattr(ml, key)}; the heterogeneous trainer supports tp, pp, "
-                                    f"dp and zero, so {key} must be 1")
-        if ml.zero == 3:
-            raise TrainingError(f"{name}: zero=3 is not supported by the heterogeneous trainer (use zero <= 2)")
+    refused = hetero_refusal(placement)
+    if refused:
+        raise TrainingError(refused)
     if config.sequence_parallel:
         raise TrainingError("sequence parallelism is not supported by the heterogeneous trainer yet")
-    enc, llm = placement.modules["encoder"], placement.modules["llm"]
-    if enc.pp != 1:
-        raise TrainingError(f"encoder: pp={enc.pp}; the encoder runs unpipelined (give it more dp instead)")
+    llm = placement.modules["llm"]
     if mc.llm.kv_heads < llm.tp:
         raise TrainingError(f"llm: tp={llm.tp} exceeds the {mc.llm.kv_heads} kv heads of {config.model}")
     if config.global_batch % (llm.dp * config.micro_batches):

@@ -25,7 +25,7 @@ from agents import protocol
 from agents.layout.allocate import AllocationError, FreeGpus, allocate
 from agents.layout.catalog import get_model
 from agents.layout.errors import LayoutError
-from agents.layout.placement import Placement
+from agents.layout.placement import Placement, batch_dp
 from agents.layout.plan import PlanOptions, plan_routes
 from agents.layout.spec import Layout, ModuleLayout, parse_layout
 from controlplane.cluster.events import GROUP as CLUSTER_GROUP
@@ -45,10 +45,6 @@ from controlplane.jobs.services import layout_check, publish_job
 log = logging.getLogger(__name__)
 
 STAGING_BYTES = 64 * 2**20  # per rank, in the plan and in the switch order
-
-
-def _dp(placement: Placement) -> int:
-    return next(iter(placement.modules.values())).dp
 
 
 def _batch_error(job: Job, layout: str, dp: int) -> str | None:
@@ -86,7 +82,7 @@ def layout_for_resize(job: Job, gpus: int) -> str:
             placement = layout_check(model=job.model, layout=text)
         except InvalidInput:
             continue
-        if placement.world == gpus and _batch_error(job, text, _dp(placement)) is None:
+        if placement.world == gpus and _batch_error(job, text, batch_dp(placement)) is None:
             return text
     return fallback
 
@@ -176,7 +172,7 @@ def job_resize(*, job_id: int, gpus: int | None = None, layout: str | None = Non
         dst = layout_check(model=job.model, layout=text)
         if gpus is not None and dst.world != gpus:
             raise InvalidInput({"gpus": [f"layout {text} spans {dst.world} GPUs, not {gpus}"]})
-        error = _batch_error(job, text, _dp(dst))
+        error = _batch_error(job, text, batch_dp(dst))
         if error:
             raise InvalidInput({"global_batch": [error]})
         if text == job.layout:

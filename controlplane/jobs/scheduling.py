@@ -18,7 +18,7 @@ from kombu.exceptions import OperationalError
 
 from agents import protocol
 from agents.layout.allocate import AllocationError, FreeGpus, allocate
-from agents.layout.placement import Placement
+from agents.layout.placement import Placement, batch_dp
 from controlplane.cluster.events import GROUP as CLUSTER_GROUP
 from controlplane.cluster.events import STREAM as CLUSTER_STREAM
 from controlplane.cluster.events import GpuEvent
@@ -80,7 +80,7 @@ def job_start(*, job_id: int) -> Job:
         if job.state != JobState.PENDING:
             raise Conflict(f"job {job.name!r} is {job.state}; only a pending job can be started")
         placement = layout_check(model=job.model, layout=job.layout)
-        dp = next(iter(placement.modules.values())).dp
+        dp = batch_dp(placement)
         if job.global_batch % (job.micro_batch * dp):
             raise InvalidInput({"global_batch": [
                 f"global_batch={job.global_batch} is not a multiple of micro_batch={job.micro_batch} x dp={dp}"]})

@@ -10,7 +10,7 @@ from django.db.models import Q
 
 from agents.layout.catalog import get_model
 from agents.layout.errors import LayoutError
-from agents.layout.placement import Placement, place, replicated_kv_heads
+from agents.layout.placement import Placement, hetero_refusal, place, replicated_kv_heads
 from agents.layout.spec import parse_layout
 from controlplane.cluster.events import GROUP, STREAM, JobEvent
 from controlplane.cluster.selectors import job_view
@@ -45,6 +45,8 @@ def layout_check(*, model: str, layout: str) -> Placement:
     except LayoutError as exc:
         raise InvalidInput({"layout": [str(exc)]}) from None
     refused = replicated_kv_heads(placement)
+    if refused is None and len(placement.model.modules) > 1:  # multimodal: the heterogeneous trainer's rules
+        refused = hetero_refusal(placement)
     if refused:
         raise InvalidInput({"layout": [refused]})
     return placement
