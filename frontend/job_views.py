@@ -23,7 +23,7 @@ from frontend.figures import (
     round_bytes_figure,
     step_time_around,
 )
-from frontend.layout_view import rank_coordinates
+from frontend.layout_view import module_legend, rank_coordinates
 
 def emulator_device(gpu_models: list[str]) -> str:
     """The emulator's device for the cluster's GPUs ("NVIDIA H100 80GB HBM3" -> h100);
@@ -42,6 +42,7 @@ JOB_FIELDS = ("id", "name", "model", "layout", "world_size", "state", "global_ba
 def job_data(job: Job) -> dict:
     data = {name: getattr(job, name) for name in JOB_FIELDS}
     data["ranks"] = rank_coordinates(job.layout, job.placement)
+    data["modules"] = module_legend(job.layout)  # heterogeneous layouts: each module's layout and ranks
     return data
 
 

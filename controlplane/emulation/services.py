@@ -7,7 +7,7 @@ from django.utils import timezone
 from agents import protocol
 from agents.layout.catalog import get_model
 from agents.layout.errors import LayoutError
-from agents.layout.placement import place
+from agents.layout.placement import batch_dp, place
 from controlplane.common.errors import InvalidInput
 from controlplane.common.events import next_seq, publish_on_commit
 from controlplane.emulation.events import GROUP, STREAM, EmulationEvent, EmulationView
@@ -39,11 +39,11 @@ def check_config(config: dict) -> list[str]:
         return [f"layout: {exc}"]
     if placement.world != config["gpus"]:
         problems.append(f"gpus: layout {config['layout']} needs {placement.world} GPUs, not {config['gpus']}")
-    ml = next(iter(placement.modules.values()))
-    per_replica = config["micro_batch"] * ml.dp
+    dp = batch_dp(placement)  # heterogeneous layouts: the LLM's dp splits the batch
+    per_replica = config["micro_batch"] * dp
     if config["global_batch"] % per_replica:
         problems.append(f"global_batch: {config['global_batch']} is not a multiple of micro_batch "
-                        f"{config['micro_batch']} x dp {ml.dp} = {per_replica}")
+                        f"{config['micro_batch']} x dp {dp} = {per_replica}")
     return problems
 
 

@@ -77,7 +77,21 @@ function togglePick(key) {
   drawGpus();
 }
 
+// A heterogeneous layout's modules, each with its own layout and ranks, above the grid.
+function drawModules() {
+  let legend = document.getElementById("job-modules");
+  if (!legend) {
+    legend = el("ul", { id: "job-modules", class: "module-legend", "aria-label": "Modules and their layouts" });
+    document.getElementById("job-gpus").before(legend);
+  }
+  const modules = job.modules || [];
+  legend.hidden = modules.length === 0;
+  legend.replaceChildren(...modules.map((m) => el("li", { "data-module": m.module },
+    `${m.module}: ${m.layout} on ranks ${m.ranks}${m.colocated ? " (colocated)" : ""}`)));
+}
+
 function drawGpus() {
+  drawModules();
   const byGpu = new Map(job.ranks.map((r) => [`${r.node}/${r.gpu}`, r]));
   const grid = document.getElementById("job-gpus");
   const nodes = [...cluster.nodes].sort((a, b) => a.name.localeCompare(b.name, undefined, { numeric: true }));
@@ -95,7 +109,10 @@ function drawGpus() {
         : `${node.name} GPU ${gpu.index}: ${gpu.state}${gpu.job ? ` (job ${gpu.job})` : ""}`;
       const cell = el("div", { class: `gpu gpu-${gpu.state} job-gpu-${state}`, role: "cell", tabindex: "0",
         "data-gpu": `${gpu.node}/${gpu.index}`, "data-state": gpu.state, title: label, "aria-label": label });
-      if (mine) cell.dataset.rank = String(mine.rank);
+      if (mine) {
+        cell.dataset.rank = String(mine.rank);
+        cell.dataset.role = mine.role;  // heterogeneous layouts: coloured by module (jobs.css)
+      }
       const key = `${gpu.node}/${gpu.index}`;
       if (mine || (gpu.state === "free" && !gpu.job)) {
         cell.classList.add("pickable");
@@ -105,8 +122,11 @@ function drawGpus() {
         cell.addEventListener("click", () => togglePick(key));
         cell.addEventListener("keydown", (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); togglePick(key); } });
       }
-      cell.append(el("span", { class: "gpu-index" }, mine ? `rank ${mine.rank}` : `GPU ${gpu.index}`),
-        el("span", { class: "gpu-job" }, mine ? mine.label : gpu.job || gpu.state));
+      const hetero = (job.modules || []).length > 0;
+      const parts = mine && hetero
+        ? mine.parts.map((p) => el("span", { class: "gpu-job gpu-part", "data-module": p.module }, `${p.module}: ${p.text}`))
+        : [el("span", { class: "gpu-job" }, mine ? mine.label : gpu.job || gpu.state)];
+      cell.append(el("span", { class: "gpu-index" }, mine ? `rank ${mine.rank}` : `GPU ${gpu.index}`), ...parts);
       row.append(cell);
     }
     return row;
