@@ -11,8 +11,8 @@ import pytest
 
 from agents import protocol
 from controlplane.jobs.models import Job, Transition
-from controlplane.jobs.reports import job_record_report
 from controlplane.jobs.tasks import transition_report
+from tests.controlplane.test_jobs_resize import _running_job
 
 pytestmark = pytest.mark.django_db
 
@@ -20,16 +20,8 @@ NON_COLOCATED = "encoder:dp=2,ranks=0-1;llm:tp=2,ranks=2-3"
 COLOCATED = "encoder:dp=4;llm:tp=2,dp=2"
 
 
-def _running_vlm(run, token_client, layout: str = "dp=2") -> Job:
-    body = {"name": "vlm", "model": "tiny-vlm", "global_batch": 12, "layout": layout}
-    response = run(token_client.post, "/api/jobs", body, format="json")
-    assert response.status_code == 201, response.content
-    job = Job.objects.get(pk=response.json()["id"])
-    run(job_record_report, report=protocol.JobReport(job_id=job.pk, node="node-1", kind="started",
-                                                     sent_at=datetime.now(timezone.utc)))
-    job.refresh_from_db()
-    assert job.state == "running"
-    return job
+def _running_vlm(run, token_client) -> Job:
+    return _running_job(run, token_client, name="vlm", model="tiny-vlm", layout="dp=2")
 
 
 def _resize(run, token_client, job: Job, layout: str):
