@@ -7,13 +7,15 @@ both modules) are gathered into the full logical tensors, independently of the p
 the engine; every shard the engine produces must equal its box of those tensors bit for
 bit, and the engine's own digests (switch_state) must have matched.
 
-Loss tolerance, as in test_parallel.py: switched and unswitched runs compute the same
-global batch from the same state and differ only in reduction order (tp splits of bf16
-matmuls, dp splits of fp32 gradient sums, the encoder's gradient summed per encoder rank).
-The noise of one change of reduction order is measured (a 1-rank run against the
-homogeneous 4-rank run, floor 1e-3 as in test_hetero.py); the switched run goes through
-len(SWITCHES) + 1 layouts, so it may differ by that many times the noise. The step before
-the first switch is the same program and must match exactly.
+Loss tolerance. The run starts on one rank (tp=1; ranks 1-3 wait), so its first step is
+the same program as the reference run that never switches (the same 4 processes train it
+first on tp=1 throughout) and must match exactly. After the switches the two compute the
+same global batches from the same state and differ only in reduction order (tp splits of
+bf16 matmuls, dp splits of fp32 gradient sums, the encoder's gradient summed per encoder
+rank): test_hetero.py measures that noise between layouts at 4e-4 and bounds it by 1e-3;
+the switched run has been on len(SWITCHES) + 1 layouts, so it may differ by that many
+times 1e-3 (measured: 1.2e-4). A lost data position or optimizer step moves the loss by
+the step-to-step change, 0.02-0.04 here. One process spawn for both runs keeps it fast.
 """
 from __future__ import annotations
 
@@ -33,8 +35,8 @@ from agents.training.run import Switch, check_layout, train_rank
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
 CONFIG = TrainConfig(model="tiny-vlm", global_batch=8, seq_len=16, micro_batches=2, lr=3e-3)
-START = "tp=2,dp=2"
-SWITCHES = [Switch(1, "encoder:dp=2,ranks=0-1;llm:tp=2,ranks=2-3"),  # encoder onto its own ranks
+START = "tp=1"
+SWITCHES = [Switch(1, "encoder:dp=2,ranks=0-1;llm:tp=2,ranks=2-3"),  # grow 1 -> 4, encoder on its own ranks
             Switch(2, "encoder:dp=4;llm:tp=2,dp=2")]                 # and back, colocated
 STEPS = 3
 
@@ -66,8 +68,10 @@ def _region(tensor, array: np.ndarray, box) -> np.ndarray:
     return array[tuple(index)]
 
 
-def _switched_run(rank: int, world: int) -> dict:
-    """train_rank with the real switch_state, wrapped to check every switch's state."""
+def _runs(rank: int, world: int) -> dict:
+    """The reference that never switches, then train_rank with the real switch_state, wrapped
+    to check every switch's state."""
+    unswitched = [s.loss for s in train_rank(rank, world, CONFIG, START, STEPS, []).steps]
     spec = get_model(CONFIG.model)
     checks: list[dict] = []
     real_switch_state = run_module.switch_state
@@ -93,28 +97,20 @@ def _switched_run(rank: int, world: int) -> dict:
         log = train_rank(rank, world, CONFIG, START, STEPS, SWITCHES, staging_bytes=64 * 1024)
     finally:
         run_module.switch_state = real_switch_state
-    return {"losses": [s.loss for s in log.steps], "checks": checks}
+    return {"losses": [s.loss for s in log.steps], "checks": checks, "unswitched": unswitched}
 
 
 def _modules_held(spec, shards) -> list[str]:
     return sorted({spec.tensors[index].split.module for index, _ in shards})
 
 
-def _plain_run(rank: int, world: int, layout: str) -> list[float]:
-    return [s.loss for s in train_rank(rank, world, CONFIG, layout, STEPS, []).steps]
-
-
 @pytest.fixture(scope="module")
-def runs() -> tuple:
-    switched = run_ranks(4, _switched_run, timeout_s=240)
-    unswitched = run_ranks(4, _plain_run, START, timeout_s=120)[0]
-    single = run_ranks(1, _plain_run, "tp=1", timeout_s=120)[0]
-    return switched, unswitched, single
+def runs() -> list[dict]:
+    return run_ranks(4, _runs, timeout_s=240)
 
 
 def test_every_switch_keeps_every_state_tensor_bit_exact(runs) -> None:
-    switched, _, _ = runs
-    for rank, result in enumerate(switched):
+    for rank, result in enumerate(runs):
         checks = result["checks"]
         assert len(checks) == len(SWITCHES)
         for check in checks:
@@ -128,17 +124,16 @@ def test_every_switch_keeps_every_state_tensor_bit_exact(runs) -> None:
 
 
 def test_training_continues_across_the_switches(runs) -> None:
-    switched, unswitched, single = runs
-    losses = switched[0]["losses"]
-    assert len(losses) == STEPS
-    assert all(r["losses"] == losses for r in switched)  # every rank reports the global loss
+    losses, unswitched = runs[0]["losses"], runs[0]["unswitched"]
+    assert len(losses) == len(unswitched) == STEPS
+    # Rank 0 is in every layout; ranks 1-3 train from the first switch on, with the same losses.
+    assert all(r["losses"] == losses[1:] for r in runs[1:])
     assert losses[0] == unswitched[0]  # before the first switch: the same program
-    noise = max(abs(a - b) for a, b in zip(unswitched, single))
-    allowed = (len(SWITCHES) + 1) * max(noise, 1e-3)
+    allowed = (len(SWITCHES) + 1) * 1e-3
     for step, (a, b) in enumerate(zip(losses, unswitched)):
-        assert abs(a - b) <= allowed, (step, a, b, noise)
+        assert abs(a - b) <= allowed, (step, a, b)
     assert losses[0] > losses[1] > losses[2]  # and it learns
-    print(f"noise {noise:.2e}; switched vs unswitched {[round(a - b, 6) for a, b in zip(losses, unswitched)]}")
+    print(f"switched - unswitched: {[f'{a - b:.1e}' for a, b in zip(losses, unswitched)]}")
 
 
 def test_an_untrainable_switch_target_is_refused_before_any_rank_starts() -> None:
