@@ -203,7 +203,13 @@ class JobRunner:
                 self._kill(job)
             if job.stop_deadline is not None and _now() > job.stop_deadline:
                 log.warning("job %d: ranks still alive after the stop order's grace period; killing them", job_id)
+                job.stop_deadline = None
                 self._kill(job)
+                if 0 in job.ranks and not job.failed:  # rank 0 speaks for the job, and it is gone now
+                    self._send_report(protocol.JobReport(
+                        job_id=job.job_id, node=self.node, kind="stopped", layout=job.layout,
+                        error="killed after the stop order's grace period (a step outlasted it)",
+                        restore_id=job.restore_id, sent_at=datetime.datetime.now(datetime.timezone.utc)))
             if all(c.poll() is not None for c in job.ranks.values()):
                 for child in job.ranks.values():
                     child.kill_group()  # closes the log; nothing is left in the group

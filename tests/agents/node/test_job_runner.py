@@ -116,6 +116,22 @@ def test_max_steps_ends_the_job_on_every_rank_after_the_same_step(broker, tmp_pa
         runner.shutdown()
 
 
+def test_ranks_outliving_the_stop_grace_are_killed_and_rank_0s_agent_reports_stopped(broker, tmp_path):
+    """A step longer than the grace period (llama-124m on a loaded CPU box): the agent kills
+    the ranks and, holding rank 0 (which would have said it), reports the job stopped."""
+    url, client = broker
+    sent: list[protocol.JobReport] = []
+    runner = JobRunner(sent.append, "node-1", "cpu", url, tmp_path)
+    try:
+        runner.start(_order(10, 2, [0], _free_port()))  # rank 1 never comes: rank 0 waits at the rendezvous
+        runner.stop(protocol.JobStopOrder(job_id=10, grace_seconds=0.5))
+        _wait(lambda: not runner.running(), 30, "the ranks to be killed")
+        assert [(r.kind, r.job_id, r.node) for r in sent] == [("stopped", 10, "node-1")]
+        assert "grace period" in sent[0].error
+    finally:
+        runner.shutdown()
+
+
 def test_a_dead_rank_is_reported_and_its_peers_are_not_left_behind(broker, tmp_path):
     url, client = broker
     failures: list[protocol.JobReport] = []
