@@ -1,6 +1,8 @@
 """Heterogeneous parallelism for multimodal models, emulated on H100 (issue 8's benchmark).
 
-    .venv/bin/python -m benchmarks.hetero_emulated [internvit300m-llama3-8b|internvit6b-llama3-70b ...]
+    .venv/bin/python -m benchmarks.hetero_emulated [--scales 256,1024] [--max-candidates 6] [MODEL ...]
+
+MODEL: internvit300m-llama3-8b, internvit6b-llama3-70b (default: both).
 
 For each model at 256 and 1,024 H100s (8 per node): `search` (hetero_search.search_multimodal)
 over homogeneous, colocated and non-colocated candidates, narrowed to keep the tracing
@@ -30,12 +32,12 @@ LLM_PP = {"internvit300m-llama3-8b": (1,), "internvit6b-llama3-70b": (4,)}
 PAPER = {"colocated": "up to +49.3% TFLOP/s per GPU", "non-colocated": "up to +13.0% tokens/s, +9.6% TFLOP/s per GPU"}
 
 
-def run(model: str, gpus: int) -> dict:
+def run(model: str, gpus: int, max_candidates: int) -> dict:
     from agents.emulator.hetero_search import search_multimodal
     from agents.emulator.search import SearchRequest
 
     request = SearchRequest(model, gpus=gpus, gpu="h100", global_batch=int(BATCH_PER_GPU * gpus), seq=SEQ,
-                            top=10, recompute="full", micro_batches=(1,), zero=(1,), max_candidates=MAX_CANDIDATES)
+                            top=10, recompute="full", micro_batches=(1,), zero=(1,), max_candidates=max_candidates)
     started = time.perf_counter()
     result = search_multimodal(request, progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True),
                                encoder_tp=(1,), shares=(16,), llm_tp=(4, 8), llm_pp=LLM_PP[model])
@@ -54,14 +56,14 @@ def row(model: str, gpus: int, kind: str, r: dict | None, base: dict | None) -> 
             f"{r['model_tflops_per_gpu']:.0f} | {r['memory']['peak_bytes'] / 2**30:.0f} | {gain} |")
 
 
-def main(models: list[str]) -> None:
+def main(models: list[str], scales=SCALES, max_candidates: int = MAX_CANDIDATES) -> None:
     results = []
     print("| model | GPUs | placement | best layout | step s | text tokens/s | model TFLOP/s/GPU | peak GiB | "
           "vs best homogeneous |")
     print("|---|---|---|---|---|---|---|---|---|")
     for model in models:
-        for gpus in SCALES:
-            result = run(model, gpus)
+        for gpus in scales:
+            result = run(model, gpus, max_candidates)
             results.append(result)
             best = result["best_by_placement"]
             for kind in ("homogeneous", "colocated", "non-colocated"):
@@ -73,4 +75,11 @@ def main(models: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["internvit300m-llama3-8b", "internvit6b-llama3-70b"])
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("models", nargs="*", default=["internvit300m-llama3-8b", "internvit6b-llama3-70b"])
+    parser.add_argument("--scales", default=",".join(map(str, SCALES)))
+    parser.add_argument("--max-candidates", type=int, default=MAX_CANDIDATES)
+    args = parser.parse_args()
+    main(args.models, tuple(int(x) for x in args.scales.split(",")), args.max_candidates)

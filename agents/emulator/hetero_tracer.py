@@ -36,7 +36,7 @@ from agents.emulator.hetero_trace import HeteroTrace
 from agents.emulator.recorder import CommRecord, OpRecorder, ignoring_sharding_propagation
 from agents.emulator.trace import CommOp, StageMemory, Trace, _stage_from_dict, _stage_to_dict
 from agents.emulator.tracer import (TRACER_VERSION, TraceRequest, _fake_shards, _stage_trace, _static_bytes,
-                                    cache_dir)
+                                    cache_dir, in_fresh_processes)
 from agents.layout.catalog import get_config, get_model
 from agents.layout.errors import LayoutError
 from agents.layout.activations import ActivationShape, plan_boundary
@@ -164,21 +164,9 @@ def _part_from_dict(data: dict) -> dict:
 
 
 def _trace_roles(request: HeteroTraceRequest, classes: dict[tuple, list[int]], progress) -> dict[tuple, dict]:
-    """One fresh process per class (torch's process-group registry is global), two at a time."""
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    if not classes:
-        return {}
-    workers = max(1, min(len(classes), int(os.environ.get("DYNAPLANE_TRACE_WORKERS", "2"))))
-    out: dict[tuple, dict] = {}
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), max_tasks_per_child=1) as pool:
-        futures = {pool.submit(_trace_role_dict, request, key[0], members[0]): key for key, members in classes.items()}
-        for n, future in enumerate(as_completed(futures)):
-            out[futures[future]] = _part_from_dict(future.result())
-            if progress:
-                progress(f"traced class {n + 1}/{len(classes)}")
-    return out
+    """One fresh process per class."""
+    calls = {key: (_trace_role_dict, (request, key[0], members[0])) for key, members in classes.items()}
+    return {key: _part_from_dict(d) for key, d in in_fresh_processes(calls, progress, "class").items()}
 
 
 def _trace_role_dict(request: HeteroTraceRequest, role: str, stage: int) -> dict:

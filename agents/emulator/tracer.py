@@ -132,22 +132,30 @@ def _interleaved_p2p(stage: StageTrace, ml, gpn: int) -> StageTrace:
                                backward=tuple(fix(op) for op in stage.backward))
 
 
-def _trace_classes(config: TrainConfig, request: TraceRequest, classes: dict[tuple, list[int]], progress):
-    """One fresh process per stage class (torch's process-group and mesh registries are
-    global; a fresh interpreter is the only clean slate), two at a time."""
+def in_fresh_processes(calls: dict, progress=None, what: str = "stage class") -> dict:
+    """{key: (fn, args)} -> {key: fn(*args)}, each call in a fresh process (torch's
+    process-group and mesh registries are global; a fresh interpreter is the only clean
+    slate), DYNAPLANE_TRACE_WORKERS (2) at a time."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    workers = max(1, min(len(classes), int(os.environ.get("DYNAPLANE_TRACE_WORKERS", "2"))))
-    out: dict[tuple, StageTrace] = {}
+    if not calls:
+        return {}
+    workers = max(1, min(len(calls), int(os.environ.get("DYNAPLANE_TRACE_WORKERS", "2"))))
+    out: dict = {}
     with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), max_tasks_per_child=1) as pool:
-        futures = {pool.submit(_trace_stage_dict, config, request, members[0]): key
-                   for key, members in classes.items()}
+        futures = {pool.submit(fn, *args): key for key, (fn, args) in calls.items()}
         for n, future in enumerate(as_completed(futures)):
-            out[futures[future]] = _stage_from_dict(future.result())
+            out[futures[future]] = future.result()
             if progress:
-                progress(f"traced stage class {n + 1}/{len(classes)}")
+                progress(f"traced {what} {n + 1}/{len(calls)}")
     return out
+
+
+def _trace_classes(config: TrainConfig, request: TraceRequest, classes: dict[tuple, list[int]], progress):
+    """One fresh process per stage class."""
+    calls = {key: (_trace_stage_dict, (config, request, members[0])) for key, members in classes.items()}
+    return {key: _stage_from_dict(d) for key, d in in_fresh_processes(calls, progress).items()}
 
 
 def _trace_stage_dict(config: TrainConfig, request: TraceRequest, stage: int) -> dict:
