@@ -137,7 +137,7 @@ def test_job_page_resizes_by_clicking_through_to_committed(stack, browser) -> No
         assert page.locator("#transition-state").inner_text() == "committed"
         assert [li.get_attribute("data-state") for li in page.locator("#state-history li").all()][-1] == "committed"
         assert page.locator("#plan-wave .main-svg").count() > 0
-        measured = page.locator("#plan-wave .legendtext").all_inner_texts()
+        measured = page.evaluate("[...document.querySelectorAll('#plan-wave .legendtext')].map((n) => n.textContent)")
         assert [t for t in measured if t.endswith("measured")] == [f"rank {r} measured" for r in range(4)], measured
         # Per-tensor verification: collapsed when every tensor matched, filterable by name.
         checks = page.locator("#tensor-checks")
@@ -151,6 +151,8 @@ def test_job_page_resizes_by_clicking_through_to_committed(stack, browser) -> No
         assert 0 < shown < total, (shown, total)
         assert page.locator("#tensor-count").inner_text() == f"{shown} of {total} shown"
         page.screenshot(path=str(shots / "transition.png"), full_page=True)
+        page.set_viewport_size({"width": 1920, "height": 1080})  # large screen
+        page.screenshot(path=str(shots / "transition-1920.png"), full_page=True)
 
         page.get_by_role("link", name="Jobs", exact=True).click()
         page.wait_for_selector("tr[data-job=clicky]")
@@ -164,7 +166,7 @@ def test_job_page_resizes_by_clicking_through_to_committed(stack, browser) -> No
         assert page.locator("tr[data-job=clicky] [data-field=gpus]").inner_text() == "4"
         assert page.evaluate("window.__listPage") is True, "the jobs list reloaded"
         page.screenshot(path=str(shots / "jobs.png"), full_page=True)
-        page.set_viewport_size({"width": 1024, "height": 768})
+        page.set_viewport_size({"width": 1366, "height": 768})  # laptop
         page.locator("tr[data-job=clicky] a").click()
         page.wait_for_selector("#chart-loss .main-svg")
         page.keyboard.press("Tab")  # controls are keyboard reachable: the first Tab lands in the page

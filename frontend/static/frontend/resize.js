@@ -211,7 +211,7 @@ export function startResizeFlow({ getJob, getLive, onEvent }) {
       li.dataset.done = String(reached >= 0 && i <= reached);
       li.dataset.current = String(i === reached);
     }
-    const rounds = t.rounds ? ` · ${t.rounds} rounds` : "";
+    const rounds = t.rounds ? ` · ${t.rounds} round${t.rounds === 1 ? "" : "s"}` : "";
     $("progress-text").textContent = TERMINAL.includes(t.state)
       ? `${t.source_layout} → ${t.destination_layout}: ${t.state}${rounds}`
       : `${t.source_layout} → ${t.destination_layout}: ${t.state}…${rounds}`;
