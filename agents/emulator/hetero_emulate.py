@@ -129,7 +129,7 @@ def emulate_hetero(request, profile: DeviceProfile, *, use_cache: bool = True, p
             "llm": {"ranks": traced.llm.world, "model_tflop_per_step": request.global_batch * per_sample["llm"] / 1e12,
                     "hardware_tflop_per_step": hardware["llm"] / 1e12, "memory": list(sim.llm_memory)},
         },
-        "ranks_emulated": request.gpus, "ranks_traced": info["stages_traced"] or len(traced.boundary_forward),
+        "ranks_emulated": request.gpus, "ranks_traced": info["classes"],
         "trace_cached": info["cached"], "wall_seconds": time.perf_counter() - started,
     }
     if not traced.colocated and sim.chunks > 1:  # what HeteroTrainer runs today: the whole batch at once
