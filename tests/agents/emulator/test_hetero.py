@@ -123,6 +123,16 @@ def test_search_candidates_cover_the_three_placements_and_are_bounded() -> None:
     assert len(candidates) < 60
 
 
+def test_layouts_the_trainer_cannot_run_yet_are_named() -> None:
+    from agents.emulator.hetero_emulate import empty_chunk_note
+    from agents.layout.placement import place
+
+    model = get_model("tiny-vlm")
+    note = empty_chunk_note(place(model, "encoder:dp=4,zero=1;llm:tp=2,dp=2"))
+    assert note is not None and "encoder.cls_token" in note and "dp=4" in note
+    assert empty_chunk_note(place(model, "encoder:dp=4;llm:tp=2,dp=2,zero=1")) is None
+
+
 def test_static_bytes_of_a_colocated_rank_hold_both_modules() -> None:
     model = get_model("tiny-vlm")
     enc = sum(t.numel for t in model.tensors if t.split.module == "encoder")
