@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 
 MODEL, GLOBAL_BATCH, MICRO_BATCH, SEQ, WORLD = "llama-124m", 4, 1, 128, 2
 LAYOUTS = ["tp=2,pp=1,dp=1,zero=1", "tp=1,pp=1,dp=2,zero=1", "tp=1,pp=1,dp=2,zero=3", "tp=1,pp=2,dp=1,zero=1",
@@ -23,44 +22,10 @@ WARMUP, MEASURED = 2, 4
 
 
 def real_rank(rank: int, world: int, layout: str) -> dict:
-    import torch
-    import torch.distributed as dist
+    from agents.emulator.real_steps import time_steps
 
-    from agents.emulator.recorder import OpRecorder
-    from agents.emulator.tracer import _static_bytes
-    from agents.layout.catalog import get_model
-    from agents.layout.placement import place
-    from agents.training.parallel import ParallelTrainer, TrainConfig, initial_shards
-
-    ml = next(iter(place(get_model(MODEL), layout).modules.values()))
-    config = TrainConfig(model=MODEL, global_batch=GLOBAL_BATCH, seq_len=SEQ,
-                         micro_batches=GLOBAL_BATCH // (MICRO_BATCH * ml.dp))
-    placement = place(get_model(MODEL), layout)
-    trainer = ParallelTrainer(config, layout, rank, initial_shards(MODEL, placement, rank, config.seed))
-    # The emulator predicts the training step, not the data pipeline: batches are made ahead.
-    made = {}
-    real_batch = trainer.data.batch
-    for step in range(WARMUP + MEASURED + 1):
-        for d in range(ml.dp):
-            position = step * GLOBAL_BATCH + d * (GLOBAL_BATCH // ml.dp)
-            made[(position, GLOBAL_BATCH // ml.dp)] = real_batch(position, GLOBAL_BATCH // ml.dp)
-    trainer.data.batch = lambda position, n: made[(position, n)]
-    state = _static_bytes(trainer, ml.zero)
-    # Gradients are allocated during the step, so the recorder counts them; the rest is held throughout.
-    static = state["params"] + state["optimizer"]
-    times = []
-    for step in range(WARMUP + MEASURED):
-        dist.barrier()
-        started = time.perf_counter()
-        trainer.step()
-        elapsed = torch.tensor([time.perf_counter() - started], dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        if step >= WARMUP:
-            times.append(float(elapsed))
-    recorder = OpRecorder()
-    with recorder:
-        trainer.step()
-    return {"step": statistics.median(times), "static": sum(state.values()), "peak": static + recorder.peak}
+    real = time_steps(MODEL, layout, rank, GLOBAL_BATCH, MICRO_BATCH, SEQ, WARMUP, MEASURED)
+    return {"step": real.seconds, "static": real.static_bytes, "peak": real.peak_bytes}
 
 
 def main(profile: str) -> None:

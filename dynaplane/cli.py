@@ -182,6 +182,8 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="measure this machine as an emulator device profile (--profile)")
     p.add_argument("--out", required=True, help="the profile JSON to write")
     p.add_argument("--ranks", type=int, default=2, help="ranks that will share this machine (measured at once)")
+    p.add_argument("--quick", action="store_true",
+                   help="a rough profile in a fraction of the time (fewer shapes, sizes and repeats)")
     p.set_defaults(func=lambda a: __import__("agents.emulator.cli", fromlist=["calibrate_main"]).calibrate_main(a))
 
 

@@ -8,9 +8,14 @@ than ranks they share the cores). Measured, per rank:
 - scaled-dot-product attention rate against the bf16 matmul rate (attention_fraction);
 - memory-bound throughput by op (out-of-place elementwise ops on tensors larger than the
   caches, allocation included, as eager PyTorch runs them); their median for other ops;
-- per-op overhead: a small transformer-like block's forward + backward on tiny tensors,
-  divided by the aten ops it runs (counted with the emulator's own recorder), and what
-  a DTensor op adds to it (dispatch_seconds);
+- per-op host cost in the real program: steps of the training program itself (tiny-gpt,
+  ParallelTrainer, one layout without and one with tensor parallelism) timed on the ranks;
+  the emulator then predicts the same steps, and the per-aten-op cost (launch_seconds)
+  and per-DTensor-op cost (dispatch_seconds) are the values that make both predictions
+  meet the measured times. On a CPU this host work (Python, module hooks, the autograd
+  engine, the optimizer's loop, DTensor's sharding propagation) runs in series with the
+  kernels; a small transformer-like block's forward + backward divided by its aten ops
+  gives a first estimate, used where the program's steps cannot decide (one rank);
 - gloo all-reduce time between the ranks at several sizes, fitted to the ring model
   2(n-1) alpha + 2(n-1)/n S / B (intra_node_latency from small sizes, intra_node_bandwidth
   from large ones), for groups of other sizes;
@@ -24,6 +29,7 @@ than ranks they share the cores). Measured, per rank:
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import time
@@ -37,6 +43,24 @@ from agents.emulator.recorder import causal_fraction
 GiB = 2**30
 
 
+@dataclasses.dataclass(frozen=True)
+class Effort:
+    """How hard calibrate measures. `QUICK` gives a rough profile in a fraction of the time
+    (one GEMM shape, fewer repeats and sizes): enough for a first look, or to check the
+    tool works; the full effort is what the validation in docs/benchmarks.md uses."""
+    repeats: int = 3
+    gemm_shapes: tuple = ((512, 768, 768), (512, 2048, 768), (512, 768, 2048), (1024, 1024, 1024))
+    bandwidth_tensors: int = 16
+    table_sizes: tuple = tuple(1 << e for e in range(12, 25, 2))  # 4 KiB ... 16 MiB
+    table_repeats: int = 5
+    program_steps: int = 5
+
+
+FULL = Effort()
+QUICK = Effort(repeats=1, gemm_shapes=((512, 768, 768),), bandwidth_tensors=4,
+               table_sizes=(1 << 12, 1 << 18, 1 << 22), table_repeats=2, program_steps=2)
+
+
 def _best_rate(fn, flops: float, repeats: int = 3) -> float:
     fn()
     best = float("inf")
@@ -47,25 +71,26 @@ def _best_rate(fn, flops: float, repeats: int = 3) -> float:
     return flops / best
 
 
-def _matmul_rate(m: int, n: int, k: int, dtype: torch.dtype) -> float:
+def _matmul_rate(m: int, n: int, k: int, dtype: torch.dtype, repeats: int = 3) -> float:
     a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
-    return _best_rate(lambda: a @ b, 2.0 * m * n * k)
+    return _best_rate(lambda: a @ b, 2.0 * m * n * k, repeats)
 
 
-def _attention_rate() -> float:
+def _attention_rate(repeats: int = 3) -> float:
     q = torch.randn(1, 12, 256, 64, dtype=torch.bfloat16)
     flops = 4.0 * 12 * 256 * 256 * 64 * causal_fraction(256, 256)  # counted as the recorder counts it
-    return _best_rate(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True), flops)
+    return _best_rate(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True), flops,
+                      repeats)
 
 
-def _op_bandwidths() -> dict[str, float]:
+def _op_bandwidths(tensors: int = 16, repeats: int = 3) -> dict[str, float]:
     """Bytes/s (inputs + outputs, as the recorder counts them) of the memory-bound ops a
     training step runs, on 16 fresh 16 MB tensors each, as the optimizer and gradient code
     meet them."""
     # Tensors larger than the caches, as parameters and optimizer states are; values like an
     # Adam second moment (small, some exactly zero), which e.g. sqrt is slower on than on 1.0.
-    xs = [torch.rand(1 << 22) * 1e-6 * (torch.rand(1 << 22) > 0.1) for _ in range(16)]
-    ys = [torch.rand(1 << 22) + 0.5 for _ in range(16)]
+    xs = [torch.rand(1 << 22) * 1e-6 * (torch.rand(1 << 22) > 0.1) for _ in range(tensors)]
+    ys = [torch.rand(1 << 22) + 0.5 for _ in range(tensors)]
     halves = [x.to(torch.bfloat16) for x in xs]
     n = sum(x.numel() for x in xs) * 4.0  # bytes of one fp32 list
 
@@ -98,7 +123,7 @@ def _op_bandwidths() -> dict[str, float]:
         "exp": (each(lambda a, h: a.exp()), 2 * n),
     }
     del halves
-    return {name: _best_rate(work, nbytes) for name, (work, nbytes) in cases.items()}
+    return {name: _best_rate(work, nbytes, repeats) for name, (work, nbytes) in cases.items()}
 
 
 def _op_overhead() -> float:
@@ -152,18 +177,12 @@ def _dispatch_overhead(world: int, n: int = 200) -> float:
 def _comm_overlap(world: int, repeats: int = 3) -> float:
     """How much of a collective hides behind compute on this machine: an all-reduce started
     asynchronously before a run of matmuls and waited for after them, against the two
-    alone: (matmuls + all-reduce - both) / the shorter of the two, in [0, 1]."""
-    a, b = torch.randn(512, 768, dtype=torch.bfloat16), torch.randn(768, 768, dtype=torch.bfloat16)
+    alone: (matmuls + all-reduce - both) / the shorter of the two, in [0, 1]. The matmuls
+    are fp32 (a CPU without native bf16 runs bf16 GEMMs ~40x slower; what matters here is
+    that the cores are busy), as many as take about twice the all-reduce, the same count on
+    every rank."""
+    a, b = torch.randn(256, 768), torch.randn(768, 768)
     t = torch.ones(1 << 21)  # 8 MiB
-
-    def matmuls() -> None:
-        for _ in range(40):
-            a @ b
-
-    def both() -> None:
-        work = dist.all_reduce(t, async_op=True)
-        matmuls()
-        work.wait()
 
     def timed(fn) -> float:
         fn()
@@ -173,7 +192,21 @@ def _comm_overlap(world: int, repeats: int = 3) -> float:
             samples.append(_elapsed(fn))
         return statistics.median(samples)
 
-    compute, comm, together = timed(matmuls), timed(lambda: dist.all_reduce(t)), timed(both)
+    comm = timed(lambda: dist.all_reduce(t))
+    count = torch.tensor([min(400, max(1, round(2 * comm / max(timed(lambda: a @ b), 1e-6))))])
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    n = int(count)
+
+    def matmuls() -> None:
+        for _ in range(n):
+            a @ b
+
+    def both() -> None:
+        work = dist.all_reduce(t, async_op=True)
+        matmuls()
+        work.wait()
+
+    compute, together = timed(matmuls), timed(both)
     return min(1.0, max(0.0, (compute + comm - together) / min(compute, comm)))
 
 
@@ -209,9 +242,6 @@ def _allreduce_fit(world: int) -> tuple[float, float]:
     return alpha, bandwidth
 
 
-TABLE_SIZES = tuple(1 << e for e in range(12, 25, 2))  # 4 KiB ... 16 MiB
-
-
 def _collective(kind: str, nbytes: int, world: int):
     """A callable issuing one collective whose CommOp.bytes would be `nbytes`."""
     n = max(nbytes // 4 // world * world, world)
@@ -225,9 +255,10 @@ def _collective(kind: str, nbytes: int, world: int):
     return lambda: dist.reduce_scatter_tensor(out, inp)
 
 
-def _collective_table(world: int, repeats: int = 5, per_sample: int = 8) -> dict:
-    """{kind: [[bytes, seconds], ...]} measured in program context (see the module doc)."""
-    a, b = torch.randn(128, 768, dtype=torch.bfloat16), torch.randn(768, 768, dtype=torch.bfloat16)
+def _collective_table(world: int, sizes: tuple, repeats: int = 5, per_sample: int = 8) -> dict:
+    """{kind: [[bytes, seconds], ...]} measured in program context (see the module doc). The
+    matmul in between is fp32: on a CPU without native bf16 a bf16 one takes 100+ ms."""
+    a, b = torch.randn(128, 768), torch.randn(768, 768)
 
     def timed(fn) -> float:
         fn()
@@ -243,7 +274,7 @@ def _collective_table(world: int, repeats: int = 5, per_sample: int = 8) -> dict
     table = {}
     for kind in ("all_reduce", "all_gather", "reduce_scatter"):
         points = []
-        for size in TABLE_SIZES:
+        for size in sizes:
             collective = _collective(kind, size, world)
             alone = timed(collective)
 
@@ -257,40 +288,117 @@ def _collective_table(world: int, repeats: int = 5, per_sample: int = 8) -> dict
     return table
 
 
-def calibrate_rank(rank: int, world: int) -> dict:
+PROGRAM_MODEL, PROGRAM_MICRO_BATCHES, PROGRAM_SEQ = "tiny-gpt", 4, 64
+
+
+def program_layouts(world: int) -> list[str]:
+    """The layouts whose real steps decide the host costs: plain data parallelism, and
+    (tiny-gpt has 2 kv heads) tensor parallelism of 2 when the ranks pair up."""
+    layouts = [f"tp=1,pp=1,dp={world},zero=1"]
+    if world % 2 == 0:
+        layouts.append(f"tp=2,pp=1,dp={world // 2},zero=1")
+    return layouts
+
+
+def _program_batch(layout: str, world: int) -> int:
+    dp = world // (2 if layout.startswith("tp=2") else 1)
+    return PROGRAM_MICRO_BATCHES * dp
+
+
+def _program_step(layout: str, rank: int, world: int, measured: int = 5) -> float:
+    from agents.emulator.real_steps import time_steps
+
+    return time_steps(PROGRAM_MODEL, layout, rank, _program_batch(layout, world), 1, PROGRAM_SEQ,
+                      warmup=2, measured=measured).seconds
+
+
+def program_host_costs(profile: DeviceProfile, world: int, measured: dict[str, float]) -> tuple[float, float]:
+    """(launch_seconds, dispatch_seconds) that make the emulator's predictions of the
+    program steps equal their measured times, starting from `profile`'s estimates: the
+    predicted step is (nearly) linear in both, so one Newton step on finite differences
+    solves it. Falls back to the estimates where the measurements cannot decide (one
+    layout only, or a solution that is not positive)."""
+    import numpy as np
+
+    from agents.emulator.simulate import simulate
+    from agents.emulator.tracer import TraceRequest, trace
+
+    traces = {layout: trace(TraceRequest(PROGRAM_MODEL, layout, 1, PROGRAM_SEQ, PROGRAM_MICRO_BATCHES, world))[0]
+              for layout in measured}
+
+    def predicted(launch: float, dispatch: float) -> np.ndarray:
+        p = dataclasses.replace(profile, launch_seconds=launch, dispatch_seconds=dispatch)
+        return np.array([simulate(traces[layout], p, world).step_seconds for layout in measured])
+
+    launch, dispatch = profile.launch_seconds, profile.dispatch_seconds
+    real = np.array(list(measured.values()))
+    for _ in range(2):
+        base = predicted(launch, dispatch)
+        step = 1e-6
+        jacobian = np.stack([(predicted(launch + step, dispatch) - base) / step,
+                             (predicted(launch, dispatch + step) - base) / step], axis=1)
+        if len(measured) == 2 and abs(np.linalg.det(jacobian)) > 1e-9:
+            delta = np.linalg.solve(jacobian, real - base)
+        else:  # one equation: the DTensor estimate stays, the per-op cost absorbs the rest
+            delta = np.array([(real[0] - base[0]) / max(jacobian[0, 0], 1e-9), 0.0])
+        launch, dispatch = launch + delta[0], dispatch + delta[1]
+        if launch <= 0 or dispatch < 0:
+            return profile.launch_seconds, profile.dispatch_seconds
+    return float(launch), float(dispatch)
+
+
+def calibrate_rank(rank: int, world: int, effort: Effort = FULL) -> dict:
+    import sys
+
     torch.manual_seed(rank)
+    started = time.perf_counter()
+
+    def phase(name: str) -> None:  # rank 0 says how far it is: a full calibration takes minutes
+        if rank == 0:
+            print(f"  calibrate: {name} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
+
     dist.barrier()
-    bf16 = max(_matmul_rate(m, n, k, torch.bfloat16) for m, n, k in ((512, 768, 768), (512, 2048, 768),
-                                                                     (512, 768, 2048), (1024, 1024, 1024)))
-    fp32 = max(_matmul_rate(m, n, k, torch.float32) for m, n, k in ((512, 768, 768), (1024, 1024, 1024)))
-    short_k = _matmul_rate(512, 768, 32, torch.bfloat16)
+    r = effort.repeats
+    out: dict = {}
+    phase("matmul rates")
+    out["bf16"] = max(_matmul_rate(m, n, k, torch.bfloat16, r) for m, n, k in effort.gemm_shapes)
+    out["fp32"] = max(_matmul_rate(m, n, k, torch.float32, r) for m, n, k in {effort.gemm_shapes[0], effort.gemm_shapes[-1]})
+    out["short_k"] = _matmul_rate(512, 768, 32, torch.bfloat16, r)
     dist.barrier()
-    attention = _attention_rate()
-    ops = _op_bandwidths()
-    memory = statistics.median(ops.values())  # ops the profile has no rate for run at the typical one
-    overhead = _op_overhead()
-    dispatch = _dispatch_overhead(world)
+    phase("attention and memory-bound ops")
+    out["attention"] = _attention_rate(r)
+    out["ops"] = _op_bandwidths(effort.bandwidth_tensors, r)
+    out["memory"] = statistics.median(out["ops"].values())  # ops the profile has no rate for run at the typical one
+    phase("per-op overheads")
+    out["overhead"] = _op_overhead()
+    out["dispatch"] = _dispatch_overhead(world)
     dist.barrier()
-    alpha, bandwidth = _allreduce_fit(world)
-    table = _collective_table(world) if world >= 2 else {}
-    overlap = _comm_overlap(world) if world >= 2 else 1.0
-    return {"bf16": bf16, "fp32": fp32, "short_k": short_k, "attention": attention, "memory": memory,
-            "overhead": overhead, "dispatch": dispatch, "alpha": alpha, "bandwidth": bandwidth, "ops": ops, "table": table,
-            "overlap": overlap}
+    phase("collectives")
+    out["alpha"], out["bandwidth"] = _allreduce_fit(world)
+    out["table"] = _collective_table(world, effort.table_sizes, effort.table_repeats) if world >= 2 else {}
+    out["overlap"] = _comm_overlap(world, r) if world >= 2 else 1.0
+    phase("training program steps")
+    out["program"] = {layout: _program_step(layout, rank, world, effort.program_steps)
+                      for layout in program_layouts(world)}
+    phase("done on the ranks")
+    return out
 
 
-def calibrate(ranks: int = 2) -> DeviceProfile:
+def calibrate(ranks: int = 2, effort: Effort = FULL) -> DeviceProfile:
+    import sys
+
     from agents.engine.launch import run_ranks
 
-    results = run_ranks(ranks, calibrate_rank, timeout_s=540)  # minutes on a small CPU machine
+    results = run_ranks(ranks, calibrate_rank, effort, timeout_s=540)  # minutes on a small CPU machine
 
     def median(key: str) -> float:
         return statistics.median(r[key] for r in results)
 
     bf16 = median("bf16")
+    program = {layout: max(r["program"][layout] for r in results) for layout in results[0]["program"]}
     k_half = max(1.0, 32 * (bf16 / max(median("short_k"), 1.0) - 1))  # eff(k) = k / (k + k_half)
     memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return DeviceProfile(
+    estimated = DeviceProfile(
         name="cpu-calibrated", peak_flops={"bf16": bf16, "fp32": median("fp32")}, hbm_bytes=memory_bytes // ranks,
         hbm_bandwidth=median("memory"), sm_count=0, matmul_max_fraction=1.0,
         attention_fraction=min(1.0, median("attention") / bf16), memory_fraction=1.0,
@@ -303,3 +411,10 @@ def calibrate(ranks: int = 2) -> DeviceProfile:
                                               for i, (size, _) in enumerate(points)]}
                           for kind, points in results[0]["table"].items()},
         notes=f"measured by dynaplane calibrate with {ranks} ranks on {os.cpu_count()} CPUs")
+    print("  calibrate: predicting the program steps (traces tiny-gpt)", file=sys.stderr, flush=True)
+    launch, dispatch = program_host_costs(estimated, ranks, program)
+    steps = ", ".join(f"{layout}: {seconds * 1e3:.1f} ms" for layout, seconds in program.items())
+    return dataclasses.replace(
+        estimated, launch_seconds=launch, dispatch_seconds=dispatch,
+        notes=f"{estimated.notes}; host costs from {PROGRAM_MODEL} steps ({steps}); a small block's estimate "
+              f"was {estimated.launch_seconds * 1e6:.1f} us per op, +{estimated.dispatch_seconds * 1e6:.1f} us per DTensor op")

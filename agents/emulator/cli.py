@@ -119,11 +119,16 @@ def search_main(args) -> int:
 
 
 def calibrate_main(args) -> int:
-    from agents.emulator.calibrate import calibrate
+    from agents.emulator.calibrate import FULL, QUICK, calibrate
     from agents.emulator.devices import save_profile
 
-    print(f"measuring this machine with {args.ranks} ranks at once ...", file=sys.stderr, flush=True)
-    profile = calibrate(args.ranks)
+    if args.ranks < 1:
+        print(f"--ranks {args.ranks} must be >= 1", file=sys.stderr)
+        return 2
+    effort = QUICK if args.quick else FULL
+    print(f"measuring this machine with {args.ranks} ranks at once{' (quick)' if args.quick else ''}; "
+          f"this takes minutes on a small CPU machine ...", file=sys.stderr, flush=True)
+    profile = calibrate(args.ranks, effort)
     save_profile(profile, args.out)
     print(f"wrote {args.out}: bf16 matmul {profile.peak('bf16') / 1e9:.0f} GFLOP/s, fp32 "
           f"{profile.peak('fp32') / 1e9:.0f} GFLOP/s, attention {profile.attention_fraction:.0%} of bf16, memory "

@@ -151,28 +151,6 @@ def test_search_ranks_feasible_layouts_and_compare_reports_errors_per_layout() -
     assert "tp=3 does not divide" in both[1]["error"]
 
 
-@pytest.mark.timeout(720)
-def test_calibrate_writes_a_profile_that_emulate_uses(tmp_path) -> None:
-    # Calibration measures for real: on this 2-core CI machine bf16 GEMMs run at ~1 GFLOP/s
-    # and the two ranks share the cores, so it takes minutes (80 s of it a rank alone).
-    out = tmp_path / "cpu.json"
-    done = subprocess.run([sys.executable, "-m", "dynaplane", "calibrate", "--out", str(out), "--ranks", "2"],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    from agents.emulator.devices import load_profile
-
-    profile = load_profile(out)
-    assert profile.peak("bf16") > 1e9 and profile.launch_seconds > 0 and profile.intra_bw > 0
-    assert {"sqrt", "add", "cat", "copy"} <= set(profile.op_bandwidth)
-    assert profile.dispatch_seconds > 0
-    for kind in ("all_reduce", "all_gather", "reduce_scatter"):
-        points = profile.collective_table[kind]["2"]
-        assert [p[0] for p in points] == sorted(p[0] for p in points) and all(p[1] > 0 for p in points)
-    result = emulate(EmulateRequest(MODEL, "tp=2,pp=1,dp=1,zero=1", 2, "cpu", 4, 1, SEQ, gpus_per_node=2,
-                                    profile=str(out)))
-    assert result["gpu"] == "cpu-calibrated" and result["step_seconds"] > 0
-
-
 def test_interleaved_layout_is_traced_as_its_chunks() -> None:
     """vpp=2 over pp=2: the 4 virtual stages are the stages of the flat pp=4 layout (same
     chunks of layers, same per-chunk static memory and ops), labelled for the interleaved
