@@ -13,7 +13,6 @@ counts them but on real tensors);
 from __future__ import annotations
 
 import statistics
-import sys
 
 MODEL, GLOBAL_BATCH, MICRO_BATCH, SEQ, WORLD = "llama-124m", 4, 1, 128, 2
 LAYOUTS = ["tp=2,pp=1,dp=1,zero=1", "tp=1,pp=1,dp=2,zero=1", "tp=1,pp=1,dp=2,zero=3", "tp=1,pp=2,dp=1,zero=1",
@@ -21,14 +20,14 @@ LAYOUTS = ["tp=2,pp=1,dp=1,zero=1", "tp=1,pp=1,dp=2,zero=1", "tp=1,pp=1,dp=2,zer
 WARMUP, MEASURED = 2, 4
 
 
-def real_rank(rank: int, world: int, layout: str) -> dict:
+def real_rank(rank: int, world: int, layout: str, global_batch: int, seq: int) -> dict:
     from agents.emulator.real_steps import time_steps
 
-    real = time_steps(MODEL, layout, rank, GLOBAL_BATCH, MICRO_BATCH, SEQ, WARMUP, MEASURED)
+    real = time_steps(MODEL, layout, rank, global_batch, MICRO_BATCH, seq, WARMUP, MEASURED)
     return {"step": real.seconds, "static": real.static_bytes, "peak": real.peak_bytes}
 
 
-def main(profile: str) -> None:
+def main(profile: str, global_batch: int = GLOBAL_BATCH, seq: int = SEQ) -> None:
     from agents.emulator.emulate import EmulateRequest, emulate
     from agents.engine.launch import run_ranks
 
@@ -37,8 +36,8 @@ def main(profile: str) -> None:
     print("|---|---|---|---|---|---|---|---|")
     errors = []
     for layout in LAYOUTS:
-        real = run_ranks(WORLD, real_rank, layout, timeout_s=900)
-        emulated = emulate(EmulateRequest(MODEL, layout, WORLD, "cpu", GLOBAL_BATCH, MICRO_BATCH, SEQ,
+        real = run_ranks(WORLD, real_rank, layout, global_batch, seq, timeout_s=1800)
+        emulated = emulate(EmulateRequest(MODEL, layout, WORLD, "cpu", global_batch, MICRO_BATCH, seq,
                                           gpus_per_node=WORLD, profile=profile))
         stages = emulated["memory"]["per_stage"]
         real_step = max(r["step"] for r in real)
@@ -55,4 +54,12 @@ def main(profile: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("profile", help="a profile written by `dynaplane calibrate`")
+    parser.add_argument("--global-batch", type=int, default=GLOBAL_BATCH)
+    parser.add_argument("--seq", type=int, default=SEQ,
+                        help="shorter on a CPU without native bf16 (its bf16 GEMMs run at ~1 GFLOP/s)")
+    args = parser.parse_args()
+    main(args.profile, args.global_batch, args.seq)
