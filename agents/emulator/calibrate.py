@@ -3,8 +3,9 @@
 All `ranks` processes measure at the same time, as a training run's ranks would share
 the machine: each process's numbers are what one rank gets (on a CPU with fewer cores
 than ranks they share the cores). Measured, per rank:
-- bf16 / fp32 matmul rate (the best of a few GEMM shapes) and how it falls off for a short
-  inner dimension (matmul_k_half);
+- bf16 / fp32 matmul rate (the best of a few GEMM shapes, each as a linear layer's
+  forward and two backward GEMMs run it) and how it falls off for a short inner
+  dimension (matmul_k_half);
 - scaled-dot-product attention rate against the bf16 matmul rate (attention_fraction);
 - memory-bound throughput by op (out-of-place elementwise ops on tensors larger than the
   caches, allocation included, as eager PyTorch runs them); their median for other ops;
@@ -71,9 +72,24 @@ def _best_rate(fn, flops: float, repeats: int = 3) -> float:
     return flops / best
 
 
-def _matmul_rate(m: int, n: int, k: int, dtype: torch.dtype, repeats: int = 3) -> float:
-    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
-    return _best_rate(lambda: a @ b, 2.0 * m * n * k, repeats)
+def _gemm_seconds(fn, repeats: int) -> float:
+    fn()
+    return min(_elapsed(fn) for _ in range(repeats))
+
+
+def _matmul_rates(m: int, n: int, k: int, dtype: torch.dtype, repeats: int = 3) -> tuple[float, float]:
+    """(rate of a linear layer's three GEMMs, rate of its forward GEMM alone) in FLOP/s.
+
+    A linear layer's step runs one GEMM of each operand layout, with equal FLOPs: forward
+    x @ W^T, input gradient g @ W, weight gradient g^T @ x. Their speeds differ a lot
+    where the CPU has no native bf16 (measured on an AVX2 machine: 7-9 GFLOP/s for the
+    first and third, 1 GFLOP/s for g @ W), so the rate the trace's matmuls run at is the
+    three together, not one of them."""
+    x, w, g = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype), torch.randn(m, n, dtype=dtype)
+    flops = 2.0 * m * n * k
+    forward = _gemm_seconds(lambda: x @ w.t(), repeats)
+    backward = _gemm_seconds(lambda: g @ w, repeats) + _gemm_seconds(lambda: g.t() @ x, repeats)
+    return 3 * flops / (forward + backward), flops / forward
 
 
 def _attention_rate(repeats: int = 3) -> float:
@@ -361,9 +377,11 @@ def calibrate_rank(rank: int, world: int, effort: Effort = FULL) -> dict:
     r = effort.repeats
     out: dict = {}
     phase("matmul rates")
-    out["bf16"] = max(_matmul_rate(m, n, k, torch.bfloat16, r) for m, n, k in effort.gemm_shapes)
-    out["fp32"] = max(_matmul_rate(m, n, k, torch.float32, r) for m, n, k in {effort.gemm_shapes[0], effort.gemm_shapes[-1]})
-    out["short_k"] = _matmul_rate(512, 768, 32, torch.bfloat16, r)
+    bf16 = max((_matmul_rates(m, n, k, torch.bfloat16, r) for m, n, k in effort.gemm_shapes), key=lambda rates: rates[0])
+    out["bf16"], out["bf16_forward"] = bf16
+    out["fp32"] = max(_matmul_rates(m, n, k, torch.float32, r)[0]
+                      for m, n, k in {effort.gemm_shapes[0], effort.gemm_shapes[-1]})
+    out["short_k"] = _matmul_rates(512, 768, 32, torch.bfloat16, r)[1]  # inner dimension 32 in the forward GEMM
     dist.barrier()
     phase("attention and memory-bound ops")
     out["attention"] = _attention_rate(r)
@@ -396,7 +414,8 @@ def calibrate(ranks: int = 2, effort: Effort = FULL) -> DeviceProfile:
 
     bf16 = median("bf16")
     program = {layout: max(r["program"][layout] for r in results) for layout in results[0]["program"]}
-    k_half = max(1.0, 32 * (bf16 / max(median("short_k"), 1.0) - 1))  # eff(k) = k / (k + k_half)
+    # eff(k) = k / (k + k_half), from the forward GEMM at k = 32 against the same form at full k
+    k_half = max(1.0, 32 * (median("bf16_forward") / max(median("short_k"), 1.0) - 1))
     memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     estimated = DeviceProfile(
         name="cpu-calibrated", peak_flops={"bf16": bf16, "fp32": median("fp32")}, hbm_bytes=memory_bytes // ranks,
