@@ -12,17 +12,12 @@ from django.http import HttpResponse, JsonResponse
 from django.shortcuts import render
 
 from agents import protocol
-from agents.emulator.devices import get_profile
-from agents.emulator.errors import EmulatorError
-from agents.emulator.search import SearchRequest, candidate_layouts, ranked_candidates
 from agents.layout.catalog import catalog_names
-from agents.layout.errors import LayoutError
 from controlplane.emulation.selectors import emulation_rows, emulation_snapshot
 from frontend.compare_figures import compare_csv, compare_figures
 
 DEFAULTS = {"model": "tiny-gpt", "gpu": "h100", "gpus": 4, "batch": 8, "micro": 1, "seq": 128, "recompute": "none"}
 MAX_RUNS = 32
-MAX_TOP = 8
 
 
 class BadQuery(ValueError):
@@ -118,33 +113,3 @@ def compare_export(request):
     return response
 
 
-@login_required
-def compare_search(request):
-    """GET /compare/search?<settings>&top=K: the emulator search's candidates for the page's
-    settings (its micro-batch only), likeliest fastest first, at most 3 x K of them: the
-    page emulates them on the agents and keeps the K fastest that fit (search.top_fitting,
-    the same rule as `dynaplane search`). The search itself is not run here: it emulates
-    one candidate after another, minutes on a loaded machine, far too long for a request."""
-    settings, problems = parse_settings(request.GET)
-    if problems:
-        return JsonResponse({"error": "; ".join(problems)}, status=400)
-    top = request.GET.get("top", "3")
-    if not top.isdigit() or not 1 <= int(top) <= MAX_TOP:
-        return JsonResponse({"error": f"top: {top!r} is not a whole number from 1 to {MAX_TOP}"}, status=400)
-    top = int(top)
-    query = SearchRequest(model=settings["model"], gpus=settings["gpus"], gpu=settings["gpu"],
-                          global_batch=settings["batch"], seq=settings["seq"], top=top,
-                          recompute=settings["recompute"], micro_batches=(settings["micro"],))
-    try:
-        candidates = candidate_layouts(query)
-        feasible, dropped = ranked_candidates(query, candidates, get_profile(settings["gpu"]).hbm_bytes)
-    except (LayoutError, EmulatorError) as exc:
-        return JsonResponse({"error": str(exc)}, status=400)
-    if not feasible:
-        reasons = "; ".join(f"{d['layout']}: {d['reason']}" for d in dropped[:4])
-        return JsonResponse({"error": f"no layout of {settings['model']} runs on {settings['gpus']} GPUs with global "
-                                      f"batch {settings['batch']} and micro-batch {settings['micro']}"
-                                      + (f" ({reasons})" if reasons else "")}, status=400)
-    return JsonResponse({"top": top, "candidates": len(candidates),
-                         "layouts": [layout for _, layout, _ in feasible[:3 * top]],
-                         "dropped": dropped})

@@ -7,7 +7,6 @@ urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("compare/", compare_views.compare, name="compare"),
     path("compare/data", compare_views.compare_data, name="compare-data"),
-    path("compare/search", compare_views.compare_search, name="compare-search"),
     path("compare/export.csv", compare_views.compare_export, name="compare-export"),
     path("jobs/", job_views.jobs_list, name="jobs"),
     path("jobs/<int:job_id>/", job_views.job_detail, name="job"),

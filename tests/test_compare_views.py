@@ -81,17 +81,3 @@ def test_data_and_csv_of_runs(signed_in) -> None:
     assert rows[1]["error"] == "out of memory on stage 0"
     assert signed_in.get("/compare/data?runs=").json() == {"error": "runs: give at least one run id, e.g. ?runs=3,4"}
     assert signed_in.get("/compare/export.csv?runs=-1").status_code == 400
-
-
-def test_search_candidates_for_the_page_settings(signed_in) -> None:
-    body = signed_in.get("/compare/search?model=tiny-gpt&gpu=h100&gpus=2&batch=8&micro=1&seq=64&top=1").json()
-    # tiny-gpt on 2 GPUs with micro-batch 1: 4 layouts the trainer runs, the likeliest fastest
-    # first (no model parallelism, ZeRO-3 before ZeRO-1), 3 x top of them to emulate.
-    assert body == {"top": 1, "candidates": 4, "layouts": ["tp=1,pp=1,dp=2,zero=3", "tp=1,pp=1,dp=2,zero=1",
-                                                            "tp=1,pp=2,dp=1,zero=1"], "dropped": []}
-    for query, words in (("model=tiny-gpt&gpus=4&top=9", "top: '9' is not a whole number from 1 to 8"),
-                         ("model=nope&top=1", "unknown model 'nope'"),
-                         ("model=tiny-gpt&gpus=0&top=1", "gpus: '0' is not a positive integer"),
-                         ("model=tiny-gpt&gpus=4&batch=3&micro=2&top=1", "no layout of tiny-gpt runs on 4 GPUs")):
-        response = signed_in.get(f"/compare/search?{query}")
-        assert response.status_code == 400 and words in response.json()["error"], (query, response.json())

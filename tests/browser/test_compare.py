@@ -116,38 +116,3 @@ def test_compare_two_emulated_configs_export_csv_and_reopen(stack, browser) -> N
     assert [e for e in errors if "status of 400" not in e] == [] and len(errors) == 1, errors
     context.close()
     print(f"two emulations ran and showed side by side {seconds:.1f} s after Run; screenshots in {stack.var_dir}")
-
-
-def test_take_the_top_k_from_search(stack, browser) -> None:  # noqa: F811
-    """The search's candidates for tiny-gpt on 2 GPUs are emulated on the agents and the
-    fastest one that fits stays in the comparison (and in the URL that reopens it)."""
-    context = browser.new_context(viewport={"width": 1366, "height": 900})
-    page = context.new_page()
-    errors = _watch_errors(page)
-    _sign_in(page, stack)
-    page.goto(f"{stack.url}compare/?model=tiny-gpt&gpu=h100&gpus=2&batch=8&micro=1&seq=64")
-    page.wait_for_selector("#connection[data-state=live]", timeout=10_000)
-    page.get_by_label("Top", exact=True).fill("1")
-    started = time.monotonic()
-    page.get_by_role("button", name="Take the top K from search").press("Enter")  # keyboard operable
-    page.wait_for_function("document.querySelector('#search-status').textContent.includes('kept the')",
-                           timeout=180_000)
-    seconds = time.monotonic() - started
-    status = page.locator("#search-status").inner_text()
-    assert "3 of 4 candidates emulated; kept the 1 fastest that fit" in status, status
-    page.wait_for_selector("body[data-done=true]", timeout=30_000)
-    snapshot = page.evaluate("window.dynaplaneCompare.snapshot")
-    assert len(snapshot["runs"]) == 1 and snapshot["runs"][0]["state"] == "done"
-    kept = snapshot["runs"][0]
-    assert page.locator("#layout-list li code").all_inner_texts() == [kept["layout"]]
-    assert f"runs={kept['id']}" in page.url and parse_qs(urlsplit(page.url).query)["layout"] == [kept["layout"]]
-    # It is the fastest of the three emulated candidates that fit (what `dynaplane search` keeps).
-    tried = [r for r in stack.get("api/emulations")["results"] if r["gpus"] == 2]
-    assert len(tried) == 3, tried
-    fitting = [r for r in tried if r["state"] == "done" and r["result"]["memory"]["fits"]]
-    assert max(fitting, key=lambda r: r["result"]["tokens_per_second"])["id"] == kept["id"]
-    page.wait_for_selector("#breakdown-chart .main-svg", timeout=10_000)
-    page.screenshot(path=str(stack.var_dir / "compare-search-top.png"), full_page=True)
-    assert errors == [], errors
-    context.close()
-    print(f"search: 3 candidates emulated, the fastest kept {seconds:.1f} s after the click")

@@ -1,7 +1,7 @@
 // Compare page: pick settings and layouts, run them on the agents' emulators, follow the
 // runs over /ws/emulations/ and draw the figures the server builds (/compare/data).
 import {
-  TERMINAL, applyEmulationEvent, comparisonQuery, emulationRequest, errorLines, follow, searchTop,
+  TERMINAL, applyEmulationEvent, comparisonQuery, emulationRequest, errorLines, follow,
 } from "./compare-store.js";
 
 const initial = JSON.parse(document.getElementById("compare-initial").textContent);
@@ -125,7 +125,6 @@ async function reloadData() {
   figures = data.figures;
   renderRuns();
   renderFigures();
-  finishSearch();
 }
 
 function csrfToken() {
@@ -135,54 +134,9 @@ function csrfToken() {
 
 async function runComparison(event) {
   event.preventDefault();
-  search = null;
-  $("search-status").textContent = "";
   await submitComparison();
 }
 
-// "Take the top K from search": the search's candidates (GET /compare/search) replace the
-// list and run as one comparison; once every run is finished the K fastest that fit stay.
-let search = null; // {top, candidates, tried} while a search's runs are being emulated
-async function takeTopFromSearch() {
-  const settings = readSettings();
-  const top = Number.parseInt($("f-top").value, 10);
-  const params = new URLSearchParams(comparisonQuery(settings, [], []));
-  params.set("top", String(top));
-  $("form-errors").textContent = "";
-  const response = await fetch(`/compare/search?${params}`, { credentials: "same-origin" });
-  const body = await response.json().catch(() => ({ error: response.statusText }));
-  if (!response.ok) { $("form-errors").textContent = `Search: ${body.error}`; return; }
-  layouts = [...body.layouts];
-  renderLayouts();
-  search = { top: body.top, candidates: body.candidates, tried: body.layouts.length };
-  $("search-status").textContent = `Search: emulating ${body.layouts.length} of ${body.candidates} candidate layouts ` +
-    `on the agents; the ${body.top} fastest that fit will stay…`;
-  if (!(await submitComparison())) search = null;
-}
-
-function finishSearch() {
-  if (!search || !snapshot.runs.length || snapshot.runs.some((r) => !TERMINAL.has(r.state))) return;
-  const { top, candidates, tried } = search;
-  search = null;
-  const kept = searchTop(snapshot.runs, top);
-  const left = snapshot.runs.filter((r) => !kept.includes(r)).map((r) => `${r.layout} (${r.state === "failed"
-    ? "failed" : r.result.memory.fits ? "slower" : "does not fit"})`);
-  $("search-status").textContent = kept.length
-    ? `Search: ${tried} of ${candidates} candidates emulated; kept the ${kept.length} fastest that fit. ` +
-      (left.length ? `Left out: ${left.join(", ")}.` : "")
-    : `Search: none of the ${tried} candidates emulated fits; all are shown.`;
-  if (!kept.length) return;
-  const settings = readSettings();
-  layouts = kept.map((r) => r.layout);
-  const ids = kept.map((r) => r.id);
-  snapshot = follow(snapshot, ids, snapshot.runs, seen);
-  const query = comparisonQuery(settings, layouts, ids);
-  history.replaceState(null, "", `${location.pathname}?${query}`);
-  $("permalink").href = `${location.pathname}?${query}`;
-  renderLayouts();
-  renderRuns();
-  reloadData();
-}
 
 // POST the layouts as one comparison and follow its runs; false when nothing was queued.
 async function submitComparison() {
@@ -265,7 +219,6 @@ function connect() {
 }
 
 $("add-layout").addEventListener("click", addLayout);
-$("search-top").addEventListener("click", takeTopFromSearch);
 $("f-layout").addEventListener("keydown", (e) => { if (e.key === "Enter") { e.preventDefault(); addLayout(); } });
 $("compare-form").addEventListener("submit", runComparison);
 $("export-csv").addEventListener("click", (e) => { if (!snapshot.ids.length) e.preventDefault(); });
