@@ -184,6 +184,13 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ranks", type=int, default=2, help="ranks that will share this machine (measured at once)")
     p.add_argument("--quick", action="store_true",
                    help="a rough profile in a fraction of the time (fewer shapes, sizes and repeats)")
+    p.add_argument("--model", help="also time the GEMMs and attentions of this model's traced steps at their "
+                                   "own shapes (with --layout)")
+    p.add_argument("--layout", action="append", default=[], help="a layout of --model to trace (repeatable)")
+    p.add_argument("--seq", type=int, default=128, help="sequence length of the traced steps")
+    p.add_argument("--micro-batch", type=int, default=1, help="micro-batch size of the traced steps")
+    p.add_argument("--global-batch", type=int, default=0,
+                   help="global batch of the traced steps (default: one micro-batch per dp rank)")
     p.set_defaults(func=lambda a: __import__("agents.emulator.cli", fromlist=["calibrate_main"]).calibrate_main(a))
 
 

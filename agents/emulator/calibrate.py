@@ -38,6 +38,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from agents.emulator.calibrate_ops import SIZE_LADDER, measure_attentions, measure_gemms, measure_op_bandwidths
 from agents.emulator.devices import DeviceProfile
 from agents.emulator.recorder import causal_fraction
 
@@ -55,11 +56,13 @@ class Effort:
     table_sizes: tuple = tuple(1 << e for e in range(12, 25, 2))  # 4 KiB ... 16 MiB
     table_repeats: int = 5
     program_steps: int = 5
+    op_sizes: tuple = SIZE_LADDER  # elements per tensor of the memory-bound ops' size ladder
 
 
 FULL = Effort()
 QUICK = Effort(repeats=1, gemm_shapes=((512, 768, 768),), bandwidth_tensors=4,
-               table_sizes=(1 << 12, 1 << 18, 1 << 22), table_repeats=2, program_steps=2)
+               table_sizes=(1 << 12, 1 << 18, 1 << 22), table_repeats=2, program_steps=2,
+               op_sizes=(1 << 12, 1 << 20))
 
 
 def _best_rate(fn, flops: float, repeats: int = 3) -> float:
@@ -99,16 +102,17 @@ def _attention_rate(repeats: int = 3) -> float:
                       repeats)
 
 
-def _op_bandwidths(tensors: int = 16, repeats: int = 3) -> dict[str, float]:
-    """Bytes/s (inputs + outputs, as the recorder counts them) of the memory-bound ops a
-    training step runs, on 16 fresh 16 MB tensors each, as the optimizer and gradient code
-    meet them."""
-    # Tensors larger than the caches, as parameters and optimizer states are; values like an
-    # Adam second moment (small, some exactly zero), which e.g. sqrt is slower on than on 1.0.
-    xs = [torch.rand(1 << 22) * 1e-6 * (torch.rand(1 << 22) > 0.1) for _ in range(tensors)]
-    ys = [torch.rand(1 << 22) + 0.5 for _ in range(tensors)]
-    halves = [x.to(torch.bfloat16) for x in xs]
-    n = sum(x.numel() for x in xs) * 4.0  # bytes of one fp32 list
+def _op_cases(elements: int, tensors: int) -> dict:
+    """{op: (work, bytes per call as the recorder counts them, calls per work)} for the
+    memory-bound ops a training step runs, on `tensors` fresh fp32 tensors of `elements`
+    each, as the optimizer and gradient code meet them (the _foreach_ ops take the whole
+    list in one call, the others run once per tensor)."""
+    # Values like an Adam second moment: small, positive. (Exact zeros or denormals, as in
+    # the never-updated rows of an embedding, make sqrt 4-30x slower on x86; a fake trace
+    # cannot know where they are, so the typical dense case is measured.)
+    xs = [(torch.randn(elements) * 1e-3) ** 2 * 1e-3 + 1e-12 for _ in range(tensors)]
+    ys = [torch.rand(elements) + 0.5 for _ in range(tensors)]
+    n = elements * 4.0  # bytes of one fp32 tensor
 
     def each(fn):
         def run() -> None:
@@ -116,30 +120,29 @@ def _op_bandwidths(tensors: int = 16, repeats: int = 3) -> dict[str, float]:
             del out
         return run
 
-    cases = {  # name: (work, bytes in + out)
-        "mul": (lambda: torch._foreach_mul(xs, 0.9), 2 * n),
-        "add": (lambda: torch._foreach_add(xs, ys), 3 * n),
-        "sqrt": (lambda: torch._foreach_sqrt(xs), 2 * n),
-        "div": (lambda: torch._foreach_div(xs, ys), 3 * n),
-        "addcdiv": (lambda: torch._foreach_addcdiv(xs, ys, xs), 4 * n),
-        "addcmul": (lambda: torch._foreach_addcmul(xs, ys, xs), 4 * n),
-        "lerp": (lambda: torch._foreach_lerp(xs, ys, 0.1), 3 * n),
-        "copy": (each(lambda a, h: torch.empty_like(a, dtype=torch.bfloat16).copy_(a)), 1.5 * n),
-        "_to_copy": (each(lambda a, h: a.to(torch.bfloat16)), 1.5 * n),
-        "cat": (lambda: torch.cat(xs), 2 * n),
-        "clone": (each(lambda a, h: a.clone()), 2 * n),
-        "fill": (each(lambda a, h: torch.empty_like(a).fill_(1.0)), n),
-        "zero": (each(lambda a, h: torch.empty_like(a).zero_()), n),
-        "silu": (each(lambda a, h: torch.nn.functional.silu(a)), 2 * n),
-        "rsqrt": (each(lambda a, h: a.rsqrt()), 2 * n),
-        "pow": (each(lambda a, h: a.pow(2)), 2 * n),
-        "mean": (each(lambda a, h: a.mean()), n),
-        "sum": (each(lambda a, h: a.sum()), n),
-        "neg": (each(lambda a, h: a.neg()), 2 * n),
-        "exp": (each(lambda a, h: a.exp()), 2 * n),
+    whole = tensors * n
+    return {
+        "mul": (lambda: torch._foreach_mul(xs, 0.9), 2 * whole, 1),
+        "add": (lambda: torch._foreach_add(xs, ys), 3 * whole, 1),
+        "sqrt": (lambda: torch._foreach_sqrt(xs), 2 * whole, 1),
+        "div": (lambda: torch._foreach_div(xs, ys), 3 * whole, 1),
+        "addcdiv": (lambda: torch._foreach_addcdiv(xs, ys, xs), 4 * whole, 1),
+        "addcmul": (lambda: torch._foreach_addcmul(xs, ys, xs), 4 * whole, 1),
+        "lerp": (lambda: torch._foreach_lerp(xs, ys, 0.1), 3 * whole, 1),
+        "copy": (each(lambda a, h: torch.empty_like(a, dtype=torch.bfloat16).copy_(a)), 1.5 * n, tensors),
+        "_to_copy": (each(lambda a, h: a.to(torch.bfloat16)), 1.5 * n, tensors),
+        "cat": (lambda: torch.cat(xs), 2 * whole, 1),
+        "clone": (each(lambda a, h: a.clone()), 2 * n, tensors),
+        "fill": (each(lambda a, h: torch.empty_like(a).fill_(1.0)), n, tensors),
+        "zero": (each(lambda a, h: torch.empty_like(a).zero_()), n, tensors),
+        "silu": (each(lambda a, h: torch.nn.functional.silu(a)), 2 * n, tensors),
+        "rsqrt": (each(lambda a, h: a.rsqrt()), 2 * n, tensors),
+        "pow": (each(lambda a, h: a.pow(2)), 2 * n, tensors),
+        "mean": (each(lambda a, h: a.mean()), n, tensors),
+        "sum": (each(lambda a, h: a.sum()), n, tensors),
+        "neg": (each(lambda a, h: a.neg()), 2 * n, tensors),
+        "exp": (each(lambda a, h: a.exp()), 2 * n, tensors),
     }
-    del halves
-    return {name: _best_rate(work, nbytes, repeats) for name, (work, nbytes) in cases.items()}
 
 
 def _op_overhead() -> float:
@@ -363,7 +366,7 @@ def program_host_costs(profile: DeviceProfile, world: int, measured: dict[str, f
     return float(launch), float(dispatch)
 
 
-def calibrate_rank(rank: int, world: int, effort: Effort = FULL) -> dict:
+def calibrate_rank(rank: int, world: int, effort: Effort = FULL, shapes: tuple = ((), ())) -> dict:
     import sys
 
     torch.manual_seed(rank)
@@ -383,9 +386,15 @@ def calibrate_rank(rank: int, world: int, effort: Effort = FULL) -> dict:
                       for m, n, k in {effort.gemm_shapes[0], effort.gemm_shapes[-1]})
     out["short_k"] = _matmul_rates(512, 768, 32, torch.bfloat16, r)[1]  # inner dimension 32 in the forward GEMM
     dist.barrier()
+    gemms, attentions = shapes
+    phase(f"the traces' {len(gemms)} GEMM and {len(attentions)} attention shapes")
+    out["gemm_table"] = measure_gemms(gemms, r)
+    out["attention_table"] = measure_attentions(attentions, r)
+    dist.barrier()
     phase("attention and memory-bound ops")
     out["attention"] = _attention_rate(r)
-    out["ops"] = _op_bandwidths(effort.bandwidth_tensors, r)
+    out["ops_table"] = measure_op_bandwidths(_op_cases, effort.bandwidth_tensors, r, effort.op_sizes)
+    out["ops"] = {name: points[-1][1] for name, points in out["ops_table"].items()}  # the largest size: DRAM
     out["memory"] = statistics.median(out["ops"].values())  # ops the profile has no rate for run at the typical one
     phase("per-op overheads")
     out["overhead"] = _op_overhead()
@@ -402,12 +411,42 @@ def calibrate_rank(rank: int, world: int, effort: Effort = FULL) -> dict:
     return out
 
 
-def calibrate(ranks: int = 2, effort: Effort = FULL) -> DeviceProfile:
+def _median_rows(tables: list):
+    """Element-wise median of the rate (last column) of same-shaped nested tables, one per rank."""
+    first = tables[0]
+    if isinstance(first, dict):
+        return {key: _median_rows([t[key] for t in tables]) for key in first}
+    return [[*row[:-1], statistics.median(t[i][-1] for t in tables)] for i, row in enumerate(first)]
+
+
+def shape_traces(world: int, requests: list, progress=None) -> list:
+    """Traces whose GEMM and attention shapes calibrate measures: the program model's
+    layouts (their steps decide the host costs) and any the user asks for."""
+    from agents.emulator.tracer import TraceRequest, trace
+
+    wanted = [TraceRequest(PROGRAM_MODEL, layout, 1, PROGRAM_SEQ, PROGRAM_MICRO_BATCHES, world)
+              for layout in program_layouts(world)] + list(requests)
+    out = []
+    for n, request in enumerate(wanted):
+        if progress:
+            progress(f"tracing {request.model} {request.layout} for its op shapes ({n + 1}/{len(wanted)})")
+        out.append(trace(request)[0])
+    return out
+
+
+def calibrate(ranks: int = 2, effort: Effort = FULL, shapes_from: list = ()) -> DeviceProfile:
+    """Measure this machine with `ranks` ranks at once. `shapes_from`: TraceRequests whose
+    GEMMs and attentions are timed at their own shapes (the program model's always are)."""
     import sys
 
+    from agents.emulator.calibrate_ops import op_shapes
     from agents.engine.launch import run_ranks
 
-    results = run_ranks(ranks, calibrate_rank, effort, timeout_s=540)  # minutes on a small CPU machine
+    def say(text: str) -> None:
+        print(f"  calibrate: {text}", file=sys.stderr, flush=True)
+
+    shapes = op_shapes(shape_traces(ranks, list(shapes_from), say))
+    results = run_ranks(ranks, calibrate_rank, effort, shapes, timeout_s=1200)  # minutes on a small CPU machine
 
     def median(key: str) -> float:
         return statistics.median(r[key] for r in results)
@@ -425,12 +464,15 @@ def calibrate(ranks: int = 2, effort: Effort = FULL) -> DeviceProfile:
         intra_node_latency=median("alpha"), inter_node_bandwidth=median("bandwidth"), inter_node_efficiency=1.0,
         inter_node_latency=median("alpha"), matmul_k_half=k_half, gpus_per_node=ranks,
         op_bandwidth={name: statistics.median(r["ops"][name] for r in results) for name in results[0]["ops"]},
+        op_bandwidth_table=_median_rows([r["ops_table"] for r in results]),
+        matmul_table=_median_rows([r["gemm_table"] for r in results]),
+        attention_table=_median_rows([r["attention_table"] for r in results]),
         # A collective ends on every rank together: its cost is the slowest rank's.
         collective_table={kind: {str(ranks): [[size, max(r["table"][kind][i][1] for r in results)]
                                               for i, (size, _) in enumerate(points)]}
                           for kind, points in results[0]["table"].items()},
         notes=f"measured by dynaplane calibrate with {ranks} ranks on {os.cpu_count()} CPUs")
-    print("  calibrate: predicting the program steps (traces tiny-gpt)", file=sys.stderr, flush=True)
+    say("predicting the program steps (traces tiny-gpt)")
     launch, dispatch = program_host_costs(estimated, ranks, program)
     steps = ", ".join(f"{layout}: {seconds * 1e3:.1f} ms" for layout, seconds in program.items())
     return dataclasses.replace(

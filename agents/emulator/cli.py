@@ -118,6 +118,36 @@ def search_main(args) -> int:
     return 0
 
 
+def shape_requests(args) -> list:
+    """The TraceRequests of `calibrate --model M --layout L ...` (their GEMM and attention
+    shapes are measured), checked as `emulate` checks a configuration."""
+    from agents.emulator.tracer import TraceRequest
+    from agents.layout.catalog import get_model
+    from agents.layout.placement import place
+    from agents.layout.errors import LayoutError
+
+    if not args.layout:
+        if args.model:
+            raise EmulatorError("--model needs at least one --layout whose op shapes to measure")
+        return []
+    if not args.model:
+        raise EmulatorError("--layout needs --model")
+    requests = []
+    for layout in args.layout:
+        try:
+            ml = next(iter(place(get_model(args.model), layout).modules.values()))
+        except (LayoutError, KeyError, ValueError) as exc:
+            raise EmulatorError(f"--model {args.model} --layout {layout}: {exc}") from exc
+        per_step = args.micro_batch * ml.dp
+        global_batch = args.global_batch or per_step
+        if global_batch % per_step:
+            raise EmulatorError(f"--global-batch {global_batch} is not divisible by micro-batch x dp = "
+                                f"{args.micro_batch} x {ml.dp} for {layout}")
+        requests.append(TraceRequest(args.model, layout, args.micro_batch, args.seq, global_batch // per_step,
+                                     args.ranks))
+    return requests
+
+
 def calibrate_main(args) -> int:
     from agents.emulator.calibrate import FULL, QUICK, calibrate
     from agents.emulator.devices import save_profile
@@ -126,9 +156,14 @@ def calibrate_main(args) -> int:
         print(f"--ranks {args.ranks} must be >= 1", file=sys.stderr)
         return 2
     effort = QUICK if args.quick else FULL
+    try:
+        requests = shape_requests(args)
+    except EmulatorError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(f"measuring this machine with {args.ranks} ranks at once{' (quick)' if args.quick else ''}; "
           f"this takes minutes on a small CPU machine ...", file=sys.stderr, flush=True)
-    profile = calibrate(args.ranks, effort)
+    profile = calibrate(args.ranks, effort, requests)
     save_profile(profile, args.out)
     print(f"wrote {args.out}: bf16 matmul {profile.peak('bf16') / 1e9:.0f} GFLOP/s, fp32 "
           f"{profile.peak('fp32') / 1e9:.0f} GFLOP/s, attention {profile.attention_fraction:.0%} of bf16, memory "

@@ -12,12 +12,12 @@ def compute_seconds(op: ComputeOp, profile: DeviceProfile) -> float:
     if op.kind == "host":
         return profile.dispatch_seconds
     if op.kind == "matmul":
-        rate = profile.peak(op.dtype) * profile.matmul_efficiency(op.shape)
+        rate = profile.matmul_rate(op.dtype, op.shape, op.form)
     elif op.kind == "attention":
-        rate = profile.peak(op.dtype) * profile.attention_efficiency(op.shape)
+        rate = profile.attention_rate(op.name, op.dtype, op.shape)
     else:
         rate = profile.peak("fp32")
-        return max(op.flops / rate, op.bytes / profile.op_memory_bandwidth(op.name)) + profile.launch_seconds
+        return max(op.flops / rate, op.bytes / profile.op_memory_bandwidth(op.name, op.bytes)) + profile.launch_seconds
     return max(op.flops / rate, op.bytes / profile.memory_bandwidth) + profile.launch_seconds
 
 

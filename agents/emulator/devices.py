@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from agents.emulator.errors import EmulatorError, require
+from agents.emulator.op_tables import attention_rate, bandwidth_at, check_tables, matmul_rate
 
 GiB = 1024**3
 MiB = 1024**2
@@ -72,6 +73,12 @@ class DeviceProfile:
     # (copy engines and NICs move the bytes); on a CPU whose cores all compute, the
     # collective's copies need the same cores, and `dynaplane calibrate` measures it.
     comm_overlap: float = 1.0
+    # Rates measured by `dynaplane calibrate` at the shapes of a trace (op_tables.py): GEMMs
+    # by dtype and operand layout, fused attention by direction, memory-bound ops by size.
+    # Empty for the built-in profiles, which use the efficiency model above.
+    matmul_table: dict = field(default_factory=dict)
+    attention_table: dict = field(default_factory=dict)
+    op_bandwidth_table: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         require(isinstance(self.name, str) and self.name, f"profile name={self.name!r} must be a non-empty string")
@@ -88,6 +95,7 @@ class DeviceProfile:
             require(isinstance(value, (int, float)) and 0 < value <= 1,
                     f"profile {self.name}: {key}={value!r} must be in (0, 1]")
         _check_collective_table(self.name, self.collective_table)
+        check_tables(self.name, self.matmul_table, self.attention_table, self.op_bandwidth_table)
         require(isinstance(self.comm_overlap, (int, float)) and 0 <= self.comm_overlap <= 1,
                 f"profile {self.name}: comm_overlap={self.comm_overlap!r} must be in [0, 1]")
         for key in ("sm_count", "launch_seconds", "intra_node_latency", "inter_node_latency", "dispatch_seconds"):
@@ -135,9 +143,23 @@ class DeviceProfile:
         blocks = batch * heads * math.ceil(seq_q / self.attention_block)
         return self.attention_fraction * self._waves(blocks) * seq_kv / (seq_kv + self.attention_seq_half)
 
-    def op_memory_bandwidth(self, name: str) -> float:
-        """Achievable bytes/s of one memory-bound op (its measured rate when calibrated)."""
+    def matmul_rate(self, dtype: str, shape: tuple[int, ...] = (), form: str = "") -> float:
+        """Achieved FLOP/s of a GEMM: measured at (or near) its shape and form when the
+        profile has a table for its dtype, else peak x matmul_efficiency."""
+        measured = matmul_rate(self.matmul_table, dtype, form, shape)
+        return measured if measured is not None else self.peak(dtype) * self.matmul_efficiency(shape)
+
+    def attention_rate(self, name: str, dtype: str, shape: tuple[int, ...] = ()) -> float:
+        """Achieved FLOP/s of a fused attention op (measured, else the efficiency model)."""
+        measured = attention_rate(self.attention_table, name, dtype, shape)
+        return measured if measured is not None else self.peak(dtype) * self.attention_efficiency(shape)
+
+    def op_memory_bandwidth(self, name: str, nbytes: float | None = None) -> float:
+        """Achievable bytes/s of one memory-bound op moving `nbytes` (its measured rate
+        by size, else its measured large-tensor rate, else the HBM figure)."""
         base = name.removeprefix("_foreach_").rstrip("_")
+        if nbytes is not None and base in self.op_bandwidth_table:
+            return bandwidth_at(self.op_bandwidth_table[base], nbytes)
         return self.op_bandwidth.get(base, self.memory_bandwidth)
 
     @property

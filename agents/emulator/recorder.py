@@ -56,6 +56,7 @@ class ComputeRecord:
     shape: tuple[int, ...]  # matmul (m, n, k) or (batch, m, n, k); attention (b, heads, s_q, s_kv, d)
     phase: str
     dtype: str = "bf16"
+    form: str = ""  # matmul operand layout, see matmul_form
 
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -66,6 +67,32 @@ def _matmul_shape(name: str, args) -> tuple[int, ...]:
     if a.dim() == 3:
         return (a.shape[0], a.shape[1], b.shape[2], a.shape[2])
     return (a.shape[0], b.shape[1], a.shape[1])
+
+
+def _operand_letter(t: torch.Tensor) -> str:
+    """'n' when the matrix (the last two dims) is stored row by row, 't' when column by
+    column (a transposed view), 'g' for any other stride pattern. A broadcast (stride 0)
+    matrix counts as 'n': the kernel reads it as a dense copy."""
+    rows, cols = t.shape[-2], t.shape[-1]
+    row_stride, col_stride = t.stride()[-2], t.stride()[-1]
+    if row_stride == 0 or col_stride == 0:
+        return "n"
+    if col_stride == 1 or cols == 1:
+        if row_stride >= cols or rows == 1:
+            return "n"
+    if row_stride == 1 or rows == 1:
+        if col_stride >= rows or cols == 1:
+            return "t"
+    return "g"
+
+
+def matmul_form(name: str, args) -> str:
+    """The operand layout of a GEMM, BLAS-style in row-major terms: 'nt' is x @ W^T (a
+    linear layer's forward), 'nn' is g @ W (its input gradient), 'tn' is g^T @ x (its
+    weight gradient). Same FLOPs, but a CPU runs them at rates up to 9x apart (docs/
+    benchmarks.md, session 5), so the cost model looks up the op's own form."""
+    a, b = (args[1], args[2]) if name in ("addmm", "baddbmm") else (args[0], args[1])
+    return _operand_letter(a) + _operand_letter(b)
 
 
 def _attention_shape(q: torch.Tensor, k: torch.Tensor) -> tuple[int, ...]:
@@ -217,8 +244,10 @@ class OpRecorder(TorchDispatchMode):
         kind = ("matmul" if packet in MATMUL else
                 "attention" if any(a in name for a in ATTENTION_NAMES) else "memory")
         shape: tuple[int, ...] = ()
+        form = ""
         if kind == "matmul":
             shape = _matmul_shape(name, args)
+            form = matmul_form(name, args) if name != "_scaled_mm" else ""
         elif kind == "attention":
             q, k = (args[0], args[1]) if "backward" not in name else (args[1], args[2])
             if q.dim() == 4 and k.dim() == 4:
@@ -227,7 +256,7 @@ class OpRecorder(TorchDispatchMode):
                     flops *= causal_fraction(q.shape[2], k.shape[2])
         dtype = _DTYPES.get(outs[0].dtype, "fp32") if outs and outs[0].is_floating_point() else "fp32"
         self.records.append(ComputeRecord(name, kind, flops, moved, tuple(int(d) for d in shape), self.phase,
-                                          dtype))
+                                          dtype, form))
         for t in outs:
             self.track(t)
         return out

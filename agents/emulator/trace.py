@@ -42,6 +42,8 @@ class ComputeOp:
 
     `shape` conventions the cost model reads: matmul (m, n, k) or (batch, m, n, k);
     attention (batch, heads, seq_q, seq_kv, head_dim); anything else is ignored.
+    `form` is a matmul's operand layout ("nt", "nn", "tn", ...; recorder.matmul_form), ""
+    when unknown or not a matmul.
     """
 
     name: str
@@ -50,12 +52,15 @@ class ComputeOp:
     bytes: float
     shape: tuple[int, ...] = ()
     dtype: str = "bf16"
+    form: str = ""
 
     def __post_init__(self) -> None:
         require(self.kind in COMPUTE_KINDS, f"compute op {self.name!r}: kind={self.kind!r} not in {COMPUTE_KINDS}")
         _finite_nonneg(self.flops, f"compute op {self.name!r}: flops")
         _finite_nonneg(self.bytes, f"compute op {self.name!r}: bytes")
         require(self.dtype in DTYPES, f"compute op {self.name!r}: dtype={self.dtype!r} not in {DTYPES}")
+        require(self.form == "" or (len(self.form) == 2 and set(self.form) <= set("ntg")),
+                f"compute op {self.name!r}: form={self.form!r} must be '' or two of n/t/g")
         object.__setattr__(self, "shape", tuple(self.shape))
         require(all(isinstance(d, int) and d >= 0 for d in self.shape),
                 f"compute op {self.name!r}: shape={self.shape!r} must hold integers >= 0")

@@ -41,8 +41,8 @@ from agents.layout.catalog import get_config, get_model
 from agents.layout.placement import layer_stages, place
 from agents.training.parallel import LayoutMeshes, ParallelTrainer, TrainConfig, TrainingError, _loss
 
-TRACER_VERSION = 4  # 2: activations_full; vpp traced as pp*vpp flat stages; 3: DTensor dispatch as host ops;
-# 4: causal attention FLOPs, sequence parallelism
+TRACER_VERSION = 5  # 2: activations_full; vpp traced as pp*vpp flat stages; 3: DTensor dispatch as host ops;
+# 4: causal attention FLOPs, sequence parallelism; 5: matmul operand forms
 
 
 @dataclass(frozen=True)
@@ -273,7 +273,7 @@ def _stage_trace(records, stage: int, ml, dims, memory: StageMemory, request: Tr
     for r in records:
         ops = phases[r.phase]
         if isinstance(r, ComputeRecord):
-            ops.append(ComputeOp(r.name, r.kind, r.flops, r.bytes, r.shape, r.dtype))
+            ops.append(ComputeOp(r.name, r.kind, r.flops, r.bytes, r.shape, r.dtype, r.form))
             continue
         assert isinstance(r, CommRecord)
         dim = by_ranks.get(tuple(sorted(r.ranks)))

@@ -51,6 +51,10 @@ def test_quick_calibration_writes_a_profile_that_emulate_uses(tmp_path) -> None:
     profile = load_profile(out)
     assert profile.peak("bf16") > 1e8 and profile.launch_seconds > 0 and profile.intra_bw > 0
     assert {"sqrt", "add", "cat", "copy"} <= set(profile.op_bandwidth)
+    # the program's GEMMs timed at their own shapes and operand forms, memory-bound ops by size
+    assert {"nt", "nn", "tn"} <= set(profile.matmul_table["bf16"])
+    assert {"forward", "backward"} == set(profile.attention_table)
+    assert len(profile.op_bandwidth_table["add"]) == 2
     assert profile.dispatch_seconds > 0
     assert "host costs from tiny-gpt steps" in profile.notes
     for kind in ("all_reduce", "all_gather", "reduce_scatter"):
@@ -65,3 +69,17 @@ def test_calibrate_refuses_a_bad_rank_count(tmp_path) -> None:
     done = subprocess.run([sys.executable, "-m", "dynaplane", "calibrate", "--out", str(tmp_path / "p.json"),
                            "--ranks", "0"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--ranks 0 must be >= 1" in done.stderr
+
+
+def test_calibrate_refuses_shapes_it_cannot_trace(tmp_path) -> None:
+    def run(*extra):
+        return subprocess.run([sys.executable, "-m", "dynaplane", "calibrate", "--out", str(tmp_path / "p.json"),
+                               *extra], capture_output=True, text=True, timeout=120)
+
+    done = run("--layout", "tp=2")
+    assert done.returncode == 2 and "--layout needs --model" in done.stderr
+    done = run("--model", "tiny-gpt")
+    assert done.returncode == 2 and "--model needs at least one --layout" in done.stderr
+    done = run("--model", "tiny-gpt", "--layout", "tp=1,dp=2", "--global-batch", "3")
+    assert done.returncode == 2 and "--global-batch 3 is not divisible by micro-batch x dp = 1 x 2" in done.stderr
+    assert not (tmp_path / "p.json").exists()

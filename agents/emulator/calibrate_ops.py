@@ -1,0 +1,114 @@
+"""Calibrate the ops of a trace: the GEMMs and fused attentions it holds, timed at their own
+shapes and operand layouts, and the memory-bound ops by size (into op_tables.py's tables).
+
+`op_shapes` reads the distinct shapes out of traces (made in the parent process, before
+the ranks start); the `measure_*` functions run on every rank at once, as a training
+step's ranks share the machine, and return rows for the profile's tables.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+from agents.emulator.op_tables import gemm_key
+from agents.emulator.recorder import causal_fraction
+from agents.emulator.trace import ComputeOp, Trace
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def op_shapes(traces: list[Trace]) -> tuple[list, list]:
+    """(gemms, attentions) in the traces, each distinct once, sorted:
+    gemms (dtype, form, batch, m, n, k); attentions (direction, dtype, batch, heads, seq_q,
+    seq_kv, head_dim)."""
+    gemms, attentions = set(), set()
+    for trace in traces:
+        for stage in trace.stages:
+            for op in (*stage.forward, *stage.backward, *stage.optimizer):
+                if not isinstance(op, ComputeOp):
+                    continue
+                if op.kind == "matmul" and len(op.shape) in (3, 4) and min(op.shape) > 0:
+                    gemms.add((op.dtype, op.form or "nn", *gemm_key(op.shape)))
+                elif op.kind == "attention" and len(op.shape) == 5 and min(op.shape) > 0:
+                    attentions.add(("backward" if "backward" in op.name else "forward", op.dtype, *op.shape))
+    return sorted(gemms), sorted(attentions)
+
+
+def _best_seconds(fn, repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def _operand(rows: int, cols: int, letter: str, batch: int, dtype: torch.dtype) -> torch.Tensor:
+    """A (batch x) rows x cols matrix stored row by row ('n') or column by column ('t')."""
+    lead = (batch,) if batch > 1 else ()
+    if letter == "t":
+        return torch.randn(*lead, cols, rows, dtype=dtype).transpose(-2, -1)
+    return torch.randn(*lead, rows, cols, dtype=dtype)
+
+
+def measure_gemms(gemms: list, repeats: int = 3) -> dict:
+    """{dtype: {form: [[batch, m, n, k, flop_per_second], ...]}} for each GEMM."""
+    table: dict = {}
+    for dtype, form, batch, m, n, k in gemms:
+        a = _operand(m, k, form[0], batch, TORCH_DTYPES[dtype])
+        b = _operand(k, n, form[1], batch, TORCH_DTYPES[dtype])
+        seconds = _best_seconds(lambda: torch.matmul(a, b), repeats)
+        table.setdefault(dtype, {}).setdefault(form, []).append(
+            [batch, m, n, k, 2.0 * batch * m * n * k / max(seconds, 1e-9)])
+    return table
+
+
+def measure_attentions(attentions: list, repeats: int = 3) -> dict:
+    """{direction: {dtype: [[batch, heads, seq_q, seq_kv, head_dim, flop_per_second], ...]}},
+    causal (the program's decoders are; an encoder's full attention runs at a similar rate
+    per FLOP), FLOPs counted as the recorder counts them. The backward is timed as forward
+    + backward minus the forward."""
+    table: dict = {}
+    for direction, dtype, batch, heads, seq_q, seq_kv, head_dim in attentions:
+        causal = seq_q == seq_kv
+        q = torch.randn(batch, heads, seq_q, head_dim, dtype=TORCH_DTYPES[dtype], requires_grad=True)
+        k = torch.randn(batch, heads, seq_kv, head_dim, dtype=TORCH_DTYPES[dtype], requires_grad=True)
+        v = torch.randn_like(k, requires_grad=True)
+        share = causal_fraction(seq_q, seq_kv) if causal else 1.0
+        forward = _best_seconds(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), repeats)
+        if direction == "forward":
+            flops, seconds = sdpa_flop_count(q.shape, k.shape, v.shape) * share, forward
+        else:
+            grad = torch.randn(batch, heads, seq_q, head_dim, dtype=TORCH_DTYPES[dtype])
+
+            def both() -> None:
+                F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(grad)
+
+            flops = sdpa_backward_flop_count(grad.shape, q.shape, k.shape, v.shape) * share
+            seconds = max(_best_seconds(both, repeats) - forward, forward / 4)
+        table.setdefault(direction, {}).setdefault(dtype, []).append(
+            [batch, heads, seq_q, seq_kv, head_dim, flops / max(seconds, 1e-9)])
+    return table
+
+
+# Elements per tensor of the size ladder: 16 KiB (in the L1/L2 caches) to 16 MiB (DRAM).
+SIZE_LADDER = (1 << 12, 1 << 16, 1 << 20, 1 << 22)
+
+
+def measure_op_bandwidths(cases_at, tensors: int = 16, repeats: int = 3, ladder=SIZE_LADDER) -> dict:
+    """{op: [[bytes, bytes_per_second], ...]} with bytes per op call as the recorder counts
+    them (inputs + outputs), from `cases_at(elements, tensors) -> {op: (work, bytes per
+    call, calls per work)}`. Each rate is net of the per-call host cost, measured on
+    one-element tensors, which the cost model charges separately (launch_seconds)."""
+    tiny = {name: _best_seconds(work, repeats) / calls for name, (work, _, calls) in cases_at(1, tensors).items()}
+    table: dict = {}
+    for elements in ladder:
+        for name, (work, nbytes, calls) in cases_at(elements, tensors).items():
+            seconds = _best_seconds(work, repeats) / calls - tiny[name]
+            rate = nbytes / max(seconds, nbytes / 1e12)
+            table.setdefault(name, []).append([float(nbytes), rate])
+    return table

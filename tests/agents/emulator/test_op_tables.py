@@ -1,0 +1,137 @@
+"""Measured op tables: GEMM operand forms from the recorder, and how the cost model reads the tables."""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agents.emulator.calibrate_ops import measure_attentions, measure_gemms, measure_op_bandwidths, op_shapes
+from agents.emulator.costs import compute_seconds
+from agents.emulator.devices import DeviceProfile, get_profile
+from agents.emulator.errors import EmulatorError
+from agents.emulator.op_tables import bandwidth_at, matmul_rate, nearest_rate
+from agents.emulator.recorder import OpRecorder
+from agents.emulator.trace import ComputeOp, StageMemory, StageTrace, Trace
+
+
+def test_a_linear_layers_three_gemms_are_recorded_with_their_operand_forms() -> None:
+    layer = torch.nn.Linear(8, 6, bias=False)
+    x = torch.randn(5, 8, requires_grad=True)
+    recorder = OpRecorder()
+    with recorder:
+        recorder.set_phase("forward")
+        y = layer(x)
+        recorder.set_phase("backward")
+        y.backward(torch.randn_like(y))
+    gemms = [(r.phase, r.shape, r.form) for r in recorder.records if r.kind == "matmul"]
+    # forward x @ W^T; input gradient g @ W; weight gradient g^T @ x (order of the two is autograd's)
+    assert gemms[0] == ("forward", (5, 6, 8), "nt")
+    assert sorted(gemms[1:]) == [("backward", (5, 8, 6), "nn"), ("backward", (6, 8, 5), "tn")]
+
+
+def test_nearest_rate_prefers_an_exact_match_then_the_nearest_shape_in_log_space() -> None:
+    rows = [[1, 128, 768, 768, 400e9], [1, 128, 50304, 768, 130e9]]
+    assert nearest_rate(rows, (1, 128, 50304, 768)) == 130e9
+    assert nearest_rate(rows, (1, 128, 3072, 768)) == 400e9   # ln 4 from the first, ln 16.4 from the second
+    assert nearest_rate(rows, (1, 128, 20000, 768)) == 130e9  # ln 26 vs ln 2.5
+    assert nearest_rate([], (1, 2, 3, 4)) is None
+
+
+def test_matmul_rate_reads_the_ops_own_form_and_falls_back_to_other_forms_then_the_model() -> None:
+    table = {"bf16": {"nt": [[1, 32, 768, 768, 300e9]], "nn": [[1, 32, 768, 768, 30e9]]}}
+    assert matmul_rate(table, "bf16", "nt", (32, 768, 768)) == 300e9
+    assert matmul_rate(table, "bf16", "nn", (32, 768, 768)) == 30e9
+    assert matmul_rate(table, "bf16", "tn", (32, 768, 768)) in (300e9, 30e9)  # not measured: nearest of any form
+    assert matmul_rate(table, "fp16", "nn", (32, 768, 768)) == 30e9            # fp16 reads bf16's rows
+    assert matmul_rate(table, "fp32", "nn", (32, 768, 768)) is None            # no rows for the dtype
+    assert matmul_rate(table, "bf16", "nn", ()) is None                         # no shape to look up
+    assert matmul_rate({}, "bf16", "nn", (32, 768, 768)) is None
+
+
+def test_the_cost_model_charges_a_measured_gemm_its_measured_rate() -> None:
+    cpu = get_profile("cpu")
+    measured = replace(cpu, matmul_table={"bf16": {"nn": [[1, 64, 64, 64, 2e9]]}},
+                       attention_table={"backward": {"bf16": [[1, 4, 64, 64, 16, 1e9]]}},
+                       op_bandwidth_table={"add": [[1e3, 1e9], [1e6, 4e9]]})
+    gemm = ComputeOp("mm", "matmul", 2 * 64**3, 3 * 64 * 64 * 2, (64, 64, 64), "bf16", "nn")
+    assert compute_seconds(gemm, measured) == pytest.approx(2 * 64**3 / 2e9 + cpu.launch_seconds)
+    assert compute_seconds(gemm, cpu) != compute_seconds(gemm, measured)  # built-in profile: efficiency model
+    attention = ComputeOp("_scaled_dot_product_flash_attention_for_cpu_backward", "attention", 1e7, 0,
+                          (1, 4, 64, 64, 16))
+    assert compute_seconds(attention, measured) == pytest.approx(1e7 / 1e9 + cpu.launch_seconds)
+    forward = replace(attention, name="_scaled_dot_product_flash_attention_for_cpu")  # no forward rows
+    assert compute_seconds(forward, measured) == compute_seconds(forward, cpu)
+    add = ComputeOp("add", "memory", 0, 1e6)
+    assert compute_seconds(add, measured) == pytest.approx(1e6 / 4e9 + cpu.launch_seconds)
+
+
+@given(st.lists(st.tuples(st.floats(1e2, 1e9), st.floats(1e6, 1e11)), min_size=2, max_size=5, unique_by=lambda p: p[0]),
+       st.floats(1.0, 1e10))
+def test_bandwidth_by_size_interpolates_between_measured_points_and_clamps_outside(points, nbytes) -> None:
+    points = sorted([list(p) for p in points])
+    if any(b[0] / a[0] < 1.001 for a, b in zip(points, points[1:])):
+        return
+    rate = bandwidth_at(points, nbytes)
+    rates = [p[1] for p in points]
+    assert min(rates) * (1 - 1e-9) <= rate <= max(rates) * (1 + 1e-9)
+    if nbytes <= points[0][0]:
+        assert rate == points[0][1]
+    if nbytes >= points[-1][0]:
+        assert rate == points[-1][1]
+    for p in points:
+        assert math.isclose(bandwidth_at(points, p[0]), p[1], rel_tol=1e-9)
+
+
+def test_a_profile_with_a_malformed_table_is_refused_with_the_place_named() -> None:
+    cpu = get_profile("cpu")
+    with pytest.raises(EmulatorError, match=r"matmul_table\['bf16'\]\['nn'\]: row \[1, 2, 3\]"):
+        replace(cpu, matmul_table={"bf16": {"nn": [[1, 2, 3]]}})
+    with pytest.raises(EmulatorError, match="attention_table key 'sideways'"):
+        replace(cpu, attention_table={"sideways": {}})
+    with pytest.raises(EmulatorError, match=r"op_bandwidth_table\['add'\]: sizes must ascend"):
+        replace(cpu, op_bandwidth_table={"add": [[2e6, 1e9], [1e6, 1e9]]})
+    data = replace(cpu, matmul_table={"bf16": {"nt": [[1, 8, 8, 8, 1e9]]}}).to_dict()
+    assert DeviceProfile.from_dict(data).matmul_table == {"bf16": {"nt": [[1, 8, 8, 8, 1e9]]}}
+
+
+def _trace_with(*ops: ComputeOp) -> Trace:
+    memory = StageMemory(0, 0, 0, 0, 0)
+    return Trace("tiny-gpt", 1, 1, 1, 1, 1, 8, (StageTrace(0, ops, ops, (), (), (), memory),))
+
+
+def test_calibrate_measures_each_distinct_shape_of_the_traces_once_at_its_own_form() -> None:
+    ops = (ComputeOp("mm", "matmul", 1, 1, (16, 24, 8), "bf16", "nt"),
+           ComputeOp("mm", "matmul", 1, 1, (16, 24, 8), "bf16", "nt"),
+           ComputeOp("bmm", "matmul", 1, 1, (2, 16, 8, 8), "fp32", "tn"),
+           ComputeOp("sdpa", "attention", 1, 1, (1, 2, 16, 16, 8), "fp32"),
+           ComputeOp("sdpa_backward", "attention", 1, 1, (1, 2, 16, 16, 8), "fp32"),
+           ComputeOp("add", "memory", 1, 1))
+    gemms, attentions = op_shapes([_trace_with(*ops)])
+    assert gemms == [("bf16", "nt", 1, 16, 24, 8), ("fp32", "tn", 2, 16, 8, 8)]
+    assert attentions == [("backward", "fp32", 1, 2, 16, 16, 8), ("forward", "fp32", 1, 2, 16, 16, 8)]
+    table = measure_gemms(gemms, repeats=1)
+    assert [row[:4] for row in table["bf16"]["nt"]] == [[1, 16, 24, 8]] and table["bf16"]["nt"][0][4] > 0
+    assert [row[:4] for row in table["fp32"]["tn"]] == [[2, 16, 8, 8]]
+    rates = measure_attentions(attentions, repeats=1)
+    assert set(rates) == {"forward", "backward"} and rates["forward"]["fp32"][0][:5] == [1, 2, 16, 16, 8]
+    # the table the profile then reads
+    profile = replace(get_profile("cpu"), matmul_table=table, attention_table=rates)
+    assert profile.matmul_rate("bf16", (16, 24, 8), "nt") == table["bf16"]["nt"][0][4]
+
+
+def test_memory_bound_rates_are_measured_per_call_size_net_of_the_host_cost() -> None:
+    calls = []
+
+    def cases(elements, tensors):
+        xs = [torch.ones(elements) for _ in range(tensors)]
+        calls.append(elements)
+        return {"neg": (lambda: [x.neg() for x in xs], 8.0 * elements, tensors)}
+
+    table = measure_op_bandwidths(cases, tensors=2, repeats=1, ladder=(1 << 10, 1 << 16))
+    assert calls == [1, 1 << 10, 1 << 16]
+    assert [p[0] for p in table["neg"]] == [8.0 * (1 << 10), 8.0 * (1 << 16)]
+    assert all(p[1] > 0 for p in table["neg"])
