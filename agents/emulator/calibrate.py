@@ -411,6 +411,21 @@ def calibrate_rank(rank: int, world: int, effort: Effort = FULL, shapes: tuple =
     return out
 
 
+def nondecreasing(values: list[float]) -> list[float]:
+    """The least-squares non-decreasing fit of `values` (pool adjacent violators): a
+    collective cannot take less time for more bytes, so a dip in the measured table is
+    noise (another process took the core), and pooling it with its neighbours is the
+    least change that removes it. E.g. [2.4, 0.2, 8.4, 0.3, 0.5] -> [1.3, 1.3, 3.07, 3.07, 3.07]."""
+    blocks: list[list[float]] = []  # [sum, count]
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return [total / count for total, count in blocks for _ in range(int(count))]
+
+
 def _median_rows(tables: list):
     """Element-wise median of the rate (last column) of same-shaped nested tables, one per rank."""
     first = tables[0]
@@ -468,8 +483,8 @@ def calibrate(ranks: int = 2, effort: Effort = FULL, shapes_from: list = ()) -> 
         matmul_table=_median_rows([r["gemm_table"] for r in results]),
         attention_table=_median_rows([r["attention_table"] for r in results]),
         # A collective ends on every rank together: its cost is the slowest rank's.
-        collective_table={kind: {str(ranks): [[size, max(r["table"][kind][i][1] for r in results)]
-                                              for i, (size, _) in enumerate(points)]}
+        collective_table={kind: {str(ranks): [[size, seconds] for (size, _), seconds in zip(points, nondecreasing(
+            [max(r["table"][kind][i][1] for r in results) for i in range(len(points))]))]}
                           for kind, points in results[0]["table"].items()},
         notes=f"measured by dynaplane calibrate with {ranks} ranks on {os.cpu_count()} CPUs")
     say("predicting the program steps (traces tiny-gpt)")

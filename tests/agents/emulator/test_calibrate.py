@@ -7,7 +7,11 @@ import sys
 
 import pytest
 
-from agents.emulator.calibrate import PROGRAM_MICRO_BATCHES, PROGRAM_MODEL, PROGRAM_SEQ, program_host_costs, program_layouts
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agents.emulator.calibrate import (PROGRAM_MICRO_BATCHES, PROGRAM_MODEL, PROGRAM_SEQ, nondecreasing,
+                                       program_host_costs, program_layouts)
 from agents.emulator.devices import get_profile, load_profile
 from agents.emulator.emulate import EmulateRequest, emulate
 from agents.emulator.simulate import simulate
@@ -83,3 +87,17 @@ def test_calibrate_refuses_shapes_it_cannot_trace(tmp_path) -> None:
     done = run("--model", "tiny-gpt", "--layout", "tp=1,dp=2", "--global-batch", "3")
     assert done.returncode == 2 and "--global-batch 3 is not divisible by micro-batch x dp = 1 x 2" in done.stderr
     assert not (tmp_path / "p.json").exists()
+
+
+def test_a_noisy_collective_table_is_fitted_non_decreasing() -> None:
+    assert nondecreasing([2.4, 0.2, 8.4, 0.3, 0.5]) == pytest.approx([1.3, 1.3, 3.0666667, 3.0666667, 3.0666667])
+    assert nondecreasing([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]
+
+
+@given(st.lists(st.floats(1e-6, 1.0), min_size=1, max_size=12))
+def test_the_fit_is_non_decreasing_keeps_the_mean_and_leaves_sorted_tables_alone(values) -> None:
+    fitted = nondecreasing(values)
+    assert len(fitted) == len(values)
+    assert all(a <= b * (1 + 1e-12) for a, b in zip(fitted, fitted[1:]))
+    assert sum(fitted) == pytest.approx(sum(values))
+    assert nondecreasing(sorted(values)) == pytest.approx(sorted(values))
