@@ -17,6 +17,9 @@ class RealSteps:
     seconds: float       # median step time, the slowest rank's (a step ends on every rank together)
     static_bytes: int    # parameters, gradients and optimizer state held by this rank
     peak_bytes: int      # parameters + optimizer state + live tensor bytes of one step
+    fastest: float = 0.0  # the fastest measured step: on a shared machine other processes only
+    # ever add time, so it is the estimate of the uncontended step (timeit's reasoning), the
+    # one calibrate's best-of-N op timings describe
 
 
 def time_steps(model: str, layout: str, rank: int, global_batch: int, micro_batch: int, seq: int,
@@ -59,4 +62,4 @@ def time_steps(model: str, layout: str, rank: int, global_batch: int, micro_batc
     with recorder:  # gradients are allocated during the step, so the recorder counts them
         trainer.step()
     return RealSteps(statistics.median(times), sum(state.values()),
-                     state["params"] + state["optimizer"] + recorder.peak)
+                     state["params"] + state["optimizer"] + recorder.peak, min(times))
