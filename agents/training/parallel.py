@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                               SequenceParallel, parallelize_module)
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
+                                               RowwiseParallel, SequenceParallel, parallelize_module)
 
 from agents.engine.shards import DTYPES, Key, LocalShard, box_shape, rank_boxes
 from agents.layout.catalog import get_config, get_model
@@ -111,9 +111,6 @@ def check_trainable(config: TrainConfig, placement: Placement) -> None:
     if c.experts and ml.tp > 1:
         raise TrainingError(f"{config.model} has MoE layers: the trainer supports them with tp=1 only")
     if config.sequence_parallel and ml.tp > 1:
-        if c.style != "llama":
-            raise TrainingError(f"sequence parallelism needs rotary positions; {config.model} ({c.style} style) "
-                                "adds a learned position table: train it without --sequence-parallel")
         if config.seq_len % ml.tp:
             raise TrainingError(f"sequence parallelism splits the sequence over tp={ml.tp}: seq {config.seq_len} "
                                 f"is not a multiple of {ml.tp}")
@@ -158,7 +155,11 @@ def _tp_plan(stage: DecoderStage, sequence_parallel: bool = False) -> dict:
     seq = Shard(1) if sequence_parallel else Replicate()
     plan: dict = {}
     if stage.first:
-        plan["llm.embed"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
+        if stage.llm.seq_scatter is not None:  # learned positions: all-reduce, add them, then split
+            plan["llm.embed"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+            plan["llm.seq_scatter"] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1))
+        else:
+            plan["llm.embed"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
     if stage.last:
         if sequence_parallel:
             plan["llm.final_norm"] = SequenceParallel()
@@ -168,7 +169,8 @@ def _tp_plan(stage: DecoderStage, sequence_parallel: bool = False) -> dict:
         p = f"llm.layers.{i}"
         if sequence_parallel:
             gather = PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None))
-            plan.update({f"{p}.attn_norm": SequenceParallel(), f"{p}.mlp_norm": SequenceParallel(),
+            norms = ("attn_norm", "mlp_norm") if hasattr(layer, "attn_norm") else ("ln1", "ln2")  # llama / gpt
+            plan.update({f"{p}.{norms[0]}": SequenceParallel(), f"{p}.{norms[1]}": SequenceParallel(),
                          f"{p}.attn": gather,
                          f"{p}.mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))})
         for proj in ("q", "k", "v"):
@@ -179,7 +181,7 @@ def _tp_plan(stage: DecoderStage, sequence_parallel: bool = False) -> dict:
                 plan.update({f"{p}.mlp.gate": ColwiseParallel(), f"{p}.mlp.up": ColwiseParallel(),
                              f"{p}.mlp.down": RowwiseParallel(output_layouts=seq)})
             else:
-                plan.update({f"{p}.mlp.fc1": ColwiseParallel(), f"{p}.mlp.fc2": RowwiseParallel()})
+                plan.update({f"{p}.mlp.fc1": ColwiseParallel(), f"{p}.mlp.fc2": RowwiseParallel(output_layouts=seq)})
     return plan
 
 

@@ -44,6 +44,10 @@ class DecoderStage(nn.Module):
         self.llm.pos_embed = llm.pos_embed if self.first else None
         # A ModuleDict keyed by the global index keeps every layer's catalog name.
         self.llm.layers = nn.ModuleDict({str(i): llm.layers[i] for i in mine})
+        # GPT-style positions under sequence parallelism: as in Megatron-LM, the first stage
+        # adds the learned positions to the full embedded sequence, then scatters it over
+        # the TP ranks (the plan makes this module's output Shard(1); its backward all-gathers).
+        self.llm.seq_scatter = nn.Identity() if self.first and self.gpt and sequence_shards > 1 else None
         self.llm.final_norm = llm.final_norm if self.last else None
         self.llm.head = llm.head if self.last else None
         self.tied = llm.head is None
@@ -64,8 +68,10 @@ class DecoderStage(nn.Module):
         length = x.shape[1] * self.sequence_shards
         rope = None
         if self.gpt:
-            if self.first:
-                x = x + self.llm.pos_embed(torch.arange(length, device=x.device))
+            if self.first:  # the embedding's output is the whole sequence (see seq_scatter)
+                x = x + self.llm.pos_embed(torch.arange(x.shape[1], device=x.device))
+                if self.llm.seq_scatter is not None:
+                    x = self.llm.seq_scatter(x)
         else:
             rope = rope_cos_sin(length, self.config.head_dim, self.rope_theta, x.device)
         for layer in self.llm.layers.values():
