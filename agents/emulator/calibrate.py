@@ -38,7 +38,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from agents.emulator.calibrate_ops import SIZE_LADDER, measure_attentions, measure_gemms, measure_op_bandwidths
+from agents.emulator.calibrate_ops import (SIZE_LADDER, best_seconds, measure_attentions, measure_gemms,
+                                           measure_op_bandwidths)
 from agents.emulator.devices import DeviceProfile
 from agents.emulator.recorder import causal_fraction
 
@@ -66,18 +67,7 @@ QUICK = Effort(repeats=1, gemm_shapes=((512, 768, 768),), bandwidth_tensors=4,
 
 
 def _best_rate(fn, flops: float, repeats: int = 3) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - started)
-    return flops / best
-
-
-def _gemm_seconds(fn, repeats: int) -> float:
-    fn()
-    return min(_elapsed(fn) for _ in range(repeats))
+    return flops / best_seconds(fn, repeats)
 
 
 def _matmul_rates(m: int, n: int, k: int, dtype: torch.dtype, repeats: int = 3) -> tuple[float, float]:
@@ -90,8 +80,8 @@ def _matmul_rates(m: int, n: int, k: int, dtype: torch.dtype, repeats: int = 3) 
     three together, not one of them."""
     x, w, g = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype), torch.randn(m, n, dtype=dtype)
     flops = 2.0 * m * n * k
-    forward = _gemm_seconds(lambda: x @ w.t(), repeats)
-    backward = _gemm_seconds(lambda: g @ w, repeats) + _gemm_seconds(lambda: g.t() @ x, repeats)
+    forward = best_seconds(lambda: x @ w.t(), repeats)
+    backward = best_seconds(lambda: g @ w, repeats) + best_seconds(lambda: g.t() @ x, repeats)
     return 3 * flops / (forward + backward), flops / forward
 
 

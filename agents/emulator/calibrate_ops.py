@@ -37,7 +37,8 @@ def op_shapes(traces: list[Trace]) -> tuple[list, list]:
     return sorted(gemms), sorted(attentions)
 
 
-def _best_seconds(fn, repeats: int) -> float:
+def best_seconds(fn, repeats: int) -> float:
+    """The fastest of `repeats` runs after one warm-up (other processes only add time)."""
     fn()
     best = float("inf")
     for _ in range(repeats):
@@ -61,7 +62,7 @@ def measure_gemms(gemms: list, repeats: int = 3) -> dict:
     for dtype, form, batch, m, n, k in gemms:
         a = _operand(m, k, form[0], batch, TORCH_DTYPES[dtype])
         b = _operand(k, n, form[1], batch, TORCH_DTYPES[dtype])
-        seconds = _best_seconds(lambda: torch.matmul(a, b), repeats)
+        seconds = best_seconds(lambda: torch.matmul(a, b), repeats)
         table.setdefault(dtype, {}).setdefault(form, []).append(
             [batch, m, n, k, 2.0 * batch * m * n * k / max(seconds, 1e-9)])
     return table
@@ -79,7 +80,7 @@ def measure_attentions(attentions: list, repeats: int = 3) -> dict:
         k = torch.randn(batch, heads, seq_kv, head_dim, dtype=TORCH_DTYPES[dtype], requires_grad=True)
         v = torch.randn_like(k, requires_grad=True)
         share = causal_fraction(seq_q, seq_kv) if causal else 1.0
-        forward = _best_seconds(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), repeats)
+        forward = best_seconds(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), repeats)
         if direction == "forward":
             flops, seconds = sdpa_flop_count(q.shape, k.shape, v.shape) * share, forward
         else:
@@ -89,7 +90,7 @@ def measure_attentions(attentions: list, repeats: int = 3) -> dict:
                 F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(grad)
 
             flops = sdpa_backward_flop_count(grad.shape, q.shape, k.shape, v.shape) * share
-            seconds = max(_best_seconds(both, repeats) - forward, forward / 4)
+            seconds = max(best_seconds(both, repeats) - forward, forward / 4)
         table.setdefault(direction, {}).setdefault(dtype, []).append(
             [batch, heads, seq_q, seq_kv, head_dim, flops / max(seconds, 1e-9)])
     return table
@@ -104,11 +105,11 @@ def measure_op_bandwidths(cases_at, tensors: int = 16, repeats: int = 3, ladder=
     them (inputs + outputs), from `cases_at(elements, tensors) -> {op: (work, bytes per
     call, calls per work)}`. Each rate is net of the per-call host cost, measured on
     one-element tensors, which the cost model charges separately (launch_seconds)."""
-    tiny = {name: _best_seconds(work, repeats) / calls for name, (work, _, calls) in cases_at(1, tensors).items()}
+    tiny = {name: best_seconds(work, repeats) / calls for name, (work, _, calls) in cases_at(1, tensors).items()}
     table: dict = {}
     for elements in ladder:
         for name, (work, nbytes, calls) in cases_at(elements, tensors).items():
-            seconds = _best_seconds(work, repeats) / calls - tiny[name]
+            seconds = best_seconds(work, repeats) / calls - tiny[name]
             rate = nbytes / max(seconds, nbytes / 1e12)
             table.setdefault(name, []).append([float(nbytes), rate])
     return table
