@@ -155,7 +155,8 @@ def start_orders(job: Job) -> dict[str, protocol.JobStartOrder]:
 
 
 def _send(task: str, node: str,
-          order: protocol.JobStartOrder | protocol.JobStopOrder | protocol.JobSwitchCancel) -> None:
+          order: protocol.JobStartOrder | protocol.JobStopOrder | protocol.JobSwitchCancel
+          | protocol.JobRecoverOrder) -> None:
     from controlplane.celery import app
 
     app.send_task(task, args=[order.model_dump(mode="json")], queue=protocol.node_queue(node))
@@ -300,7 +301,7 @@ def jobs_fail_on_node_loss(*, nodes: list[str]) -> list[int]:
         where = "; ".join(f"node {node} (ranks {', '.join(map(str, r))})" for node, r in sorted(ranks.items()))
         where = where or "node " + ", ".join(sorted(lost))
         locked = Job.objects.select_for_update().get(pk=job_id)
-        if restore_begin(locked, cause=f"{where} lost", known_lost=True):
+        if restore_begin(locked, cause=f"{where} lost", known_lost=True, lost_nodes=lost):
             restored.append(job_id)
             continue
         why = no_restore_reason(locked) or f"the job was {locked.state}"
