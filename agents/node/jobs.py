@@ -6,7 +6,9 @@ worker thread), delivers stop requests (the `stop` file the ranks poll at each s
 boundary, then SIGTERM / SIGKILL after the grace period) and polls exits. A rank that
 exits non-zero makes the agent report `failed` for the job (with the rank's last log
 lines) and stop the job's other local ranks; when the agent itself dies, its ranks get
-SIGTERM, and their peers fail at their next collective within the job's timeout.
+SIGTERM, and their peers fail at their next collective within the job's timeout. A rank
+that outlives its world that way waits with its state (agents/runtime/orphan.py): the
+agent reports it `orphaned` and hands it the control plane's recovery order.
 """
 from __future__ import annotations
 

@@ -27,7 +27,9 @@ A switch, with the joining ranks' start-up hidden behind training:
    training; pause: last old step to the first new step; transfer; verify).
 
 Rank 0 speaks for the job (JobReport / TransitionReport to the control queue); a rank that
-fails exits non-zero with its traceback on stderr and its agent reports it.
+fails exits non-zero with its traceback on stderr and its agent reports it, except when a
+peer is lost while training: then it keeps its state and waits for a recovery order
+(agents/runtime/orphan.py), and may go on as a rank of the survivors' world.
 """
 from __future__ import annotations
 

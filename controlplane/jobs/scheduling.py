@@ -172,6 +172,18 @@ def _send_start(job_id: int, node: str, order: protocol.JobStartOrder) -> None:
         job_fail(job_id=job_id, error=f"the start order to node {node} could not be sent: {exc}")
 
 
+def send_orders_or_fail(job_id: int, task: str, orders: dict, what: str) -> None:
+    """After commit: each node its order. A broker that refuses one fails the job: some
+    nodes may have got theirs, and there is no order that takes them back."""
+    for node, order in orders.items():
+        try:
+            _send(task, node, order)
+        except (OperationalError, OSError) as exc:
+            log.error("job %s: %s to node %s not sent: %s", job_id, what, node, exc)
+            job_fail(job_id=job_id, error=f"{what} to node {node} could not be sent: {exc}")
+            return
+
+
 def _send_stops(job_id: int, nodes: list[str]) -> None:
     for node in nodes:
         try:

@@ -16,7 +16,6 @@ from collections import defaultdict
 
 from django.db import transaction
 from django.utils import timezone
-from kombu.exceptions import OperationalError
 
 from agents import protocol
 from agents.layout.catalog import get_model
@@ -31,7 +30,7 @@ from controlplane.jobs import transitions
 from controlplane.jobs.lifecycle import JobState, JobTrigger, TransitionKind, job_next_state
 from controlplane.jobs.models import Job, Transition
 from controlplane.jobs.resize import STAGING_BYTES, _batch_error, _gpus_per_node, layout_for_resize
-from controlplane.jobs.scheduling import _free_port, _send, job_fail, stop_on_commit, tp_block
+from controlplane.jobs.scheduling import _free_port, send_orders_or_fail, stop_on_commit, tp_block
 from controlplane.jobs.services import layout_check, publish_job
 
 log = logging.getLogger(__name__)
@@ -122,11 +121,5 @@ def survivors_switch(job: Job, world: SurvivorWorld, *, step: int, cause: str) -
 
 
 def _send_recovers(job_id: int, orders: dict[str, protocol.JobRecoverOrder]) -> None:
-    for node, order in orders.items():
-        try:
-            _send(protocol.NODE_JOB_RECOVER, node, order)
-        except (OperationalError, OSError) as exc:
-            log.error("job %s: recovery order to node %s not sent: %s", job_id, node, exc)
-            job_fail(job_id=job_id, error=f"the recovery order of restore {order.restore_id} to node {node} "
-                                          f"could not be sent: {exc}")
-            return
+    restore_id = next(iter(orders.values())).restore_id
+    send_orders_or_fail(job_id, protocol.NODE_JOB_RECOVER, orders, f"the recovery order of restore {restore_id}")

@@ -102,3 +102,32 @@ def test_without_an_order_the_survivor_gives_up_after_the_timeout_and_a_stop_end
     finally:
         for runner in runners:
             runner.shutdown()
+
+
+def test_only_a_lost_peers_errors_are_survived_and_the_survivors_must_agree() -> None:
+    import torch.distributed as dist
+
+    from agents.runtime.orphan import agreement, peer_lost
+
+    assert peer_lost(RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed "
+                                  "by peer [127.0.0.1]:3740"))
+    assert peer_lost(dist.DistNetworkError("store gone"))
+    assert not peer_lost(RuntimeError("CUDA out of memory")) and not peer_lost(ValueError("gloo/transport/"))
+    box = (0, "param", (0, 4, 0, 1))
+    same = [(9, 36, {box: 7}), (9, 36, {box: 7}), (9, 36, {})]
+    assert agreement(same, 9, 2) is None
+    assert agreement(same, 8, 2) == "the survivors stopped at steps {0: 9, 1: 9, 2: 9} (new rank: step), the order says 8"
+    assert agreement([(9, 36, {box: 7}), (9, 40, {box: 7})], 9, 2).startswith("the survivors' data positions differ")
+    assert agreement([(9, 36, {box: 7}), (9, 36, {box: 8})], 9, 2) == (
+        "replicas differ: tensor 0 param box (0, 4, 0, 1) on new ranks 0 and 1")
+    assert agreement([(9, 36, {box: 7}), (9, 36, {box: 8})], 9, 1) is None  # rank 1 brings no state
+
+
+def test_a_recovery_order_names_each_rank_once_inside_its_world() -> None:
+    fields = dict(job_id=1, restore_id=2, step=3, rendezvous="h:1", src_layout="dp=1", src_world=1, layout="dp=1",
+                  world=1, union_world=2)
+    protocol.JobRecoverOrder(**fields, ranks=(protocol.RankMove(old=3, new=0), protocol.RankMove(old=1, new=1)))
+    with pytest.raises(ValueError, match="a rank appears twice"):
+        protocol.JobRecoverOrder(**fields, ranks=(protocol.RankMove(old=3, new=0), protocol.RankMove(old=3, new=1)))
+    with pytest.raises(ValueError, match="outside the union world of 2 ranks"):
+        protocol.JobRecoverOrder(**fields, ranks=(protocol.RankMove(old=3, new=2),))
