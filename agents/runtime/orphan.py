@@ -67,8 +67,9 @@ class RecoveryError(RuntimeError):
 
 
 def orphan_of(trainer, rank: int, exc: BaseException) -> Orphan | None:
-    """The trainer's state after a lost peer, or None when the failure tore it."""
-    if trainer.torn:
+    """The trainer's state after a lost peer, or None when the failure tore it (or the
+    trainer cannot tell: HeteroTrainer, whose per-module layouts the recovery refuses)."""
+    if getattr(trainer, "torn", True):
         return None
     shards, scalars = trainer.hand_over()
     return Orphan(rank, shards, scalars, f"{type(exc).__name__}: {exc}"[:1500])
