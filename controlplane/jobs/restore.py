@@ -248,7 +248,7 @@ def job_restore(*, job_id: int) -> Transition | None:
             reason=reason, history=[{"state": "planned", "at": timezone.now().isoformat(), "reported": False}],
             verification={"checkpoint": job.checkpoint_path, "checkpoint_step": job.checkpoint_step})
         job.restore_id, job.restored_step = row.pk, job.checkpoint_step
-        job.error = ""
+        job.error, job.recovery = "", {}
         job.state = job_next_state(JobState.RESTORING, JobTrigger.RESTART)
         job.save()
         publish_job(job, "upsert")

@@ -25,7 +25,7 @@ from agents.layout.plan import PlanOptions, plan_routes
 from agents.layout.recovery import SurvivorWorld
 from controlplane.cluster.models import Gpu, Node
 from controlplane.cluster.services import gpus_release
-from controlplane.common.errors import InvalidInput
+from controlplane.common.errors import Conflict, InvalidInput
 from controlplane.jobs import transitions
 from controlplane.jobs.lifecycle import JobState, JobTrigger, TransitionKind, job_next_state
 from controlplane.jobs.models import Job, Transition
@@ -78,16 +78,21 @@ def survivors_switch(job: Job, world: SurvivorWorld, *, step: int, cause: str) -
     layout, plan = chosen
     target_world = plan.dst.world
     placement = union[:target_world]
-    port = _free_port()
+    # The engine's union world: the source's ranks and the target's; other survivors leave.
+    moves = [(old, new) for old, new in world.ranks if new < max(world.source_world, target_world)]
+    try:
+        port = _free_port()
+    except Conflict as exc:
+        return str(exc)
     host = Node.objects.get(name=placement[0]["node"]).host
     rendezvous = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
     kept = {(s["node"], s["gpu"]) for s in placement}
     gpus_release(gpus=Gpu.objects.filter(job=job).exclude(
         pk__in=[g.pk for g in Gpu.objects.filter(job=job).select_related("node") if (g.node.name, g.index) in kept]))
     olds = [old for old, _ in world.ranks]
-    moves = ", ".join(f"{old}->{new}" for old, new in world.ranks)
     reason = (f"{cause} at step {step}; switched on the survivors without a checkpoint (no step redone): ranks "
-              f"{moves} held {world.source_layout}, switched to {layout} on {target_world} GPUs")
+              f"{', '.join(f'{old}->{new}' for old, new in moves)} held {world.source_layout}, switched to "
+              f"{layout} on {target_world} GPUs")
     summary = plan.summary()
     row = Transition.objects.create(
         job=job, kind=TransitionKind.RESTORE, source_layout=job.layout, destination_layout=layout,
@@ -96,7 +101,7 @@ def survivors_switch(job: Job, world: SurvivorWorld, *, step: int, cause: str) -
         plan_summary=summary, plan_fingerprint=plan.fingerprint, gpus_per_node=plan.options.gpus_per_node, staging_bytes=STAGING_BYTES,
         peak_staging_bytes=summary.get("peak_staging_bytes"),
         history=[{"state": "planned", "at": timezone.now().isoformat(), "reported": False}],
-        verification={"survivors": {"ranks": [list(pair) for pair in world.ranks],
+        verification={"survivors": {"ranks": [list(pair) for pair in moves],
                                     "source_layout": world.source_layout, "step": step}})
     old_nodes = list(dict.fromkeys([*job.nodes, *(slot_of[r]["node"] for r in olds)]))
     job.placement, job.layout, job.world_size = placement, layout, target_world
@@ -107,13 +112,13 @@ def survivors_switch(job: Job, world: SurvivorWorld, *, step: int, cause: str) -
     publish_job(job, "upsert")
     transitions.publish_transition(row)
     by_node: dict[str, list[protocol.RankMove]] = defaultdict(list)
-    for old, new in world.ranks:
+    for old, new in moves:
         by_node[slot_of[old]["node"]].append(protocol.RankMove(old=old, new=new))
     orders = {node: protocol.JobRecoverOrder(
         job_id=job.pk, restore_id=row.pk, step=step, rendezvous=rendezvous, src_layout=world.source_layout,
-        src_world=world.source_world, layout=layout, world=target_world, union_world=len(world.ranks),
-        ranks=tuple(moves), staging_bytes=STAGING_BYTES, gpus_per_node=row.gpus_per_node)
-        for node, moves in by_node.items()}
+        src_world=world.source_world, layout=layout, world=target_world, union_world=len(moves),
+        ranks=tuple(here), staging_bytes=STAGING_BYTES, gpus_per_node=row.gpus_per_node)
+        for node, here in by_node.items()}
     stop_on_commit(job, [n for n in old_nodes if n not in orders])
     transaction.on_commit(lambda: _send_recovers(job.pk, orders))
     log.warning("job %s: %s", job.name, reason)
