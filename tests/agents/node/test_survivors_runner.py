@@ -131,3 +131,39 @@ def test_a_recovery_order_names_each_rank_once_inside_its_world() -> None:
         protocol.JobRecoverOrder(**fields, ranks=(protocol.RankMove(old=3, new=0), protocol.RankMove(old=3, new=1)))
     with pytest.raises(ValueError, match="outside the union world of 2 ranks"):
         protocol.JobRecoverOrder(**fields, ranks=(protocol.RankMove(old=3, new=2),))
+
+
+def test_a_tensor_parallel_replica_survives_renumbered(broker, tmp_path):
+    """tp=2,dp=2: node-1 runs replica 0 (ranks 0, 1), node-2 replica 1 (ranks 2, 3). node-1's
+    ranks die; ranks 2, 3 become ranks 0, 1 of tp=2 (each keeps its TP half) and train on."""
+    url, client = broker
+    reports: dict[str, list] = {"node-1": [], "node-2": []}
+    runners = [JobRunner(reports[f"node-{i}"].append, f"node-{i}", "cpu", url, tmp_path / f"node-{i}")
+               for i in (1, 2)]
+    port = _free_port()
+    try:
+        for runner, ranks in zip(runners, ([0, 1], [2, 3])):
+            runner.start(_order(24, 4, ranks, port, layout="tp=2,dp=2"))
+        _wait(lambda: len([r for r in _job_reports(client, 24) if r["kind"] == "step"]) >= 2, 180, "two steps")
+        for rank in (0, 1):
+            os.kill(runners[0].jobs[24].ranks[rank].process.pid, signal.SIGKILL)
+        orphaned = _wait(lambda: (o := [r for r in reports["node-2"] if r.kind == "orphaned"])
+                         and sorted(x for r in o for x in r.ranks) == [2, 3] and o, 60, "both orphaned")
+        (step,) = {r.step for r in orphaned}
+        client.delete(protocol.CONTROL_QUEUE)
+        runners[1].recover(protocol.JobRecoverOrder(
+            job_id=24, restore_id=6, step=step, rendezvous=f"127.0.0.1:{_free_port()}", src_layout="tp=2",
+            src_world=2, layout="tp=2", world=2, union_world=2,
+            ranks=(protocol.RankMove(old=2, new=0), protocol.RankMove(old=3, new=1))))
+        _wait(lambda: len([r for r in _job_reports(client, 24) if r["kind"] == "step"]) >= 2, 180,
+              "steps in the survivors' world")
+        steps = [r for r in _job_reports(client, 24) if r["kind"] == "step"]
+        assert [r["step"] for r in steps[:2]] == [step + 1, step + 2] and all(r["restore_id"] == 6 for r in steps)
+        (committed,) = [protocol.TransitionReport.model_validate(m) for m in
+                        _messages(client, protocol.CONTROL_TRANSITION_REPORT, 24)]
+        assert committed.verified is True and all(check.match for check in committed.tensors)
+        assert runners[1].running() == {24: [0, 1]}
+        assert [r.kind for r in reports["node-2"]] == ["orphaned"] * len(orphaned)
+    finally:
+        for runner in runners:
+            runner.shutdown()
