@@ -172,3 +172,19 @@ def test_a_failed_recovered_world_ends_its_restore_row_and_fails_without_a_check
     row.refresh_from_db()
     assert job.state == "failed" and "the survivors disagree" in job.error
     assert row.state == "aborted"
+
+
+def test_the_transition_page_says_the_survivors_took_over(two_nodes, token_client, sent_tasks, run, user) -> None:
+    from django.test import Client
+
+    job = _job(run, token_client, gpus=4, checkpoint_interval=0)
+    _trained(run, job, 6, None)
+    _orphaned(run, job, "node-2", (2, 3), 6)
+    _lose(run, "node-1", keep="node-2")
+    row = run(restore.job_restore, job_id=job.pk)
+    browser = Client()
+    browser.force_login(user)
+    html = browser.get(f"/transitions/{row.pk}/").content.decode()
+    assert 'id="no-plan"' in html and "loaded the checkpoint" not in html
+    assert "Switched on the survivors without a checkpoint" in html and "2&rarr;0, 3&rarr;1" in html
+    assert f"plan {row.plan_fingerprint[:12]}" in html
