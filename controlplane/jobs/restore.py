@@ -47,6 +47,8 @@ from controlplane.jobs.services import layout_check, publish_job
 
 log = logging.getLogger(__name__)
 
+EARLY_LOOK_SECONDS = 2 * protocol.HEARTBEAT_SECONDS  # after the first loss report, when the survivors may go on
+
 
 def no_restore_reason(job: Job) -> str | None:
     """Why the job cannot be restored from a checkpoint (None: it can)."""
@@ -105,8 +107,13 @@ def restore_begin(job: Job, *, cause: str, known_lost: bool, lost_nodes: set[str
                     "failed_nodes": sorted(lost_nodes or ())}
     job.save(update_fields=["state", "error", "recovery", "updated_at"])
     publish_job(job, "upsert")
-    # A dead node is marked lost lost-after + 2 heartbeats after it stopped: decide then.
+    # A dead node is marked lost lost-after + 2 heartbeats after it stopped: decide then. When
+    # the survivors may take over, a first look comes sooner: the ranks that outlived their
+    # world have all reported by then, and if they may go on they need not wait for the
+    # sweep (the dead node's ranks are left out either way).
     delay = 0.5 if known_lost else settings.DYNAPLANE_NODE_LOST_AFTER_SECONDS + 2 * protocol.HEARTBEAT_SECONDS
+    if possible and EARLY_LOOK_SECONDS < delay:
+        transaction.on_commit(lambda: _queue_restore(job.pk, EARLY_LOOK_SECONDS, early=True))
     transaction.on_commit(lambda: _queue_restore(job.pk, delay))
     log.warning("job %s: %s (in %.1f s)", job.name, why, delay)
     return True
@@ -147,11 +154,12 @@ def restore_record_orphan(job: Job, report: protocol.JobReport) -> None:
     job.save(update_fields=["recovery", "updated_at"])
 
 
-def _queue_restore(job_id: int, delay: float) -> None:
+def _queue_restore(job_id: int, delay: float, *, early: bool = False) -> None:
     from controlplane.celery import app
 
     try:
-        app.send_task(protocol.CONTROL_JOB_RESTORE, args=[job_id], queue=protocol.CONTROL_QUEUE, countdown=delay)
+        app.send_task(protocol.CONTROL_JOB_RESTORE, args=[job_id, early], queue=protocol.CONTROL_QUEUE,
+                      countdown=delay)
     except (OperationalError, OSError) as exc:
         log.error("job %s: restore task not queued: %s", job_id, exc)
         from controlplane.jobs.scheduling import job_fail
@@ -172,10 +180,11 @@ def _live_orphans(job: Job, alive: list[Gpu]) -> dict[int, int]:
             and (o["node"], slot_of[o["rank"]]["gpu"]) in gpus}
 
 
-def job_restore(*, job_id: int) -> Transition | None:
+def job_restore(*, job_id: int, early: bool = False) -> Transition | None:
     """Recover a restoring job (agents.layout.recovery): on its surviving ranks without a
     checkpoint when they may (survivors.py), else restart it from its latest checkpoint on
-    its GPUs of healthy nodes, else fail it. Returns the restore transition."""
+    its GPUs of healthy nodes, else fail it. Returns the restore transition. `early`: the
+    first look, which acts only when the survivors take over (the final one decides)."""
     from controlplane.jobs.resize import layout_for_resize
     from controlplane.jobs.scheduling import _free_port, job_fail, start_orders, stop_on_commit, tp_block
 
@@ -191,12 +200,17 @@ def job_restore(*, job_id: int) -> Transition | None:
         orphans = _live_orphans(job, alive)
         rule = recovery_rule(layout_check(model=job.model, layout=job.layout), orphans,
                              transition_active=not recovery.get("eligible", False), no_checkpoint=no_restore_reason(job))
+        if early and rule.action != SURVIVORS:
+            log.info("job %s: not on the survivors yet (%s); deciding once lost nodes are known", job.name, rule.why)
+            return None
         if rule.action == SURVIVORS:
             from controlplane.jobs.survivors import survivors_switch
 
             row = survivors_switch(job, rule.world, step=next(iter(orphans.values())), cause=cause)
             if isinstance(row, Transition):
                 return row
+            if early:
+                return None
             why = f"the survivors cannot run the job: {row}"
             rule = (Recovery(CHECKPOINT, why) if no_restore_reason(job) is None
                     else Recovery(FAIL, f"{no_restore_reason(job)}; {why}"))

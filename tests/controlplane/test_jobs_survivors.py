@@ -43,14 +43,14 @@ def test_rank_0s_node_lost_the_survivors_are_renumbered_and_go_on_without_a_chec
     assert job.state == "restoring"
     assert job.error == ("node node-2 ranks 2 lost their peers (RuntimeError: Connection closed by peer); recovering "
                          "on the surviving ranks if they outlived their world (no checkpoint)")
-    assert [q for _, q in _tasks(sent_tasks, protocol.CONTROL_JOB_RESTORE)] == [protocol.CONTROL_QUEUE]
+    # A first look soon (the survivors need not wait for the sweep), and the final decision.
+    assert [q for _, q in _tasks(sent_tasks, protocol.CONTROL_JOB_RESTORE)] == [protocol.CONTROL_QUEUE] * 2
     _orphaned(run, job, "node-2", (3,), 14)
     _orphaned(run, job, "node-2", (3,), 14)  # a duplicate changes nothing
-    assert _lose(run, "node-1", keep="node-2") == ["node-1"]
-    job.refresh_from_db()
-    assert job.state == "restoring" and job.recovery["failed_nodes"] == ["node-1"]
     sent_tasks.clear()
-    row = run(restore.job_restore, job_id=job.pk)
+    row = run(restore.job_restore, job_id=job.pk, early=True)  # node-1 is not marked lost yet
+    assert run(restore.job_restore, job_id=job.pk) is None  # the final look finds it done
+    assert _lose(run, "node-1", keep="node-2") == ["node-1"]  # (the job holds nothing there any more)
     job.refresh_from_db()
     assert (job.state, job.layout, job.world_size, job.error, job.recovery) == ("starting", "dp=2", 2, "", {})
     assert job.placement == [{"rank": 0, "node": "node-2", "gpu": 0}, {"rank": 1, "node": "node-2", "gpu": 1}]
@@ -98,6 +98,8 @@ def test_survivors_that_cannot_take_over_leave_the_checkpoint_or_a_failure_sayin
     _orphaned(run, skew, "node-1", (0,), 12)
     _orphaned(run, skew, "node-1", (1,), 11)
     run(job_record_report, report=_report(skew, "failed", node="node-2", ranks=(2,), error="killed"))
+    assert run(restore.job_restore, job_id=skew.pk, early=True) is None  # the first look leaves it to the last
+    assert Job.objects.get(pk=skew.pk).state == "restoring"
     row = run(restore.job_restore, job_id=skew.pk)
     assert row.reason.startswith("node node-1 ranks 0 lost their peers")
     assert "restored from checkpoint step 10" in row.reason
