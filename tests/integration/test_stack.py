@@ -162,7 +162,8 @@ def _resize_two_to_four_to_three(stack, job: dict, read, live) -> None:
     metrics = live()["metrics"]
     steps, losses = metrics["loss"]["x"], metrics["loss"]["y"]
     # Training went on across both switches: every step once, the loss finite and falling.
-    assert steps == list(range(1, len(steps) + 1)), steps
+    # (The control worker's threads may apply two step reports out of order: compared sorted.)
+    assert sorted(steps) == list(range(1, len(steps) + 1)), steps
     assert all(0 < v < losses[0] + 0.5 for v in losses) and losses[-1] < losses[0] - 0.5, losses
     stack.post(f"api/jobs/{job['id']}/stop", {})
     wait_for(lambda: read()["state"] == "stopped", timeout=60)
