@@ -29,6 +29,7 @@ NODE_JOB_START = "node.job_start"
 NODE_JOB_STOP = "node.job_stop"
 NODE_JOB_SWITCH = "node.job_switch"
 NODE_JOB_SWITCH_CANCEL = "node.job_switch_cancel"
+NODE_JOB_RECOVER = "node.job_recover"
 # Tasks any agent runs (queue "emulate").
 EMULATE_RUN = "emulate.run"
 
@@ -198,12 +199,14 @@ class JobReport(_Message):
     checkpoint: a periodic checkpoint of `step` is complete at `checkpoint_path` (from rank 0,
              `seconds`: how long training paused for it);
     restored: a restarted world loaded the checkpoint of `step` (from rank 0; `verified`:
-             the loaded state's digests equal the saved ones)."""
+             the loaded state's digests equal the saved ones);
+    orphaned: `ranks` outlived their world (a peer was lost) after `step` and keep their state,
+             waiting for a JobRecoverOrder (from their agent; `error` says what broke)."""
 
     version: Literal[1] = PROTOCOL_VERSION
     job_id: int = Field(gt=0)
     node: str = Field(max_length=63)
-    kind: Literal["started", "step", "stopped", "failed", "checkpoint", "restored"]
+    kind: Literal["started", "step", "stopped", "failed", "checkpoint", "restored", "orphaned"]
     step: int | None = Field(default=None, ge=0)
     loss: float | None = None
     step_seconds: float | None = Field(default=None, ge=0)
@@ -255,6 +258,50 @@ class JobSwitchOrder(_Message):
     # (0: none) into `checkpoint_dir`, which every node of the job must see (shared storage).
     checkpoint_interval: int = Field(default=0, ge=0)
     checkpoint_dir: str = Field(default="", max_length=1000)
+
+
+class RankMove(_Message):
+    """A surviving rank's number in its old world and in the recovered one."""
+
+    old: int = Field(ge=0)
+    new: int = Field(ge=0)
+
+
+class JobRecoverOrder(_Message):
+    """Control plane -> the nodes of a job's surviving ranks: ranks lost while training, the
+    survivors (waiting since, with their state) form a new world without a checkpoint.
+
+    They meet at a fresh `rendezvous` (the old store may have died with rank 0) as ranks
+    0 .. union_world - 1 (`ranks`: this node's old -> new numbers; a waiting rank not listed
+    exits). New ranks below `src_world` hold `src_layout` (whole data-parallel replicas,
+    renumbered); the others join empty-handed. They check that they stopped at `step` with
+    equal replicas, the engine switches the state onto `layout` over `world` ranks (ranks
+    from `world` up leave), and training goes on; `restore_id` names the restore row."""
+
+    version: Literal[1] = PROTOCOL_VERSION
+    job_id: int = Field(gt=0)
+    restore_id: int = Field(gt=0)
+    step: int = Field(ge=0)
+    rendezvous: str = Field(pattern=r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$", max_length=300)
+    src_layout: str = Field(min_length=1, max_length=500)
+    src_world: int = Field(gt=0)
+    layout: str = Field(min_length=1, max_length=500)
+    world: int = Field(gt=0)
+    union_world: int = Field(gt=0)
+    ranks: tuple[RankMove, ...] = Field(min_length=1)
+    staging_bytes: int = Field(default=64 * 2**20, gt=0)
+    gpus_per_node: int = Field(default=8, gt=0)
+
+    @field_validator("ranks")
+    @classmethod
+    def _ranks_in_world(cls, value: tuple[RankMove, ...], info) -> tuple[RankMove, ...]:
+        union = info.data.get("union_world")
+        olds, news = [m.old for m in value], [m.new for m in value]
+        if len(set(olds)) != len(olds) or len(set(news)) != len(news):
+            raise ValueError(f"rank moves {[(m.old, m.new) for m in value]}: a rank appears twice")
+        if union is not None and max(news) >= union:
+            raise ValueError(f"new rank {max(news)} is outside the union world of {union} ranks")
+        return value
 
 
 class TransferProgress(_Message):

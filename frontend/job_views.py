@@ -153,6 +153,7 @@ def transition_detail(request: HttpRequest, transition_id: int):
     tensors = sorted(tensors, key=lambda row: row["match"])  # a mismatch first
     return render(request, "frontend/transition.html", {
         "transition": transition, "figures": figures, "restore": restore,
+        "survivors": (transition.verification or {}).get("survivors") if restore else None,
         "summary_rows": summary_rows(figures["summary"]) if figures else [],
         "timings": timings,
         "step_before": before, "step_after": after, "history": transition.history,

@@ -67,6 +67,11 @@ def build_app(config: AgentConfig) -> tuple[Celery, HeartbeatSender]:
         """Abandon a switch that has not started moving state."""
         runner.cancel(protocol.JobSwitchCancel.model_validate(order))
 
+    @app.task(name=protocol.NODE_JOB_RECOVER)
+    def job_recover(order: dict) -> None:
+        """Ranks lost: this node's ranks that outlived their world form the survivors' one."""
+        runner.recover(protocol.JobRecoverOrder.model_validate(order))
+
     @app.task(name=protocol.NODE_JOB_STOP)
     def job_stop(order: dict) -> None:
         runner.stop(protocol.JobStopOrder.model_validate(order))

@@ -6,11 +6,14 @@ worker thread), delivers stop requests (the `stop` file the ranks poll at each s
 boundary, then SIGTERM / SIGKILL after the grace period) and polls exits. A rank that
 exits non-zero makes the agent report `failed` for the job (with the rank's last log
 lines) and stop the job's other local ranks; when the agent itself dies, its ranks get
-SIGTERM, and their peers fail at their next collective within the job's timeout.
+SIGTERM, and their peers fail at their next collective within the job's timeout. A rank
+that outlives its world that way waits with its state (agents/runtime/orphan.py): the
+agent reports it `orphaned` and hands it the control plane's recovery order.
 """
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import os
 import queue
@@ -22,6 +25,7 @@ from pathlib import Path
 
 from agents import protocol
 from agents.engine.launch import RANK_MALLOC_ENV
+from agents.runtime.orphan import orphan_marker, recover_file
 from agents.runtime.worker import STOP_FILE, switch_file, switched_marker, transferring_marker
 from dynaplane.processes import Child
 
@@ -66,6 +70,9 @@ class JobRunner:
     def cancel(self, order: protocol.JobSwitchCancel) -> None:
         self._commands.put(("cancel", order))
 
+    def recover(self, order: protocol.JobRecoverOrder) -> None:
+        self._commands.put(("recover", order))
+
     def switch(self, order: protocol.JobSwitchOrder) -> None:
         joining = [s.rank for s in order.ranks if s.rank >= order.src_world]
         if joining:
@@ -106,6 +113,8 @@ class JobRunner:
                     self._request_stop(payload)
                 elif command == "cancel":
                     self._cancel(payload)
+                elif command == "recover":
+                    self._recover(payload)
                 self._poll()
             except Exception:  # the supervisor must outlive any one job's trouble
                 log.exception("job runner: %s failed", command or "poll")
@@ -164,6 +173,52 @@ class JobRunner:
         log.info("job %d: switch %d to %s; ranks joining here: %s", order.job_id, order.transition_id, order.layout,
                  [s.rank for s in joining])
 
+    def _recover(self, order: protocol.JobRecoverOrder) -> None:
+        """Hand the recovery order to the job's ranks waiting here (they outlived their world)
+        and renumber them: from now on they are the ranks of restore `order.restore_id`."""
+        job = self.jobs.get(order.job_id)
+        if job is None or job.failed:
+            error = f"recovery order for restore {order.restore_id}: no waiting ranks of the job here"
+            log.error("job %d: %s", order.job_id, error)
+            self._send_report(protocol.JobReport(
+                job_id=order.job_id, node=self.node, kind="failed", ranks=tuple(m.new for m in order.ranks),
+                layout=order.layout, error=error, restore_id=order.restore_id,
+                sent_at=datetime.datetime.now(datetime.timezone.utc)))
+            return
+        tmp = job.run_dir / f".recover-{order.restore_id}.tmp"
+        tmp.write_text(order.model_dump_json())
+        tmp.replace(job.run_dir / recover_file(order.restore_id))  # the ranks never read half a file
+        moves = {m.old: m.new for m in order.ranks}
+        for old, child in list(job.ranks.items()):
+            if old not in moves:  # not needed in the new world (it would leave on reading the order)
+                child.terminate()
+                child.kill_group()
+        job.ranks = {moves[old]: child for old, child in job.ranks.items() if old in moves}
+        job.restore_id, job.layout, job.joining = order.restore_id, order.layout, {}
+        log.warning("job %d: restore %d on the survivors, ranks %s here", order.job_id, order.restore_id,
+                    sorted(moves.items()))
+
+    def _report_orphans(self, job: LocalJob) -> None:
+        """The job's ranks here that outlived their world (their marker files): `orphaned`,
+        one report per step, each marker once."""
+        by_step: dict[tuple[int, str], list[int]] = {}
+        for rank in sorted(job.ranks):
+            path = job.run_dir / orphan_marker(rank)
+            if not path.exists():
+                continue
+            try:
+                mark = json.loads(path.read_text())
+            except ValueError:
+                continue
+            path.unlink(missing_ok=True)
+            by_step.setdefault((int(mark["step"]), str(mark.get("error", ""))[:3000]), []).append(rank)
+        for (step, error), ranks in by_step.items():
+            log.warning("job %d: ranks %s outlived their world after step %d: %s", job.job_id, ranks, step, error)
+            self._send_report(protocol.JobReport(
+                job_id=job.job_id, node=self.node, kind="orphaned", ranks=tuple(ranks), step=step,
+                layout=job.layout, error=error, restore_id=job.restore_id,
+                sent_at=datetime.datetime.now(datetime.timezone.utc)))
+
     def _spawn(self, job: LocalJob, slot: protocol.RankSlot, args: list[str]) -> None:
         env = {**os.environ, "DYNAPLANE_NODE": self.node, "DYNAPLANE_BROKER_URL": self.broker_url,
                **{k: v for k, v in RANK_MALLOC_ENV.items() if k not in os.environ}, **self.env}
@@ -201,6 +256,8 @@ class JobRunner:
                 job.failed = True
                 self._report_failure(job, rank, code, child.log_tail(15))
                 self._kill(job)
+            if not job.failed:  # (after the exits: a rank that died makes its waiting peers here moot)
+                self._report_orphans(job)
             if job.stop_deadline is not None and _now() > job.stop_deadline:
                 log.warning("job %d: ranks still alive after the stop order's grace period; killing them", job_id)
                 job.stop_deadline = None

@@ -27,7 +27,9 @@ A switch, with the joining ranks' start-up hidden behind training:
    training; pause: last old step to the first new step; transfer; verify).
 
 Rank 0 speaks for the job (JobReport / TransitionReport to the control queue); a rank that
-fails exits non-zero with its traceback on stderr and its agent reports it.
+fails exits non-zero with its traceback on stderr and its agent reports it, except when a
+peer is lost while training: then it keeps its state and waits for a recovery order
+(agents/runtime/orphan.py), and may go on as a rank of the survivors' world.
 """
 from __future__ import annotations
 
@@ -360,16 +362,21 @@ def _join(order: protocol.JobSwitchOrder, rank: int, settings: JobSettings, run_
 
 
 def _train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: Reporter,
-           done_switches: set[int], ckpt) -> int:
-    """Steps until the job stops or this rank leaves the layout; returns steps done here."""
+           done_switches: set[int], ckpt, committed=None) -> int:
+    """Steps until the job stops or this rank leaves the layout; returns steps done here.
+    Raises Orphaned when a peer is lost in a step or at the step boundary (orphan.py)."""
     import torch.distributed as dist
 
     boundary = Boundary(settings, rank, run_dir, reporter)
     boundary.done_switches |= done_switches
-    steps, committed = 0, None  # committed: (transition id, report, pause start) until the next step
+    steps = 0  # committed: (transition id, report, pause start) until the next step
     while True:
         step_started = time.perf_counter()
-        result = trainer.step()
+        try:
+            result = trainer.step()
+        except RuntimeError as exc:  # only the errors of a lost peer (orphan.peer_lost) are kept
+            _orphaned(trainer, rank, exc)
+            raise
         steps += 1
         if rank == 0 and result is not None:
             if committed is not None:
@@ -394,7 +401,11 @@ def _train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: R
             if rank == 0:
                 reporter.job("checkpoint", step=trainer.scalars.step, checkpoint_path=str(path), seconds=seconds,
                              layout=str(trainer.placement.layout))
-        stop, order = boundary.decide(trainer)
+        try:
+            stop, order = boundary.decide(trainer)
+        except RuntimeError as exc:
+            _orphaned(trainer, rank, exc)
+            raise
         if stop:
             if rank == 0:
                 reporter.job("stopped", step=trainer.scalars.step, layout=str(trainer.placement.layout))
@@ -416,6 +427,46 @@ def _train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: R
                 dist.destroy_process_group()
                 return steps
             committed = (order.transition_id, report, paused_at)
+
+
+def _orphaned(trainer, rank: int, exc: RuntimeError) -> None:
+    """Raise Orphaned with this rank's state when `exc` is a lost peer's error and the state
+    is whole; else return (the caller re-raises `exc`: the rank exits, its agent reports it)."""
+    from agents.runtime.orphan import Orphaned, orphan_of, peer_lost
+
+    orphan = orphan_of(trainer, rank, exc) if peer_lost(exc) else None
+    if orphan is not None:
+        raise Orphaned(orphan) from None
+
+
+def _survive(orphan, settings: JobSettings, run_dir: Path, node: str, broker: str | None):
+    """Wait for the recovery order and go on in the survivors' world: (trainer, settings,
+    rank, reporter, checkpointer, committed) for _train, or None when this rank is done."""
+    import torch.distributed as dist
+
+    from agents.runtime.orphan import recover, wait_for_order
+
+    print(f"rank {orphan.rank}: its world broke after step {orphan.scalars.step} ({orphan.error}); "
+          f"waiting for a recovery order", file=sys.stderr)
+    order = wait_for_order(orphan, run_dir, STOP_FILE, settings.restore_id, settings.timeout_seconds)
+    got = recover(orphan, order, settings, _backend()) if order is not None else None
+    if got is None:
+        return None
+    rank, settings, shards, scalars, report = got
+    ckpt = settings.checkpointer(rank)
+    trainer = _trainer(settings, order.layout, rank, shards, scalars, ckpt)
+    if not trainer.active:  # beyond the recovered layout: the state has been handed over
+        dist.destroy_process_group()
+        return None
+    print(f"rank {orphan.rank}: rank {rank} of {order.layout} after restore {order.restore_id}", file=sys.stderr)
+    reporter = Reporter(settings.job_id, rank, node, broker, order.restore_id)
+    return trainer, settings, rank, reporter, ckpt, (order.restore_id, report, orphan.lost_at)
+
+
+def _done_switches(run_dir: Path) -> set[int]:
+    """Switch orders already in the run folder: all finished (a recovery runs only when no
+    transition was active), so the recovered world's rank 0 must not take them up again."""
+    return {int(p.stem.split("-", 1)[1]) for p in run_dir.glob("switch-*.json") if p.stem.split("-", 1)[1].isdigit()}
 
 
 def signal_abort(order: protocol.JobSwitchOrder, reason: str) -> None:
@@ -473,7 +524,22 @@ def main(argv: list[str]) -> int:
             trainer = _trainer(settings, order.layout, rank, initial_shards(order.model, placement, rank, order.seed),
                                None, ckpt)
         done = set()
-    steps = _train(trainer, settings, rank, path.parent, reporter, done, ckpt)
+    from agents.runtime.orphan import Orphaned
+
+    steps, committed = 0, None
+    while True:
+        try:
+            steps += _train(trainer, settings, rank, path.parent, reporter, done, ckpt, committed)
+            break
+        except Orphaned as lost:
+            orphan = lost.orphan
+        trainer = None
+        resumed = _survive(orphan, settings, path.parent, node, broker)
+        if resumed is None:
+            print(f"rank {orphan.rank}: leaves after its world broke", file=sys.stderr)
+            return 0
+        trainer, settings, rank, reporter, ckpt, committed = resumed
+        done = _done_switches(path.parent)
     print(f"rank {rank}: {steps} steps in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return 0
 

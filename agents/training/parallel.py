@@ -300,6 +300,12 @@ class ParallelTrainer:
             p.grad = None
         return hook
 
+    @property
+    def torn(self) -> bool:
+        """True while the optimizer is between updating its states and publishing the new
+        parameters: a failure then leaves this rank's state half stepped."""
+        return bool(getattr(self.optimizer, "updating", False))
+
     def hand_over(self) -> tuple[dict[Key, LocalShard], TrainScalars]:
         """This rank's state as local shards; the trainer is unusable afterwards (it keeps no
         reference, so the transition engine can free each shard after sending it)."""
@@ -357,12 +363,14 @@ class ParallelTrainer:
                 self.pipeline.step()
             loss_sum += sum(float(v.detach()) for v in losses) * micro
         self.optimizer.step(self.config.lr_at(self.scalars.step))
+        # The scalars move with the state, before the loss all-reduce: a rank whose peer is
+        # lost there keeps a consistent state after the step (agents/runtime/orphan.py).
+        self.scalars.step += 1
+        self.scalars.data = self.scalars.data.advance(self.config.global_batch)
         # Global mean loss: the last stage's TP rank 0 of every dp replica contributes.
         if not (self.pp_rank == self.ml.pp - 1 and self.tp_rank == 0):
             loss_sum.zero_()
         dist.all_reduce(loss_sum, group=self.meshes.everyone)
-        self.scalars.step += 1
-        self.scalars.data = self.scalars.data.advance(self.config.global_batch)
         return StepResult(self.scalars.step, float(loss_sum.item()) / (micro * self.ml.dp),
                           time.perf_counter() - started, self.config.global_batch * self.config.seq_len)
 

@@ -49,6 +49,7 @@ class ShardedAdamW:
                  weight_decay: float = 0.0, moments: dict[str, tuple[Tensor, Tensor]] | None = None,
                  step: int = 0) -> None:
         self.slots, self.group, self.dp = slots, group, dp
+        self.updating = False
         decay = [s.master for s in slots if s.master.dim() >= 2]
         no_decay = [s.master for s in slots if s.master.dim() < 2]
         self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
@@ -85,6 +86,7 @@ class ShardedAdamW:
         if self.dp > 1:
             dist.all_reduce(flat, group=self.group)
             flat.div_(self.dp)
+        self.updating = True  # until _publish is done: the masters move before the parameters
         offset = 0
         for s, g in zip(self.slots, grads):
             full = flat[offset:offset + g.numel()].view(g.shape)
@@ -96,6 +98,7 @@ class ShardedAdamW:
         for s in self.slots:
             s.master.grad = None
         self._publish()
+        self.updating = False
 
     def _publish(self) -> None:
         """Cast every rank's updated chunk to bf16 and all-gather the chunks into the boxes."""

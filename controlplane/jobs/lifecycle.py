@@ -2,8 +2,9 @@
 
 Job:        pending -> starting -> running <-> switching ; running/starting/switching ->
             stopping -> stopped ; any live state -> failed ;
-            running/starting/switching -> restoring (ranks lost; a checkpoint exists) ->
-            starting (a new world loads the checkpoint) ; restoring -> stopped (stop).
+            running/starting/switching -> restoring (ranks lost; a checkpoint exists, or the
+            survivors may take over) -> starting (a new world loads the checkpoint, or the
+            survivors switch onto a new layout) ; restoring -> stopped (stop).
 Transition: planned -> preparing -> ready -> transferring -> verifying -> committed;
             planned/preparing/ready -> aborted (old layout never left);
             transferring/verifying -> rolled_back (old layout restored).
@@ -104,9 +105,10 @@ def transition_next_state(state: TransitionState, target: TransitionState) -> Tr
 
 
 class TransitionKind(StrEnum):
-    """resize: an online layout switch (the lifecycle above). restore: a restart of the job
-    from a checkpoint after ranks were lost; planned (new world ordered) -> committed (it
-    loaded the checkpoint) or aborted (it failed too, or the job stopped)."""
+    """resize: an online layout switch (the lifecycle above). restore: after ranks were lost,
+    a restart of the job from a checkpoint or a switch on the surviving ranks' memory;
+    planned (new world ordered) -> committed (it loaded the checkpoint / switched its state,
+    verified) or aborted (it failed too, or the job stopped)."""
 
     RESIZE = "resize"
     RESTORE = "restore"

@@ -42,6 +42,11 @@ class Job(models.Model):
         null=True, blank=True, help_text="the restore transition the ranks now running came from (none: first start)")
     restored_step = models.PositiveIntegerField(null=True, blank=True,
                                                 help_text="checkpoint step of the latest restore")
+    recovery = models.JSONField(
+        default=dict, blank=True,
+        help_text="while restoring: what the recovery rule decides on (restore.py): eligible (no transition was "
+                  "active when ranks were lost), orphans [{rank, node, step}] (ranks that outlived their world "
+                  "and wait with their state), failed_nodes (their agents killed the job's ranks there)")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

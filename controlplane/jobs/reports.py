@@ -30,9 +30,11 @@ from controlplane.jobs.lifecycle import (
     LIVE_JOB_STATES,
     TERMINAL_TRANSITION_STATES,
     JobState,
+    TransitionKind,
     JobTrigger,
     TransitionState,
     job_next_state,
+    restore_next_state,
     transition_forward_path,
     transition_next_state,
 )
@@ -54,13 +56,20 @@ def job_record_report(*, report: protocol.JobReport) -> Job | None:
         if job.state not in LIVE_JOB_STATES:
             log.info("ignored %s report from %s: job %s is %s", report.kind, report.node, job.name, job.state)
             return job
+        if report.restore_id == job.restore_id and job.state == JobState.RESTORING and report.kind in (
+                "orphaned", "failed"):  # what the recovery decides on (restore.job_restore)
+            if report.kind == "orphaned":
+                restore.restore_record_orphan(job, report)
+            else:
+                restore.restore_record_lost(job, {report.node})
+            return job
         if report.restore_id != job.restore_id or job.state == JobState.RESTORING:
             # From a world the job has left (before a restart from a checkpoint), or while no world runs.
             log.info("ignored %s report from %s: job %s is %s (restore %s), the report is from restore %s",
                      report.kind, report.node, job.name, job.state, job.restore_id, report.restore_id)
             return job
         {"started": _started, "step": _step, "stopped": _stopped, "failed": _failed, "checkpoint": _checkpoint,
-         "restored": _restored}[report.kind](job, report)
+         "restored": _restored, "orphaned": restore.restore_record_orphan}[report.kind](job, report)
     return job
 
 
@@ -120,7 +129,8 @@ def _restored(job: Job, report: protocol.JobReport) -> None:
 def _failed(job: Job, report: protocol.JobReport) -> None:
     ranks = ", ".join(map(str, report.ranks)) or "unknown"
     error = f"node {report.node or '?'} ranks {ranks}: {report.error or 'failed without a reason'}"
-    if restore.restore_begin(job, cause=f"node {report.node or '?'} ranks {ranks} failed", known_lost=False):
+    if restore.restore_begin(job, cause=f"node {report.node or '?'} ranks {ranks} failed", known_lost=False,
+                             lost_nodes={report.node}, detail=error):
         return
     nodes = [node for node in transitions.job_nodes(job) if node != report.node]
     job_finish(job, state=job_next_state(JobState(job.state), JobTrigger.FAIL), error=error)
@@ -176,6 +186,9 @@ def transition_record_report(*, report: protocol.TransitionReport) -> Transition
             log.info("ignored %s report from %s: transition %s of job %s does not exist", report.state, report.node,
                      report.transition_id, report.job_id)
             return None
+        if transition.kind == TransitionKind.RESTORE:
+            _restore_report(job, transition, report)
+            return transition
         state, target = TransitionState(transition.state), TransitionState(report.state)
         moved = False
         if state in TERMINAL_TRANSITION_STATES:
@@ -202,6 +215,23 @@ def transition_record_report(*, report: protocol.TransitionReport) -> Transition
             transition.save()
             transitions.publish_transition(transition)
     return transition
+
+
+def _restore_report(job: Job, transition: Transition, report: protocol.TransitionReport) -> None:
+    """Rank 0 of a world switched on the survivors: `committed` with the engine's figures
+    (transfer, verify, digests per tensor) commits the planned restore row."""
+    if report.state != TransitionState.COMMITTED or transition.state != TransitionState.PLANNED:
+        log.info("ignored %s report from %s: restore %s of job %s is %s", report.state, report.node, transition.pk,
+                 job.name, transition.state)
+        return
+    transitions.enter(transition, restore_next_state(TransitionState.PLANNED, TransitionState.COMMITTED),
+                      reported=True)
+    survivors = transition.verification.get("survivors")
+    _fill(transition, report, overwrite=True)
+    transition.verification = {**transition.verification, "survivors": survivors}
+    _check_commit(job, transition)
+    transition.save()
+    transitions.publish_transition(transition)
 
 
 def _undo(job: Job, transition: Transition, state: TransitionState, target: TransitionState,

@@ -19,7 +19,6 @@ from collections import defaultdict
 
 from django.db import transaction
 from django.db.models import Count
-from kombu.exceptions import OperationalError
 
 from agents import protocol
 from agents.layout.allocate import AllocationError, FreeGpus, allocate
@@ -39,7 +38,7 @@ from controlplane.common.events import next_seq, publish_on_commit
 from controlplane.jobs import transitions
 from controlplane.jobs.lifecycle import JobState, JobTrigger, TransitionState, job_next_state
 from controlplane.jobs.models import Job, Transition
-from controlplane.jobs.scheduling import _free_port, _send, job_fail, tp_block
+from controlplane.jobs.scheduling import _free_port, send_orders_or_fail, tp_block
 from controlplane.jobs.services import layout_check, publish_job
 
 log = logging.getLogger(__name__)
@@ -245,13 +244,6 @@ def switch_orders(job: Job, transition: Transition) -> dict[str, protocol.JobSwi
 
 
 def _send_switches(job_id: int, orders: dict[str, protocol.JobSwitchOrder]) -> None:
-    """After commit. A broker that refuses an order fails the job: some nodes may have got
-    theirs, and there is no order that takes a switch back (docs/elastic.md)."""
-    for node, order in orders.items():
-        try:
-            _send(protocol.NODE_JOB_SWITCH, node, order)
-        except (OperationalError, OSError) as exc:
-            log.error("job %s: switch order to node %s not sent: %s", job_id, node, exc)
-            job_fail(job_id=job_id, error=f"the switch order of transition {order.transition_id} to node {node} "
-                                          f"could not be sent: {exc}")
-            return
+    if orders:
+        tid = next(iter(orders.values())).transition_id
+        send_orders_or_fail(job_id, protocol.NODE_JOB_SWITCH, orders, f"the switch order of transition {tid}")

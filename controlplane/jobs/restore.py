@@ -1,21 +1,26 @@
-"""Recovery of a job whose ranks were lost: restart it from its latest checkpoint on the
-GPUs it still has (docs/elastic.md, "Failures and recovery").
+"""Recovery of a job whose ranks were lost: go on on the surviving ranks' memory when they
+may (survivors.py), else restart it from its latest checkpoint on the GPUs it still has
+(docs/elastic.md, "Failures and recovery").
 
 Two steps, because the cause is often known late: a rank that dies takes its peers down
-at once (gloo reports the broken connection), so the survivors' agent reports `failed`
-seconds before the heartbeat sweep marks the dead node lost.
-1. restore_begin (in the failure or node-loss transaction): a job with a checkpoint goes
-   `restoring`; its active resize ends aborted, saying so; a `control.job_restore` task is
-   queued to run once a dead node has surely been marked lost (lost-after + 2 heartbeats),
-   at once when the loss is already known.
-2. job_restore (that task): the job's GPUs on healthy nodes are the survivors; the layout
+at once (gloo reports the broken connection); they wait with their state and their agent
+reports them `orphaned` (or `failed`, for a rank that died) seconds before the heartbeat
+sweep marks the dead node lost.
+1. restore_begin (in the orphan, failure or node-loss transaction): a job with a checkpoint,
+   or whose other ranks may take over, goes `restoring` (job.recovery keeps the cause,
+   whether a transition was active, the waiting ranks and the nodes that failed); its
+   active resize ends aborted, saying so; a `control.job_restore` task is queued to run
+   once a dead node has surely been marked lost (lost-after + 2 heartbeats), soon when the
+   loss is already known.
+2. job_restore (that task): agents.layout.recovery decides. Survivors: survivors.py. Else
+   the checkpoint: the job's GPUs on healthy nodes are the survivors; the layout
    for their count follows the resize rule (resize.layout_for_resize); the ranks are placed
    on them (TP blocks on one node), a `restore` transition records what happens (reason:
    "node node-2 lost at step 14; restored from checkpoint step 10 (4 steps redone)"), and
    every node gets a JobStartOrder with `restore_from` (the agents replace the ranks still
    there). restoring -> starting; the new world's `restored` report commits the row.
-A job without a checkpoint fails, saying so; so does a second failure before a newer
-checkpoint than the one the last restore loaded (no restore loops).
+Else the job fails, saying why; so does a second failure before a newer checkpoint than
+the one the last checkpoint restore loaded (no restore loops).
 """
 from __future__ import annotations
 
@@ -29,7 +34,7 @@ from kombu.exceptions import OperationalError
 
 from agents import protocol
 from agents.layout.allocate import AllocationError, FreeGpus, allocate
-from agents.layout.survivors import uncovered
+from agents.layout.recovery import CHECKPOINT, FAIL, SURVIVORS, Recovery, recovery_rule, survivors_cover
 from controlplane.cluster.lifecycle import GpuState, NodeState
 from controlplane.cluster.models import Gpu
 from controlplane.cluster.services import gpus_release
@@ -41,6 +46,8 @@ from controlplane.jobs.models import Job, Transition
 from controlplane.jobs.services import layout_check, publish_job
 
 log = logging.getLogger(__name__)
+
+EARLY_LOOK_SECONDS = 2 * protocol.HEARTBEAT_SECONDS  # after the first loss report, when the survivors may go on
 
 
 def no_restore_reason(job: Job) -> str | None:
@@ -54,43 +61,105 @@ def no_restore_reason(job: Job) -> str | None:
     return None
 
 
+def _ranks_off(job: Job, nodes: set[str]) -> set[int]:
+    return {slot["rank"] for slot in job.placement if slot["node"] not in nodes}
+
+
 def survivors_note(job: Job, alive: set[tuple[str, int]]) -> str:
-    """Whether the job's surviving old ranks still hold every state element of its layout
-    (agents.layout.survivors): said in the restore row. Either way the state is loaded from
-    the checkpoint: restarting from the survivors' memory is not built (docs/elastic.md)."""
+    """Whether the job's old ranks on the surviving GPUs still held every state element of
+    its layout (agents.layout.survivors), said in a checkpoint restore's row."""
     ranks = {slot["rank"] for slot in job.placement if (slot["node"], slot["gpu"]) in alive}
-    missing = uncovered(layout_check(model=job.model, layout=job.layout), ranks)
-    if not missing:
-        return f"the surviving ranks ({len(ranks)} of {job.world_size}) still held a full replica of the state"
-    name, state_class = missing[0]
-    return (f"the surviving ranks ({len(ranks)} of {job.world_size}) no longer held every state element "
-            f"({len(missing)} tensor states incomplete, e.g. {name} {state_class})")
+    missing = survivors_cover(layout_check(model=job.model, layout=job.layout), ranks)
+    return missing or f"the surviving ranks ({len(ranks)} of {job.world_size}) still held a full replica of the state"
 
 
-def restore_begin(job: Job, *, cause: str, known_lost: bool) -> bool:
-    """The locked live job lost ranks (`cause` says how). With a checkpoint to restore
-    from: -> restoring, the restore task queued, True. Else False (the caller fails it)."""
+def restore_begin(job: Job, *, cause: str, known_lost: bool, lost_nodes: set[str] | None = None,
+                  detail: str = "") -> bool:
+    """The locked live job lost ranks (`cause` says how, `detail` with the error when there
+    is one; `lost_nodes`: where, when known).
+    It can recover when it has a checkpoint, or when its ranks elsewhere may take over
+    (no transition active and they hold every state element; agents.layout.recovery):
+    -> restoring, the recovery task queued, True. Else False (the caller fails it)."""
     if job.state == JobState.RESTORING:
+        if lost_nodes:
+            restore_record_lost(job, lost_nodes)
         return True
-    if no_restore_reason(job) is not None or job.state == JobState.STOPPING:
+    if job.state == JobState.STOPPING:
         return False
-    why = f"{cause}; restoring from checkpoint step {job.checkpoint_step}"
+    eligible = transitions.active_transition(job) is None
+    # Known lost (the heartbeat sweep) before any rank reported waiting: ranks that outlived
+    # their world report within a second or two of a closed connection, long before a node
+    # counts as lost, so none will (a silent node's peers hang until the process group's
+    # timeout): decide now, as without survivors.
+    possible = eligible and not known_lost and not survivors_cover(
+        layout_check(model=job.model, layout=job.layout), _ranks_off(job, lost_nodes or set()))
+    if no_restore_reason(job) is not None and not possible:
+        return False
+    if no_restore_reason(job) is None:
+        why = f"{cause}; restoring from checkpoint step {job.checkpoint_step}"
+        why += " unless the surviving ranks take over" if possible else ""
+    else:
+        why = f"{cause}; recovering on the surviving ranks if they outlived their world (no checkpoint)"
     transitions.end_with_restore(job, why)
     job.state = job_next_state(JobState(job.state), JobTrigger.RESTORE)
     job.error = why[:4000]
-    job.save(update_fields=["state", "error", "updated_at"])
+    job.recovery = {"cause": cause, "detail": detail[:3000], "eligible": eligible, "orphans": [],
+                    "failed_nodes": sorted(lost_nodes or ())}
+    job.save(update_fields=["state", "error", "recovery", "updated_at"])
     publish_job(job, "upsert")
+    # A dead node is marked lost lost-after + 2 heartbeats after it stopped: decide then. When
+    # the survivors may take over, a first look comes sooner: the ranks that outlived their
+    # world have all reported by then, and if they may go on they need not wait for the
+    # sweep (the dead node's ranks are left out either way).
     delay = 0.5 if known_lost else settings.DYNAPLANE_NODE_LOST_AFTER_SECONDS + 2 * protocol.HEARTBEAT_SECONDS
+    if possible and EARLY_LOOK_SECONDS < delay:
+        transaction.on_commit(lambda: _queue_restore(job.pk, EARLY_LOOK_SECONDS, early=True))
     transaction.on_commit(lambda: _queue_restore(job.pk, delay))
     log.warning("job %s: %s (in %.1f s)", job.name, why, delay)
     return True
 
 
-def _queue_restore(job_id: int, delay: float) -> None:
+def restore_record_lost(job: Job, nodes: set[str]) -> None:
+    """Nodes whose agents reported a failure of the job's ranks (and killed the job's ranks
+    there) while it is restoring: their waiting ranks, if any, are gone."""
+    recovery = dict(job.recovery or {})
+    recovery["failed_nodes"] = sorted({*recovery.get("failed_nodes", []), *nodes})
+    job.recovery = recovery
+    job.save(update_fields=["recovery", "updated_at"])
+
+
+def restore_record_orphan(job: Job, report: protocol.JobReport) -> None:
+    """`orphaned` from an agent (job locked): its ranks outlived their world after `step`
+    and wait with their state. The first one starts the recovery (the decision waits until
+    a dead node has surely been marked lost)."""
+    if report.step is None or not report.ranks:
+        log.warning("ignored orphaned report from %s for job %s: no step or ranks", report.node, job.name)
+        return
+    if job.state == JobState.STOPPING:  # its ranks are leaving anyway
+        log.info("ignored orphaned report from %s: job %s is stopping", report.node, job.name)
+        return
+    if job.state != JobState.RESTORING:
+        ranks = ", ".join(map(str, report.ranks))
+        cause = f"node {report.node} ranks {ranks} lost their peers ({report.error[:300] or 'no error given'})"
+        if not restore_begin(job, cause=cause, known_lost=False):
+            from controlplane.jobs.scheduling import job_fail
+
+            job_fail(job_id=job.pk, error=f"{cause}; {no_restore_reason(job) or f'the job was {job.state}'}")
+            return
+    recovery = dict(job.recovery or {})
+    known = {o["rank"] for o in recovery.get("orphans", [])}
+    recovery["orphans"] = [*recovery.get("orphans", []), *({"rank": r, "node": report.node, "step": report.step}
+                                                           for r in report.ranks if r not in known)]
+    job.recovery = recovery
+    job.save(update_fields=["recovery", "updated_at"])
+
+
+def _queue_restore(job_id: int, delay: float, *, early: bool = False) -> None:
     from controlplane.celery import app
 
     try:
-        app.send_task(protocol.CONTROL_JOB_RESTORE, args=[job_id], queue=protocol.CONTROL_QUEUE, countdown=delay)
+        app.send_task(protocol.CONTROL_JOB_RESTORE, args=[job_id, early], queue=protocol.CONTROL_QUEUE,
+                      countdown=delay)
     except (OperationalError, OSError) as exc:
         log.error("job %s: restore task not queued: %s", job_id, exc)
         from controlplane.jobs.scheduling import job_fail
@@ -98,9 +167,24 @@ def _queue_restore(job_id: int, delay: float) -> None:
         job_fail(job_id=job_id, error=f"the restore could not be queued: {exc}")
 
 
-def job_restore(*, job_id: int) -> Transition | None:
-    """Restart a restoring job from its latest checkpoint on its GPUs of healthy nodes;
-    fails it when that cannot be done. Returns the restore transition."""
+def _live_orphans(job: Job, alive: list[Gpu]) -> dict[int, int]:
+    """Rank -> step of the ranks that reported waiting with their state and are still there:
+    on a healthy node whose agent did not report a failure (it kills the job's ranks), on
+    a GPU the job still holds."""
+    recovery = job.recovery or {}
+    failed = set(recovery.get("failed_nodes", []))
+    gpus = {(g.node.name, g.index) for g in alive}
+    slot_of = {slot["rank"]: slot for slot in job.placement}
+    return {o["rank"]: o["step"] for o in recovery.get("orphans", [])
+            if o["rank"] in slot_of and slot_of[o["rank"]]["node"] == o["node"] and o["node"] not in failed
+            and (o["node"], slot_of[o["rank"]]["gpu"]) in gpus}
+
+
+def job_restore(*, job_id: int, early: bool = False) -> Transition | None:
+    """Recover a restoring job (agents.layout.recovery): on its surviving ranks without a
+    checkpoint when they may (survivors.py), else restart it from its latest checkpoint on
+    its GPUs of healthy nodes, else fail it. Returns the restore transition. `early`: the
+    first look, which acts only when the survivors take over (the final one decides)."""
     from controlplane.jobs.resize import layout_for_resize
     from controlplane.jobs.scheduling import _free_port, job_fail, start_orders, stop_on_commit, tp_block
 
@@ -108,10 +192,34 @@ def job_restore(*, job_id: int) -> Transition | None:
         job = Job.objects.select_for_update().filter(pk=job_id).first()
         if job is None or job.state != JobState.RESTORING:
             return None
-        cause = job.error.rpartition("; restoring from")[0] or job.error
+        recovery = job.recovery or {}
+        cause = recovery.get("cause") or job.error.rpartition("; restoring from")[0] or job.error
         held = list(Gpu.objects.select_for_update(of=("self",)).select_related("node").filter(job=job).order_by("id"))
         alive = [g for g in held if g.node.state == NodeState.HEALTHY and g.state == GpuState.ALLOCATED]
         old_nodes = list(dict.fromkeys([*job.nodes, *(g.node.name for g in held)]))
+        orphans = _live_orphans(job, alive)
+        rule = recovery_rule(layout_check(model=job.model, layout=job.layout), orphans,
+                             transition_active=not recovery.get("eligible", False), no_checkpoint=no_restore_reason(job))
+        if early and rule.action != SURVIVORS:
+            log.info("job %s: not on the survivors yet (%s); deciding once lost nodes are known", job.name, rule.why)
+            return None
+        if rule.action == SURVIVORS:
+            from controlplane.jobs.survivors import survivors_switch
+
+            row = survivors_switch(job, rule.world, step=next(iter(orphans.values())), cause=cause)
+            if isinstance(row, Transition):
+                return row
+            if early:
+                return None
+            why = f"the survivors cannot run the job: {row}"
+            rule = (Recovery(CHECKPOINT, why) if no_restore_reason(job) is None
+                    else Recovery(FAIL, f"{no_restore_reason(job)}; {why}"))
+        if rule.action == FAIL:
+            transaction.on_commit(lambda: log.error("job %s: recovery failed: %s", job.name, rule.why))
+            failed = set(recovery.get("failed_nodes", []))
+            job_fail(job_id=job.pk, error=f"{recovery.get('detail') or cause}; {rule.why}",
+                     notify=[n for n in old_nodes if n not in failed])
+            return None
         failure = None
         layout = layout_for_resize(job, len(alive)) if alive else ""
         slots = []
@@ -139,7 +247,9 @@ def job_restore(*, job_id: int) -> Transition | None:
         redone = max(0, (job.step or 0) - job.checkpoint_step)
         reason = (f"{cause} at step {max(job.step or 0, job.checkpoint_step)}; restored from checkpoint step "
                   f"{job.checkpoint_step} ({redone} steps redone) on {len(slots)} GPUs as {layout}")
-        reason += "; " + survivors_note(job, {(g.node.name, g.index) for g in alive})
+        note = survivors_note(job, {(g.node.name, g.index) for g in alive})
+        held = note.endswith("full replica of the state")  # then say why they did not take over
+        reason += "; " + note + (f"; not switched on them: {rule.why}" if held else "")
         source_placement, source_layout, source_world = job.placement, job.layout, job.world_size
         job.placement = [{"rank": s.rank, "node": s.node, "gpu": s.gpu} for s in slots]
         job.layout, job.world_size = layout, len(slots)
@@ -152,7 +262,7 @@ def job_restore(*, job_id: int) -> Transition | None:
             reason=reason, history=[{"state": "planned", "at": timezone.now().isoformat(), "reported": False}],
             verification={"checkpoint": job.checkpoint_path, "checkpoint_step": job.checkpoint_step})
         job.restore_id, job.restored_step = row.pk, job.checkpoint_step
-        job.error = ""
+        job.error, job.recovery = "", {}
         job.state = job_next_state(JobState.RESTORING, JobTrigger.RESTART)
         job.save()
         publish_job(job, "upsert")

@@ -155,7 +155,8 @@ def start_orders(job: Job) -> dict[str, protocol.JobStartOrder]:
 
 
 def _send(task: str, node: str,
-          order: protocol.JobStartOrder | protocol.JobStopOrder | protocol.JobSwitchCancel) -> None:
+          order: protocol.JobStartOrder | protocol.JobStopOrder | protocol.JobSwitchCancel
+          | protocol.JobRecoverOrder) -> None:
     from controlplane.celery import app
 
     app.send_task(task, args=[order.model_dump(mode="json")], queue=protocol.node_queue(node))
@@ -169,6 +170,18 @@ def _send_start(job_id: int, node: str, order: protocol.JobStartOrder) -> None:
     except (OperationalError, OSError) as exc:
         log.error("job %s: start order to node %s not sent: %s", job_id, node, exc)
         job_fail(job_id=job_id, error=f"the start order to node {node} could not be sent: {exc}")
+
+
+def send_orders_or_fail(job_id: int, task: str, orders: dict, what: str) -> None:
+    """After commit: each node its order. A broker that refuses one fails the job: some
+    nodes may have got theirs, and there is no order that takes them back."""
+    for node, order in orders.items():
+        try:
+            _send(task, node, order)
+        except (OperationalError, OSError) as exc:
+            log.error("job %s: %s to node %s not sent: %s", job_id, what, node, exc)
+            job_fail(job_id=job_id, error=f"{what} to node {node} could not be sent: {exc}")
+            return
 
 
 def _send_stops(job_id: int, nodes: list[str]) -> None:
@@ -300,7 +313,7 @@ def jobs_fail_on_node_loss(*, nodes: list[str]) -> list[int]:
         where = "; ".join(f"node {node} (ranks {', '.join(map(str, r))})" for node, r in sorted(ranks.items()))
         where = where or "node " + ", ".join(sorted(lost))
         locked = Job.objects.select_for_update().get(pk=job_id)
-        if restore_begin(locked, cause=f"{where} lost", known_lost=True):
+        if restore_begin(locked, cause=f"{where} lost", known_lost=True, lost_nodes=lost):
             restored.append(job_id)
             continue
         why = no_restore_reason(locked) or f"the job was {locked.state}"

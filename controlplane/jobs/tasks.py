@@ -37,9 +37,10 @@ def transition_report(report: dict) -> None:
 
 
 @shared_task(name=protocol.CONTROL_JOB_RESTORE)
-def job_restore(job_id: int) -> None:
-    """Queued by restore.restore_begin: restart a restoring job from its checkpoint."""
-    restore.job_restore(job_id=int(job_id))
+def job_restore(job_id: int, early: bool = False) -> None:
+    """Queued by restore.restore_begin: recover a restoring job (on its survivors, from its
+    checkpoint, or fail it); `early`: a first look that acts only on the survivors."""
+    restore.job_restore(job_id=int(job_id), early=bool(early))
 
 
 @shared_task(name=protocol.CONTROL_SWEEP_STUCK_TRANSITIONS)

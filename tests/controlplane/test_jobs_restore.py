@@ -121,7 +121,8 @@ def test_a_node_lost_while_training_restores_the_job_on_the_survivors(two_nodes,
         "restore", "planned", "dp=4", "dp=2", 10)
     assert row.reason == ("node node-2 (ranks 2, 3) lost at step 14; restored from checkpoint step 10 "
                           "(4 steps redone) on 2 GPUs as dp=2; the surviving ranks (2 of 4) still held a full "
-                          "replica of the state")
+                          "replica of the state; not switched on them: no surviving rank outlived its world (none "
+                          "reported waiting for a recovery order)")
     ((message, queue),) = _tasks(sent_tasks, protocol.NODE_JOB_START)
     order = protocol.JobStartOrder.model_validate(message)
     assert (queue, order.restore_from, order.restore_id, order.layout, order.world) == (

@@ -17,7 +17,7 @@ from agents import protocol
 from controlplane.cluster import services as cluster
 from controlplane.cluster.models import Gpu
 from controlplane.common.errors import Conflict
-from controlplane.jobs import scheduling
+from controlplane.jobs import restore, scheduling
 from controlplane.jobs.events import JobLiveSnapshot, MetricsEvent, apply_job_event, job_event_adapter
 from controlplane.jobs.models import Job
 from controlplane.jobs.reports import job_record_report
@@ -252,10 +252,16 @@ def test_failure_releases_gpus_and_stops_the_other_node(two_nodes, token_client,
     run(job_report, _report(job.pk, "failed", node="node-2", ranks=(2, 3),
                             error="rank 3 exited with code 1").model_dump(mode="json"))
     job.refresh_from_db()
+    # node-1's ranks hold a full replica (dp=4): the job waits for them to report they outlived
+    # their world (tests/controlplane/test_jobs_survivors.py); none does here, so it fails.
+    assert job.state == "restoring"
+    assert run(restore.job_restore, job_id=job.pk) is None
+    job.refresh_from_db()
     assert job.state == "failed"
-    assert job.error == "node node-2 ranks 2, 3: rank 3 exited with code 1"
+    assert job.error.startswith("node node-2 ranks 2, 3: rank 3 exited with code 1; no checkpoint to restore from")
     assert {state for state, _ in _gpus().values()} == {"free"}
-    assert [(name, queue) for name, _, queue in sent_tasks] == [(protocol.NODE_JOB_STOP, "node.node-1")]
+    assert [(name, queue) for name, _, queue in sent_tasks if name != protocol.CONTROL_JOB_RESTORE] == [
+        (protocol.NODE_JOB_STOP, "node.node-1")]
 
 
 def test_late_and_unknown_reports_are_ignored(two_nodes, token_client, sent_tasks, run, caplog) -> None:

@@ -162,7 +162,8 @@ def _resize_two_to_four_to_three(stack, job: dict, read, live) -> None:
     metrics = live()["metrics"]
     steps, losses = metrics["loss"]["x"], metrics["loss"]["y"]
     # Training went on across both switches: every step once, the loss finite and falling.
-    assert steps == list(range(1, len(steps) + 1)), steps
+    # (The control worker's threads may apply two step reports out of order: compared sorted.)
+    assert sorted(steps) == list(range(1, len(steps) + 1)), steps
     assert all(0 < v < losses[0] + 0.5 for v in losses) and losses[-1] < losses[0] - 0.5, losses
     stack.post(f"api/jobs/{job['id']}/stop", {})
     wait_for(lambda: read()["state"] == "stopped", timeout=60)
@@ -297,12 +298,15 @@ def test_killing_the_old_ranks_agent_during_the_transfer_restores_the_job_from_i
         assert (after["layout"], after["world_size"], after["error"]) == ("dp=2", 2, "")
         assert {p["node"] for p in after["placement"]} == {"node-2"}
         # Training goes on from the checkpoint: its next step is reported twice (by the old
-        # world before the loss, by the restored one), with bit-identical losses.
+        # world before the loss, by the restored one), with bit-identical losses. When the
+        # switch ran at a checkpoint step (joining ranks often get ready during a save, and
+        # the boundary comes right after it), the old world never ran that next step: once.
         # (120 s: the restored ranks' first step comes after their world and DCP load; in a
         # full CI run on the 2-core machine that took over 60 s once.)
-        series, _ = wait_for(lambda: (m := loss())["x"].count(checkpoint + 1) == 2 and m, timeout=120)
+        twice = last_step > checkpoint
+        series, _ = wait_for(lambda: (m := loss())["x"].count(checkpoint + 1) == 1 + twice and m, timeout=120)
         repeated = [y for x, y in zip(series["x"], series["y"]) if x == checkpoint + 1]
-        assert repeated[0] == repeated[1], repeated
+        assert not twice or repeated[0] == repeated[1], repeated
         seen = max(series["x"])
         wait_for(lambda: max(loss()["x"]) >= seen + 2, timeout=60)
         print(f"node-1 killed during the transfer; restored from checkpoint step {checkpoint} on node-2 "

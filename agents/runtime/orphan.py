@@ -1,0 +1,150 @@
+"""A rank that outlives its world: a peer is lost while the job trains (docs/elastic.md,
+"Failures and recovery"), and the rank keeps its state for a recovery without a checkpoint.
+
+1. The training loop (worker._train) turns the distributed errors a lost peer raises in a
+   step or at the step boundary (`peer_lost`: gloo's transport errors, torch's DistError;
+   nothing else) into `Orphaned`, with the rank's shards and scalars, unless the failure
+   tore the state (`trainer.torn`: between the optimizer's update and its publish; the
+   rank then exits as before). A step that failed before the optimizer step leaves the
+   state and scalars as they were after the previous step; one that failed in the loss
+   all-reduce after it leaves both after this step: consistent either way.
+2. `wait_for_order`: the rank leaves its broken world, leaves `orphaned-rank-<r>.json`
+   (rank, step, error) for its agent, which reports it `orphaned`, and waits for the agent's
+   `recover-<restore id>.json` (a JobRecoverOrder), at most the job's timeout; a stop
+   request ends it quietly, a timeout with an error (its agent then reports the failure).
+3. `recover`: the survivors meet at the order's rendezvous under their new numbers, check
+   that they stopped at the order's step with equal replicas (`agreement`), and the engine
+   switches their state onto the order's layout (digests verified).
+"""
+from __future__ import annotations
+
+import datetime
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from agents import protocol
+
+# Where gloo's errors come from when a peer's connection closes, resets or times out.
+_GLOO_TRANSPORT = "/gloo/transport/"
+POLL_SECONDS = 0.2
+
+
+def orphan_marker(rank: int) -> str:
+    return f"orphaned-rank-{rank}.json"
+
+
+def recover_file(restore_id: int) -> str:
+    return f"recover-{restore_id}.json"
+
+
+def peer_lost(exc: BaseException) -> bool:
+    """Is this the error a collective raises when a peer is gone? (not any RuntimeError)"""
+    import torch.distributed as dist
+
+    return isinstance(exc, dist.DistError) or (isinstance(exc, RuntimeError) and _GLOO_TRANSPORT in str(exc))
+
+
+@dataclass
+class Orphan:
+    """What a rank keeps when its world breaks."""
+
+    rank: int
+    shards: dict
+    scalars: object
+    error: str
+    lost_at: float = field(default_factory=time.perf_counter)
+
+
+class Orphaned(Exception):
+    def __init__(self, orphan: Orphan) -> None:
+        super().__init__(orphan.error)
+        self.orphan = orphan
+
+
+class RecoveryError(RuntimeError):
+    """The survivors cannot go on from their memory (they disagree, or the order is wrong)."""
+
+
+def orphan_of(trainer, rank: int, exc: BaseException) -> Orphan | None:
+    """The trainer's state after a lost peer, or None when the failure tore it (or the
+    trainer cannot tell: HeteroTrainer, whose per-module layouts the recovery refuses)."""
+    if getattr(trainer, "torn", True):
+        return None
+    shards, scalars = trainer.hand_over()
+    return Orphan(rank, shards, scalars, f"{type(exc).__name__}: {exc}"[:1500])
+
+
+def wait_for_order(orphan: Orphan, run_dir: Path, stop_file: str, restore_id: int | None,
+                   timeout: float) -> protocol.JobRecoverOrder | None:
+    """Tell the agent, then wait for its recovery order (None: stop requested)."""
+    import json
+
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if (run_dir / stop_file).exists():
+        return None
+    tmp = run_dir / f".{orphan_marker(orphan.rank)}.tmp"
+    tmp.write_text(json.dumps({"rank": orphan.rank, "step": orphan.scalars.step, "error": orphan.error}))
+    tmp.replace(run_dir / orphan_marker(orphan.rank))  # the agent never reads half a file
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (run_dir / stop_file).exists():
+            return None
+        for path in sorted(run_dir.glob("recover-*.json")):
+            order = protocol.JobRecoverOrder.model_validate_json(path.read_text())
+            if order.restore_id != restore_id:
+                return order
+        time.sleep(POLL_SECONDS)
+    raise RecoveryError(f"rank {orphan.rank}: its world broke after step {orphan.scalars.step} ({orphan.error}) "
+                        f"and no recovery order came within {timeout:.0f} s")
+
+
+def agreement(gathered: list[tuple[int, int, dict]], step: int, src_world: int) -> str | None:
+    """Why the survivors' memories cannot be one state (None: they agree). gathered[new
+    rank] = (step, data samples, {(tensor, state, box): digest}); ranks from src_world up
+    bring no state."""
+    steps = {rank: s for rank, (s, _, _) in enumerate(gathered)}
+    if set(steps.values()) != {step}:
+        return f"the survivors stopped at steps {steps} (new rank: step), the order says {step}"
+    samples = {rank: d for rank, (_, d, _) in enumerate(gathered)}
+    if len(set(samples.values())) != 1:
+        return f"the survivors' data positions differ: {samples} (new rank: samples)"
+    seen: dict = {}
+    for rank, (_, _, digests) in enumerate(gathered[:src_world]):
+        for key, digest in digests.items():
+            first = seen.setdefault(key, (rank, digest))
+            if first[1] != digest:
+                return f"replicas differ: tensor {key[0]} {key[1]} box {key[2]} on new ranks {first[0]} and {rank}"
+    return None
+
+
+def recover(orphan: Orphan, order: protocol.JobRecoverOrder, settings, backend: str):
+    """Join the survivors' world and switch the state onto the order's layout. Returns
+    (new rank, settings, shards, scalars, SwitchReport), or None for a rank not in it."""
+    import torch.distributed as dist
+
+    from agents.engine.digest import shard_digest
+    from agents.layout.catalog import get_model
+    from agents.training.run import switch_state
+
+    moves = {m.old: m.new for m in order.ranks}
+    rank = moves.get(orphan.rank)
+    if rank is None:
+        return None
+    dist.init_process_group(backend, init_method=f"tcp://{order.rendezvous}", rank=rank,
+                            world_size=order.union_world, timeout=datetime.timedelta(seconds=settings.timeout_seconds))
+    shards = orphan.shards if rank < order.src_world else {}
+    orphan.shards = {}
+    digests = {(key[0], key[1], s.box): shard_digest(s) for key, s in shards.items()}
+    gathered: list = [None] * order.union_world
+    dist.all_gather_object(gathered, (orphan.scalars.step, orphan.scalars.data.samples, digests))
+    why = agreement(gathered, order.step, order.src_world)
+    if why is not None:
+        raise RecoveryError(f"restore {order.restore_id}: {why}")
+    new, scalars, report = switch_state(get_model(settings.model), shards, orphan.scalars, order.src_layout,
+                                        order.layout, rank, staging_bytes=order.staging_bytes,
+                                        gpus_per_node=order.gpus_per_node)
+    return rank, replace(settings, restore_id=order.restore_id), new, scalars, report

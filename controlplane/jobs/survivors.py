@@ -1,0 +1,130 @@
+"""Switch a job onto its surviving ranks without a checkpoint (docs/elastic.md, "Failures
+and recovery"): called by restore.job_restore when agents.layout.recovery says they may.
+
+The survivors are processes that outlived their world and keep their state. They meet at
+a fresh rendezvous (the old store may have died with rank 0's node) renumbered 0..n-1
+(whole replicas first: they hold the rule's source layout), and the engine switches them
+onto the target layout for their GPUs: the resize rule's layout for n GPUs when the model,
+the batch and the nodes allow it (TP groups on one node), else the source layout itself.
+A `restore` row records it; rank 0's `committed` report fills in the engine's timings and
+digest verification.
+"""
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+from django.db import transaction
+from django.utils import timezone
+
+from agents import protocol
+from agents.layout.catalog import get_model
+from agents.layout.errors import LayoutError
+from agents.layout.placement import batch_dp
+from agents.layout.plan import PlanOptions, plan_routes
+from agents.layout.recovery import SurvivorWorld
+from controlplane.cluster.models import Gpu, Node
+from controlplane.cluster.services import gpus_release
+from controlplane.common.errors import Conflict, InvalidInput
+from controlplane.jobs import transitions
+from controlplane.jobs.lifecycle import JobState, JobTrigger, TransitionKind, job_next_state
+from controlplane.jobs.models import Job, Transition
+from controlplane.jobs.resize import STAGING_BYTES, _batch_error, _gpus_per_node, layout_for_resize
+from controlplane.jobs.scheduling import _free_port, send_orders_or_fail, stop_on_commit, tp_block
+from controlplane.jobs.services import layout_check, publish_job
+
+log = logging.getLogger(__name__)
+
+
+def _target(job: Job, world: SurvivorWorld, nodes: list[str]) -> tuple[str, object] | str:
+    """(layout, plan) the survivors switch onto, or why none works. nodes[new rank] is where
+    each renumbered survivor runs."""
+    why = []
+    for text in dict.fromkeys([layout_for_resize(job, len(nodes)), world.source_layout]):
+        try:
+            placement = layout_check(model=job.model, layout=text)
+        except InvalidInput as exc:
+            why.append(f"{text}: {exc}")
+            continue
+        error = _batch_error(job, text, batch_dp(placement))
+        block = tp_block(placement)
+        if placement.world > len(nodes):
+            error = f"{text} spans {placement.world} GPUs, the survivors have {len(nodes)}"
+        elif any(len(set(nodes[b:b + block])) > 1 for b in range(0, placement.world, block)):
+            error = f"{text}: a tensor-parallel group of {block} ranks would span nodes"
+        if error:
+            why.append(error)
+            continue
+        try:
+            plan = plan_routes(get_model(job.model), world.source_layout, text,
+                               PlanOptions(gpus_per_node=_gpus_per_node(), staging_bytes=STAGING_BYTES))
+        except LayoutError as exc:
+            why.append(f"{world.source_layout} -> {text} cannot be planned: {exc}")
+            continue
+        return text, plan
+    return "; ".join(why)
+
+
+def survivors_switch(job: Job, world: SurvivorWorld, *, step: int, cause: str) -> Transition | str:
+    """The locked restoring job goes on on its survivors: restore row, new placement and
+    rendezvous, JobRecoverOrders on commit (restoring -> starting). Returns the row, or why
+    the survivors cannot run it (the caller then restores from a checkpoint or fails)."""
+    slot_of = {slot["rank"]: slot for slot in job.placement}
+    union = [{"rank": new, "node": slot_of[old]["node"], "gpu": slot_of[old]["gpu"]} for old, new in world.ranks]
+    union.sort(key=lambda s: s["rank"])
+    chosen = _target(job, world, [s["node"] for s in union])
+    if isinstance(chosen, str):
+        return chosen
+    layout, plan = chosen
+    target_world = plan.dst.world
+    placement = union[:target_world]
+    # The engine's union world: the source's ranks and the target's; other survivors leave.
+    moves = [(old, new) for old, new in world.ranks if new < max(world.source_world, target_world)]
+    try:
+        port = _free_port()
+    except Conflict as exc:
+        return str(exc)
+    host = Node.objects.get(name=placement[0]["node"]).host
+    rendezvous = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+    kept = {(s["node"], s["gpu"]) for s in placement}
+    gpus_release(gpus=Gpu.objects.filter(job=job).exclude(
+        pk__in=[g.pk for g in Gpu.objects.filter(job=job).select_related("node") if (g.node.name, g.index) in kept]))
+    olds = [old for old, _ in world.ranks]
+    reason = (f"{cause} at step {step}; switched on the survivors without a checkpoint (no step redone): ranks "
+              f"{', '.join(f'{old}->{new}' for old, new in moves)} held {world.source_layout}, switched to "
+              f"{layout} on {target_world} GPUs")
+    summary = plan.summary()
+    row = Transition.objects.create(
+        job=job, kind=TransitionKind.RESTORE, source_layout=job.layout, destination_layout=layout,
+        source_world=job.world_size, destination_world=target_world, source_placement=job.placement,
+        destination_placement=placement, rendezvous=rendezvous, step=step, reason=reason,
+        plan_summary=summary, plan_fingerprint=plan.fingerprint, gpus_per_node=plan.options.gpus_per_node, staging_bytes=STAGING_BYTES,
+        peak_staging_bytes=summary.get("peak_staging_bytes"),
+        history=[{"state": "planned", "at": timezone.now().isoformat(), "reported": False}],
+        verification={"survivors": {"ranks": [list(pair) for pair in moves],
+                                    "source_layout": world.source_layout, "step": step}})
+    old_nodes = list(dict.fromkeys([*job.nodes, *(slot_of[r]["node"] for r in olds)]))
+    job.placement, job.layout, job.world_size = placement, layout, target_world
+    job.rendezvous, job.rendezvous_port = rendezvous, port
+    job.restore_id, job.error, job.recovery = row.pk, "", {}
+    job.state = job_next_state(JobState.RESTORING, JobTrigger.RESTART)
+    job.save()
+    publish_job(job, "upsert")
+    transitions.publish_transition(row)
+    by_node: dict[str, list[protocol.RankMove]] = defaultdict(list)
+    for old, new in moves:
+        by_node[slot_of[old]["node"]].append(protocol.RankMove(old=old, new=new))
+    orders = {node: protocol.JobRecoverOrder(
+        job_id=job.pk, restore_id=row.pk, step=step, rendezvous=rendezvous, src_layout=world.source_layout,
+        src_world=world.source_world, layout=layout, world=target_world, union_world=len(moves),
+        ranks=tuple(here), staging_bytes=STAGING_BYTES, gpus_per_node=row.gpus_per_node)
+        for node, here in by_node.items()}
+    stop_on_commit(job, [n for n in old_nodes if n not in orders])
+    transaction.on_commit(lambda: _send_recovers(job.pk, orders))
+    log.warning("job %s: %s", job.name, reason)
+    return row
+
+
+def _send_recovers(job_id: int, orders: dict[str, protocol.JobRecoverOrder]) -> None:
+    restore_id = next(iter(orders.values())).restore_id
+    send_orders_or_fail(job_id, protocol.NODE_JOB_RECOVER, orders, f"the recovery order of restore {restore_id}")

@@ -1,0 +1,192 @@
+"""Ranks lost while training, control-plane half of the survivors path (issue 6): ranks
+that outlived their world report `orphaned`; once the dead node is marked lost, the restore
+task switches the job onto them without a checkpoint (recovery order, renumbered ranks, a
+`restore` row that says so, committed by rank 0's report with the engine's figures), or,
+when they may not take over, restores from the checkpoint or fails, saying why.
+
+Real database and Redis; only the control plane's Celery send_task is replaced, by a
+recorder, since no agent runs here.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+
+from agents import protocol
+from controlplane.jobs import restore
+from controlplane.jobs.models import Job, Transition
+from controlplane.jobs.reports import job_record_report, transition_record_report
+from tests.controlplane.test_jobs_restore import _gpus, _job, _lose, _report, _tasks, _trained
+
+pytestmark = pytest.mark.django_db
+
+
+def _orphaned(run, job: Job, node: str, ranks: tuple[int, ...], step: int) -> None:
+    run(job_record_report, report=_report(job, "orphaned", node=node, ranks=ranks, step=step,
+                                          error="RuntimeError: Connection closed by peer"))
+
+
+def _committed(row: Transition, **fields) -> protocol.TransitionReport:
+    return protocol.TransitionReport(job_id=row.job_id, transition_id=row.pk, node="node-2", state="committed",
+                                     sent_at=datetime.now(timezone.utc), **fields)
+
+
+def test_rank_0s_node_lost_the_survivors_are_renumbered_and_go_on_without_a_checkpoint(
+        two_nodes, token_client, sent_tasks, run) -> None:
+    job = _job(run, token_client, gpus=4, checkpoint_interval=0)  # dp=4: ranks 0, 1 on node-1; 2, 3 on node-2
+    old_port = job.rendezvous_port
+    _trained(run, job, 14, None)
+    sent_tasks.clear()
+    _orphaned(run, job, "node-2", (2,), 14)
+    job.refresh_from_db()
+    assert job.state == "restoring"
+    assert job.error == ("node node-2 ranks 2 lost their peers (RuntimeError: Connection closed by peer); recovering "
+                         "on the surviving ranks if they outlived their world (no checkpoint)")
+    # A first look soon (the survivors need not wait for the sweep), and the final decision.
+    assert [q for _, q in _tasks(sent_tasks, protocol.CONTROL_JOB_RESTORE)] == [protocol.CONTROL_QUEUE] * 2
+    _orphaned(run, job, "node-2", (3,), 14)
+    _orphaned(run, job, "node-2", (3,), 14)  # a duplicate changes nothing
+    sent_tasks.clear()
+    row = run(restore.job_restore, job_id=job.pk, early=True)  # node-1 is not marked lost yet
+    assert run(restore.job_restore, job_id=job.pk) is None  # the final look finds it done
+    assert _lose(run, "node-1", keep="node-2") == ["node-1"]  # (the job holds nothing there any more)
+    job.refresh_from_db()
+    assert (job.state, job.layout, job.world_size, job.error, job.recovery) == ("starting", "dp=2", 2, "", {})
+    assert job.placement == [{"rank": 0, "node": "node-2", "gpu": 0}, {"rank": 1, "node": "node-2", "gpu": 1}]
+    assert job.rendezvous_port != old_port and job.rendezvous == f"host-2:{job.rendezvous_port}"
+    assert job.restore_id == row.pk
+    assert (row.kind, row.state, row.source_layout, row.destination_layout, row.step) == (
+        "restore", "planned", "dp=4", "dp=2", 14)
+    assert row.reason == ("node node-2 ranks 2 lost their peers (RuntimeError: Connection closed by peer) at step 14; "
+                          "switched on the survivors without a checkpoint (no step redone): ranks 2->0, 3->1 held "
+                          "dp=2, switched to dp=2 on 2 GPUs")
+    assert row.verification["survivors"] == {"ranks": [[2, 0], [3, 1]], "source_layout": "dp=2", "step": 14}
+    assert row.plan_fingerprint and row.plan_summary["network_bytes"] == 0  # the replicas stay where they are
+    ((message, queue),) = _tasks(sent_tasks, protocol.NODE_JOB_RECOVER)
+    order = protocol.JobRecoverOrder.model_validate(message)
+    assert queue == "node.node-2"
+    assert (order.restore_id, order.step, order.src_layout, order.src_world, order.layout, order.world,
+            order.union_world, order.rendezvous) == (row.pk, 14, "dp=2", 2, "dp=2", 2, 2, job.rendezvous)
+    assert [(m.old, m.new) for m in order.ranks] == [(2, 0), (3, 1)]
+    assert not _tasks(sent_tasks, protocol.NODE_JOB_START)
+    gpus = _gpus()
+    assert (gpus["node-2/0"], gpus["node-2/1"], gpus["node-1/0"]) == (("allocated", "j"), ("allocated", "j"),
+                                                                      ("lost", None))
+    # Reports of the old world are ignored; rank 0's `committed` commits the row with the engine's figures.
+    run(job_record_report, report=_report(job, "step", step=15, loss=2.0))
+    run(transition_record_report, report=_committed(row, step=14, transfer_seconds=0.02, verify_seconds=0.01,
+                                                    pause_seconds=3.5, network_bytes=0, rounds=1, verified=True,
+                                                    fingerprint=row.plan_fingerprint))
+    run(job_record_report, report=_report(job, "started", node="node-2", step=15, restore_id=row.pk))
+    row.refresh_from_db()
+    job.refresh_from_db()
+    assert (row.state, row.transfer_seconds, row.verify_seconds, row.pause_seconds) == ("committed", 0.02, 0.01, 3.5)
+    assert (row.verification["verified"], row.verification["matches_plan"]) == (True, True)
+    assert row.verification["survivors"]["source_layout"] == "dp=2"
+    assert [h["state"] for h in row.history] == ["planned", "committed"]
+    assert (job.state, job.step) == ("running", 14)
+    listed = token_client.get(f"/api/transitions?job={job.pk}").json()["results"]
+    assert [(t["kind"], t["state"]) for t in listed] == [("restore", "committed")]
+
+
+def test_survivors_that_cannot_take_over_leave_the_checkpoint_or_a_failure_saying_why(
+        two_nodes, token_client, sent_tasks, run) -> None:
+    # Different steps: one replica finished its optimizer step, the other did not.
+    skew = _job(run, token_client, "skew", gpus=4, checkpoint_interval=10)
+    _trained(run, skew, 12, 10)
+    _orphaned(run, skew, "node-1", (0,), 12)
+    _orphaned(run, skew, "node-1", (1,), 11)
+    run(job_record_report, report=_report(skew, "failed", node="node-2", ranks=(2,), error="killed"))
+    assert run(restore.job_restore, job_id=skew.pk, early=True) is None  # the first look leaves it to the last
+    assert Job.objects.get(pk=skew.pk).state == "restoring"
+    row = run(restore.job_restore, job_id=skew.pk)
+    assert row.reason.startswith("node node-1 ranks 0 lost their peers")
+    assert "restored from checkpoint step 10" in row.reason
+    assert row.reason.endswith("still held a full replica of the state; not switched on them: the surviving ranks "
+                               "stopped at different steps [11, 12]")
+
+
+def test_the_waiting_ranks_of_a_node_whose_agent_reported_a_failure_are_not_survivors(
+        two_nodes, token_client, sent_tasks, run) -> None:
+    job = _job(run, token_client, gpus=4, checkpoint_interval=0)
+    _trained(run, job, 9, None)
+    _orphaned(run, job, "node-2", (2, 3), 9)
+    # node-2's agent then reports one of them dead: it kills the job's ranks there.
+    run(job_record_report, report=_report(job, "failed", node="node-2", ranks=(3,), error="exited with code 1"))
+    job.refresh_from_db()
+    assert job.recovery["failed_nodes"] == ["node-2"]
+    run(job_record_report, report=_report(job, "orphaned", node="node-1", ranks=(0, 1), step=9))
+    row = run(restore.job_restore, job_id=job.pk)
+    assert row.verification["survivors"]["ranks"] == [[0, 0], [1, 1]]
+
+
+def test_zero_1_survivors_miss_optimizer_states_so_a_node_loss_without_a_checkpoint_fails_at_once(
+        two_nodes, token_client, sent_tasks, run) -> None:
+    zero = _job(run, token_client, "zero", layout="dp=4,zero=1", checkpoint_interval=0)
+    _trained(run, zero, 3, None)
+    _lose(run, "node-2", keep="node-1")
+    zero.refresh_from_db()
+    assert zero.state == "failed"
+    assert zero.error.endswith("; no checkpoint to restore from (checkpoint_interval=0: checkpoints are off)")
+
+
+def test_no_survivors_at_all_and_no_checkpoint_fails_and_a_broken_recovery_does_not_loop(
+        two_nodes, token_client, sent_tasks, run) -> None:
+    job = _job(run, token_client, gpus=4, checkpoint_interval=0)
+    _trained(run, job, 5, None)
+    _lose(run, "node-2", keep="node-1")  # no rank reported waiting before the node counted as lost
+    job.refresh_from_db()
+    assert job.state == "failed" and job.error == (
+        "node node-2 (ranks 2, 3) lost: its heartbeats stopped while it ran this job's ranks; no checkpoint to "
+        "restore from (checkpoint_interval=0: checkpoints are off)")
+    assert {state for state, _ in _gpus().values()} == {"free", "lost"}
+    # A rank that died on a live node: the others may have outlived it; none reports here.
+    crash = _job(run, token_client, "crash", gpus=2, checkpoint_interval=0)  # node-1, dp=2
+    _trained(run, crash, 3, None)
+    run(job_record_report, report=_report(crash, "failed", node="node-1", ranks=(1,), error="rank 1: MemoryError"))
+    crash.refresh_from_db()
+    assert crash.state == "failed"  # node-1's agent killed rank 0 too: nobody can take over
+    assert crash.error == "node node-1 ranks 1: rank 1: MemoryError"
+    # A survivors' world that fails before it commits (e.g. its replicas disagree) is not recovered again.
+    again = _job(run, token_client, "again", gpus=2, checkpoint_interval=0)  # node-1, dp=2
+    _trained(run, again, 4, None)
+    _orphaned(run, again, "node-1", (1,), 4)
+    run(job_record_report, report=_report(again, "failed", node="node-1", ranks=(0,), error="boom"))
+    again.refresh_from_db()
+    assert again.state == "restoring"
+    assert run(restore.job_restore, job_id=again.pk) is None  # node-1 reported a failure: nobody survives
+    again.refresh_from_db()
+    assert again.state == "failed"
+
+
+def test_a_failed_recovered_world_ends_its_restore_row_and_fails_without_a_checkpoint(
+        two_nodes, token_client, sent_tasks, run) -> None:
+    job = _job(run, token_client, gpus=4, checkpoint_interval=0)
+    _trained(run, job, 7, None)
+    _orphaned(run, job, "node-1", (0, 1), 7)
+    _lose(run, "node-2", keep="node-1")
+    row = run(restore.job_restore, job_id=job.pk)
+    assert row.destination_layout == "dp=2"
+    run(job_record_report, report=_report(job, "failed", node="node-1", ranks=(1,), restore_id=row.pk,
+                                          error="the survivors disagree: step 7 on rank 0, 6 on rank 1"))
+    job.refresh_from_db()
+    row.refresh_from_db()
+    assert job.state == "failed" and "the survivors disagree" in job.error
+    assert row.state == "aborted"
+
+
+def test_the_transition_page_says_the_survivors_took_over(two_nodes, token_client, sent_tasks, run, user) -> None:
+    from django.test import Client
+
+    job = _job(run, token_client, gpus=4, checkpoint_interval=0)
+    _trained(run, job, 6, None)
+    _orphaned(run, job, "node-2", (2, 3), 6)
+    _lose(run, "node-1", keep="node-2")
+    row = run(restore.job_restore, job_id=job.pk)
+    browser = Client()
+    browser.force_login(user)
+    html = browser.get(f"/transitions/{row.pk}/").content.decode()
+    assert 'id="no-plan"' in html and "loaded the checkpoint" not in html
+    assert "Switched on the survivors without a checkpoint" in html and "2&rarr;0, 3&rarr;1" in html
+    assert f"plan {row.plan_fingerprint[:12]}" in html
