@@ -34,7 +34,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from agents.engine.shards import Key, LocalShard, rank_boxes
+from agents.engine.shards import Key, LocalShard, rank_boxes, trainer_states
 from agents.layout.activations import ActivationShape, plan_boundary
 from agents.layout.catalog import get_config, get_model
 from agents.layout.placement import Placement, hetero_refusal, place
@@ -188,15 +188,14 @@ class HeteroTrainer:
         return self.encoder is not None or self.llm_stage is not None
 
     def _states_by_module(self, shards: dict[Key, LocalShard]) -> dict[str, dict[str, tuple[Tensor, ...]]]:
-        expected = rank_boxes(self.placement, self.rank)
-        missing = sorted(set(expected) - set(shards))
-        if missing:
-            raise TrainingError(f"rank {self.rank}: no shard for {len(missing)} boxes of the layout, e.g. "
-                                f"{[(self.spec.tensors[i].name, s) for i, s in missing[:3]]}")
+        try:
+            states = trainer_states(self.placement, self.rank, shards)
+        except KeyError as exc:
+            raise TrainingError(exc.args[0]) from None
         out: dict[str, dict[str, tuple[Tensor, ...]]] = {"encoder": {}, "llm": {}}
-        for index in sorted({i for i, _ in expected}):
+        for index, tensors in states.items():
             tensor = self.spec.tensors[index]
-            out[tensor.split.module][tensor.name] = tuple(shards[(index, s)].data for s in STATES)
+            out[tensor.split.module][tensor.name] = tensors
         return out
 
     def _build_pipeline(self, group):
@@ -277,7 +276,8 @@ class HeteroTrainer:
             for name, tensors in optimizer.hand_over().items():
                 index = index_of[name]
                 for state, data in zip(STATES, tensors):
-                    out[(index, state)] = LocalShard(self.spec.tensors[index], state, boxes[(index, state)],
-                                                     data.detach())
+                    if (index, state) in boxes:  # an empty chunk is no shard (CONTRACTS section 3)
+                        out[(index, state)] = LocalShard(self.spec.tensors[index], state, boxes[(index, state)],
+                                                         data.detach())
         self.encoder = self.llm_stage = self.pipeline = None
         return out, self.scalars
