@@ -69,9 +69,13 @@ def test_a_multimodal_job_trains_checkpoints_and_resizes_between_heterogeneous_l
                  == HOMOGENEOUS, timeout=60)
         series, _ = wait_for(lambda: len((m := loss())["x"]) >= 30 and m, timeout=90)
         steps, values = series["x"], series["y"]
-        assert steps == list(range(1, len(steps) + 1)), steps  # every step once, across both switches
-        assert values[-1] < values[0] - 0.3, values  # it learns
-        print(f"loss {values[0]:.3f} -> {values[-1]:.3f} over {len(values)} steps on three layouts")
+        # Every step once, across both switches (sorted: the control worker's threads may apply
+        # two step reports sent milliseconds apart out of order).
+        assert sorted(steps) == list(range(1, len(steps) + 1)), steps
+        by_step = dict(zip(steps, values))
+        start, end = by_step[1], by_step[max(steps)]
+        assert end < start - 0.3, by_step  # it learns
+        print(f"loss {start:.3f} -> {end:.3f} over {len(steps)} steps on three layouts")
         stack.post(f"api/jobs/{job['id']}/stop", {})
         wait_for(lambda: read()["state"] == "stopped", timeout=60)
         assert stack.get("api/health")["gpus"]["free"] == 4
