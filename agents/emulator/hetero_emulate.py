@@ -65,25 +65,6 @@ def check_hetero_request(request) -> tuple[Placement, int]:
     return placement, micro_batches
 
 
-def empty_chunk_note(placement: Placement) -> str | None:
-    """HeteroTrainer (as of this writing) raises KeyError on a rank whose ZeRO chunk of a
-    parameter is empty (zero >= 1 over more dp ranks than the parameter has rows, e.g. the
-    encoder's 1-row class token): name the first such parameter, or None. The emulator still
-    predicts the program (its traced first rank holds every chunk); this says the trainer
-    cannot run it yet."""
-    for name, ml in placement.modules.items():
-        if ml.zero < 1 or ml.dp < 2:
-            continue
-        for t in placement.model.tensors:
-            if t.split.module != name:
-                continue
-            rows = t.shape[0] // (ml.tp if t.split.tp_dim == 0 else 1)
-            if rows < ml.dp:
-                return (f"{name}: zero={ml.zero} over dp={ml.dp} leaves ranks without an optimizer chunk of {t.name} "
-                        f"({rows} row{'s' if rows != 1 else ''}); HeteroTrainer cannot run that yet (zero=0 can)")
-    return None
-
-
 def model_flops_per_sample(model: str, seq: int) -> dict[str, float]:
     """Model FLOPs of one sample (one image + seq text tokens), forward + backward, per module."""
     mc, spec = get_config(model), get_model(model)
@@ -148,7 +129,6 @@ def emulate_hetero(request, profile: DeviceProfile, *, use_cache: bool = True, p
             "llm": {"ranks": traced.llm.world, "model_tflop_per_step": request.global_batch * per_sample["llm"] / 1e12,
                     "hardware_tflop_per_step": hardware["llm"] / 1e12, "memory": list(sim.llm_memory)},
         },
-        "trainer_note": empty_chunk_note(placement),
         "ranks_emulated": request.gpus, "ranks_traced": info["classes"],
         "trace_cached": info["cached"], "wall_seconds": time.perf_counter() - started,
     }

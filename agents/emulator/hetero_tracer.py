@@ -198,7 +198,7 @@ def _group_ranks(mesh) -> dict[str, tuple[int, ...]]:
 def _trace_role(request: HeteroTraceRequest, role: str, stage: int) -> dict:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from agents.training.hetero import HeteroTrainer, _mesh
+    from agents.training.hetero import HeteroMeshes, HeteroTrainer
 
     spec = get_model(request.model)
     placement = place(spec, request.layout)
@@ -208,7 +208,7 @@ def _trace_role(request: HeteroTraceRequest, role: str, stage: int) -> dict:
         dist.destroy_process_group()
     dist.init_process_group("fake", rank=rank, world_size=placement.world, store=FakeStore())
     try:
-        meshes = (_mesh(enc), _mesh(llm))  # real (not fake) rank tensors: built outside FakeTensorMode
+        meshes = HeteroMeshes.build(placement)  # real (not fake) rank tensors: built outside FakeTensorMode
         config = TrainConfig(model=request.model, global_batch=request.global_batch, seq_len=request.seq,
                              micro_batches=request.micro_batches)
         with FakeTensorMode(allow_non_fake_inputs=True):
@@ -218,8 +218,8 @@ def _trace_role(request: HeteroTraceRequest, role: str, stage: int) -> dict:
             except (TrainingError, LayoutError) as exc:
                 raise EmulatorError(f"cannot trace {request.layout}: {exc}") from exc
             if role == "encoder":
-                return _encoder_part(trainer, request, _group_ranks(meshes[0]), rank)
-            return _llm_part(trainer, request, stage, _group_ranks(meshes[1]), rank)
+                return _encoder_part(trainer, request, _group_ranks(meshes.encoder), rank)
+            return _llm_part(trainer, request, stage, _group_ranks(meshes.llm), rank)
     finally:
         dist.destroy_process_group()
 

@@ -85,7 +85,9 @@ def run_ranks(world: int, fn: Callable[..., Any], *args: Any, timeout_s: float =
                 if p.is_alive():
                     p.kill()
         if errors:
-            first = min(errors, key=lambda r: ("died with exit code" in errors[r], r))  # a traceback first
+            # A traceback first, and the cause before the peers it took down with it.
+            first = min(errors, key=lambda r: ("died with exit code" in errors[r],
+                                               "closed by peer" in errors[r], r))
             raise EngineError(f"{len(errors)} of {world} ranks failed ({sorted(errors)}); rank {first}:\n"
                               f"{errors[first]}")
     return [out[r] for r in range(world)]

@@ -46,12 +46,14 @@ class LocalShard:
         return self.data.numel() * self.data.element_size()
 
 
-def rank_boxes(placement: Placement, rank: int) -> dict[Key, Box]:
-    """Every (tensor, state) box this rank holds in a placement."""
+def rank_boxes(placement: Placement, rank: int, *, keep_empty: bool = False) -> dict[Key, Box]:
+    """Every (tensor, state) box this rank holds in a placement; with `keep_empty`, also the
+    zero-size ones (its torch.chunk part is empty), which plans, digests and checkpoints
+    leave out but a trainer still needs as empty tensors."""
     out: dict[Key, Box] = {}
     for index, tensor in enumerate(placement.model.tensors):
         for state in STATES:
-            boxes = holder_boxes(placement, tensor, STATE_CLASS[state])
+            boxes = holder_boxes(placement, tensor, STATE_CLASS[state], keep_empty=keep_empty)
             hit = int(np.searchsorted(boxes.rank, rank))
             if hit < len(boxes.rank) and boxes.rank[hit] == rank:
                 out[(index, state)] = (int(boxes.a0[hit]), int(boxes.a1[hit]), int(boxes.b0[hit]), int(boxes.b1[hit]))
@@ -60,3 +62,30 @@ def rank_boxes(placement: Placement, rank: int) -> dict[Key, Box]:
 
 def empty_shard(tensor: TensorSpec, state: str, box: Box) -> LocalShard:
     return LocalShard(tensor, state, box, torch.empty(box_shape(tensor, box), dtype=DTYPES[state]))
+
+
+def trainer_states(placement: Placement, rank: int, shards: dict[Key, LocalShard]) -> dict[int, tuple]:
+    """(param, master, exp_avg, exp_avg_sq) tensors by tensor index, for every tensor the rank
+    holds in some state. A zero-size box is never a shard (CONTRACTS section 3: left out), so
+    it becomes an empty tensor here, e.g. the 1-row class token's ZeRO chunks on dp ranks >= 1.
+    Raises KeyError naming up to three missing non-empty boxes."""
+    expected = rank_boxes(placement, rank, keep_empty=True)
+    missing = sorted(k for k, box in expected.items() if k not in shards and _size(placement, k, box))
+    if missing:
+        names = [(placement.model.tensors[i].name, s) for i, s in missing[:3]]
+        raise KeyError(f"rank {rank}: no shard for {len(missing)} boxes of the layout, e.g. {names}")
+    out: dict[int, tuple] = {}
+    for index in sorted({i for i, _ in expected}):
+        tensor = placement.model.tensors[index]
+        out[index] = tuple(shards[(index, s)].data if (index, s) in shards
+                           else empty_shard(tensor, s, expected[(index, s)]).data for s in STATES)
+    return out
+
+
+def non_empty(shards: dict[Key, LocalShard]) -> dict[Key, LocalShard]:
+    """The shards a plan, digest or checkpoint sees: zero-size ones are left out."""
+    return {k: s for k, s in shards.items() if s.data.numel()}
+
+
+def _size(placement: Placement, key: Key, box: Box) -> int:
+    return (box[1] - box[0]) * (box[3] - box[2] if b_dim(placement.model.tensors[key[0]]) is not None else 1)

@@ -57,8 +57,8 @@ def is_sharded(state_class: str, zero: int) -> bool:
 
 @dataclass(frozen=True)
 class HolderBoxes:
-    """The non-empty boxes of one tensor's state class in one placement: row i is held
-    by `rank[i]`. Rows are sorted by rank; a rank appears at most once."""
+    """The boxes of one tensor's state class in one placement (non-empty ones unless asked):
+    row i is held by `rank[i]`. Rows are sorted by rank; a rank appears at most once."""
 
     rank: np.ndarray
     a0: np.ndarray
@@ -73,7 +73,11 @@ class HolderBoxes:
         return (self.a1 - self.a0) * (self.b1 - self.b0) * self.unit
 
 
-def holder_boxes(placement: Placement, tensor: TensorSpec, state_class: str) -> HolderBoxes:
+def holder_boxes(placement: Placement, tensor: TensorSpec, state_class: str, *,
+                 keep_empty: bool = False) -> HolderBoxes:
+    """Every holder's box; zero-size ones (torch.chunk's empty last parts, e.g. a 1-row
+    tensor's ZeRO chunks on dp ranks >= 1) are left out, as CONTRACTS section 3 says, unless
+    `keep_empty`: a trainer still builds an empty tensor there (agents/engine/shards.py)."""
     ml = placement.modules[tensor.split.module]
     split, shape = tensor.split, tensor.shape
     stages = np.array(placement.tensor_stages(tensor), dtype=np.int64)
@@ -100,7 +104,7 @@ def holder_boxes(placement: Placement, tensor: TensorSpec, state_class: str) -> 
         part = d // ml.ep if split.ep_dim is not None else d
         start, stop = chunk(a1 - a0, parts, part)
         a0, a1 = a0 + start, a0 + stop
-    keep = (a1 > a0) & (b1 > b0)
+    keep = np.ones_like(rank, dtype=bool) if keep_empty else (a1 > a0) & (b1 > b0)
     order = np.argsort(rank[keep], kind="stable")
     return HolderBoxes(*(np.ascontiguousarray(x[keep][order]) for x in (rank, a0, a1, b0, b1)),
                        unit=cell_elements(tensor))

@@ -82,7 +82,7 @@ class Checkpointer:
 
         from agents.engine.checkpoint import to_dtensors
         from agents.engine.digest import state_digests
-        from agents.training.parallel import ParallelTrainer
+        from agents.training.run import build_trainer
 
         started = time.perf_counter()
         placement, meshes, layout = trainer.placement, trainer.meshes, str(trainer.placement.layout)
@@ -102,7 +102,7 @@ class Checkpointer:
                 "step": scalars.step, "layout": layout, "model": placement.model.name,
                 "digests": _digest_rows(digests), "saved_at": time.time()}))
             prune(self.root)
-        trainer = ParallelTrainer(config, layout, self.rank, shards, scalars, meshes=meshes)
+        trainer = build_trainer(config, layout, self.rank, shards, scalars, meshes=meshes)
         return trainer, path, time.perf_counter() - started
 
 

@@ -124,23 +124,25 @@ class JobSettings:
         return Checkpointer(self.checkpoint_interval, self.checkpoint_dir, rank, self.restore_id or 0)
 
     def config(self, layout: str):
-        """TrainConfig for a layout: micro-batches per step follow its data parallelism."""
+        """TrainConfig for a layout: micro-batches per step follow the data parallelism the
+        batch is cut over (a multimodal model's LLM's: the encoder's only splits its own work)."""
         from agents.layout.catalog import get_model
-        from agents.layout.placement import place
+        from agents.layout.placement import batch_dp, place
         from agents.training.parallel import TrainConfig
 
-        dp = next(iter(place(get_model(self.model), layout).modules.values())).dp
+        dp = batch_dp(place(get_model(self.model), layout))
         return TrainConfig(model=self.model, global_batch=self.global_batch, seq_len=self.seq,
                            micro_batches=self.global_batch // (self.micro_batch * dp), seed=self.seed,
                            total_steps=SCHEDULE_STEPS)
 
 
 def _trainer(settings: JobSettings, layout: str, rank: int, shards: dict, scalars, ckpt):
-    """A ParallelTrainer for `layout` (collective: every rank of the default group calls
-    it), with the checkpoint meshes built alongside while every rank is still there."""
-    from agents.training.parallel import ParallelTrainer
+    """The model's trainer for `layout` (run.build_trainer: HeteroTrainer for a multimodal
+    model; collective: every rank of the default group calls it), with the checkpoint
+    meshes built alongside while every rank is still there."""
+    from agents.training.run import build_trainer
 
-    trainer = ParallelTrainer(settings.config(layout), layout, rank, shards, scalars)
+    trainer = build_trainer(settings.config(layout), layout, rank, shards, scalars)
     ckpt.prepare(trainer.placement)
     return trainer
 
@@ -502,7 +504,8 @@ def main(argv: list[str]) -> int:
         from agents.layout.catalog import get_model
         from agents.layout.placement import place
         from agents.runtime.checkpoints import restore
-        from agents.training.parallel import ParallelTrainer, initial_shards
+        from agents.training.parallel import initial_shards
+        from agents.training.run import build_trainer
 
         order = protocol.JobStartOrder.model_validate_json(path.read_text())
         settings = JobSettings.of(order)
@@ -516,7 +519,7 @@ def main(argv: list[str]) -> int:
             ckpt.prepare(placement, force=True)
             shards, scalars, verified = restore(order.model, order.layout, rank, order.restore_from, ckpt.meshes)
             # (the meshes just built serve the periodic checkpoints of this world as well)
-            trainer = ParallelTrainer(settings.config(order.layout), order.layout, rank, shards, scalars)
+            trainer = build_trainer(settings.config(order.layout), order.layout, rank, shards, scalars)
             if rank == 0:
                 reporter.job("restored", step=scalars.step, checkpoint_path=order.restore_from, verified=verified,
                              seconds=time.perf_counter() - loading, layout=order.layout)

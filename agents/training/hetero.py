@@ -26,6 +26,7 @@ zero), so encoder gradients are scaled by dp_enc / dp_llm to be the global loss'
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -34,7 +35,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from agents.engine.shards import Key, LocalShard, rank_boxes
+from agents.engine.shards import Key, LocalShard, rank_boxes, trainer_states
 from agents.layout.activations import ActivationShape, plan_boundary
 from agents.layout.catalog import get_config, get_model
 from agents.layout.placement import Placement, hetero_refusal, place
@@ -84,6 +85,23 @@ def _mesh(ml: ModuleLayout) -> DeviceMesh:
     """(pp, dp, tp) over the module's ranks; collective: every rank builds every module's."""
     ranks = torch.arange(ml.offset, ml.offset + ml.world).view(ml.pp, ml.dp, ml.tp)
     return DeviceMesh(_device_type(), ranks, mesh_dim_names=("pp", "dp", "tp"))
+
+
+@dataclass(frozen=True)
+class HeteroMeshes:
+    """Each module's (pp, dp, tp) mesh and a group over all the layout's ranks: what a
+    rebuilt trainer reuses (after a checkpoint's hand-over) without a collective over the
+    default group, whose departed ranks (after a shrinking switch) would never answer."""
+
+    encoder: DeviceMesh
+    llm: DeviceMesh
+    everyone: object  # ProcessGroup over ranks 0..world-1
+
+    @classmethod
+    def build(cls, placement: Placement) -> HeteroMeshes:
+        """Collective over the default group: every process builds it, member of the layout or not."""
+        return cls(_mesh(placement.modules["encoder"]), _mesh(placement.modules["llm"]),
+                   dist.new_group(ranks=list(range(placement.world))))
 
 
 def _local(t: Tensor) -> Tensor:
@@ -138,19 +156,20 @@ class HeteroTrainer:
     """One rank's training program for a per-module layout of a multimodal model."""
 
     def __init__(self, config: TrainConfig, layout: str, rank: int, shards: dict[Key, LocalShard],
-                 scalars: TrainScalars | None = None, *, meshes: tuple[DeviceMesh, DeviceMesh] | None = None,
+                 scalars: TrainScalars | None = None, *, meshes: HeteroMeshes | None = None,
                  check_plan: bool = True) -> None:
-        """`meshes` (encoder, llm), built by the caller, and `check_plan=False` (no plan
-        fingerprint exchange) let the emulator's tracer build one rank of a target world on
-        fake tensors and torch's fake process group (agents/emulator/hetero_tracer.py)."""
+        """`meshes`, built by the caller, and `check_plan=False` (no plan fingerprint
+        exchange) let the emulator's tracer build one rank of a target world on fake tensors
+        and torch's fake process group (agents/emulator/hetero_tracer.py); the job runner's
+        checkpoints rebuild a trainer on the meshes of the one they replace."""
         self.config, self.rank = config, rank
         self.spec, self.mc = get_model(config.model), get_config(config.model)
         self.placement = place(self.spec, layout)
         check_hetero_trainable(config, self.placement)
         self.enc_ml, self.llm_ml = self.placement.modules["encoder"], self.placement.modules["llm"]
         self.scalars = scalars or TrainScalars()
-        enc_mesh, llm_mesh = meshes or (_mesh(self.enc_ml), _mesh(self.llm_ml))  # collective
-        self.everyone = dist.new_group(ranks=list(range(self.placement.world)))
+        self.meshes = meshes or HeteroMeshes.build(self.placement)  # collective
+        enc_mesh, llm_mesh, self.everyone = self.meshes.encoder, self.meshes.llm, self.meshes.everyone
         v = self.mc.encoder
         assert v is not None
         self.image_shape = ActivationShape(config.global_batch, v.positions, self.mc.llm.hidden)
@@ -188,15 +207,14 @@ class HeteroTrainer:
         return self.encoder is not None or self.llm_stage is not None
 
     def _states_by_module(self, shards: dict[Key, LocalShard]) -> dict[str, dict[str, tuple[Tensor, ...]]]:
-        expected = rank_boxes(self.placement, self.rank)
-        missing = sorted(set(expected) - set(shards))
-        if missing:
-            raise TrainingError(f"rank {self.rank}: no shard for {len(missing)} boxes of the layout, e.g. "
-                                f"{[(self.spec.tensors[i].name, s) for i, s in missing[:3]]}")
+        try:
+            states = trainer_states(self.placement, self.rank, shards)
+        except KeyError as exc:
+            raise TrainingError(exc.args[0]) from None
         out: dict[str, dict[str, tuple[Tensor, ...]]] = {"encoder": {}, "llm": {}}
-        for index in sorted({i for i, _ in expected}):
+        for index, tensors in states.items():
             tensor = self.spec.tensors[index]
-            out[tensor.split.module][tensor.name] = tuple(shards[(index, s)].data for s in STATES)
+            out[tensor.split.module][tensor.name] = tensors
         return out
 
     def _build_pipeline(self, group):
@@ -277,7 +295,8 @@ class HeteroTrainer:
             for name, tensors in optimizer.hand_over().items():
                 index = index_of[name]
                 for state, data in zip(STATES, tensors):
-                    out[(index, state)] = LocalShard(self.spec.tensors[index], state, boxes[(index, state)],
-                                                     data.detach())
+                    if (index, state) in boxes:  # an empty chunk is no shard (CONTRACTS section 3)
+                        out[(index, state)] = LocalShard(self.spec.tensors[index], state, boxes[(index, state)],
+                                                         data.detach())
         self.encoder = self.llm_stage = self.pipeline = None
         return out, self.scalars

@@ -28,7 +28,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
                                                RowwiseParallel, SequenceParallel, parallelize_module)
 
-from agents.engine.shards import DTYPES, Key, LocalShard, box_shape, rank_boxes
+from agents.engine.shards import DTYPES, Key, LocalShard, box_shape, rank_boxes, trainer_states
 from agents.layout.catalog import get_config, get_model
 from agents.layout.placement import Placement, place, replicated_kv_heads
 from agents.layout.shards import b_dim
@@ -248,14 +248,13 @@ class ParallelTrainer:
 
     # --- state in and out ---------------------------------------------------------
     def _states_by_name(self, shards: dict[Key, LocalShard]) -> dict[str, State]:
-        """(param, master, exp_avg, exp_avg_sq) local boxes by parameter name, checked complete."""
-        expected = rank_boxes(self.placement, self.rank)
-        missing = sorted(set(expected) - set(shards))
-        if missing:
-            raise TrainingError(f"rank {self.rank}: no shard for {len(missing)} boxes of the layout, e.g. "
-                                f"{[(self.spec.tensors[i].name, s) for i, s in missing[:3]]}")
-        names = {i for i, _ in expected}
-        return {self.spec.tensors[i].name: tuple(shards[(i, state)].data for state in STATES) for i in sorted(names)}
+        """(param, master, exp_avg, exp_avg_sq) local boxes by parameter name, checked complete
+        (empty tensors where the rank's chunk is empty)."""
+        try:
+            states = trainer_states(self.placement, self.rank, shards)
+        except KeyError as exc:
+            raise TrainingError(exc.args[0]) from None
+        return {self.spec.tensors[i].name: tensors for i, tensors in states.items()}
 
     def _adopt(self, state: dict[str, State]) -> None:
         """zero < 3: install the bf16 boxes as the parameters and the fp32 chunks as the
@@ -318,7 +317,8 @@ class ParallelTrainer:
             index = index_of[name]
             for state, data in zip(STATES, tensors):
                 key = (index, state)
-                out[key] = LocalShard(self.spec.tensors[index], state, boxes[key], data.detach())
+                if key in boxes:  # an empty chunk is no shard (CONTRACTS section 3)
+                    out[key] = LocalShard(self.spec.tensors[index], state, boxes[key], data.detach())
         self.optimizer, self.stage, self.pipeline = None, None, None
         self.active = False
         return out, self.scalars

@@ -155,13 +155,14 @@ def check_layout(config: TrainConfig, layout: str) -> None:
 
 
 def build_trainer(config: TrainConfig, layout: str, rank: int, shards: dict[Key, LocalShard],
-                  scalars: TrainScalars) -> ParallelTrainer | HeteroTrainer:
+                  scalars: TrainScalars | None, *, meshes=None) -> ParallelTrainer | HeteroTrainer:
     """The trainer for the model: HeteroTrainer (a layout per module, issue 8) for models
     with an encoder, whatever the layout string (a plain one gives both modules the same
-    layout), else ParallelTrainer. Collective: every rank of the default group calls it."""
+    layout), else ParallelTrainer. Collective: every rank of the default group calls it,
+    unless `meshes` (the `meshes` of a trainer of the same layout) are given."""
     if get_config(config.model).encoder is not None:
-        return HeteroTrainer(config, layout, rank, shards, scalars)
-    return ParallelTrainer(config, layout, rank, shards, scalars)
+        return HeteroTrainer(config, layout, rank, shards, scalars, meshes=meshes)
+    return ParallelTrainer(config, layout, rank, shards, scalars, meshes=meshes)
 
 
 def switch_trainer(trainer: ParallelTrainer | HeteroTrainer, layout: str,

@@ -123,14 +123,16 @@ def test_search_candidates_cover_the_three_placements_and_are_bounded() -> None:
     assert len(candidates) < 60
 
 
-def test_layouts_the_trainer_cannot_run_yet_are_named() -> None:
-    from agents.emulator.hetero_emulate import empty_chunk_note
-    from agents.layout.placement import place
+def test_a_traced_rank_with_empty_zero_chunks_traces() -> None:
+    """LLM stage 1's first rank (rank 2) is encoder dp rank 2, whose ZeRO chunk of the 1-row
+    class token is empty: HeteroTrainer builds it (it raised KeyError before)."""
+    from agents.emulator.hetero_tracer import HeteroTraceRequest, trace_hetero
 
-    model = get_model("tiny-vlm")
-    note = empty_chunk_note(place(model, "encoder:dp=4,zero=1;llm:tp=2,dp=2"))
-    assert note is not None and "encoder.cls_token" in note and "dp=4" in note
-    assert empty_chunk_note(place(model, "encoder:dp=4;llm:tp=2,dp=2,zero=1")) is None
+    request = HeteroTraceRequest("tiny-vlm", "encoder:dp=4,zero=1;llm:tp=2,pp=2", global_batch=8, micro_batch=2,
+                                 seq=16, micro_batches=4)
+    trace, info = trace_hetero(request, use_cache=False)
+    assert (trace.colocated, trace.encoder_dp, trace.encoder_zero, len(trace.llm.stages)) == (True, 4, 1, 2)
+    assert info["stages_traced"] == 3  # the encoder class and both LLM stages
 
 
 def test_static_bytes_of_a_colocated_rank_hold_both_modules() -> None:

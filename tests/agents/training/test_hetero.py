@@ -46,6 +46,8 @@ LAYOUTS = {
     "colocated": "encoder:dp=4;llm:tp=2,pp=2",                     # LLM tp and 1F1B pipeline
     "colocated-encoder-tp": "encoder:tp=2,dp=2;llm:tp=2,pp=2",      # both modules tensor-parallel
     "non-colocated": "encoder:dp=2,ranks=0-1;llm:tp=2,ranks=2-3",  # encoder on its own ranks
+    # ZeRO-1 over 4 encoder ranks: the class token (1 row) has an empty chunk on ranks 1-3.
+    "colocated-zero": "encoder:dp=4,zero=1;llm:tp=2,pp=2",
 }
 
 

@@ -1,6 +1,7 @@
 """Online switches of a multimodal job (tiny-vlm) between homogeneous and heterogeneous
 layouts, on 4 gloo ranks: homogeneous -> non-colocated (the encoder moves onto ranks 0-1,
-the LLM onto ranks 2-3) -> colocated (both modules back on all 4 ranks, different layouts).
+the LLM onto ranks 2-3) -> colocated (both modules back on all 4 ranks, different layouts);
+and homogeneous -> a ZeRO layout where some ranks' chunks of a tensor are empty -> out of it.
 
 State. At every switch each rank's handed-over shards (params and the three fp32 states of
 both modules) are gathered into the full logical tensors, independently of the planner and
@@ -13,9 +14,9 @@ first on tp=1 throughout) and must match exactly. After the switches the two com
 same global batches from the same state and differ only in reduction order (tp splits of
 bf16 matmuls, dp splits of fp32 gradient sums, the encoder's gradient summed per encoder
 rank): test_hetero.py measures that noise between layouts at 4e-4 and bounds it by 1e-3;
-the switched run has been on len(SWITCHES) + 1 layouts, so it may differ by that many
+the switched run has been on (switches + 1) layouts, so it may differ by that many
 times 1e-3 (measured: 1.2e-4). A lost data position or optimizer step moves the loss by
-the step-to-step change, 0.02-0.04 here. One process spawn for both runs keeps it fast.
+the step-to-step change, 0.02-0.04 here. One process spawn per schedule for both runs keeps it fast.
 """
 from __future__ import annotations
 
@@ -36,8 +37,15 @@ pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
 CONFIG = TrainConfig(model="tiny-vlm", global_batch=8, seq_len=16, micro_batches=2, lr=3e-3)
 START = "tp=1"
-SWITCHES = [Switch(1, "encoder:dp=2,ranks=0-1;llm:tp=2,ranks=2-3"),  # grow 1 -> 4, encoder on its own ranks
-            Switch(2, "encoder:dp=4;llm:tp=2,dp=2")]                 # and back, colocated
+SCHEDULES = {
+    "placements": [Switch(1, "encoder:dp=2,ranks=0-1;llm:tp=2,ranks=2-3"),  # grow 1 -> 4, encoder on its own ranks
+                   Switch(2, "encoder:dp=4;llm:tp=2,dp=2")],                 # and back, colocated
+    # Encoder ZeRO over more dp ranks than the class token has rows (1): ranks 1-3 hold an
+    # empty encoder.cls_token chunk, which is no shard (CONTRACTS section 3); into that
+    # layout, then out of it onto other ranks.
+    "empty-chunks": [Switch(1, "encoder:dp=4,zero=1;llm:tp=2,dp=2,zero=1"),
+                     Switch(2, "encoder:dp=2,zero=1,ranks=0-1;llm:tp=2,zero=1,ranks=2-3")],
+}
 STEPS = 3
 
 
@@ -68,7 +76,7 @@ def _region(tensor, array: np.ndarray, box) -> np.ndarray:
     return array[tuple(index)]
 
 
-def _runs(rank: int, world: int) -> dict:
+def _runs(rank: int, world: int, switches: list[Switch]) -> dict:
     """The reference that never switches, then train_rank with the real switch_state, wrapped
     to check every switch's state."""
     unswitched = [s.loss for s in train_rank(rank, world, CONFIG, START, STEPS, []).steps]
@@ -94,7 +102,7 @@ def _runs(rank: int, world: int) -> dict:
 
     run_module.switch_state = checked_switch_state
     try:
-        log = train_rank(rank, world, CONFIG, START, STEPS, SWITCHES, staging_bytes=64 * 1024)
+        log = train_rank(rank, world, CONFIG, START, STEPS, switches, staging_bytes=64 * 1024)
     finally:
         run_module.switch_state = real_switch_state
     return {"losses": [s.loss for s in log.steps], "checks": checks, "unswitched": unswitched}
@@ -104,32 +112,50 @@ def _modules_held(spec, shards) -> list[str]:
     return sorted({spec.tensors[index].split.module for index, _ in shards})
 
 
-@pytest.fixture(scope="module")
-def runs() -> list[dict]:
-    return run_ranks(4, _runs, timeout_s=240)
+def _modules_placed(layout: str, rank: int) -> list[str]:
+    """The modules whose ranks include `rank`, read from the layout (not from any plan)."""
+    placement = place(get_model(CONFIG.model), layout)
+    return sorted(name for name, ml in placement.modules.items() if ml.offset <= rank < ml.offset + ml.world)
 
 
-def test_every_switch_keeps_every_state_tensor_bit_exact(runs) -> None:
+@pytest.fixture(scope="module", params=list(SCHEDULES))
+def schedule(request) -> tuple[str, list[Switch], list[dict]]:
+    switches = SCHEDULES[request.param]
+    return request.param, switches, run_ranks(4, _runs, switches, timeout_s=240)
+
+
+def test_every_switch_keeps_every_state_tensor_bit_exact(schedule) -> None:
+    name, switches, runs = schedule
     for rank, result in enumerate(runs):
         checks = result["checks"]
-        assert len(checks) == len(SWITCHES)
-        for check in checks:
-            assert check["boxes_ok"] and check["covered"], (rank, check)
-            assert check["exact"] and check["verified"], (rank, check)
+        assert len(checks) == len(switches)
+        for switch, check in zip(switches, checks):
+            assert check["boxes_ok"] and check["covered"], (name, rank, check)
+            assert check["exact"] and check["verified"], (name, rank, check)
             assert check["network_bytes"] > 0
-        # Non-colocated: ranks 0-1 hold only the encoder, ranks 2-3 only the LLM; colocated
-        # again afterwards: every rank holds both modules.
-        assert checks[0]["modules"] == (["encoder"] if rank < 2 else ["llm"]), (rank, checks[0]["modules"])
-        assert checks[1]["modules"] == ["encoder", "llm"]
+            # Non-colocated: ranks 0-1 hold only the encoder, ranks 2-3 only the LLM;
+            # colocated: every rank holds both modules.
+            assert check["modules"] == _modules_placed(switch.layout, rank), (name, rank, check["modules"])
 
 
-def test_training_continues_across_the_switches(runs) -> None:
+def test_empty_chunks_are_no_shards() -> None:
+    """The 'empty-chunks' schedule's first target does leave ranks without a chunk."""
+    placement = place(get_model(CONFIG.model), SCHEDULES["empty-chunks"][0].layout)
+    cls = next(i for i, t in enumerate(placement.model.tensors) if t.name == "encoder.cls_token")
+    assert (cls, "master") in rank_boxes(placement, 0)
+    for rank in (1, 2, 3):
+        assert (cls, "param") in rank_boxes(placement, rank) and (cls, "master") not in rank_boxes(placement, rank)
+        assert rank_boxes(placement, rank, keep_empty=True)[(cls, "master")][:2] == (1, 1)
+
+
+def test_training_continues_across_the_switches(schedule) -> None:
+    _, switches, runs = schedule
     losses, unswitched = runs[0]["losses"], runs[0]["unswitched"]
     assert len(losses) == len(unswitched) == STEPS
     # Rank 0 is in every layout; ranks 1-3 train from the first switch on, with the same losses.
     assert all(r["losses"] == losses[1:] for r in runs[1:])
     assert losses[0] == unswitched[0]  # before the first switch: the same program
-    allowed = (len(SWITCHES) + 1) * 1e-3
+    allowed = (len(switches) + 1) * 1e-3
     for step, (a, b) in enumerate(zip(losses, unswitched)):
         assert abs(a - b) <= allowed, (step, a, b)
     assert losses[0] > losses[1] > losses[2]  # and it learns
