@@ -42,6 +42,9 @@ class Job(models.Model):
         null=True, blank=True, help_text="the restore transition the ranks now running came from (none: first start)")
     restored_step = models.PositiveIntegerField(null=True, blank=True,
                                                 help_text="checkpoint step of the latest restore")
+    report_stream = models.CharField(max_length=32, blank=True,
+                                     help_text="the rank-0 reporter whose batches the job last applied")
+    report_batch = models.PositiveIntegerField(default=0, help_text="the last batch of report_stream applied")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
