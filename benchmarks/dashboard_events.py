@@ -257,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="how long each phase reports (default 20)")
     parser.add_argument("--rates", default="1,10", help="steps/s per job, one phase each (default 1,10)")
     parser.add_argument("--window", type=float, default=DEFAULT_WINDOW_SECONDS,
-                        help=f"rank 0's report batching window in s (default {DEFAULT_WINDOW_SECONDS}; 0: one per task)")
+                        help=f"rank 0's report batching window in s (default {DEFAULT_WINDOW_SECONDS}; "
+                             "0: one report per task)")
     parser.add_argument("--out", default="", help="folder for the stack's logs and the screenshot (default: a temp dir)")
     args = parser.parse_args(argv)
     out = Path(args.out or tempfile.mkdtemp(prefix="dashboard-bench-"))

@@ -32,7 +32,7 @@ def search_candidates(*, model: str, gpus: int, gpu: str, global_batch: int, mic
         raise EmulatorError(str(exc)) from exc
     if not feasible:
         reasons = "; ".join(f"{d['layout']}: {d['reason']}" for d in dropped[:4])
-        raise EmulatorError(f"no layout of {model} runs on {gpus} GPU{'s' * (gpus != 1)} with global batch {global_batch} and "
-                            f"micro-batch {micro_batch}" + (f" ({reasons})" if reasons else ""))
+        raise EmulatorError(f"no layout of {model} runs on {gpus} GPU{'s' * (gpus != 1)} with global batch "
+                            f"{global_batch} and micro-batch {micro_batch}" + (f" ({reasons})" if reasons else ""))
     return {"top": top, "candidates": len(candidates),
             "layouts": [layout for _, layout, _ in feasible[:TRIED_PER_KEPT * top]], "dropped": dropped}

@@ -59,7 +59,8 @@ def test_a_batch_applies_its_reports_in_order_as_one_message_per_run(job, run, s
     assert _loss_steps(job) == [float(s) for s in range(1, 9)]
     stream = [e for e in sent_events if isinstance(e, (MetricsEvent, CheckpointEvent))]
     assert [(type(e).__name__, e.step) for e in stream] == (
-        [("MetricsEvent", s) for s in range(1, 6)] + [("CheckpointEvent", 5)] + [("MetricsEvent", s) for s in (6, 7, 8)])
+        [("MetricsEvent", s) for s in range(1, 6)] + [("CheckpointEvent", 5)]
+        + [("MetricsEvent", s) for s in (6, 7, 8)])
     assert [e.seq for e in stream] == list(range(before.seq + 1, before.seq + 10))  # contiguous, in order
     assert messages == [f"job.{job.pk}", f"job.{job.pk}"]  # one channel-layer message per run of steps
     snapshot = before
@@ -157,3 +158,23 @@ def test_a_batch_must_hold_reports_of_its_own_job() -> None:
         _batch(1, 1, [_report(1, step=1), _report(2, step=2)])
     with pytest.raises(ValueError, match="at least 1 item"):
         _batch(1, 1, [])
+
+
+def test_the_task_retries_an_early_batch_then_gives_up_waiting(job, run) -> None:
+    from celery.exceptions import Retry
+
+    from controlplane.jobs.tasks import ORDER_WAIT_RETRIES, ingest_events
+
+    two = _batch(job.pk, 2, _steps(job.pk, 3, 4)).model_dump(mode="json")
+    with pytest.raises(Retry):
+        run(ingest_events, two)
+    assert run(ingest_events, _batch(job.pk, 1, _steps(job.pk, 1, 2)).model_dump(mode="json")) == "applied"
+    assert run(ingest_events, two) == "applied"
+    four = _batch(job.pk, 4, _steps(job.pk, 7, 8)).model_dump(mode="json")
+    ingest_events.push_request(retries=ORDER_WAIT_RETRIES)  # as the worker does on the last retry
+    try:
+        assert run(ingest_events, four) == "applied"
+    finally:
+        ingest_events.pop_request()
+    assert _loss_steps(job) == [1.0, 2.0, 3.0, 4.0, 7.0, 8.0]
+    assert run(ingest_events, {"job_id": job.pk, "reports": []}) == "rejected"
