@@ -1,13 +1,16 @@
-"""Rank 0's job reports, batched: one control.ingest_events task per `window` seconds of
-step reports instead of one task per step.
+"""Rank 0's job reports, batched: at most one control.ingest_events task per `window`
+seconds of step reports instead of one task per step.
 
-The control worker's cost is per task (a job row lock, a commit, a channel-layer send),
-so a job reporting 10 steps/s costs it 10 tasks/s unbatched and ~4 batched at a 0.25 s
-window; the window is the latency added to a step's way to the dashboard. A report that
-is not a step (started, checkpoint, stopped, ...) is rare and often ends the process, so
-it goes out at once, together with the steps before it (order kept). `flush()` sends what
-is waiting (before a transition report, so the dashboard sees the steps before the
-switch first) and `close()` flushes and stops the timer.
+The control worker's cost is per task (a job row lock, a commit, a channel-layer send,
+Celery's own work), so a job reporting 10 steps/s costs it 10 tasks/s unbatched and 2
+batched at a 0.5 s window (docs/benchmarks.md: the window that kept 10 jobs x 10 steps/s
+under 1 s on the loaded CI machine). Like Nagle's algorithm, a step that finds nothing
+sent for `window` s leaves at once (a job reporting slowly pays no latency); later ones
+wait until `window` s after the last batch and leave together. A report that is not a
+step (started, checkpoint, stopped, ...) is rare and often ends the process, so it goes
+out at once, together with the steps before it (order kept). `flush()` sends what is
+waiting (before a transition report, so the dashboard sees the steps before the switch
+first) and `close()` flushes and stops the timer.
 
 Batches are numbered 1, 2, ... within a stream (a random name per batcher): the control
 plane applies them in that order although the worker's threads may pick them up out of
@@ -22,7 +25,7 @@ from collections.abc import Callable
 
 from agents import protocol
 
-DEFAULT_WINDOW_SECONDS = 0.25
+DEFAULT_WINDOW_SECONDS = 0.5
 
 
 class ReportBatcher:
@@ -40,23 +43,27 @@ class ReportBatcher:
         self.batches = 0
         self._pending: list[protocol.JobReport] = []
         self._due: float | None = None  # (monotonic) when the pending reports must leave
-        self._lock = threading.Lock()  # guards _pending and _due
+        self._last_sent = float("-inf")  # (monotonic) when the last batch left
+        self._lock = threading.Lock()  # guards _pending, _due and _last_sent
         self._send_lock = threading.Lock()  # batches leave one at a time, numbered in send order
         self._wake = threading.Condition(self._lock)
         self._closed = False
         self._timer: threading.Thread | None = None
 
     def add(self, report: protocol.JobReport) -> None:
-        """Queue a report; a step waits up to `window` s for company, anything else goes now."""
+        """Queue a report: a step goes at once when no batch left in the last `window` s,
+        else with the others `window` s after the last batch; anything else goes now."""
         if report.job_id != self.job_id:
             raise ValueError(f"a report of job {report.job_id} given to job {self.job_id}'s batcher")
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"job {self.job_id}'s report batcher is closed")
             self._pending.append(report)
-            now = report.kind != "step" or len(self._pending) >= self.max_reports or self.window == 0
+            due = self._last_sent + self.window
+            now = (report.kind != "step" or len(self._pending) >= self.max_reports
+                   or (len(self._pending) == 1 and due <= time.monotonic()))
             if not now and self._due is None:
-                self._due = time.monotonic() + self.window
+                self._due = due
                 self._start_timer()
                 self._wake.notify()
         if now:
@@ -67,6 +74,8 @@ class ReportBatcher:
         with self._send_lock:
             with self._lock:
                 reports, self._pending, self._due = self._pending, [], None
+                if reports:
+                    self._last_sent = time.monotonic()
             if reports:
                 self.batches += 1
                 self.send(protocol.ReportBatch(job_id=self.job_id, node=self.node, stream=self.stream,

@@ -34,22 +34,24 @@ class Sink:
         return [[(r.kind, r.step) for r in b.reports] for _, b in self.batches]
 
 
-def test_steps_wait_for_the_window_then_leave_together() -> None:
+def test_a_step_after_a_quiet_window_goes_at_once_later_ones_wait_for_the_window() -> None:
     sink = Sink()
     batcher = ReportBatcher(sink, job_id=3, node="node-1", window=0.3)
-    first = time.monotonic()
-    for step in (1, 2, 3):
+    batcher.add(_report(step=1))  # nothing sent yet: no reason to wait
+    assert sink.steps() == [[("step", 1)]]
+    first = sink.batches[0][0]
+    for step in (2, 3):
         batcher.add(_report(step=step))
         time.sleep(0.05)
-    assert sink.batches == []  # still inside the window
-    sink.wait(1)
-    sent_at, batch = sink.batches[0]
-    assert 0.28 <= sent_at - first < 1.0  # one window after the first step, not after the last
-    assert (batch.job_id, batch.node, batch.batch, batch.stream) == (3, "node-1", 1, batcher.stream)
-    assert sink.steps() == [[("step", 1), ("step", 2), ("step", 3)]]
-    batcher.add(_report(step=4))  # the next window starts with the next step
+    assert len(sink.batches) == 1  # still inside the window
     sink.wait(2)
-    assert sink.steps()[1] == [("step", 4)] and sink.batches[1][1].batch == 2
+    sent_at, batch = sink.batches[1]
+    assert 0.28 <= sent_at - first < 1.0  # one window after the last batch
+    assert (batch.job_id, batch.node, batch.batch, batch.stream) == (3, "node-1", 2, batcher.stream)
+    assert sink.steps()[1] == [("step", 2), ("step", 3)]
+    time.sleep(0.35)  # a quiet window: the next step goes at once again
+    batcher.add(_report(step=4))
+    assert sink.steps()[2] == [("step", 4)] and sink.batches[2][1].batch == 3
     batcher.close()
 
 
@@ -75,11 +77,11 @@ def test_other_reports_go_at_once_with_the_steps_before_them() -> None:
 def test_a_full_batch_leaves_without_waiting() -> None:
     sink = Sink()
     batcher = ReportBatcher(sink, job_id=3, node="node-1", window=30, max_reports=4)
-    for step in range(1, 10):
+    for step in range(1, 11):
         batcher.add(_report(step=step))
-    assert sink.steps() == [[("step", s) for s in range(1, 5)], [("step", s) for s in range(5, 9)]]
+    assert sink.steps() == [[("step", 1)], [("step", s) for s in range(2, 6)], [("step", s) for s in range(6, 10)]]
     batcher.close()
-    assert sink.steps()[-1] == [("step", 9)]
+    assert sink.steps()[-1] == [("step", 10)]
 
 
 def test_reports_from_threads_are_all_sent_once_and_numbered_in_order() -> None:
