@@ -20,6 +20,7 @@ CONTROL_AGENT_HEARTBEAT = "control.agent_heartbeat"
 CONTROL_SWEEP_LOST_NODES = "control.sweep_lost_nodes"
 CONTROL_EMULATION_PROGRESS = "control.emulation_progress"
 CONTROL_JOB_REPORT = "control.job_report"
+CONTROL_INGEST_EVENTS = "control.ingest_events"  # a ReportBatch: rank 0's job reports, batched
 CONTROL_TRANSITION_REPORT = "control.transition_report"
 CONTROL_JOB_RESTORE = "control.job_restore"  # (the control plane queues it for itself)
 CONTROL_SWEEP_STUCK_TRANSITIONS = "control.sweep_stuck_transitions"  # (beat)
@@ -32,6 +33,7 @@ NODE_JOB_SWITCH_CANCEL = "node.job_switch_cancel"
 NODE_JOB_RECOVER = "node.job_recover"
 # Tasks any agent runs (queue "emulate").
 EMULATE_RUN = "emulate.run"
+EMULATE_SEARCH = "emulate.search"
 
 # Device profiles the emulator knows (agents/emulator/devices.py; a test keeps them equal).
 EMULATOR_DEVICES = ("a100", "h100", "h200", "b200", "cpu")
@@ -113,6 +115,27 @@ class EmulationOrder(_Message):
     micro_batch: int = Field(gt=0)
     seq: int = Field(gt=0)
     recompute: Literal["none", "selective", "full"] = "none"
+    gpus_per_node: int = Field(default=8, gt=0)
+
+
+SEARCH_TOP_MAX = 8
+
+
+class SearchOrder(_Message):
+    """Control plane -> agent (queue "emulate"): rank the layouts worth emulating for one
+    setting (a stored EmulationRun of kind "search"; agents/emulator/search_candidates.py).
+    The result ({"top", "candidates", "layouts", "dropped"}) comes back as EmulationProgress."""
+
+    version: Literal[1] = PROTOCOL_VERSION
+    run_id: int = Field(gt=0)
+    model: str = Field(min_length=1, max_length=200)
+    gpus: int = Field(gt=0)
+    gpu: Literal["a100", "h100", "h200", "b200", "cpu"]
+    global_batch: int = Field(gt=0)
+    micro_batch: int = Field(gt=0)
+    seq: int = Field(gt=0)
+    recompute: Literal["none", "selective", "full"] = "none"
+    top: int = Field(gt=0, le=SEARCH_TOP_MAX)
     gpus_per_node: int = Field(default=8, gt=0)
 
 
@@ -219,6 +242,33 @@ class JobReport(_Message):
     verified: bool | None = None
     restore_id: int | None = Field(default=None, gt=0)
     sent_at: datetime
+
+
+REPORT_BATCH_MAX = 500
+
+
+class ReportBatch(_Message):
+    """Rank 0 -> control plane (task control.ingest_events): one job's reports, in the order
+    rank 0 made them, sent together (agents/runtime/batching.py) so that the control worker
+    applies many in one transaction. `stream` names the sending reporter (one per rank-0
+    process) and `batch` counts its batches from 1: the control plane applies a stream's
+    batches in that order, whichever worker thread picks each up, and ignores a repeat."""
+
+    version: Literal[1] = PROTOCOL_VERSION
+    job_id: int = Field(gt=0)
+    node: str = Field(max_length=63)
+    stream: str = Field(min_length=1, max_length=32)
+    batch: int = Field(gt=0)
+    reports: tuple[JobReport, ...] = Field(min_length=1, max_length=REPORT_BATCH_MAX)
+
+    @field_validator("reports")
+    @classmethod
+    def _one_job(cls, value: tuple[JobReport, ...], info) -> tuple[JobReport, ...]:
+        job_id = info.data.get("job_id")
+        others = sorted({r.job_id for r in value} - {job_id})
+        if job_id is not None and others:
+            raise ValueError(f"a batch of job {job_id} holds reports of job(s) {others}")
+        return value
 
 
 class JobSwitchOrder(_Message):

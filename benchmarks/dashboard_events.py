@@ -11,13 +11,16 @@ messages real agents send, through the real path
 64 nodes heartbeat every 2 s (AgentHeartbeat, 8 virtual GPUs each); 10 jobs (dp=8) are
 created and started through the API and moved to running by a `started` JobReport; then
 every job sends `step` JobReports: one phase at 1/s per job, then one at 10/s per job
-(the issue's load), each drained before the next. The browser has the cluster dashboard
-open and follows the 10 jobs' streams (/ws/jobs/<id>/, what a job page subscribes to).
+(the issue's load), each drained before the next. Each job's reports go through the
+ReportBatcher rank 0 uses (agents/runtime/batching.py: control.ingest_events batches,
+`--window` s; 0 sends every report alone). The browser has the cluster dashboard open
+and follows the 10 jobs' streams (/ws/jobs/<id>/, what a job page subscribes to).
 
 Measured: page load (navigation to load event, and to the grid showing all 512 GPUs
-live), latency from send_task to the browser's websocket onmessage (same machine clock:
-Python time.time() vs the page's Date.now()), p50/p95/max, and per job that the seqs are
-1..n with no gap and the steps arrive in the order they were sent.
+live), latency from rank 0 making the report (before its batching window) to the
+browser's websocket onmessage (same machine clock: Python time.time() vs the page's
+Date.now()), p50/p95/max, and per job that the seqs are 1..n with no gap and the steps
+arrive in the order they were sent.
 
     flock /tmp/dynaplane-stack.lock .venv/bin/python -m benchmarks.dashboard_events --seconds 30
 """
@@ -37,6 +40,7 @@ from celery import Celery
 
 from agents import protocol
 from agents.node.inventory import virtual_gpus
+from agents.runtime.batching import DEFAULT_WINDOW_SECONDS, ReportBatcher
 
 NODES, GPUS_PER_NODE, JOBS = 64, 8, 10
 CHROMIUM = os.environ.get("DYNAPLANE_CHROMIUM", "/usr/bin/chromium")
@@ -85,15 +89,31 @@ class SimulatedAgents:
             self.beat_once()
 
 
-def report(app: Celery, job_id: int, kind: str, **fields) -> None:
-    message = protocol.JobReport(job_id=job_id, node="node-01", kind=kind, sent_at=datetime.now(timezone.utc), **fields)
-    app.send_task(protocol.CONTROL_JOB_REPORT, args=[message.model_dump(mode="json")], queue=protocol.CONTROL_QUEUE)
+class RankZeros:
+    """Each job's rank 0 as the product has it: its reports go through a ReportBatcher
+    (agents/runtime/batching.py) as control.ingest_events tasks."""
+
+    def __init__(self, app: Celery, job_ids: list[int], window: float) -> None:
+        def send(batch: protocol.ReportBatch) -> None:
+            app.send_task(protocol.CONTROL_INGEST_EVENTS, args=[batch.model_dump(mode="json")],
+                          queue=protocol.CONTROL_QUEUE)
+
+        self.batchers = {job_id: ReportBatcher(send, job_id=job_id, node="node-01", window=window)
+                         for job_id in job_ids}
+
+    def __call__(self, job_id: int, kind: str, **fields) -> None:
+        self.batchers[job_id].add(protocol.JobReport(job_id=job_id, node="node-01", kind=kind,
+                                                     sent_at=datetime.now(timezone.utc), **fields))
+
+    def close(self) -> None:
+        for batcher in self.batchers.values():
+            batcher.close()
 
 
-def send_steps(app: Celery, job_ids: list[int], seconds: float, rate: float,
+def send_steps(report: RankZeros, job_ids: list[int], seconds: float, rate: float,
                first_step: int) -> dict[tuple[int, int], float]:
     """Every job one step report every 1/rate s, spread evenly, steps from `first_step`;
-    (job, step) -> send time (ms since the epoch)."""
+    (job, step) -> the time rank 0 made it (ms since the epoch)."""
     sent: dict[tuple[int, int], float] = {}
     interval = 1.0 / (rate * len(job_ids))
     start = time.perf_counter()
@@ -105,7 +125,7 @@ def send_steps(app: Celery, job_ids: list[int], seconds: float, rate: float,
         job = job_ids[n % len(job_ids)]
         step = first_step + n // len(job_ids)
         sent[(job, step)] = time.time() * 1000
-        report(app, job, "step", step=step, loss=1.0 / step, step_seconds=0.1, tokens_per_second=1000.0)
+        report(job, "step", step=step, loss=1.0 / step, step_seconds=0.1, tokens_per_second=1000.0)
     return sent
 
 
@@ -140,7 +160,7 @@ def summarize(got: dict, sent: dict[tuple[int, int], float], job_ids: list[int],
             if latencies else None}
 
 
-def run(seconds: float, rates: list[float], out_dir: Path) -> dict:
+def run(seconds: float, rates: list[float], out_dir: Path, window: float) -> dict:
     from playwright.sync_api import sync_playwright
 
     from tests.support.stack import StackProcess, isolated_database, wait_for
@@ -156,14 +176,15 @@ def run(seconds: float, rates: list[float], out_dir: Path) -> dict:
         stack.start()
         try:
             stack.wait_ready()
-            return _measure(stack, seconds, rates, out_dir, sync_playwright, wait_for)
+            return _measure(stack, seconds, rates, out_dir, window, sync_playwright, wait_for)
         finally:
             stack.stop()
             if env:
                 redis.Redis.from_url(env["REDIS_URL"]).flushdb()
 
 
-def _measure(stack, seconds: float, rates: list[float], out_dir: Path, sync_playwright, wait_for) -> dict:
+def _measure(stack, seconds: float, rates: list[float], out_dir: Path, window: float, sync_playwright,
+             wait_for) -> dict:
     app = Celery("simulated-agents", broker=stack.state["redis_url"])
     app.conf.update(task_serializer="json", accept_content=["json"], task_ignore_result=True)
     agents = SimulatedAgents(app)
@@ -174,11 +195,13 @@ def _measure(stack, seconds: float, rates: list[float], out_dir: Path, sync_play
     for j in range(JOBS):
         job = stack.post("api/jobs", {"name": f"bench-{j}", "model": "tiny-gpt", "layout": "dp=8"})
         job_ids.append(job["id"])
+    report = RankZeros(app, job_ids, window)
     for job_id in job_ids:
-        report(app, job_id, "started")
+        report(job_id, "started")
     wait_for(lambda: all(stack.get(f"api/jobs/{i}")["state"] == "running" for i in job_ids), timeout=60)
 
-    result: dict = {"nodes": NODES, "gpus": NODES * GPUS_PER_NODE, "jobs": JOBS}
+    result: dict = {"nodes": NODES, "gpus": NODES * GPUS_PER_NODE, "jobs": JOBS, "batch_window_seconds": window,
+                    "load_average_before": os.getloadavg()}
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
         page = browser.new_page(viewport={"width": 1920, "height": 1080})
@@ -205,16 +228,18 @@ def _measure(stack, seconds: float, rates: list[float], out_dir: Path, sync_play
         page.evaluate(FOLLOW_JOBS, job_ids)
         phases, sent_all, first = [], {}, 1
         for rate in rates:  # one phase per rate, each drained before the next
-            sent = send_steps(app, job_ids, seconds, rate, first)
+            sent = send_steps(report, job_ids, seconds, rate, first)
             first += int(seconds * rate)
             sent_all.update(sent)
             drain(page, len(sent_all))
-            phases.append(summarize(page.evaluate("window.__bench"), sent, job_ids, seconds, rate))
+            phases.append({**summarize(page.evaluate("window.__bench"), sent, job_ids, seconds, rate),
+                           "load_average": os.getloadavg()})
         got = page.evaluate("window.__bench")
         page.screenshot(path=str(out_dir / "dashboard-64x8.png"), full_page=True)
         result["browser_errors"] = errors
         browser.close()
     agents.stop.set()
+    report.close()
 
     reordered = seq_gaps = 0
     for job_id in job_ids:
@@ -231,11 +256,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20.0, help="how long each phase reports (default 20)")
     parser.add_argument("--rates", default="1,10", help="steps/s per job, one phase each (default 1,10)")
+    parser.add_argument("--window", type=float, default=DEFAULT_WINDOW_SECONDS,
+                        help=f"rank 0's report batching window in s (default {DEFAULT_WINDOW_SECONDS}; "
+                             "0: one report per task)")
     parser.add_argument("--out", default="", help="folder for the stack's logs and the screenshot (default: a temp dir)")
     args = parser.parse_args(argv)
     out = Path(args.out or tempfile.mkdtemp(prefix="dashboard-bench-"))
     out.mkdir(parents=True, exist_ok=True)
-    result = run(args.seconds, [float(r) for r in args.rates.split(",")], out)
+    result = run(args.seconds, [float(r) for r in args.rates.split(",")], out, args.window)
     result["out"] = str(out)
     print(json.dumps(result, indent=2))
     ok = result["lost"] == 0 and result["seq_gaps"] == 0 and not result["browser_errors"]

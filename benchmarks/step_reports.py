@@ -3,10 +3,12 @@ job_record_report), the path every live training metric takes to the dashboard, 
 without the stack around it: one thread, a fresh test database (DATABASE_URL: PostgreSQL
 or SQLite), events published to the channel layer on commit (REDIS_URL).
 
-Three figures, from the same process:
-- one report per transaction (what the control worker does now);
-- the same reports, `--batch` of them in one transaction (what batched ingestion would
-  save on commits alone: every other statement stays);
+Figures, from the same process:
+- one report per transaction (control.job_report: what an agent's own reports take);
+- the same reports, `--batch` of them in one transaction (commits saved, nothing else);
+- batched ingestion (control.ingest_events: ingest.batch_ingest of ReportBatches of
+  `--batch` reports, what rank 0 sends), per report;
+- a steady heartbeat of an 8-GPU node (the other task the control worker runs most);
 - a bare `UPDATE ... ; COMMIT` round trip on the same database (the commit's floor).
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/test REDIS_URL=redis://127.0.0.1:6379/5 \\
@@ -40,6 +42,9 @@ def main() -> None:
     from django.test.utils import CaptureQueriesContext, setup_databases, setup_test_environment, teardown_databases
 
     from agents import protocol
+    from agents.node.inventory import virtual_gpus
+    from controlplane.cluster.services import node_record_heartbeat
+    from controlplane.jobs.ingest import batch_ingest
     from controlplane.jobs.models import Job
     from controlplane.jobs.reports import job_record_report
 
@@ -66,6 +71,25 @@ def main() -> None:
                 for step in range(first, min(first + args.batch, args.reports + 1)):
                     job_record_report(report=report(batched_job, step))
             per_batch.append(time.perf_counter() - started)
+        ingested_job = Job.objects.create(name="ingested", model="tiny-gpt", layout="dp=2", world_size=2,
+                                          state="running")
+        per_ingest = []
+        for n, first in enumerate(range(1, args.reports + 1, args.batch)):
+            batch = protocol.ReportBatch(job_id=ingested_job.pk, node="node-1", stream="bench", batch=n + 1,
+                                         reports=tuple(report(ingested_job, step) for step in
+                                                       range(first, min(first + args.batch, args.reports + 1))))
+            started = time.perf_counter()
+            batch_ingest(batch=batch)
+            per_ingest.append((time.perf_counter() - started) / len(batch.reports))
+        beats = []
+        for n in range(args.reports):
+            now = datetime.now(timezone.utc)
+            beat = protocol.AgentHeartbeat(node="node-1", host="h", device="cpu", pid=1, started_at=now, sent_at=now,
+                                           interval_seconds=2.0, gpus=virtual_gpus(8, memory_bytes=80 * 2**30))
+            started = time.perf_counter()
+            node_record_heartbeat(report=beat)
+            if n:  # the first one creates the node
+                beats.append(time.perf_counter() - started)
         commits = []
         with connection.cursor() as cursor:
             for _ in range(args.reports):
@@ -80,6 +104,9 @@ def main() -> None:
               f"{len(queries.captured_queries)} statements each -> {1 / statistics.median(per_report):.0f} reports/s")
         print(f"{args.batch} reports per transaction: {_percentiles(per_batched_report)} per report -> "
               f"{1 / statistics.median(per_batched_report):.0f} reports/s")
+        print(f"batched ingestion, {args.batch} reports per ReportBatch: {_percentiles(per_ingest)} per report -> "
+              f"{1 / statistics.median(per_ingest):.0f} reports/s")
+        print(f"steady heartbeat of an 8-GPU node: {_percentiles(beats)}")
         print(f"bare UPDATE + COMMIT: {_percentiles(commits)}")
     finally:
         teardown_databases(databases, verbosity=0)

@@ -110,3 +110,34 @@ def test_js_search_top_keeps_what_the_emulator_search_keeps() -> None:
     expected = [[r["id"] for r in top_fitting(done, k)] for k in (1, 2, 3, 12)]
     assert json.loads(proc.stdout) == expected and len(expected[-1]) >= 3  # some fit, some were left out
     assert len(expected[-1]) < len(done)
+
+
+def test_js_search_request_and_status() -> None:
+    """The search request the page posts is what POST /api/emulations/search takes, and a
+    search run's states read as the page shows them (the layouts once done, the error once
+    failed)."""
+    from controlplane.emulation.api import SearchRequestSerializer
+
+    settings = {"model": "tiny-gpt", "gpu": "a100", "gpus": 2, "batch": 8, "micro": 2, "seq": 64, "recompute": "full"}
+    base = {"id": 5, "kind": "search", "top": 2, "message": "", "error": "", "result": None}
+    runs = [{**base, "state": "queued"}, {**base, "state": "running", "message": "ranking the layouts"},
+            {**base, "state": "done",
+             "result": {"top": 2, "candidates": 9, "layouts": ["dp=2", "tp=2"], "dropped": []}},
+            {**base, "state": "failed", "error": "no layout of tiny-gpt runs on 2 GPUs"}]
+    runner = (f'import {{ searchRequest, searchStatus }} from "{STORE.as_uri()}";'
+              'const [settings, runs] = JSON.parse(process.argv[1]);'
+              'process.stdout.write(JSON.stringify([searchRequest(settings, 2), runs.map(searchStatus)]));')
+    proc = subprocess.run([NODE, "--input-type=module", "-e", runner, json.dumps([settings, runs])],
+                          capture_output=True, text=True, timeout=60, check=True)
+    request, statuses = json.loads(proc.stdout)
+    incoming = SearchRequestSerializer(data=request)
+    assert incoming.is_valid(), incoming.errors
+    assert dict(incoming.validated_data) == {"model": "tiny-gpt", "gpus": 2, "gpu_type": "a100", "global_batch": 8,
+                                             "micro_batch": 2, "seq_len": 64, "recompute": "full", "top": 2}
+    assert statuses == [
+        {"text": "Search: waiting for an agent to rank the candidate layouts…", "layouts": None, "error": None},
+        {"text": "Search: ranking the layouts…", "layouts": None, "error": None},
+        {"text": "Search: emulating 2 of 9 candidate layouts on the agents; the 2 fastest that fit will stay…",
+         "layouts": ["dp=2", "tp=2"], "error": None},
+        {"text": "Search failed: no layout of tiny-gpt runs on 2 GPUs", "layouts": None,
+         "error": "no layout of tiny-gpt runs on 2 GPUs"}]

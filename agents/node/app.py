@@ -52,6 +52,12 @@ def build_app(config: AgentConfig) -> tuple[Celery, HeartbeatSender]:
         the control plane. Tracing runs in child processes; this thread only waits."""
         run_emulation(app, config.name, order)
 
+    @app.task(name=protocol.EMULATE_SEARCH)
+    def emulate_search(order: dict) -> None:
+        """Rank the layouts worth emulating for one setting (the compare page's "top K
+        from search") and report them as the run's result."""
+        run_search(app, config.name, order)
+
     @app.task(name=protocol.NODE_JOB_START)
     def job_start(order: dict) -> None:
         """Start this node's ranks of a job (returns at once; the runner watches them)."""
@@ -112,28 +118,53 @@ def run(config: AgentConfig, concurrency: int = 2, loglevel: str = "INFO") -> No
     )
 
 
-def run_emulation(app: Celery, agent: str, order: dict) -> None:
+def _progress_sender(app: Celery, agent: str, run_id: int):
     def report(**fields: object) -> None:
-        progress = protocol.EmulationProgress(run_id=parsed.run_id, agent=agent, **fields)
+        progress = protocol.EmulationProgress(run_id=run_id, agent=agent, **fields)
         app.send_task(protocol.CONTROL_EMULATION_PROGRESS, args=[progress.model_dump(mode="json")],
                       queue=protocol.CONTROL_QUEUE)
 
+    return report
+
+
+def run_emulation(app: Celery, agent: str, order: dict) -> None:
     parsed = protocol.EmulationOrder.model_validate(order)
+    report = _progress_sender(app, agent, parsed.run_id)
     started = time.perf_counter()
     report(state="running", message="tracing")
     from agents.emulator.emulate import EmulateRequest, emulate  # torch: loaded only when an emulation runs
-    from agents.emulator.errors import EmulatorError
 
     request = EmulateRequest(model=parsed.model, layout=parsed.layout, gpus=parsed.gpus, gpu=parsed.gpu,
                              global_batch=parsed.global_batch, micro_batch=parsed.micro_batch, seq=parsed.seq,
                              recompute=parsed.recompute, gpus_per_node=parsed.gpus_per_node)
+    _report_outcome(report, parsed.run_id, started,
+                    lambda: emulate(request, progress=lambda line: report(state="running", message=line[:500])))
+
+
+def run_search(app: Celery, agent: str, order: dict) -> None:
+    parsed = protocol.SearchOrder.model_validate(order)
+    report = _progress_sender(app, agent, parsed.run_id)
+    started = time.perf_counter()
+    report(state="running", message=f"ranking the layouts of {parsed.model} on {parsed.gpus} GPUs")
+    from agents.emulator.search_candidates import search_candidates  # torch: loaded only when a search runs
+
+    _report_outcome(report, parsed.run_id, started, lambda: search_candidates(
+        model=parsed.model, gpus=parsed.gpus, gpu=parsed.gpu, global_batch=parsed.global_batch,
+        micro_batch=parsed.micro_batch, seq=parsed.seq, top=parsed.top, recompute=parsed.recompute,
+        gpus_per_node=parsed.gpus_per_node))
+
+
+def _report_outcome(report, run_id: int, started: float, work) -> None:
+    """Run `work` and report its result as done, or its error as failed."""
+    from agents.emulator.errors import EmulatorError
+
     try:
-        result = emulate(request, progress=lambda line: report(state="running", message=line[:500]))
+        result = work()
     except EmulatorError as exc:
         report(state="failed", error=str(exc)[:4000], wall_seconds=time.perf_counter() - started)
         return
     except Exception as exc:  # an emulator bug: the run must not stay "running" forever
-        log.exception("emulation %d failed", parsed.run_id)
+        log.exception("emulation %d failed", run_id)
         report(state="failed", error=f"internal error: {type(exc).__name__}: {exc}"[:4000],
                wall_seconds=time.perf_counter() - started)
         return

@@ -32,3 +32,9 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
 
     async def event_message(self, message: dict) -> None:
         await self.send_json(message["event"])
+
+    async def event_batch(self, message: dict) -> None:
+        """Several events in one channel-layer message (common/events.py send_many_now):
+        one websocket message each, in order, so that pages see no difference."""
+        for event in message["events"]:
+            await self.send_json(event)

@@ -37,18 +37,26 @@ class HelloEvent(Closed):
 
 
 def next_seq(stream: str) -> int:
-    """Allocate the next sequence number of `stream`; call inside transaction.atomic().
-    One statement in the common case (UPDATE ... RETURNING, PostgreSQL and SQLite >= 3.35):
-    every live event pays for it, so it is kept to one round trip."""
+    """Allocate the next sequence number of `stream`; call inside transaction.atomic()."""
+    return next_seqs(stream, 1).start
+
+
+def next_seqs(stream: str, count: int) -> range:
+    """Allocate `count` consecutive sequence numbers of `stream` (a batch of events); call
+    inside transaction.atomic(). One statement in the common case (UPDATE ... RETURNING,
+    PostgreSQL and SQLite >= 3.35): every live event pays for it, so it is kept to one
+    round trip."""
+    assert count > 0
     table = connection.ops.quote_name(EventStream._meta.db_table)
     with connection.cursor() as cursor:
-        cursor.execute(f"UPDATE {table} SET seq = seq + 1 WHERE name = %s RETURNING seq", [stream])
+        cursor.execute(f"UPDATE {table} SET seq = seq + %s WHERE name = %s RETURNING seq", [count, stream])
         row = cursor.fetchone()
-    if row is not None:
-        return int(row[0])
-    EventStream.objects.get_or_create(name=stream)
-    EventStream.objects.filter(name=stream).update(seq=F("seq") + 1)
-    return EventStream.objects.values_list("seq", flat=True).get(name=stream)
+    if row is None:
+        EventStream.objects.get_or_create(name=stream)
+        EventStream.objects.filter(name=stream).update(seq=F("seq") + count)
+        row = (EventStream.objects.values_list("seq", flat=True).get(name=stream),)
+    last = int(row[0])
+    return range(last - count + 1, last + 1)
 
 
 def current_seq(stream: str) -> int:
@@ -58,13 +66,28 @@ def current_seq(stream: str) -> int:
 def send_now(group: str, event: Closed) -> None:
     """Send one event to a channel-layer group. A broker outage loses the live event,
     never the write: clients notice the seq gap and reload their snapshot."""
+    _group_send(group, {"type": "event.message", "event": event.model_dump(mode="json")},
+                f"event {event.__class__.__name__}")
+
+
+def send_many_now(group: str, events: list[Closed]) -> None:
+    """Send events to a group as one channel-layer message (consumers relay them one by
+    one, in order: StreamConsumer.event_batch): one Redis round trip for a batch."""
+    _group_send(group, {"type": "event.batch", "events": [event.model_dump(mode="json") for event in events]},
+                f"{len(events)} events")
+
+
+def _group_send(group: str, message: dict, what: str) -> None:
     try:
-        async_to_sync(get_channel_layer().group_send)(
-            group, {"type": "event.message", "event": event.model_dump(mode="json")}
-        )
+        async_to_sync(get_channel_layer().group_send)(group, message)
     except (RedisError, OSError) as exc:
-        log.warning("event %s to %s not delivered: %s", event.__class__.__name__, group, exc)
+        log.warning("%s to %s not delivered: %s", what, group, exc)
 
 
 def publish_on_commit(group: str, event: Closed) -> None:
     transaction.on_commit(lambda: send_now(group, event))
+
+
+def publish_many_on_commit(group: str, events: list[Closed]) -> None:
+    if events:
+        transaction.on_commit(lambda: send_many_now(group, list(events)))

@@ -1,9 +1,11 @@
 """REST: emulation runs. POST one configuration, or {"configs": [...]}, to queue runs on the
-agents' `emulate` queue; GET lists and reads them (result = `dynaplane emulate --json`)."""
+agents' `emulate` queue; GET lists and reads them (result = `dynaplane emulate --json`).
+POST /api/emulations/search queues a search run (kind "search") for one setting."""
 from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from agents import protocol
@@ -14,8 +16,9 @@ from controlplane.emulation.models import EmulationRun
 class EmulationRunSerializer(serializers.ModelSerializer):
     class Meta:
         model = EmulationRun
-        fields = ["id", "model", "layout", "gpus", "gpu_type", "global_batch", "micro_batch", "seq_len", "recompute",
-                  "state", "message", "result", "error", "created_at", "finished_at", "wall_seconds"]
+        fields = ["id", "kind", "model", "layout", "gpus", "gpu_type", "global_batch", "micro_batch", "seq_len",
+                  "recompute", "top", "state", "message", "result", "error", "created_at", "finished_at",
+                  "wall_seconds"]
 
 
 class EmulationConfigSerializer(serializers.Serializer):
@@ -27,6 +30,11 @@ class EmulationConfigSerializer(serializers.Serializer):
     micro_batch = serializers.IntegerField(min_value=1, default=1)
     seq_len = serializers.IntegerField(min_value=1)
     recompute = serializers.ChoiceField(choices=protocol.RECOMPUTE_MODES, default="none")
+
+
+class SearchRequestSerializer(EmulationConfigSerializer):
+    layout = None  # a search finds the layouts
+    top = serializers.IntegerField(min_value=1, max_value=protocol.SEARCH_TOP_MAX, default=3)
 
 
 class EmulationRequestSerializer(serializers.Serializer):
@@ -48,3 +56,15 @@ class EmulationRunViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet
         incoming.is_valid(raise_exception=True)
         runs = services.emulation_create(configs=incoming.validated_data["configs"], created_by=request.user)
         return Response({"runs": EmulationRunSerializer(runs, many=True).data}, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=SearchRequestSerializer, responses={201: EmulationRunSerializer})
+    @action(detail=False, methods=["post"])
+    def search(self, request):
+        """Queue a search: an agent ranks the layouts worth emulating for the setting; the
+        run's result ({top, candidates, layouts, dropped}) arrives over /ws/emulations/."""
+        incoming = SearchRequestSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        config = dict(incoming.validated_data)
+        top = config.pop("top")
+        run = services.emulation_search_create(config=config, top=top, created_by=request.user)
+        return Response(EmulationRunSerializer(run).data, status=status.HTTP_201_CREATED)

@@ -27,6 +27,8 @@ class EmulationView(Closed):
     error: str
     result: dict | None
     wall_seconds: float | None
+    kind: Literal["emulate", "search"] = "emulate"  # search: result = {top, candidates, layouts, dropped}
+    top: int | None = None
 
 
 class EmulationEvent(Closed):

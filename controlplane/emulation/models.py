@@ -6,11 +6,22 @@ from django.db import models
 
 
 class EmulationRun(models.Model):
+    """One emulation (kind "emulate": the layout's predicted step, result = `dynaplane
+    emulate --json`) or one search (kind "search": the layouts worth emulating for the
+    setting, result = {top, candidates, layouts, dropped}; layout is empty)."""
+
     class State(models.TextChoices):
         QUEUED = "queued"
         RUNNING = "running"
         DONE = "done"
         FAILED = "failed"
+
+    class Kind(models.TextChoices):
+        EMULATE = "emulate"
+        SEARCH = "search"
+
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.EMULATE)
+    top = models.PositiveIntegerField(null=True, blank=True, help_text="search: how many layouts the page keeps")
 
     model = models.CharField(max_length=200)
     layout = models.CharField(max_length=500)

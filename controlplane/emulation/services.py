@@ -18,7 +18,7 @@ def emulation_view(run: EmulationRun) -> EmulationView:
     return EmulationView(id=run.pk, model=run.model, layout=run.layout, gpus=run.gpus, gpu_type=run.gpu_type,
                          global_batch=run.global_batch, micro_batch=run.micro_batch, seq_len=run.seq_len,
                          recompute=run.recompute, state=run.state, message=run.message, error=run.error, result=run.result or None,
-                         wall_seconds=run.wall_seconds)
+                         wall_seconds=run.wall_seconds, kind=run.kind, top=run.top)
 
 
 def _emit(run: EmulationRun) -> None:
@@ -67,10 +67,40 @@ def emulation_create(*, configs: list[dict], created_by=None) -> list[EmulationR
     return runs
 
 
-def _dispatch(order: protocol.EmulationOrder) -> None:
+def emulation_search_create(*, config: dict, top: int, created_by=None) -> EmulationRun:
+    """Store a queued search for one setting (`config` without a layout) and send it to the
+    `emulate` queue on commit: an agent ranks the layouts worth emulating and reports them
+    as the run's result (agents/emulator/search_candidates.py); the web process never runs
+    the emulator."""
+    problems = {}
+    try:
+        get_model(config["model"])
+    except (LayoutError, OSError) as exc:
+        problems["model"] = [str(exc)]
+    if config["global_batch"] % config["micro_batch"]:
+        problems["global_batch"] = [f"{config['global_batch']} is not a multiple of micro_batch "
+                                    f"{config['micro_batch']}"]
+    if not 1 <= top <= protocol.SEARCH_TOP_MAX:
+        problems["top"] = [f"{top} is not from 1 to {protocol.SEARCH_TOP_MAX}"]
+    if problems:
+        raise InvalidInput(problems)
+    with transaction.atomic():
+        run = EmulationRun.objects.create(
+            kind=EmulationRun.Kind.SEARCH, top=top, model=config["model"], layout="", gpus=config["gpus"],
+            gpu_type=config["gpu_type"], global_batch=config["global_batch"], micro_batch=config["micro_batch"],
+            seq_len=config["seq_len"], recompute=config["recompute"], created_by=created_by)
+        _emit(run)
+        order = protocol.SearchOrder(run_id=run.pk, model=run.model, gpus=run.gpus, gpu=run.gpu_type,
+                                     global_batch=run.global_batch, micro_batch=run.micro_batch, seq=run.seq_len,
+                                     recompute=run.recompute, top=top)
+        transaction.on_commit(lambda: _dispatch(order, task=protocol.EMULATE_SEARCH))
+    return run
+
+
+def _dispatch(order: protocol.EmulationOrder | protocol.SearchOrder, task: str = protocol.EMULATE_RUN) -> None:
     from controlplane.celery import app
 
-    app.send_task(protocol.EMULATE_RUN, args=[order.model_dump(mode="json")], queue=protocol.EMULATE_QUEUE)
+    app.send_task(task, args=[order.model_dump(mode="json")], queue=protocol.EMULATE_QUEUE)
 
 
 def emulation_record_progress(*, progress: protocol.EmulationProgress) -> EmulationRun | None:

@@ -47,6 +47,9 @@ class Job(models.Model):
         help_text="while restoring: what the recovery rule decides on (restore.py): eligible (no transition was "
                   "active when ranks were lost), orphans [{rank, node, step}] (ranks that outlived their world "
                   "and wait with their state), failed_nodes (their agents killed the job's ranks there)")
+    report_stream = models.CharField(max_length=32, blank=True,
+                                     help_text="the rank-0 reporter whose batches the job last applied")
+    report_batch = models.PositiveIntegerField(default=0, help_text="the last batch of report_stream applied")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from agents import protocol
 from controlplane.cluster.lifecycle import IllegalTransition
-from controlplane.common.events import next_seq, publish_on_commit
+from controlplane.common.events import next_seq, next_seqs, publish_many_on_commit, publish_on_commit
 from controlplane.jobs import restore, transitions
 from controlplane.jobs.events import METRIC_NAMES, METRIC_UNITS, CheckpointEvent, MetricsEvent, job_stream
 from controlplane.jobs.lifecycle import (
@@ -40,7 +40,7 @@ from controlplane.jobs.lifecycle import (
 )
 from controlplane.jobs.models import Job, Transition
 from controlplane.jobs.scheduling import job_finish, stop_on_commit
-from controlplane.jobs.services import job_metrics_append, publish_job
+from controlplane.jobs.services import job_metrics_extend, publish_job
 from controlplane.jobs.transfer_progress import merge_progress
 
 log = logging.getLogger(__name__)
@@ -53,24 +53,45 @@ def job_record_report(*, report: protocol.JobReport) -> Job | None:
         if job is None:
             log.info("ignored %s report from %s: job %s does not exist", report.kind, report.node, report.job_id)
             return None
-        if job.state not in LIVE_JOB_STATES:
-            log.info("ignored %s report from %s: job %s is %s", report.kind, report.node, job.name, job.state)
-            return job
-        if report.restore_id == job.restore_id and job.state == JobState.RESTORING and report.kind in (
-                "orphaned", "failed"):  # what the recovery decides on (restore.job_restore)
-            if report.kind == "orphaned":
-                restore.restore_record_orphan(job, report)
-            else:
-                restore.restore_record_lost(job, {report.node})
-            return job
-        if report.restore_id != job.restore_id or job.state == JobState.RESTORING:
-            # From a world the job has left (before a restart from a checkpoint), or while no world runs.
-            log.info("ignored %s report from %s: job %s is %s (restore %s), the report is from restore %s",
-                     report.kind, report.node, job.name, job.state, job.restore_id, report.restore_id)
-            return job
-        {"started": _started, "step": _step, "stopped": _stopped, "failed": _failed, "checkpoint": _checkpoint,
-         "restored": _restored, "orphaned": restore.restore_record_orphan}[report.kind](job, report)
+        apply_report(job, report)
     return job
+
+
+def apply_report(job: Job, report: protocol.JobReport) -> None:
+    """Apply one report to the locked job: while restoring, the orphaned and failed reports
+    of the world that was lost are what the recovery decides on (restore.job_restore);
+    otherwise the report's handler, unless it is refused."""
+    if recovery_report(job, report):
+        return
+    why = refusal(job, report)
+    if why:
+        log.info("ignored %s report from %s: %s", report.kind, report.node, why)
+    else:
+        HANDLERS[report.kind](job, report)
+
+
+def recovery_report(job: Job, report: protocol.JobReport) -> bool:
+    """Record an orphaned or failed report of a restoring job's lost world (True when it was one)."""
+    if not (job.state == JobState.RESTORING and report.restore_id == job.restore_id
+            and report.kind in ("orphaned", "failed")):
+        return False
+    if report.kind == "orphaned":
+        restore.restore_record_orphan(job, report)
+    else:
+        restore.restore_record_lost(job, {report.node})
+    return True
+
+
+def refusal(job: Job, report: protocol.JobReport) -> str:
+    """Why a report of the (locked) job is not applied ("" when it is): the job must be
+    live and the report come from the world now running."""
+    if job.state not in LIVE_JOB_STATES:
+        return f"job {job.name} is {job.state}"
+    if report.restore_id != job.restore_id or job.state == JobState.RESTORING:
+        # From a world the job has left (before a restart from a checkpoint), or while no world runs.
+        return (f"job {job.name} is {job.state} (restore {job.restore_id}), the report is from restore "
+                f"{report.restore_id}")
+    return ""
 
 
 def _to_running(job: Job) -> None:
@@ -85,18 +106,39 @@ def _started(job: Job, report: protocol.JobReport) -> None:
 
 
 def _step(job: Job, report: protocol.JobReport) -> None:
-    if report.step is None:
-        log.warning("ignored step report from %s for job %s: no step number", report.node, job.name)
-        return
-    _to_running(job)
-    if job.step is None or report.step > job.step:
-        job.step = report.step
+    if steps(job, [report]):
         job.save(update_fields=["step"])
-    values = {name: getattr(report, name) for name in METRIC_NAMES}
-    job_metrics_append(job=job, x=float(report.step), units=METRIC_UNITS,
-                       values={name: value for name, value in values.items() if value is not None})
+
+
+def steps(job: Job, reports: list[protocol.JobReport]) -> bool:
+    """Apply step reports of the (locked) job, in order: one metrics append and one seq
+    allocation for all of them, their events sent as one channel-layer message. True when
+    job.step moved on (the caller saves it, with whatever else it changes)."""
+    valid = []
+    for report in reports:
+        if report.step is None:
+            log.warning("ignored step report from %s for job %s: no step number", report.node, job.name)
+        else:
+            valid.append(report)
+    if not valid:
+        return False
+    _to_running(job)
+    top = max(report.step for report in valid)
+    moved = job.step is None or top > job.step
+    if moved:
+        job.step = top
+    values = [{name: getattr(report, name) for name in METRIC_NAMES} for report in valid]
+    job_metrics_extend(job=job, units=METRIC_UNITS, rows=[
+        (float(report.step), {name: value for name, value in row.items() if value is not None})
+        for report, row in zip(valid, values)])
     stream = job_stream(job.pk)
-    publish_on_commit(stream, MetricsEvent(seq=next_seq(stream), job=job.pk, step=report.step, **values))
+    events = [MetricsEvent(seq=seq, job=job.pk, step=report.step, **row)
+              for seq, report, row in zip(next_seqs(stream, len(valid)), valid, values)]
+    if len(events) == 1:
+        publish_on_commit(stream, events[0])
+    else:
+        publish_many_on_commit(stream, events)
+    return moved
 
 
 def _stopped(job: Job, report: protocol.JobReport) -> None:
@@ -135,6 +177,10 @@ def _failed(job: Job, report: protocol.JobReport) -> None:
     nodes = [node for node in transitions.job_nodes(job) if node != report.node]
     job_finish(job, state=job_next_state(JobState(job.state), JobTrigger.FAIL), error=error)
     stop_on_commit(job, nodes)
+
+
+HANDLERS = {"started": _started, "step": _step, "stopped": _stopped, "failed": _failed, "checkpoint": _checkpoint,
+            "restored": _restored, "orphaned": restore.restore_record_orphan}
 
 
 # --- transitions --------------------------------------------------------------------------

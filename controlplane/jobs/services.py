@@ -151,18 +151,32 @@ def metrics_append(*, series_id: int, xs: Sequence[float], ys: Sequence[float]) 
 
 
 def job_metrics_append(*, job: Job, x: float, values: Mapping[str, float], units: Mapping[str, str]) -> None:
-    """Append the sample (x, value) to each named job-level series (no rank, no transition),
-    creating a series on its first sample. The per-step path of every job report, so it
-    takes a fixed handful of statements for all series together (metrics_append takes
+    """Append the sample (x, value) to each named job-level series (job_metrics_extend)."""
+    job_metrics_extend(job=job, rows=[(x, values)], units=units)
+
+
+def job_metrics_extend(*, job: Job, rows: Sequence[tuple[float, Mapping[str, float]]],
+                       units: Mapping[str, str]) -> None:
+    """Append samples to the job-level series (no rank, no transition): for each row
+    (x, {name: value}), (x, value) to series `name`, creating a series on its first sample.
+    The path of every step report (one row) and of a batch of them (many rows), so it takes
+    a fixed handful of statements for all series and rows together (metrics_append takes
     four per series): the series locked in one query, their last chunks fetched in one
     (a series' last chunk starts at points // CHUNK_POINTS * CHUNK_POINTS, as appends fill
-    chunks in order), one bulk update each for chunks and series."""
-    if not values:
+    chunks in order), one insert of the new chunks, one executemany each for the changed
+    chunks and the series' counts."""
+    columns: dict[str, tuple[list[float], list[float]]] = {}
+    for x, values in rows:
+        for name, value in values.items():
+            xs, ys = columns.setdefault(name, ([], []))
+            xs.append(float(x))
+            ys.append(float(value))
+    if not columns:
         return
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):  # (a savepoint would cost two statements per report)
         series = {s.name: s for s in MetricSeries.objects.select_for_update().filter(
-            job=job, transition__isnull=True, rank__isnull=True, name__in=list(values))}
-        for name in values:
+            job=job, transition__isnull=True, rank__isnull=True, name__in=list(columns))}
+        for name in columns:
             if name not in series:
                 series[name] = metrics_series_get(job=job, name=name, unit=units.get(name, ""))
         partial = [s for s in series.values() if s.points % CHUNK_POINTS]
@@ -172,27 +186,33 @@ def job_metrics_append(*, job: Job, x: float, values: Mapping[str, float], units
             for s in partial:
                 where |= Q(series_id=s.pk, first_point=s.points // CHUNK_POINTS * CHUNK_POINTS)
             last = {c.series_id: c for c in MetricChunk.objects.filter(where)}
-        new, changed = [], []
-        for name, value in values.items():
+        new, changed, counts = [], [], []
+        for name, (xs, ys) in columns.items():
             s = series[name]
             chunk = last.get(s.pk)
-            if chunk is None:
-                chunk = MetricChunk(series=s, first_point=s.points, count=0, x=b"", y=b"")
-                new.append(chunk)
-            else:
+            if chunk is not None:
                 changed.append(chunk)
-            chunk.x = pack(unpack(chunk.x) + [float(x)])
-            chunk.y = pack(unpack(chunk.y) + [float(value)])
-            chunk.count += 1
-            s.points += 1
+            done = 0
+            while done < len(xs):
+                if chunk is None or chunk.count >= CHUNK_POINTS:
+                    chunk = MetricChunk(series=s, first_point=s.points + done, count=0, x=b"", y=b"")
+                    new.append(chunk)
+                take = min(CHUNK_POINTS - chunk.count, len(xs) - done)
+                chunk.x = pack(unpack(chunk.x) + xs[done:done + take])
+                chunk.y = pack(unpack(chunk.y) + ys[done:done + take])
+                chunk.count += take
+                done += take
+            counts.append((len(xs), s.pk))
+            s.points += len(xs)
         if new:
             MetricChunk.objects.bulk_create(new)
         # Plain statements, not bulk_update: its CASE WHEN per row cost this path more Python
         # (~17 ms of a 90 ms report on the loaded CI machine) than the round trips it saves
         # (benchmarks/step_reports.py).
-        if changed:
-            table = connection.ops.quote_name(MetricChunk._meta.db_table)
-            with connection.cursor() as cursor:
+        with connection.cursor() as cursor:
+            if changed:
+                table = connection.ops.quote_name(MetricChunk._meta.db_table)
                 cursor.executemany(f"UPDATE {table} SET x = %s, y = %s, count = %s WHERE id = %s",
                                    [(c.x, c.y, c.count, c.pk) for c in changed])
-        MetricSeries.objects.filter(pk__in=[series[name].pk for name in values]).update(points=F("points") + 1)
+            table = connection.ops.quote_name(MetricSeries._meta.db_table)
+            cursor.executemany(f"UPDATE {table} SET points = points + %s WHERE id = %s", counts)

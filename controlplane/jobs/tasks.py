@@ -10,7 +10,7 @@ from django.conf import settings
 from pydantic import ValidationError
 
 from agents import protocol
-from controlplane.jobs import reports, restore, timeouts
+from controlplane.jobs import ingest, reports, restore, timeouts
 
 log = logging.getLogger(__name__)
 
@@ -47,3 +47,23 @@ def job_restore(job_id: int, early: bool = False) -> None:
 def sweep_stuck_transitions() -> list[int]:
     """Beat: end the resizes no report has moved for DYNAPLANE_TRANSITION_TIMEOUT_SECONDS."""
     return timeouts.transitions_time_out(timeout=timedelta(seconds=settings.DYNAPLANE_TRANSITION_TIMEOUT_SECONDS))
+
+
+# A batch that came before its predecessor waits for it this many times this long (the
+# worker's threads took them out of order), then is applied anyway (ingest.py).
+ORDER_WAIT_RETRIES = 50
+ORDER_WAIT_SECONDS = 0.1
+
+
+@shared_task(bind=True, name=protocol.CONTROL_INGEST_EVENTS, max_retries=None)
+def ingest_events(self, batch: dict) -> str:
+    """A batch of one job's reports from its rank 0 (protocol.ReportBatch)."""
+    try:
+        parsed = protocol.ReportBatch.model_validate(batch)
+    except ValidationError as exc:
+        log.error("rejected report batch of job %r from %r: %s", batch.get("job_id"), batch.get("node"), exc)
+        return "rejected"
+    outcome = ingest.batch_ingest(batch=parsed, wait=self.request.retries < ORDER_WAIT_RETRIES)
+    if outcome is ingest.Outcome.EARLY:
+        raise self.retry(countdown=ORDER_WAIT_SECONDS)
+    return outcome.value

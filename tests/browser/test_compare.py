@@ -17,6 +17,23 @@ pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(
 LAYOUTS = ["tp=2,dp=2,zero=1", "pp=2,dp=2"]
 
 
+# Every Plotly chart on the page fills its card's width (within 10 %) and stays inside the
+# card (Plotly's responsive resize used to feed the div's leftover height back, so after a
+# resize charts spilled over the cards below them) and the window (no horizontal scrolling).
+CHARTS_FIT = """() => {
+  const plots = [...document.querySelectorAll('.js-plotly-plot')];
+  if (!plots.length || document.documentElement.scrollWidth > window.innerWidth) return false;
+  return plots.every((plot) => {
+    const svg = plot.querySelector('.main-svg');
+    const card = plot.parentElement.getBoundingClientRect();
+    if (!svg) return false;
+    const box = svg.getBoundingClientRect();
+    return box.left >= card.left - 1 && box.right <= card.right + 1 && box.top >= card.top - 1
+      && box.bottom <= card.bottom + 1 && box.width >= 0.9 * card.width;
+  });
+}"""
+
+
 def _watch_errors(page) -> list[str]:
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -116,3 +133,65 @@ def test_compare_two_emulated_configs_export_csv_and_reopen(stack, browser) -> N
     assert [e for e in errors if "status of 400" not in e] == [] and len(errors) == 1, errors
     context.close()
     print(f"two emulations ran and showed side by side {seconds:.1f} s after Run; screenshots in {stack.var_dir}")
+
+
+def test_take_the_top_k_from_search(stack, browser) -> None:  # noqa: F811
+    """An agent ranks the candidates for tiny-gpt on 2 GPUs (a search run on the emulate
+    queue, followed over the websocket); they are emulated on the agents and the fastest
+    one that fits stays in the comparison (and in the URL that reopens it). A setting no
+    layout fits ends with the agent's reason on the page."""
+    context = browser.new_context(viewport={"width": 1366, "height": 900})
+    page = context.new_page()
+    errors = _watch_errors(page)
+    _sign_in(page, stack)
+    page.goto(f"{stack.url}compare/?model=tiny-gpt&gpu=h100&gpus=2&batch=8&micro=1&seq=64")
+    page.wait_for_selector("#connection[data-state=live]", timeout=10_000)
+    page.get_by_label("Top", exact=True).fill("1")
+    started = time.monotonic()
+    page.get_by_role("button", name="Take the top K from search").press("Enter")  # keyboard operable
+    page.wait_for_function("document.querySelector('#search-status').textContent.includes('Search: emulating')",
+                           timeout=120_000)
+    ranked = time.monotonic() - started
+    page.wait_for_function("document.querySelector('#search-status').textContent.includes('kept the')",
+                           timeout=180_000)
+    seconds = time.monotonic() - started
+    status = page.locator("#search-status").inner_text()
+    assert "3 of 4 candidates emulated; kept the 1 fastest that fit" in status, status
+    page.wait_for_selector("body[data-done=true]", timeout=30_000)
+    snapshot = page.evaluate("window.dynaplaneCompare.snapshot")
+    assert len(snapshot["runs"]) == 1 and snapshot["runs"][0]["state"] == "done"
+    kept = snapshot["runs"][0]
+    assert page.locator("#layout-list li code").all_inner_texts() == [kept["layout"]]
+    assert f"runs={kept['id']}" in page.url and parse_qs(urlsplit(page.url).query)["layout"] == [kept["layout"]]
+    # The agent's ranking is stored as the search run's result; its candidates were emulated,
+    # and the page kept the fastest of them that fit (what `dynaplane search` keeps).
+    listed = [r for r in stack.get("api/emulations")["results"] if r["gpus"] == 2]
+    (searched,) = [r for r in listed if r["kind"] == "search"]
+    assert (searched["state"], searched["top"], searched["result"]["candidates"]) == ("done", 1, 4)
+    tried = [r for r in listed if r["kind"] == "emulate"]
+    assert sorted(r["layout"] for r in tried) == sorted(searched["result"]["layouts"]) and len(tried) == 3
+    fitting = [r for r in tried if r["state"] == "done" and r["result"]["memory"]["fits"]]
+    assert max(fitting, key=lambda r: r["result"]["tokens_per_second"])["id"] == kept["id"]
+    page.wait_for_selector("#breakdown-chart .main-svg", timeout=10_000)
+    page.screenshot(path=str(stack.var_dir / "compare-search-top.png"), full_page=True)
+    # A live window resize: the charts follow their cards, narrower and wider, never spilling.
+    for width in (760, 1700):
+        page.set_viewport_size({"width": width, "height": 900})
+        page.wait_for_function(CHARTS_FIT, timeout=10_000)
+        page.screenshot(path=str(stack.var_dir / f"compare-search-top-{width}.png"), full_page=True)
+
+    # Nothing fits: the agent's reason, and nothing emulated.
+    emulated = len([r for r in stack.get("api/emulations")["results"] if r["kind"] == "emulate"])
+    page.get_by_label("Model").select_option("llama3-405b")
+    page.get_by_label("GPUs", exact=True).fill("1")
+    page.get_by_role("button", name="Take the top K from search").click()
+    alert = page.locator("#form-errors")
+    alert.get_by_text("Search failed").wait_for(timeout=120_000)
+    assert ("no layout of llama3-405b runs on 1 GPU with global batch 8 and micro-batch 1" in alert.inner_text()
+            and "Nothing was emulated" in alert.inner_text()), alert.inner_text()
+    assert len([r for r in stack.get("api/emulations")["results"] if r["kind"] == "emulate"]) == emulated
+    page.screenshot(path=str(stack.var_dir / "compare-search-failed.png"), full_page=True)
+    assert errors == [], errors
+    context.close()
+    print(f"search: ranked on an agent in {ranked:.1f} s, 3 candidates emulated, the fastest kept "
+          f"{seconds:.1f} s after the click")

@@ -38,13 +38,18 @@ def sent_events(monkeypatch) -> list:
     from controlplane.common import events
 
     sent: list = []
-    real = events.send_now
+    real, real_many = events.send_now, events.send_many_now
 
     def record(group, event):
         sent.append(event)
         real(group, event)
 
+    def record_many(group, batch):
+        sent.extend(batch)
+        real_many(group, batch)
+
     monkeypatch.setattr(events, "send_now", record)
+    monkeypatch.setattr(events, "send_many_now", record_many)
     return sent
 
 

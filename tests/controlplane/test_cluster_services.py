@@ -27,10 +27,12 @@ def test_first_heartbeat_registers_node_and_gpus(django_capture_on_commit_callba
     assert len({e.seq for e in sent_events}) == 4
 
 
-def test_steady_heartbeats_are_silent(django_capture_on_commit_callbacks, sent_events) -> None:
-    services.node_record_heartbeat(report=heartbeat())
-    with django_capture_on_commit_callbacks(execute=True):
-        services.node_record_heartbeat(report=heartbeat())
+def test_steady_heartbeats_are_silent(django_capture_on_commit_callbacks, sent_events,
+                                     django_assert_max_num_queries) -> None:
+    services.node_record_heartbeat(report=heartbeat(gpus=8))
+    # (savepoint) node lock, node update, the GPUs' inventory as plain values (release)
+    with django_capture_on_commit_callbacks(execute=True), django_assert_max_num_queries(5):
+        services.node_record_heartbeat(report=heartbeat(gpus=8))
     assert sent_events == []
 
 

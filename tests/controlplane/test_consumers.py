@@ -54,3 +54,31 @@ async def test_wrong_origin_is_refused(user) -> None:
                                          headers=[(b"origin", b"http://evil.example"), (b"host", b"localhost")])
     connected, _ = await communicator.connect()
     assert not connected
+
+
+async def test_a_batch_of_step_events_reaches_a_job_page_one_message_each(user) -> None:
+    """One channel-layer message for a batch of steps (ingest.py); the socket relays each
+    event as its own message, in seq order, as pages expect."""
+    from datetime import datetime, timezone
+
+    from agents import protocol
+    from controlplane.jobs.events import job_event_adapter
+    from controlplane.jobs.ingest import batch_ingest
+    from controlplane.jobs.models import Job
+
+    key = (await database_sync_to_async(Token.objects.create)(user=user)).key
+    job = await database_sync_to_async(job_create)(name="batched", model="tiny-gpt", layout="dp=1")
+    await database_sync_to_async(Job.objects.filter(pk=job.pk).update)(state="running")
+    communicator = WebsocketCommunicator(application, f"/ws/jobs/{job.pk}/", headers=[
+        ORIGIN, (b"host", b"localhost"), (b"authorization", f"Token {key}".encode())])
+    connected, _ = await communicator.connect()
+    assert connected
+    hello = job_event_adapter.validate_python(await communicator.receive_json_from(timeout=5))
+    now = datetime.now(timezone.utc)
+    await database_sync_to_async(batch_ingest)(batch=protocol.ReportBatch(
+        job_id=job.pk, node="node-1", stream="s", batch=1, reports=tuple(
+            protocol.JobReport(job_id=job.pk, node="node-1", kind="step", step=s, loss=1.0 / s, sent_at=now)
+            for s in range(1, 6))))
+    events = [job_event_adapter.validate_python(await communicator.receive_json_from(timeout=5)) for _ in range(5)]
+    assert [(e.type, e.step, e.seq) for e in events] == [("metrics", s, hello.seq + s) for s in range(1, 6)]
+    await communicator.disconnect()

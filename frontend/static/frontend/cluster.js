@@ -1,5 +1,6 @@
 // Cluster page: render the embedded snapshot, then keep it live over /ws/cluster/.
 import { applyEvent, gpuStateCounts, GPU_STATES } from "./cluster-store.js";
+import { draw } from "./plots.js";
 
 const readJson = (id) => JSON.parse(document.getElementById(id).textContent);
 
@@ -67,7 +68,7 @@ function renderChart() {
   const names = [...snapshot.nodes].sort(byName).map((n) => n.name);
   const counts = gpuStateCounts(names, snapshot.gpus);
   figure.data.forEach((trace) => { trace.x = names; trace.y = counts[trace.name]; });
-  window.Plotly.react("gpu-state-chart", figure.data, figure.layout, { displayModeBar: false, responsive: true });
+  draw("gpu-state-chart", figure);
 }
 
 function render() {

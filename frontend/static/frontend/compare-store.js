@@ -64,3 +64,26 @@ export function searchTop(runs, top) {
   return runs.filter((r) => r.state === "done" && r.result && r.result.memory && r.result.memory.fits)
     .sort((a, b) => b.result.tokens_per_second - a.result.tokens_per_second).slice(0, top);
 }
+
+// A search for the page's settings (POST /api/emulations/search): an agent ranks the layouts.
+export function searchRequest(settings, top) {
+  return { model: settings.model, gpus: settings.gpus, gpu_type: settings.gpu, global_batch: settings.batch,
+    micro_batch: settings.micro, seq_len: settings.seq, recompute: settings.recompute, top };
+}
+
+// What a search run (kind "search", followed over /ws/emulations/) tells the page:
+// {text, layouts (once done: the candidates to emulate), error (once failed)}.
+export function searchStatus(run) {
+  if (run.state === "failed") {
+    const error = run.error || "failed without a reason";
+    return { text: `Search failed: ${error}`, layouts: null, error };
+  }
+  if (run.state === "done") {
+    const { layouts, candidates, top } = run.result;
+    return { text: `Search: emulating ${layouts.length} of ${candidates} candidate layouts on the agents; ` +
+      `the ${top} fastest that fit will stay…`, layouts: [...layouts], error: null };
+  }
+  const text = run.state === "queued" ? "Search: waiting for an agent to rank the candidate layouts…"
+    : `Search: ${run.message || "ranking the candidate layouts"}…`;
+  return { text, layouts: null, error: null };
+}

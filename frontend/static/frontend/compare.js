@@ -1,8 +1,10 @@
 // Compare page: pick settings and layouts, run them on the agents' emulators, follow the
 // runs over /ws/emulations/ and draw the figures the server builds (/compare/data).
 import {
-  TERMINAL, applyEmulationEvent, comparisonQuery, emulationRequest, errorLines, follow,
+  TERMINAL, applyEmulationEvent, comparisonQuery, emulationRequest, errorLines, follow, searchRequest, searchStatus,
+  searchTop,
 } from "./compare-store.js";
+import { draw } from "./plots.js";
 
 const initial = JSON.parse(document.getElementById("compare-initial").textContent);
 let snapshot = initial.snapshot;
@@ -10,7 +12,6 @@ let figures = initial.figures;
 let layouts = [...initial.settings.layouts];
 const seen = new Map(); // runs seen in events before the page followed them
 const $ = (id) => document.getElementById(id);
-const PLOT_CONFIG = { displayModeBar: false, responsive: true };
 
 function el(tag, attrs = {}, text = "") {
   const node = document.createElement(tag);
@@ -112,7 +113,7 @@ function renderFigures() {
   }));
   if (!window.Plotly || !figures) return;
   for (const [key, target] of [["breakdown", "breakdown-chart"], ["memory", "memory-chart"], ["throughput", "throughput-chart"]]) {
-    window.Plotly.react(target, figures[key].data, figures[key].layout, PLOT_CONFIG);
+    draw(target, figures[key]);
   }
 }
 
@@ -125,6 +126,7 @@ async function reloadData() {
   figures = data.figures;
   renderRuns();
   renderFigures();
+  finishSearch();
 }
 
 function csrfToken() {
@@ -134,7 +136,86 @@ function csrfToken() {
 
 async function runComparison(event) {
   event.preventDefault();
+  search = null;
+  $("search-status").textContent = "";
   await submitComparison();
+}
+
+// "Take the top K from search": an agent ranks the candidate layouts (a search run, POST
+// /api/emulations/search, followed over /ws/emulations/ like the emulations); they replace
+// the list and run as one comparison; once every run is finished the K fastest that fit stay.
+let searching = null; // the search run's id while an agent ranks the candidates
+let search = null; // {top, candidates, tried} while the candidates are being emulated
+async function takeTopFromSearch() {
+  const settings = readSettings();
+  const top = Number.parseInt($("f-top").value, 10);
+  const errors = $("form-errors");
+  errors.textContent = "";
+  let response;
+  try {
+    response = await fetch("/api/emulations/search", { method: "POST", credentials: "same-origin",
+      headers: { "Content-Type": "application/json", "X-CSRFToken": csrfToken() },
+      body: JSON.stringify(searchRequest(settings, top)) });
+  } catch (exc) {
+    errors.textContent = `The control plane did not answer (${exc}); no search was queued. Try again.`;
+    return;
+  }
+  const body = await response.json().catch(() => ({ detail: response.statusText }));
+  if (response.status !== 201) {
+    errors.replaceChildren(el("p", {}, "No search was queued; fix these and try again:"),
+      ...errorLines(body).map((line) => el("p", {}, line)));
+    return;
+  }
+  searching = body.id;
+  search = null;
+  $("search-top").disabled = true;
+  searchMoved(seen.get(body.id) || body); // (its events may have come before the answer)
+}
+
+function searchMoved(run) {
+  if (run.id !== searching) return;
+  const status = searchStatus(run);
+  $("search-status").textContent = status.error ? "" : status.text; // (a failure goes to the alert below)
+  if (!TERMINAL.has(run.state)) return;
+  searching = null;
+  $("search-top").disabled = false;
+  if (status.error) {
+    $("form-errors").textContent = `${status.text}. Nothing was emulated; change the settings and try again.`;
+    return;
+  }
+  layouts = status.layouts;
+  renderLayouts();
+  search = { top: run.result.top, candidates: run.result.candidates, tried: layouts.length };
+  submitComparison().then((queued) => { if (!queued) search = null; });
+}
+
+function finishSearch() {
+  if (!search || !snapshot.runs.length || snapshot.runs.some((r) => !TERMINAL.has(r.state))) return;
+  const { top, candidates, tried } = search;
+  search = null;
+  const kept = searchTop(snapshot.runs, top);
+  const left = snapshot.runs.filter((r) => !kept.includes(r)).map((r) => `${r.layout} (${r.state === "failed"
+    ? "failed" : r.result.memory.fits ? "slower" : "does not fit"})`);
+  $("search-status").textContent = kept.length
+    ? `Search: ${tried} of ${candidates} candidates emulated; kept the ${kept.length} fastest that fit. ` +
+      (left.length ? `Left out: ${left.join(", ")}.` : "")
+    : `Search: none of the ${tried} candidates emulated fits; all are shown.`;
+  if (!kept.length) return;
+  const settings = readSettings();
+  layouts = kept.map((r) => r.layout);
+  const ids = kept.map((r) => r.id);
+  snapshot = follow(snapshot, ids, snapshot.runs, seen);
+  const query = comparisonQuery(settings, layouts, ids);
+  history.replaceState(null, "", `${location.pathname}?${query}`);
+  $("permalink").href = `${location.pathname}?${query}`;
+  renderLayouts();
+  renderRuns();
+  reloadData();
+}
+
+async function reloadSearch() {
+  const response = await fetch(`/api/emulations/${searching}`, { credentials: "same-origin" });
+  if (response.ok) searchMoved(await response.json());
 }
 
 
@@ -193,10 +274,14 @@ function connect() {
   socket.onopen = () => { retryMs = 500; setConnection("live", "live"); };
   socket.onmessage = (message) => {
     const event = JSON.parse(message.data);
-    if (event.type === "emulation") seen.set(event.run.id, event.run);
+    if (event.type === "emulation") {
+      seen.set(event.run.id, event.run);
+      if (event.run.id === searching) searchMoved(event.run);
+    }
     const before = snapshot;
     const result = applyEmulationEvent(snapshot, event);
     if (result.gap) {
+      if (searching !== null) reloadSearch();
       // Nothing followed yet: nothing to miss. Otherwise the server's snapshot catches up.
       if (!snapshot.ids.length) snapshot = { ...snapshot, seq: event.seq };
       else reloadData();
@@ -219,6 +304,7 @@ function connect() {
 }
 
 $("add-layout").addEventListener("click", addLayout);
+$("search-top").addEventListener("click", takeTopFromSearch);
 $("f-layout").addEventListener("keydown", (e) => { if (e.key === "Enter") { e.preventDefault(); addLayout(); } });
 $("compare-form").addEventListener("submit", runComparison);
 $("export-csv").addEventListener("click", (e) => { if (!snapshot.ids.length) e.preventDefault(); });

@@ -3,6 +3,7 @@
 import { applyEvent } from "./cluster-store.js";
 import { applyJobEvent, historyBands, METRIC_NAMES, TERMINAL } from "./job-store.js";
 import { startResizeFlow } from "./resize.js";
+import { draw } from "./plots.js";
 
 const readJson = (id) => JSON.parse(document.getElementById(id).textContent);
 export const el = (tag, attrs = {}, text = "") => {
@@ -11,7 +12,6 @@ export const el = (tag, attrs = {}, text = "") => {
   if (text !== "") node.textContent = text;
   return node;
 };
-const PLOT = { displayModeBar: false, responsive: true };
 
 let job = readJson("job-data");
 let live = readJson("job-live");
@@ -30,7 +30,7 @@ function drawCharts() {
     const series = live.metrics[name] || { x: [], y: [] };
     figure.data[0].x = [...series.x];
     figure.data[0].y = [...series.y];
-    window.Plotly.react(`chart-${name}`, figure.data, figure.layout, PLOT);
+    draw(`chart-${name}`, figure);
   }
   drawBands();
 }

@@ -1,10 +1,10 @@
 // The click-to-resize flow on the job page: GPU count -> ranked proposals -> plan preview
 // -> confirm dialog -> POST resize -> live progress -> result.
 import { rankByEmulation, stepTimeAround, TERMINAL } from "./job-store.js";
+import { draw } from "./plots.js";
 
 const EMULATE_TOP = 3;
 const STEPS = ["planned", "preparing", "ready", "transferring", "verifying", "committed"];
-const PLOT = { displayModeBar: false, responsive: true };
 const $ = (id) => document.getElementById(id);
 const mib = (b) => (b >= 2 ** 30 ? `${(b / 2 ** 30).toFixed(2)} GiB` : `${(b / 2 ** 20).toFixed(2)} MiB`);
 const secs = (s) => (s === null || s === undefined ? "–" : s < 0.01 ? `${(s * 1000).toPrecision(2)} ms`
@@ -139,7 +139,7 @@ export function startResizeFlow({ getJob, getLive, onEvent }) {
     $("plan-section").hidden = false;
     $("plan-section").dataset.layout = layout;
     for (const [key, id] of [["heatmap", "plan-heatmap"], ["rounds", "plan-rounds"], ["wave", "plan-wave"]]) {
-      window.Plotly.react(id, body[key].data, body[key].layout, PLOT);
+      draw(id, body[key]);
     }
     $("resize-open").textContent = `Resize to ${layout}…`;
     $("resize-open").focus();
@@ -193,7 +193,7 @@ export function startResizeFlow({ getJob, getLive, onEvent }) {
       const body = await response.json();
       waveShown = key;
       $("progress-wave-figure").hidden = false;
-      window.Plotly.react("progress-wave", body.wave.data, body.wave.layout, PLOT);
+      draw("progress-wave", body.wave);
     } finally {
       waveLoading = false;
     }

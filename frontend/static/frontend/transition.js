@@ -1,8 +1,10 @@
 // Transition page: draw the plan's figures (built on the server by frontend/figures.py) and
 // filter the per-tensor verification table by name.
+import { draw } from "./plots.js";
+
 const figures = JSON.parse(document.getElementById("plan-figures").textContent);
 for (const [key, id] of [["heatmap", "plan-heatmap"], ["rounds", "plan-rounds"], ["wave", "plan-wave"]]) {
-  window.Plotly.react(id, figures[key].data, figures[key].layout, { displayModeBar: false, responsive: true });
+  draw(id, figures[key]);
 }
 
 const filter = document.getElementById("tensor-filter");

@@ -61,11 +61,30 @@ def _messages(client, task: str, job_id: int | None = None) -> list[dict]:
     return out
 
 
+def _job_report_messages(client, job_id: int | None = None) -> list[dict]:
+    """JobReports in the order sent: alone (from an agent) or in rank 0's batches, whose
+    numbers count up from 1 (each validated against the protocol)."""
+    out, numbers = [], {}
+    for raw in reversed(client.lrange(protocol.CONTROL_QUEUE, 0, -1)):
+        envelope = json.loads(raw)
+        args, _, _ = json.loads(base64.b64decode(envelope["body"]))
+        if job_id is not None and args[0]["job_id"] != job_id:
+            continue
+        if envelope["headers"]["task"] == protocol.CONTROL_JOB_REPORT:
+            out.append(protocol.JobReport.model_validate(args[0]).model_dump())
+        elif envelope["headers"]["task"] == protocol.CONTROL_INGEST_EVENTS:
+            batch = protocol.ReportBatch.model_validate(args[0])
+            assert batch.batch == numbers.get(batch.stream, 0) + 1, (batch.stream, batch.batch, numbers)
+            numbers[batch.stream] = batch.batch
+            out += [report.model_dump() for report in batch.reports]
+    return out
+
+
 def _reports(client) -> list[dict]:
-    """Every JobReport sent (each validated against the protocol); nothing else was sent."""
-    assert all(json.loads(raw)["headers"]["task"] == protocol.CONTROL_JOB_REPORT
+    """Every JobReport sent; nothing else was sent."""
+    assert all(json.loads(raw)["headers"]["task"] in (protocol.CONTROL_JOB_REPORT, protocol.CONTROL_INGEST_EVENTS)
                for raw in client.lrange(protocol.CONTROL_QUEUE, 0, -1))
-    return [protocol.JobReport.model_validate(m).model_dump() for m in _messages(client, protocol.CONTROL_JOB_REPORT)]
+    return _job_report_messages(client)
 
 
 def _wait(predicate, timeout: float, what: str):
@@ -169,7 +188,7 @@ def _transitions(client, job_id: int) -> list[dict]:
 
 
 def _job_reports(client, job_id: int) -> list[dict]:
-    return _messages(client, protocol.CONTROL_JOB_REPORT, job_id)
+    return _job_report_messages(client, job_id)
 
 
 def _switch(job_id: int, tid: int, src: str, src_world: int, dst: str, world: int, ranks: list[tuple[int, int]]):
