@@ -301,11 +301,14 @@ PROGRAM_MODEL, PROGRAM_MICRO_BATCHES, PROGRAM_SEQ = "tiny-gpt", 4, 64
 
 
 def program_layouts(world: int) -> list[str]:
-    """The layouts whose real steps decide the host costs: plain data parallelism, and
-    (tiny-gpt has 2 kv heads) tensor parallelism of 2 when the ranks pair up."""
+    """The layouts whose real steps decide the host costs: plain data parallelism, (tiny-gpt
+    has 2 kv heads) tensor parallelism of 2 when the ranks pair up, and ZeRO-3 (FSDP2's
+    host work around its collectives) when there is more than one rank."""
     layouts = [f"tp=1,pp=1,dp={world},zero=1"]
     if world % 2 == 0:
         layouts.append(f"tp=2,pp=1,dp={world // 2},zero=1")
+    if world >= 2:
+        layouts.append(f"tp=1,pp=1,dp={world},zero=3")
     return layouts
 
 
@@ -323,39 +326,46 @@ def _program_step(layout: str, rank: int, world: int, measured: int = 5) -> floa
                       warmup=2, measured=measured).fastest
 
 
-def program_host_costs(profile: DeviceProfile, world: int, measured: dict[str, float]) -> tuple[float, float]:
-    """(launch_seconds, dispatch_seconds) that make the emulator's predictions of the
-    program steps equal their measured times, starting from `profile`'s estimates: the
-    predicted step is (nearly) linear in both, so one Newton step on finite differences
-    solves it. Falls back to the estimates where the measurements cannot decide (one
-    layout only, or a solution that is not positive)."""
+HOST_COSTS = ("launch_seconds", "dispatch_seconds", "collective_host_seconds")
+
+
+def program_host_costs(profile: DeviceProfile, world: int, measured: dict[str, float]) -> tuple[float, ...]:
+    """(launch_seconds, dispatch_seconds, collective_host_seconds) that make the emulator's
+    predictions of the program steps equal their measured times, starting from `profile`'s
+    estimates: the predicted step is (nearly) linear in them, so Newton steps on finite
+    differences solve it. Each layout decides one more cost: plain data parallelism the
+    per-op cost, tensor parallelism the DTensor one, ZeRO-3 the per-collective one; costs
+    the measured layouts cannot decide keep their estimates, and a solution that is not
+    positive falls back to the estimates."""
     import numpy as np
 
     from agents.emulator.simulate import simulate
     from agents.emulator.tracer import TraceRequest, trace
 
+    layouts = list(measured)
     traces = {layout: trace(TraceRequest(PROGRAM_MODEL, layout, 1, PROGRAM_SEQ, PROGRAM_MICRO_BATCHES, world))[0]
-              for layout in measured}
+              for layout in layouts}
+    estimate = np.array([getattr(profile, name) for name in HOST_COSTS])
+    # which costs the layouts can decide: the per-op cost always, the others where a layout exercises them
+    free = [0] + [i for i, test in ((1, "tp=2"), (2, "zero=3")) if any(test in layout for layout in layouts)]
+    free = free[:len(layouts)]
 
-    def predicted(launch: float, dispatch: float) -> np.ndarray:
-        p = dataclasses.replace(profile, launch_seconds=launch, dispatch_seconds=dispatch)
-        return np.array([simulate(traces[layout], p, world).step_seconds for layout in measured])
+    def predicted(costs: np.ndarray) -> np.ndarray:
+        p = dataclasses.replace(profile, **dict(zip(HOST_COSTS, map(float, costs))))
+        return np.array([simulate(traces[layout], p, world).step_seconds for layout in layouts])
 
-    launch, dispatch = profile.launch_seconds, profile.dispatch_seconds
-    real = np.array(list(measured.values()))
+    costs, real = estimate.copy(), np.array([measured[layout] for layout in layouts])
     for _ in range(2):
-        base = predicted(launch, dispatch)
+        base = predicted(costs)
         step = 1e-6
-        jacobian = np.stack([(predicted(launch + step, dispatch) - base) / step,
-                             (predicted(launch, dispatch + step) - base) / step], axis=1)
-        if len(measured) == 2 and abs(np.linalg.det(jacobian)) > 1e-9:
-            delta = np.linalg.solve(jacobian, real - base)
-        else:  # one equation: the DTensor estimate stays, the per-op cost absorbs the rest
-            delta = np.array([(real[0] - base[0]) / max(jacobian[0, 0], 1e-9), 0.0])
-        launch, dispatch = launch + delta[0], dispatch + delta[1]
-        if launch <= 0 or dispatch < 0:
-            return profile.launch_seconds, profile.dispatch_seconds
-    return float(launch), float(dispatch)
+        jacobian = np.stack([(predicted(costs + step * np.eye(3)[i]) - base) / step for i in free], axis=1)
+        delta, *_ = np.linalg.lstsq(jacobian, real - base, rcond=None)
+        if np.linalg.matrix_rank(jacobian) < len(free):
+            return tuple(float(c) for c in estimate)
+        costs[free] += delta
+        if costs[0] <= 0 or (costs[1:] < 0).any():
+            return tuple(float(c) for c in estimate)
+    return tuple(float(c) for c in costs)
 
 
 def calibrate_rank(rank: int, world: int, effort: Effort = FULL, shapes: tuple = ((), ())) -> dict:
@@ -480,9 +490,9 @@ def calibrate(ranks: int = 2, effort: Effort = FULL, shapes_from: list = ()) -> 
                           for kind, points in results[0]["table"].items()},
         notes=f"measured by dynaplane calibrate with {ranks} ranks on {os.cpu_count()} CPUs")
     say("predicting the program steps (traces tiny-gpt)")
-    launch, dispatch = program_host_costs(estimated, ranks, program)
+    launch, dispatch, collective = program_host_costs(estimated, ranks, program)
     steps = ", ".join(f"{layout}: {seconds * 1e3:.1f} ms" for layout, seconds in program.items())
     return dataclasses.replace(
-        estimated, launch_seconds=launch, dispatch_seconds=dispatch,
+        estimated, launch_seconds=launch, dispatch_seconds=dispatch, collective_host_seconds=collective,
         notes=f"{estimated.notes}; host costs from {PROGRAM_MODEL} steps ({steps}); a small block's estimate "
               f"was {estimated.launch_seconds * 1e6:.1f} us per op, +{estimated.dispatch_seconds * 1e6:.1f} us per DTensor op")

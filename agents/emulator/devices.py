@@ -69,6 +69,12 @@ class DeviceProfile:
     # Host seconds of one DTensor op's sharding dispatch on top of the local ops it runs.
     # 0 for the GPU profiles: there the host runs ahead of the kernels and this overlaps them.
     dispatch_seconds: float = 0.0
+    # Host seconds the program spends on the compute thread around each data-parallel
+    # collective it issues on the side (FSDP2's unshard/reshard hooks and stream waits
+    # around its all-gathers and reduce-scatters, a bucket's hook). 0 for the GPU profiles:
+    # there the host runs ahead of the kernels. `dynaplane calibrate` solves it from a
+    # ZeRO-3 step of the real program.
+    collective_host_seconds: float = 0.0
     # Fraction of a collective's time that runs hidden while the rank computes. 1 on GPUs
     # (copy engines and NICs move the bytes); on a CPU whose cores all compute, the
     # collective's copies need the same cores, and `dynaplane calibrate` measures it.
@@ -98,7 +104,8 @@ class DeviceProfile:
         check_tables(self.name, self.matmul_table, self.attention_table, self.op_bandwidth_table)
         require(isinstance(self.comm_overlap, (int, float)) and 0 <= self.comm_overlap <= 1,
                 f"profile {self.name}: comm_overlap={self.comm_overlap!r} must be in [0, 1]")
-        for key in ("sm_count", "launch_seconds", "intra_node_latency", "inter_node_latency", "dispatch_seconds"):
+        for key in ("sm_count", "launch_seconds", "intra_node_latency", "inter_node_latency", "dispatch_seconds",
+                    "collective_host_seconds"):
             value = getattr(self, key)
             require(isinstance(value, (int, float)) and math.isfinite(value) and value >= 0,
                     f"profile {self.name}: {key}={value!r} must be >= 0")

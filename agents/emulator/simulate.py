@@ -198,6 +198,14 @@ def _stage_cost(stage: StageTrace, profile: DeviceProfile, gpn: int, recompute: 
     backward = _run_phase(rec + timed(stage.backward),
                           [(bwd_index[a] + len(rec), s, c) for a, s, c in gathers("backward")],
                           profile.comm_overlap)
+    # Host work around the side-stream collectives (profile.collective_host_seconds), on the
+    # compute thread: a phase's gathers every micro-batch; the gradient buckets in every
+    # backward when they sync each micro-batch, else once, before the optimizer.
+    host = profile.collective_host_seconds
+    buckets = len(stage.grad_sync) * host
+    forward = _with_host(forward, len(stage.gathers("forward")) * host)
+    backward = _with_host(backward, len(stage.gathers("backward")) * host
+                          + (buckets if stage.grad_sync_each_microbatch else 0.0))
     ready = []
     for after in stage.grad_ready_after():
         i = len(rec) + bwd_index[after]
@@ -205,11 +213,23 @@ def _stage_cost(stage: StageTrace, profile: DeviceProfile, gpn: int, recompute: 
     optimizer = dict.fromkeys(PARTS, 0.0)
     for s, c in timed(stage.optimizer):
         optimizer[c] += s
+    if not stage.grad_sync_each_microbatch:
+        optimizer["dp_comm"] += buckets
+    optimizer["dp_comm"] += sum(p == "step" for p in stage.phases()) * host
     steps = [(seconds(op), _category(op)) for op, p in zip(stage.param_sync, stage.phases()) if p == "step"]
     return _StageCost(forward, backward, ready, [(seconds(op), _category(op)) for op in stage.grad_sync],
                       p2p(stage.forward, "send"), p2p(stage.forward, "recv"),
                       p2p(stage.backward, "send"), p2p(stage.backward, "recv"),
                       optimizer, steps, stage.memory.activations(recompute))
+
+
+def _with_host(phase: _Phase, seconds: float) -> _Phase:
+    """The phase with `seconds` of host work for its collectives at its end (dp_comm)."""
+    if not seconds:
+        return phase
+    parts = dict(phase.parts)
+    parts["dp_comm"] += seconds
+    return _Phase(phase.seconds + seconds, parts, phase.op_end)
 
 
 def _index_without_p2p(ops: tuple[Op, ...]) -> list[int]:
