@@ -414,18 +414,17 @@ def calibrate_rank(rank: int, world: int, effort: Effort = FULL, shapes: tuple =
 
 
 def nondecreasing(values: list[float]) -> list[float]:
-    """The least-squares non-decreasing fit of `values` (pool adjacent violators): a
-    collective cannot take less time for more bytes, so a dip in the measured table is
-    noise (another process took the core), and pooling it with its neighbours is the
-    least change that removes it. E.g. [2.4, 0.2, 8.4, 0.3, 0.5] -> [1.3, 1.3, 3.07, 3.07, 3.07]."""
-    blocks: list[list[float]] = []  # [sum, count]
-    for v in values:
-        blocks.append([v, 1])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            total, count = blocks.pop()
-            blocks[-1][0] += total
-            blocks[-1][1] += count
-    return [total / count for total, count in blocks for _ in range(int(count))]
+    """The largest non-decreasing curve under the measured times: each point's suffix
+    minimum. A collective cannot take less time for more bytes, and on a shared machine
+    noise only ever adds time, so every measurement is an upper bound on the true time at
+    its size and on the true time at every smaller size; the tightest such bound is the
+    minimum over this size and all larger ones. E.g. [2.4, 0.2, 8.4, 0.3, 0.5] ->
+    [0.2, 0.2, 0.3, 0.3, 0.5]."""
+    out, low = [], float("inf")
+    for v in reversed(values):
+        low = min(low, v)
+        out.append(low)
+    return out[::-1]
 
 
 def _median_rows(tables: list):

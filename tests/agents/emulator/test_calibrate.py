@@ -93,14 +93,15 @@ def test_calibrate_refuses_shapes_it_cannot_trace(tmp_path) -> None:
 
 
 def test_a_noisy_collective_table_is_fitted_non_decreasing() -> None:
-    assert nondecreasing([2.4, 0.2, 8.4, 0.3, 0.5]) == pytest.approx([1.3, 1.3, 3.0666667, 3.0666667, 3.0666667])
+    assert nondecreasing([2.4, 0.2, 8.4, 0.3, 0.5]) == [0.2, 0.2, 0.3, 0.3, 0.5]
     assert nondecreasing([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0]
 
 
 @given(st.lists(st.floats(1e-6, 1.0), min_size=1, max_size=12))
-def test_the_fit_is_non_decreasing_keeps_the_mean_and_leaves_sorted_tables_alone(values) -> None:
+def test_the_fit_is_the_largest_non_decreasing_curve_under_the_measurements(values) -> None:
     fitted = nondecreasing(values)
     assert len(fitted) == len(values)
-    assert all(a <= b * (1 + 1e-12) for a, b in zip(fitted, fitted[1:]))
-    assert sum(fitted) == pytest.approx(sum(values))
-    assert nondecreasing(sorted(values)) == pytest.approx(sorted(values))
+    assert all(a <= b for a, b in zip(fitted, fitted[1:]))
+    assert all(f <= v for f, v in zip(fitted, values))   # noise only adds time: never above a measurement
+    assert fitted[-1] == values[-1]
+    assert nondecreasing(sorted(values)) == sorted(values)
