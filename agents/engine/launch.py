@@ -19,12 +19,22 @@ from typing import Any
 from agents.engine.errors import EngineError
 
 
-def _entry(rank: int, world: int, init_file: str, timeout_s: float, fn: Callable, args: tuple, results,
-           env: dict[str, str]) -> None:
-    # The forkserver's environment is the one it started with: take the caller's current one.
+def _take_environ(env: dict[str, str]) -> None:
+    """In a forkserver's child: its environment is the server's from its start; take the caller's."""
     for key in set(os.environ) - set(env):
         del os.environ[key]
     os.environ.update(env)
+
+
+def call_with_environ(env: dict[str, str], fn: Callable, *args: Any) -> Any:
+    """fn(*args) in a process of rank_context(), with the caller's environment `env`."""
+    _take_environ(env)
+    return fn(*args)
+
+
+def _entry(rank: int, world: int, init_file: str, timeout_s: float, fn: Callable, args: tuple, results,
+           env: dict[str, str]) -> None:
+    _take_environ(env)
     import torch
     import torch.distributed as dist
 
