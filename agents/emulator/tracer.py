@@ -134,17 +134,20 @@ def _interleaved_p2p(stage: StageTrace, ml, gpn: int) -> StageTrace:
 
 def in_fresh_processes(calls: dict, progress=None, what: str = "stage class") -> dict:
     """{key: (fn, args)} -> {key: fn(*args)}, each call in a fresh process (torch's
-    process-group and mesh registries are global; a fresh interpreter is the only clean
-    slate), DYNAPLANE_TRACE_WORKERS (2) at a time."""
-    import multiprocessing as mp
+    process-group and mesh registries are global; a process forked from a server that has
+    only imported torch, agents.engine.launch.rank_context, is a clean slate),
+    DYNAPLANE_TRACE_WORKERS (2) at a time."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from agents.engine.launch import call_with_environ, rank_context
 
     if not calls:
         return {}
     workers = max(1, min(len(calls), int(os.environ.get("DYNAPLANE_TRACE_WORKERS", "2"))))
     out: dict = {}
-    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), max_tasks_per_child=1) as pool:
-        futures = {pool.submit(fn, *args): key for key, (fn, args) in calls.items()}
+    env = dict(os.environ)
+    with ProcessPoolExecutor(workers, mp_context=rank_context(), max_tasks_per_child=1) as pool:
+        futures = {pool.submit(call_with_environ, env, fn, *args): key for key, (fn, args) in calls.items()}
         for n, future in enumerate(as_completed(futures)):
             out[futures[future]] = future.result()
             if progress:

@@ -19,7 +19,22 @@ from typing import Any
 from agents.engine.errors import EngineError
 
 
-def _entry(rank: int, world: int, init_file: str, timeout_s: float, fn: Callable, args: tuple, results) -> None:
+def _take_environ(env: dict[str, str]) -> None:
+    """In a forkserver's child: its environment is the server's from its start; take the caller's."""
+    for key in set(os.environ) - set(env):
+        del os.environ[key]
+    os.environ.update(env)
+
+
+def call_with_environ(env: dict[str, str], fn: Callable, *args: Any) -> Any:
+    """fn(*args) in a process of rank_context(), with the caller's environment `env`."""
+    _take_environ(env)
+    return fn(*args)
+
+
+def _entry(rank: int, world: int, init_file: str, timeout_s: float, fn: Callable, args: tuple, results,
+           env: dict[str, str]) -> None:
+    _take_environ(env)
     import torch
     import torch.distributed as dist
 
@@ -45,23 +60,48 @@ def _entry(rank: int, world: int, init_file: str, timeout_s: float, fn: Callable
 RANK_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(2**32), "MALLOC_TRIM_THRESHOLD_": str(2**36)}
 
 
+# Rank processes are forked from a forkserver that has imported torch once: a spawned rank
+# imports torch itself, which took 2 s a rank on the idle 2-core machine and 10 s under
+# load (4 ranks: 40-50 s before the first collective; forked from the server: 0.3 s). The
+# server only imports, so every rank still starts with torch's process-group and mesh
+# registries empty, as a fresh interpreter would.
+PRELOAD = ["torch", "torch.distributed"]
+
+
+def rank_context() -> mp.context.BaseContext:
+    """The multiprocessing context rank processes start from (forkserver, torch preloaded),
+    its server running with RANK_MALLOC_ENV: glibc reads it when a process starts, and
+    the forks inherit the heap settings."""
+    from multiprocessing import forkserver
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    saved = {k: os.environ.get(k) for k in RANK_MALLOC_ENV}
+    os.environ.update({k: v for k, v in RANK_MALLOC_ENV.items() if saved[k] is None})
+    try:
+        forkserver.ensure_running()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+    return ctx
+
+
+def rank_env() -> dict[str, str]:
+    """The environment of a rank process: the caller's, with RANK_MALLOC_ENV unless set."""
+    return {**RANK_MALLOC_ENV, **os.environ}
+
+
 def run_ranks(world: int, fn: Callable[..., Any], *args: Any, timeout_s: float = 60.0) -> list[Any]:
     """Run fn(rank, world, *args) on `world` processes; return their results by rank."""
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     results = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="dynaplane-ranks-") as folder:
         init_file = os.path.join(folder, "rendezvous")
-        procs = [ctx.Process(target=_entry, args=(r, world, init_file, timeout_s, fn, args, results), daemon=True)
-                 for r in range(world)]
-        saved = {k: os.environ.get(k) for k in RANK_MALLOC_ENV}
-        os.environ.update({k: v for k, v in RANK_MALLOC_ENV.items() if saved[k] is None})
-        try:
-            for p in procs:
-                p.start()
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
+        procs = [ctx.Process(target=_entry, args=(r, world, init_file, timeout_s, fn, args, results, rank_env()),
+                             daemon=True) for r in range(world)]
+        for p in procs:
+            p.start()
         out: dict[int, Any] = {}
         errors: dict[int, str] = {}
         deadline = time.monotonic() + timeout_s + 30

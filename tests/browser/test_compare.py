@@ -10,7 +10,6 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from tests.browser.test_dashboard import _sign_in
-from tests.integration.conftest import stack  # noqa: F401  (module-scoped stack fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -42,6 +41,7 @@ def _watch_errors(page) -> list[str]:
 
 
 def test_compare_two_emulated_configs_export_csv_and_reopen(stack, browser) -> None:  # noqa: F811
+    emulations_before = stack.get("api/emulations")["count"]  # (the stack is shared with other tests)
     context = browser.new_context(viewport={"width": 1366, "height": 900}, accept_downloads=True)
     page = context.new_page()
     errors = _watch_errors(page)
@@ -128,7 +128,7 @@ def test_compare_two_emulated_configs_export_csv_and_reopen(stack, browser) -> N
     assert [r["id"] for r in reopened["runs"]] == ids and len(ids) == 2
     assert wide.evaluate("window.dynaplaneCompare.figures") == figures
     wide.screenshot(path=str(stack.var_dir / "compare-reopened-1920.png"), full_page=True)
-    assert stack.get("api/emulations")["count"] == 2
+    assert stack.get("api/emulations")["count"] == emulations_before + 2
     # The one console error is the refused request's 400, which the page explained above.
     assert [e for e in errors if "status of 400" not in e] == [] and len(errors) == 1, errors
     context.close()

@@ -7,7 +7,6 @@ import time
 
 import pytest
 
-from tests.integration.conftest import stack  # noqa: F401  (module-scoped stack fixture)
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -8,7 +8,6 @@ import time
 
 import pytest
 
-from tests.integration.conftest import stack  # noqa: F401  (module-scoped stack fixture)
 from tests.support.stack import wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(240)]

@@ -133,3 +133,65 @@ def wait_for(predicate, timeout: float, interval: float = 0.1):
         if time.monotonic() - start > timeout:
             raise AssertionError(f"condition not met within {timeout} s")
         time.sleep(interval)
+
+
+def _alive(pid: int) -> bool:
+    """A live (not zombie) process: a killed agent may linger unreaped for a moment."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return fields[0] != "Z"
+
+
+class SharedStack(StackProcess):
+    """One stack for every test module that needs one (`dynaplane up` takes 10-60 s on the CI
+    machine). Tests kill agents; before each test `ready_for_test` starts again, as the
+    launcher's agent would be, every agent that is gone, and waits until every node is
+    healthy and every GPU free: each test starts on the stack a fresh one would give it."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.agents = int(self.argv[self.argv.index("--agents") + 1])
+        self.gpus_per_agent = int(self.argv[self.argv.index("--gpus-per-agent") + 1])
+        self.restarted: list[subprocess.Popen] = []
+
+    def _start_agent(self, name: str) -> subprocess.Popen:
+        env = {**self.env, "REDIS_URL": self.state["redis_url"], "DYNAPLANE_VAR_DIR": str(self.var_dir)}
+        log = open(self.var_dir / "logs" / f"agent-{name}.restarted.log", "ab")
+        agent = subprocess.Popen([sys.executable, "-m", "dynaplane", "agent", "--name", name,
+                                  "--gpus", str(self.gpus_per_agent)], env=env, cwd=ROOT, stdout=log,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+        self.restarted.append(agent)
+        return agent
+
+    def ready_for_test(self, timeout: float = 90.0) -> None:
+        started = {}
+        for i in range(1, self.agents + 1):
+            name = f"node-{i}"
+            node = self.get(f"api/nodes/{name}")
+            if node["state"] != "healthy" or not node["agent_pid"] or not _alive(node["agent_pid"]):
+                started[name] = self._start_agent(name).pid
+                self.state["pids"][f"agent-{name}"] = started[name]  # child_pids(): the agents running now
+
+        def ready() -> bool:
+            nodes = {n["name"]: n for n in self.get("api/nodes")["results"]}
+            health = self.get("api/health")
+            return (all(nodes[name]["agent_pid"] == pid for name, pid in started.items())
+                    and health["agents"] == {"healthy": self.agents, "lost": 0}
+                    and health["gpus"]["free"] == health["gpus"]["total"] == self.agents * self.gpus_per_agent)
+
+        wait_for(ready, timeout=timeout, interval=0.2)
+
+    def stop(self, timeout: float = 30.0) -> list[int]:
+        for agent in self.restarted:
+            try:
+                os.killpg(agent.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for agent in self.restarted:
+            try:
+                agent.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(agent.pid, signal.SIGKILL)
+        return super().stop(timeout)
