@@ -78,8 +78,11 @@ def test_killing_rank_0s_agent_while_training_goes_on_on_the_survivor_without_a_
         assert len(set(series["x"])) == len(series["x"])
         assert set(series["x"]) >= set(range(step + 1, int(max(series["x"])) + 1))
         assert step + 1 in series["x"]
-        # (step itself may be missing: rank 0 died before reporting a step the survivor finished)
-        assert max(x for x in series["x"] if x <= step) >= step - 1
+        # The lost world's own reports run from step 1 without a gap, up to what rank 0 had sent:
+        # its step reports wait in its batcher for up to one window (ReportBatcher, 0.5 s), and
+        # those die with it (the survivor holds those steps' state, not their reports).
+        reported = int(max(x for x in series["x"] if x <= step))
+        assert set(range(1, reported + 1)) <= set(series["x"])
         assert all(0 < y < 20 for y in series["y"])
         print(f"node-1 killed at step {step}; the survivor trained on {time.monotonic() - started:.1f} s later "
               f"({seconds:.1f} s to the committed restore row; paused {row['pause_seconds']:.2f} s as the survivor "

@@ -14,14 +14,10 @@ import pytest
 from agents import protocol
 from agents.layout.spec import parse_layout
 from agents.node.jobs import JobRunner
-from tests.agents.node.test_job_runner import _free_port, _messages, _order, _wait, broker  # noqa: F401 (fixture)
+from tests.agents.node.test_job_runner import (_free_port, _job_reports, _messages, _order, _wait,  # noqa: F401
+                                               broker)
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def _job_reports(client, job_id: int) -> list[dict]:
-    return [protocol.JobReport.model_validate(m).model_dump() for m in
-            _messages(client, protocol.CONTROL_JOB_REPORT, job_id)]
 
 
 def _two_nodes(url, tmp_path, job_id: int, timeout: float = 60):
@@ -51,7 +47,9 @@ def test_the_survivor_becomes_rank_0_of_a_new_world_and_trains_on_from_its_memor
     try:
         orphaned = _lose_rank_0(client, runners, reports, 21)
         last = max(r["step"] for r in _job_reports(client, 21) if r["kind"] == "step")
-        assert orphaned.step in (last, last + 1)  # (a step whose report had not left yet)
+        # rank 0's step reports wait in its batcher for up to one window (0.5 s): the survivor
+        # may be steps past the last one that left, never behind it
+        assert orphaned.step >= last
         client.delete(protocol.CONTROL_QUEUE)
         port = _free_port()
         runners[1].recover(protocol.JobRecoverOrder(
