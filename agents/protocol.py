@@ -102,13 +102,12 @@ class AgentHeartbeat(_Message):
         return value
 
 
-class EmulationOrder(_Message):
-    """Control plane -> agent (queue "emulate"): emulate one stored EmulationRun."""
+class _EmulationSetting(_Message):
+    """What an emulation or a search runs for: one stored EmulationRun's setting."""
 
     version: Literal[1] = PROTOCOL_VERSION
     run_id: int = Field(gt=0)
     model: str = Field(min_length=1, max_length=200)
-    layout: str = Field(min_length=1, max_length=500)
     gpus: int = Field(gt=0)
     gpu: Literal["a100", "h100", "h200", "b200", "cpu"]
     global_batch: int = Field(gt=0)
@@ -116,27 +115,23 @@ class EmulationOrder(_Message):
     seq: int = Field(gt=0)
     recompute: Literal["none", "selective", "full"] = "none"
     gpus_per_node: int = Field(default=8, gt=0)
+
+
+class EmulationOrder(_EmulationSetting):
+    """Control plane -> agent (queue "emulate"): emulate one stored EmulationRun."""
+
+    layout: str = Field(min_length=1, max_length=500)
 
 
 SEARCH_TOP_MAX = 8
 
 
-class SearchOrder(_Message):
+class SearchOrder(_EmulationSetting):
     """Control plane -> agent (queue "emulate"): rank the layouts worth emulating for one
     setting (a stored EmulationRun of kind "search"; agents/emulator/search_candidates.py).
     The result ({"top", "candidates", "layouts", "dropped"}) comes back as EmulationProgress."""
 
-    version: Literal[1] = PROTOCOL_VERSION
-    run_id: int = Field(gt=0)
-    model: str = Field(min_length=1, max_length=200)
-    gpus: int = Field(gt=0)
-    gpu: Literal["a100", "h100", "h200", "b200", "cpu"]
-    global_batch: int = Field(gt=0)
-    micro_batch: int = Field(gt=0)
-    seq: int = Field(gt=0)
-    recompute: Literal["none", "selective", "full"] = "none"
     top: int = Field(gt=0, le=SEARCH_TOP_MAX)
-    gpus_per_node: int = Field(default=8, gt=0)
 
 
 class EmulationProgress(_Message):
