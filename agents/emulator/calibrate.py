@@ -309,11 +309,13 @@ def program_layouts(world: int) -> list[str]:
         layouts.append(f"tp=2,pp=1,dp={world // 2},zero=1")
     if world >= 2:
         layouts.append(f"tp=1,pp=1,dp={world},zero=3")
+    if world % 2 == 0:
+        layouts.append(f"tp=1,pp=2,dp={world // 2},zero=1")
     return layouts
 
 
 def _program_batch(layout: str, world: int) -> int:
-    dp = world // (2 if layout.startswith("tp=2") else 1)
+    dp = world // (2 if layout.startswith("tp=2") or "pp=2" in layout else 1)
     return PROGRAM_MICRO_BATCHES * dp
 
 
@@ -326,15 +328,16 @@ def _program_step(layout: str, rank: int, world: int, measured: int = 5) -> floa
                       warmup=2, measured=measured).fastest
 
 
-HOST_COSTS = ("launch_seconds", "dispatch_seconds", "collective_host_seconds")
+HOST_COSTS = ("launch_seconds", "dispatch_seconds", "collective_host_seconds", "p2p_host_seconds")
 
 
 def program_host_costs(profile: DeviceProfile, world: int, measured: dict[str, float]) -> tuple[float, ...]:
-    """(launch_seconds, dispatch_seconds, collective_host_seconds) that make the emulator's
-    predictions of the program steps equal their measured times, starting from `profile`'s
-    estimates: the predicted step is (nearly) linear in them, so Newton steps on finite
-    differences solve it. Each layout decides one more cost: plain data parallelism the
-    per-op cost, tensor parallelism the DTensor one, ZeRO-3 the per-collective one; costs
+    """The HOST_COSTS (per aten op, per DTensor op, per side-stream collective, per p2p op)
+    that make the emulator's predictions of the program steps equal their measured times,
+    starting from `profile`'s estimates: the predicted step is (nearly) linear in them, so
+    Newton steps on finite differences solve it. Each layout decides one more cost: plain
+    data parallelism the per-op cost, tensor parallelism the DTensor one, ZeRO-3 the
+    per-collective one, a pipeline the per-p2p one; costs
     the measured layouts cannot decide keep their estimates, and a solution that is not
     positive falls back to the estimates."""
     import numpy as np
@@ -347,7 +350,7 @@ def program_host_costs(profile: DeviceProfile, world: int, measured: dict[str, f
               for layout in layouts}
     estimate = np.array([getattr(profile, name) for name in HOST_COSTS])
     # which costs the layouts can decide: the per-op cost always, the others where a layout exercises them
-    free = [0] + [i for i, test in ((1, "tp=2"), (2, "zero=3")) if any(test in layout for layout in layouts)]
+    free = [0] + [i for i, test in ((1, "tp=2"), (2, "zero=3"), (3, "pp=2")) if any(test in layout for layout in layouts)]
     free = free[:len(layouts)]
 
     def predicted(costs: np.ndarray) -> np.ndarray:
@@ -358,7 +361,8 @@ def program_host_costs(profile: DeviceProfile, world: int, measured: dict[str, f
     for _ in range(2):
         base = predicted(costs)
         step = 1e-6
-        jacobian = np.stack([(predicted(costs + step * np.eye(3)[i]) - base) / step for i in free], axis=1)
+        jacobian = np.stack([(predicted(costs + step * np.eye(len(HOST_COSTS))[i]) - base) / step for i in free],
+                            axis=1)
         delta, *_ = np.linalg.lstsq(jacobian, real - base, rcond=None)
         if np.linalg.matrix_rank(jacobian) < len(free):
             return tuple(float(c) for c in estimate)
@@ -489,9 +493,9 @@ def calibrate(ranks: int = 2, effort: Effort = FULL, shapes_from: list = ()) -> 
                           for kind, points in results[0]["table"].items()},
         notes=f"measured by dynaplane calibrate with {ranks} ranks on {os.cpu_count()} CPUs")
     say("predicting the program steps (traces tiny-gpt)")
-    launch, dispatch, collective = program_host_costs(estimated, ranks, program)
+    host = dict(zip(HOST_COSTS, program_host_costs(estimated, ranks, program)))
     steps = ", ".join(f"{layout}: {seconds * 1e3:.1f} ms" for layout, seconds in program.items())
     return dataclasses.replace(
-        estimated, launch_seconds=launch, dispatch_seconds=dispatch, collective_host_seconds=collective,
+        estimated, **host,
         notes=f"{estimated.notes}; host costs from {PROGRAM_MODEL} steps ({steps}); a small block's estimate "
               f"was {estimated.launch_seconds * 1e6:.1f} us per op, +{estimated.dispatch_seconds * 1e6:.1f} us per DTensor op")

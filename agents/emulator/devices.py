@@ -75,6 +75,9 @@ class DeviceProfile:
     # there the host runs ahead of the kernels. `dynaplane calibrate` solves it from a
     # ZeRO-3 step of the real program.
     collective_host_seconds: float = 0.0
+    # Host seconds on the compute thread per pipeline send or recv (the pipelining schedule's
+    # Python around each p2p op). 0 for the GPU profiles; calibrate solves it from a pp=2 step.
+    p2p_host_seconds: float = 0.0
     # Fraction of a collective's time that runs hidden while the rank computes. 1 on GPUs
     # (copy engines and NICs move the bytes); on a CPU whose cores all compute, the
     # collective's copies need the same cores, and `dynaplane calibrate` measures it.
@@ -105,7 +108,7 @@ class DeviceProfile:
         require(isinstance(self.comm_overlap, (int, float)) and 0 <= self.comm_overlap <= 1,
                 f"profile {self.name}: comm_overlap={self.comm_overlap!r} must be in [0, 1]")
         for key in ("sm_count", "launch_seconds", "intra_node_latency", "inter_node_latency", "dispatch_seconds",
-                    "collective_host_seconds"):
+                    "collective_host_seconds", "p2p_host_seconds"):
             value = getattr(self, key)
             require(isinstance(value, (int, float)) and math.isfinite(value) and value >= 0,
                     f"profile {self.name}: {key}={value!r} must be >= 0")

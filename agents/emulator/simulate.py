@@ -206,6 +206,9 @@ def _stage_cost(stage: StageTrace, profile: DeviceProfile, gpn: int, recompute: 
     forward = _with_host(forward, len(stage.gathers("forward")) * host)
     backward = _with_host(backward, len(stage.gathers("backward")) * host
                           + (buckets if stage.grad_sync_each_microbatch else 0.0))
+    p2p_host = profile.p2p_host_seconds  # the schedule's host work per send/recv (pp_comm)
+    forward = _with_host(forward, sum(map(_is_p2p, stage.forward)) * p2p_host, "pp_comm")
+    backward = _with_host(backward, sum(map(_is_p2p, stage.backward)) * p2p_host, "pp_comm")
     ready = []
     for after in stage.grad_ready_after():
         i = len(rec) + bwd_index[after]
@@ -223,12 +226,12 @@ def _stage_cost(stage: StageTrace, profile: DeviceProfile, gpn: int, recompute: 
                       optimizer, steps, stage.memory.activations(recompute))
 
 
-def _with_host(phase: _Phase, seconds: float) -> _Phase:
-    """The phase with `seconds` of host work for its collectives at its end (dp_comm)."""
+def _with_host(phase: _Phase, seconds: float, category: str = "dp_comm") -> _Phase:
+    """The phase with `seconds` of host work for its communication at its end."""
     if not seconds:
         return phase
     parts = dict(phase.parts)
-    parts["dp_comm"] += seconds
+    parts[category] += seconds
     return _Phase(phase.seconds + seconds, parts, phase.op_end)
 
 

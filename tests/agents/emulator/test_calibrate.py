@@ -31,20 +31,22 @@ def _steps(profile, world: int) -> dict[str, float]:
 
 def test_host_costs_are_the_ones_that_make_the_program_steps_meet_their_measured_times() -> None:
     estimate = dataclasses.replace(get_profile("cpu"), launch_seconds=5e-6, dispatch_seconds=2e-6,
-                                   collective_host_seconds=1e-4)
-    truth = dataclasses.replace(estimate, launch_seconds=31e-6, dispatch_seconds=13e-6, collective_host_seconds=2e-3)
-    launch, dispatch, collective = program_host_costs(estimate, 2, _steps(truth, 2))
+                                   collective_host_seconds=1e-4, p2p_host_seconds=1e-4)
+    truth = dataclasses.replace(estimate, launch_seconds=31e-6, dispatch_seconds=13e-6, collective_host_seconds=2e-3,
+                                p2p_host_seconds=5e-4)
+    launch, dispatch, collective, p2p = program_host_costs(estimate, 2, _steps(truth, 2))
     assert launch == pytest.approx(31e-6, rel=0.02) and dispatch == pytest.approx(13e-6, rel=0.05)
-    assert collective == pytest.approx(2e-3, rel=0.05)
+    assert collective == pytest.approx(2e-3, rel=0.05) and p2p == pytest.approx(5e-4, rel=0.05)
     # Steps faster than the kernels alone allow cannot be explained by host costs: the estimates stay.
     too_fast = {layout: seconds / 100 for layout, seconds in _steps(truth, 2).items()}
-    assert program_host_costs(estimate, 2, too_fast) == (5e-6, 2e-6, 1e-4)
-    # A plain layout alone (one rank, or an odd count) cannot decide the DTensor or the
-    # per-collective cost: they keep their estimates and the per-op cost explains the step.
-    plain = {layout: seconds for layout, seconds in _steps(truth, 2).items() if layout.startswith("tp=1")
+    assert program_host_costs(estimate, 2, too_fast) == (5e-6, 2e-6, 1e-4, 1e-4)
+    # A plain layout alone (one rank, or an odd count) cannot decide the DTensor, the
+    # per-collective or the per-p2p cost: they keep their estimates and the per-op cost
+    # explains the step.
+    plain = {layout: seconds for layout, seconds in _steps(truth, 2).items() if layout.startswith("tp=1,pp=1")
              and layout.endswith("zero=1")}
-    launch, dispatch, collective = program_host_costs(estimate, 2, plain)
-    assert (dispatch, collective) == (2e-6, 1e-4) and launch == pytest.approx(31e-6, rel=0.05)
+    launch, dispatch, collective, p2p = program_host_costs(estimate, 2, plain)
+    assert (dispatch, collective, p2p) == (2e-6, 1e-4, 1e-4) and launch == pytest.approx(31e-6, rel=0.05)
 
 
 @pytest.mark.timeout(600)
