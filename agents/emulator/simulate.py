@@ -193,22 +193,22 @@ def _stage_cost(stage: StageTrace, profile: DeviceProfile, gpn: int, recompute: 
     fwd_index = _index_without_p2p(stage.forward)
     bwd_index = _index_without_p2p(stage.backward)
     rec = timed(recomputed_ops(stage, recompute))
-    forward = _run_phase(timed(stage.forward), [(fwd_index[a], s, c) for a, s, c in gathers("forward")],
+    fwd_gathers, bwd_gathers = gathers("forward"), gathers("backward")
+    forward = _run_phase(timed(stage.forward), [(fwd_index[a], s, c) for a, s, c in fwd_gathers],
                          profile.comm_overlap)
     backward = _run_phase(rec + timed(stage.backward),
-                          [(bwd_index[a] + len(rec), s, c) for a, s, c in gathers("backward")],
+                          [(bwd_index[a] + len(rec), s, c) for a, s, c in bwd_gathers],
                           profile.comm_overlap)
-    # Host work around the side-stream collectives (profile.collective_host_seconds), on the
-    # compute thread: a phase's gathers every micro-batch; the gradient buckets in every
-    # backward when they sync each micro-batch, else once, before the optimizer.
+    # Host work on the compute thread around the side-stream collectives (a phase's gathers
+    # every micro-batch; the gradient buckets in every backward when they sync each
+    # micro-batch, else once, before the optimizer) and around each pipeline send/recv
+    # (p2p ops are the ones _index_without_p2p leaves out).
     host = profile.collective_host_seconds
     buckets = len(stage.grad_sync) * host
-    forward = _with_host(forward, len(stage.gathers("forward")) * host)
-    backward = _with_host(backward, len(stage.gathers("backward")) * host
-                          + (buckets if stage.grad_sync_each_microbatch else 0.0))
-    p2p_host = profile.p2p_host_seconds  # the schedule's host work per send/recv (pp_comm)
-    forward = _with_host(forward, sum(map(_is_p2p, stage.forward)) * p2p_host, "pp_comm")
-    backward = _with_host(backward, sum(map(_is_p2p, stage.backward)) * p2p_host, "pp_comm")
+    forward = _with_host(forward, len(fwd_gathers) * host)
+    backward = _with_host(backward, len(bwd_gathers) * host + (buckets if stage.grad_sync_each_microbatch else 0.0))
+    forward = _with_host(forward, (len(stage.forward) - fwd_index[-1]) * profile.p2p_host_seconds, "pp_comm")
+    backward = _with_host(backward, (len(stage.backward) - bwd_index[-1]) * profile.p2p_host_seconds, "pp_comm")
     ready = []
     for after in stage.grad_ready_after():
         i = len(rec) + bwd_index[after]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agents.layout.spec import parse_layout
-from tests.support.stack import wait_for
+from tests.support.stack import wait_for, wait_for_transition_end
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -47,9 +47,7 @@ def test_a_multimodal_job_trains_checkpoints_and_resizes_between_heterogeneous_l
         for layout, world in ((NON_COLOCATED, 3), (HOMOGENEOUS, 2)):
             transition = stack.post(f"api/jobs/{job['id']}/resize", {"layout": layout})
             assert transition["destination_layout"] == layout, transition
-            done, seconds = wait_for(
-                lambda: (t := stack.get(f"api/transitions/{transition['id']}", token=True))["state"] in (
-                    "committed", "aborted", "rolled_back") and t, timeout=150)
+            done, seconds = wait_for_transition_end(stack, transition['id'])
             assert done["state"] == "committed", done
             assert done["verification"]["verified"] is True and done["verification"]["matches_plan"] is True
             checks = done["verification"]["tensors"]

@@ -13,7 +13,7 @@ import pytest
 from websockets.sync.client import connect
 
 from controlplane.cluster.events import cluster_event_adapter
-from tests.support.stack import ROOT, StackProcess, wait_for
+from tests.support.stack import ROOT, StackProcess, wait_for, wait_for_transition_end
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -138,9 +138,7 @@ def _resize_two_to_four_to_three(stack, job: dict, read, live) -> None:
     for gpus, layout in ((4, "dp=4"), (3, "dp=3")):
         transition = stack.post(f"api/jobs/{job['id']}/resize", {"gpus": gpus})
         assert transition["destination_layout"] == layout, transition
-        done, seconds = wait_for(
-            lambda: (t := stack.get(f"api/transitions/{transition['id']}", token=True))["state"] in (
-                "committed", "aborted", "rolled_back") and t, timeout=150)
+        done, seconds = wait_for_transition_end(stack, transition['id'])
         assert done["state"] == "committed", done
         assert done["verification"]["verified"] is True
         # Every state in order; rank 0 reports each, but the control worker's threads may apply

@@ -135,6 +135,12 @@ def wait_for(predicate, timeout: float, interval: float = 0.1):
         time.sleep(interval)
 
 
+def wait_for_transition_end(stack, transition_id: int, timeout: float = 150):
+    """Poll a transition until it is committed, aborted or rolled back; (row, seconds)."""
+    return wait_for(lambda: (t := stack.get(f"api/transitions/{transition_id}", token=True))["state"] in (
+        "committed", "aborted", "rolled_back") and t, timeout=timeout)
+
+
 def _alive(pid: int) -> bool:
     """A live (not zombie) process: a killed agent may linger unreaped for a moment."""
     try:
