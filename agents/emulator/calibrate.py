@@ -21,7 +21,8 @@ than ranks they share the cores). Measured, per rank:
   2(n-1) alpha + 2(n-1)/n S / B (intra_node_latency from small sizes, intra_node_bandwidth
   from large ones), for groups of other sizes;
 - for the ranks' own group size, a table of all-reduce, all-gather and reduce-scatter
-  times from 4 KiB to 16 MiB, each issued between matmuls as a training step issues them
+  times from 4 KiB to 16 MiB and at every size the traced layouts use (calibrate_ops.
+  collective_sizes), each issued between matmuls as a training step issues them
   (the time of matmul + collective minus the matmul's alone): on a CPU a small
   collective costs the wake-up of a process that slept waiting for its peer, about twice
   what back-to-back collectives show;
@@ -251,48 +252,63 @@ def _allreduce_fit(world: int) -> tuple[float, float]:
     return alpha, bandwidth
 
 
-def _collective(kind: str, nbytes: int, world: int):
-    """A callable issuing one collective whose CommOp.bytes would be `nbytes`."""
-    n = max(nbytes // 4 // world * world, world)
+def _collective(kind: str, nbytes: float, world: int):
+    """A callable issuing one collective whose CommOp.bytes would be `nbytes`. The output of an
+    all-gather or reduce-scatter is allocated by each call, as FSDP2's and the ZeRO path's
+    are: a large fresh buffer's first touch (page faults) is part of what the program pays."""
+    n = max(int(nbytes) // 4 // world * world, world)
     if kind == "all_reduce":
         t = torch.ones(n)
         return lambda: dist.all_reduce(t)
     if kind == "all_gather":  # bytes = the gathered output
-        out, part = torch.empty(n), torch.ones(n // world)
-        return lambda: dist.all_gather_into_tensor(out, part)
-    inp, out = torch.ones(n), torch.empty(n // world)  # reduce_scatter: bytes = the input
-    return lambda: dist.reduce_scatter_tensor(out, inp)
+        part = torch.ones(n // world)
+        return lambda: dist.all_gather_into_tensor(torch.empty(n), part)
+    inp = torch.ones(n)  # reduce_scatter: bytes = the input
+    return lambda: dist.reduce_scatter_tensor(torch.empty(n // world), inp)
 
 
-def _collective_table(world: int, sizes: tuple, repeats: int = 5, per_sample: int = 8) -> dict:
-    """{kind: [[bytes, seconds], ...]} measured in program context (see the module doc). The
-    matmul in between is fp32: on a CPU without native bf16 a bf16 one takes 100+ ms."""
+def _table_sizes(ladder: tuple, extra: list[float]) -> list[float]:
+    """The ladder and the trace's own sizes, ascending, each once."""
+    return sorted({float(s) for s in ladder} | {float(s) for s in extra})
+
+
+def _collective_table(world: int, sizes: tuple, repeats: int = 5, per_sample: int = 8,
+                      extra: dict[str, list[float]] | None = None) -> dict:
+    """{kind: [[bytes, seconds], ...]} measured in program context (see the module doc) at the
+    ladder's `sizes` and, per kind, at the `extra` sizes (the traces' own collectives). The
+    matmul in between is fp32: on a CPU without native bf16 a bf16 one takes 100+ ms.
+    Collectives above 16 MiB take long enough alone that one per sample and three samples
+    suffice (a 500 MB all-reduce takes ~0.5 s on two CPU ranks)."""
     a, b = torch.randn(128, 768), torch.randn(768, 768)
+    extra = extra or {}
 
-    def timed(fn) -> float:
+    def timed(fn, big: bool) -> float:
         fn()
         dist.barrier()
         samples = []
-        for _ in range(repeats):
+        count = 1 if big else per_sample
+        for _ in range(min(repeats, 3) if big else repeats):
             started = time.perf_counter()
-            for _ in range(per_sample):
+            for _ in range(count):
                 fn()
-            samples.append((time.perf_counter() - started) / per_sample)
+            samples.append((time.perf_counter() - started) / count)
         return statistics.median(samples)
 
     table = {}
     for kind in ("all_reduce", "all_gather", "reduce_scatter"):
         points = []
-        for size in sizes:
+        for size in _table_sizes(sizes, extra.get(kind, [])):
+            big = size > 1 << 24
             collective = _collective(kind, size, world)
-            alone = timed(collective)
+            alone = timed(collective, big)
 
             def both() -> None:
                 a @ b
                 collective()
 
-            in_program = timed(both) - timed(lambda: a @ b)
+            in_program = timed(both, big) - timed(lambda: a @ b, big)
             points.append([float(size), max(in_program, alone)])
+            del collective
         table[kind] = points
     return table
 
@@ -372,7 +388,8 @@ def program_host_costs(profile: DeviceProfile, world: int, measured: dict[str, f
     return tuple(float(c) for c in costs)
 
 
-def calibrate_rank(rank: int, world: int, effort: Effort = FULL, shapes: tuple = ((), ())) -> dict:
+def calibrate_rank(rank: int, world: int, effort: Effort = FULL, shapes: tuple = ((), ()),
+                   collectives: dict | None = None) -> dict:
     import sys
 
     torch.manual_seed(rank)
@@ -394,8 +411,8 @@ def calibrate_rank(rank: int, world: int, effort: Effort = FULL, shapes: tuple =
     dist.barrier()
     gemms, attentions = shapes
     phase(f"the traces' {len(gemms)} GEMM and {len(attentions)} attention shapes")
-    out["gemm_table"] = measure_gemms(gemms, r)
-    out["attention_table"] = measure_attentions(attentions, r)
+    out["gemm_table"] = measure_gemms(gemms, r, dist.barrier)
+    out["attention_table"] = measure_attentions(attentions, r, dist.barrier)
     dist.barrier()
     phase("attention and memory-bound ops")
     out["attention"] = _attention_rate(r)
@@ -408,7 +425,8 @@ def calibrate_rank(rank: int, world: int, effort: Effort = FULL, shapes: tuple =
     dist.barrier()
     phase("collectives")
     out["alpha"], out["bandwidth"] = _allreduce_fit(world)
-    out["table"] = _collective_table(world, effort.table_sizes, effort.table_repeats) if world >= 2 else {}
+    out["table"] = (_collective_table(world, effort.table_sizes, effort.table_repeats, extra=collectives)
+                    if world >= 2 else {})
     out["overlap"] = _comm_overlap(world, r) if world >= 2 else 1.0
     phase("training program steps")
     out["program"] = {layout: _program_step(layout, rank, world, effort.program_steps)
@@ -459,14 +477,15 @@ def calibrate(ranks: int = 2, effort: Effort = FULL, shapes_from: list = ()) -> 
     GEMMs and attentions are timed at their own shapes (the program model's always are)."""
     import sys
 
-    from agents.emulator.calibrate_ops import op_shapes
+    from agents.emulator.calibrate_ops import collective_sizes, op_shapes
     from agents.engine.launch import run_ranks
 
     def say(text: str) -> None:
         print(f"  calibrate: {text}", file=sys.stderr, flush=True)
 
-    shapes = op_shapes(shape_traces(ranks, list(shapes_from), say))
-    results = run_ranks(ranks, calibrate_rank, effort, shapes, timeout_s=1200)  # minutes on a small CPU machine
+    traces = shape_traces(ranks, list(shapes_from), say)
+    shapes, collectives = op_shapes(traces), collective_sizes(traces, ranks)
+    results = run_ranks(ranks, calibrate_rank, effort, shapes, collectives, timeout_s=1200)  # minutes on a small CPU machine
 
     def median(key: str) -> float:
         return statistics.median(r[key] for r in results)

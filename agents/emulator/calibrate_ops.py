@@ -1,9 +1,10 @@
 """Calibrate the ops of a trace: the GEMMs and fused attentions it holds, timed at their own
 shapes and operand layouts, and the memory-bound ops by size (into op_tables.py's tables).
 
-`op_shapes` reads the distinct shapes out of traces (made in the parent process, before
-the ranks start); the `measure_*` functions run on every rank at once, as a training
-step's ranks share the machine, and return rows for the profile's tables.
+`op_shapes` reads the distinct shapes out of traces and `collective_sizes` their
+collectives' sizes (made in the parent process, before the ranks start); the `measure_*`
+functions run on every rank at once, as a training step's ranks share the machine, and
+return rows for the profile's tables.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
 from agents.emulator.op_tables import gemm_key
 from agents.emulator.recorder import causal_fraction
-from agents.emulator.trace import ComputeOp, Trace
+from agents.emulator.trace import CommOp, ComputeOp, Trace
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -37,6 +38,35 @@ def op_shapes(traces: list[Trace]) -> tuple[list, list]:
     return sorted(gemms), sorted(attentions)
 
 
+TABLE_KINDS = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+def collective_sizes(traces: list[Trace], world: int, tolerance: float = 0.02) -> dict[str, list[float]]:
+    """{kind: [bytes, ...]} of the traces' all-reduces, all-gathers and reduce-scatters over
+    `world` ranks inside one node: the collectives calibrate can time on this machine's
+    ranks at their own sizes. Sizes within `tolerance` of a smaller one are that one (a
+    table point stands for its neighbours), ascending.
+
+    Why at their own sizes: a measured ladder extrapolated past its largest point misses
+    what only large buffers do on a CPU (a 250 MB gloo all-gather took 0.4-1.5 s here, three
+    to ten times the ladder's extrapolation, docs/benchmarks.md session 7)."""
+    found: dict[str, set[float]] = {}
+    for trace in traces:
+        for stage in trace.stages:
+            for op in (*stage.forward, *stage.backward, *stage.optimizer, *stage.grad_sync, *stage.param_sync):
+                if (isinstance(op, CommOp) and op.kind in TABLE_KINDS and op.group_size == world
+                        and op.nodes == 1 and op.bytes > 0):
+                    found.setdefault(op.kind, set()).add(float(op.bytes))
+    out = {}
+    for kind, sizes in found.items():
+        kept: list[float] = []
+        for size in sorted(sizes):
+            if not kept or size > kept[-1] * (1 + tolerance):
+                kept.append(size)
+        out[kind] = kept
+    return out
+
+
 def best_seconds(fn, repeats: int) -> float:
     """The fastest of `repeats` runs after one warm-up (other processes only add time)."""
     fn()
@@ -56,10 +86,19 @@ def _operand(rows: int, cols: int, letter: str, batch: int, dtype: torch.dtype) 
     return torch.randn(*lead, rows, cols, dtype=dtype)
 
 
-def measure_gemms(gemms: list, repeats: int = 3) -> dict:
-    """{dtype: {form: [[batch, m, n, k, flop_per_second], ...]}} for each GEMM."""
+def _no_sync() -> None:
+    return None
+
+
+def measure_gemms(gemms: list, repeats: int = 3, sync=_no_sync) -> dict:
+    """{dtype: {form: [[batch, m, n, k, flop_per_second], ...]}} for each GEMM. `sync` (the
+    ranks' barrier) runs before each shape, so that every rank times the same GEMM at the
+    same moment, as a training step's ranks run theirs: a rank timing alone while its peer
+    waits has the shared cache and memory bandwidth to itself (on this 2-core machine the
+    same GEMM's rate moved by 25% between unsynchronized calibrations)."""
     table: dict = {}
     for dtype, form, batch, m, n, k in gemms:
+        sync()
         a = _operand(m, k, form[0], batch, TORCH_DTYPES[dtype])
         b = _operand(k, n, form[1], batch, TORCH_DTYPES[dtype])
         seconds = best_seconds(lambda: torch.matmul(a, b), repeats)
@@ -68,13 +107,14 @@ def measure_gemms(gemms: list, repeats: int = 3) -> dict:
     return table
 
 
-def measure_attentions(attentions: list, repeats: int = 3) -> dict:
+def measure_attentions(attentions: list, repeats: int = 3, sync=_no_sync) -> dict:
     """{direction: {dtype: [[batch, heads, seq_q, seq_kv, head_dim, flop_per_second], ...]}},
     causal (the program's decoders are; an encoder's full attention runs at a similar rate
     per FLOP), FLOPs counted as the recorder counts them. The backward is timed as forward
     + backward minus the forward."""
     table: dict = {}
     for direction, dtype, batch, heads, seq_q, seq_kv, head_dim in attentions:
+        sync()
         causal = seq_q == seq_kv
         q = torch.randn(batch, heads, seq_q, head_dim, dtype=TORCH_DTYPES[dtype], requires_grad=True)
         k = torch.randn(batch, heads, seq_kv, head_dim, dtype=TORCH_DTYPES[dtype], requires_grad=True)

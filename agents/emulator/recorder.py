@@ -155,6 +155,21 @@ def _group_ranks(args, kwargs) -> tuple[int, ...]:
     return ()
 
 
+def _collective_bytes(kind: str, namespace: str, args, out, group_size: int) -> int:
+    """CommOp.bytes of a collective: the gathered output of an all-gather, the full input of
+    a reduce-scatter, else the (first) tensor argument. c10d ops take their output first
+    (`_reduce_scatter_base_(output, input)`, `_allgather_base_(output, input)`), functional
+    ones their input first and return the output."""
+    first = sum(_nbytes(t) for t in _tensors(args[0] if args else ()))
+    if kind == "all_gather":  # the gathered output is what moves
+        return sum(_nbytes(t) for t in _tensors(out)) or first * group_size
+    if kind == "reduce_scatter":
+        if namespace == "c10d":
+            return sum(_nbytes(t) for t in _tensors(args[1] if len(args) > 1 else ())) or first * group_size
+        return first
+    return first
+
+
 @dataclass
 class OpRecorder(TorchDispatchMode):
     """Records ops into `records` tagged with the current `phase`; tracks live bytes."""
@@ -217,11 +232,7 @@ class OpRecorder(TorchDispatchMode):
         namespace = func.namespace
         if namespace in ("_c10d_functional", "c10d", "_c10d_functional_autograd"):
             if name in COLLECTIVES:
-                # c10d ops take the tensor list first; functional ones the tensor itself.
-                tensors = _tensors(args[0] if args else ())
-                size = sum(_nbytes(t) for t in tensors)
-                if COLLECTIVES[name] == "all_gather":  # the gathered output is what moves
-                    size = sum(_nbytes(t) for t in _tensors(out)) or size * len(_group_ranks(args, kwargs) or (1,))
+                size = _collective_bytes(COLLECTIVES[name], namespace, args, out, len(_group_ranks(args, kwargs) or (1,)))
                 self.records.append(CommRecord(name, COLLECTIVES[name], float(size), _group_ranks(args, kwargs),
                                                self.phase))
             elif name not in IGNORED:

@@ -41,8 +41,8 @@ from agents.layout.catalog import get_config, get_model
 from agents.layout.placement import layer_stages, place
 from agents.training.parallel import LayoutMeshes, ParallelTrainer, TrainConfig, TrainingError, _loss
 
-TRACER_VERSION = 5  # 2: activations_full; vpp traced as pp*vpp flat stages; 3: DTensor dispatch as host ops;
-# 4: causal attention FLOPs, sequence parallelism; 5: matmul operand forms
+TRACER_VERSION = 6  # 2: activations_full; vpp traced as pp*vpp flat stages; 3: DTensor dispatch as host ops;
+# 4: causal attention FLOPs, sequence parallelism; 5: matmul operand forms; 6: reduce-scatter bytes = its input
 
 
 @dataclass(frozen=True)

@@ -135,3 +135,19 @@ def test_memory_bound_rates_are_measured_per_call_size_net_of_the_host_cost() ->
     assert calls == [1, 1 << 10, 1 << 16]
     assert [p[0] for p in table["neg"]] == [8.0 * (1 << 10), 8.0 * (1 << 16)]
     assert all(p[1] > 0 for p in table["neg"])
+
+
+def test_calibrate_times_the_traces_collectives_at_their_own_sizes() -> None:
+    from agents.emulator.calibrate_ops import collective_sizes
+    from agents.emulator.trace import CommOp
+
+    def comm(kind, size, group=2, nodes=1):
+        return CommOp("c", kind, size, group, nodes, "dp")
+
+    memory = StageMemory(0, 0, 0, 0, 0)
+    stage = StageTrace(0, (comm("all_reduce", 4096.0), comm("all_reduce", 4100.0)), (comm("all_gather", 5e8),),
+                       (), (comm("reduce_scatter", 3e8), comm("all_reduce", 1e9, group=4)),
+                       (comm("all_gather", 2e8), comm("send", 1e6), comm("all_gather", 7e7, nodes=2)), memory)
+    sizes = collective_sizes([Trace("tiny-gpt", 1, 1, 2, 1, 1, 8, (stage,))], world=2)
+    # 4100 is within 2% of 4096: one table point; other group sizes, other nodes and p2p are not ours
+    assert sizes == {"all_reduce": [4096.0], "all_gather": [2e8, 5e8], "reduce_scatter": [3e8]}

@@ -220,3 +220,22 @@ def test_sequence_parallelism_traces_reduce_scatter_and_all_gather_on_seq_over_t
         assert sends(a) and {name: 2 * size for name, size in sends(b).items()} == sends(a)
     with pytest.raises(EmulatorError, match="not a multiple of 2"):
         trace(TraceRequest(MODEL, layout, MB, 15, M, sequence_parallel=True))
+
+
+def test_data_parallel_collectives_move_the_analytic_bytes() -> None:
+    """FSDP2 all-gathers each unit's bf16 parameters and reduce-scatters its fp32 gradients:
+    the all-gather's output and the reduce-scatter's input are the whole unit (CommOp.bytes),
+    so over a stage they sum to 2 and 4 bytes per parameter; the ZeRO-1 path all-reduces
+    the fp32 gradients once and all-gathers the bf16 chunks once."""
+    placement = place(get_model(MODEL), "tp=1,pp=1,dp=2,zero=3")
+    n = sum(int(np.prod(box_shape(placement.model.tensors[i], box)))  # both dp ranks' shards: the whole stage
+            for rank in (0, 1) for (i, s), box in rank_boxes(placement, rank).items() if s == "param")
+    fsdp, _ = trace(TraceRequest(MODEL, "tp=1,pp=1,dp=2,zero=3", MB, SEQ, M))
+    stage = fsdp.stages[0]
+    assert sum(op.bytes for op in stage.grad_sync if op.kind == "reduce_scatter") == 4 * n
+    forward = [op for op, phase in zip(stage.param_sync, stage.phases()) if phase == "forward"]
+    assert sum(op.bytes for op in forward) == 2 * n
+    zero1, _ = trace(TraceRequest(MODEL, "tp=1,pp=1,dp=2,zero=1", MB, SEQ, M))
+    stage = zero1.stages[0]
+    assert [op.kind for op in stage.grad_sync] == ["all_reduce"] and stage.grad_sync[0].bytes == 4 * n
+    assert sum(op.bytes for op in stage.param_sync) >= 2 * n  # chunks padded to equal rows
