@@ -57,7 +57,7 @@ class Effort:
     bandwidth_tensors: int = 16
     table_sizes: tuple = tuple(1 << e for e in range(12, 25, 2))  # 4 KiB ... 16 MiB
     table_repeats: int = 5
-    program_steps: int = 5
+    program_steps: int = 8
     op_sizes: tuple = SIZE_LADDER  # elements per tensor of the memory-bound ops' size ladder
 
 
@@ -427,7 +427,7 @@ def calibrate_rank(rank: int, world: int, effort: Effort = FULL, shapes: tuple =
     out["alpha"], out["bandwidth"] = _allreduce_fit(world)
     out["table"] = (_collective_table(world, effort.table_sizes, effort.table_repeats, extra=collectives)
                     if world >= 2 else {})
-    out["overlap"] = _comm_overlap(world, r) if world >= 2 else 1.0
+    out["overlap"] = _comm_overlap(world, 2 * r + 1) if world >= 2 else 1.0  # a median: noisy on a shared CPU
     phase("training program steps")
     out["program"] = {layout: _program_step(layout, rank, world, effort.program_steps)
                       for layout in program_layouts(world)}

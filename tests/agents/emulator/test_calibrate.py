@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agents.emulator.calibrate import (PROGRAM_MICRO_BATCHES, PROGRAM_MODEL, PROGRAM_SEQ, nondecreasing,
-                                       program_host_costs, program_layouts)
+                                       program_host_costs, program_layouts, shape_traces)
+from agents.emulator.calibrate_ops import collective_sizes
 from agents.emulator.devices import get_profile, load_profile
 from agents.emulator.emulate import EmulateRequest, emulate
 from agents.emulator.simulate import simulate
@@ -69,6 +70,9 @@ def test_quick_calibration_writes_a_profile_that_emulate_uses(tmp_path) -> None:
     for kind in ("all_reduce", "all_gather", "reduce_scatter"):
         points = profile.collective_table[kind]["2"]
         assert [p[0] for p in points] == sorted(p[0] for p in points) and all(p[1] > 0 for p in points)
+    # every collective size of the traced program layouts was timed itself, not extrapolated
+    for kind, sizes in collective_sizes(shape_traces(2, []), 2).items():
+        assert set(sizes) <= {p[0] for p in profile.collective_table[kind]["2"]}, kind
     result = emulate(EmulateRequest("tiny-gpt", "tp=2,pp=1,dp=1,zero=1", 2, "cpu", 4, 1, 16, gpus_per_node=2,
                                     profile=str(out)))
     assert result["gpu"] == "cpu-calibrated" and result["step_seconds"] > 0
