@@ -10,13 +10,17 @@ than ranks they share the cores). Measured, per rank:
 - memory-bound throughput by op (out-of-place elementwise ops on tensors larger than the
   caches, allocation included, as eager PyTorch runs them); their median for other ops;
 - per-op host cost in the real program: steps of the training program itself (tiny-gpt,
-  ParallelTrainer, one layout without and one with tensor parallelism) timed on the ranks;
-  the emulator then predicts the same steps, and the per-aten-op cost (launch_seconds)
-  and per-DTensor-op cost (dispatch_seconds) are the values that make both predictions
-  meet the measured times. On a CPU this host work (Python, module hooks, the autograd
-  engine, the optimizer's loop, DTensor's sharding propagation) runs in series with the
-  kernels; a small transformer-like block's forward + backward divided by its aten ops
-  gives a first estimate, used where the program's steps cannot decide (one rank);
+  ParallelTrainer: plain data parallelism, tensor parallelism, ZeRO-3 and a pipeline),
+  each as rank 0 of the world over torch's fake process group on real tensors, so every
+  kernel, hook and DTensor dispatch runs and no collective takes time (its noise on a
+  shared CPU would decide the solve otherwise); the emulator predicts the same steps with
+  free collectives, and the per-aten-op (launch_seconds), per-DTensor-op
+  (dispatch_seconds), per-side-stream-collective and per-p2p host costs are the values
+  that make the predictions meet the measured times. On a CPU this host work (Python,
+  module hooks, the autograd engine, the optimizer's loop, DTensor's sharding
+  propagation) runs in series with the kernels; a small transformer-like block's forward
+  + backward divided by its aten ops gives a first estimate, used where the program's
+  steps cannot decide;
 - gloo all-reduce time between the ranks at several sizes, fitted to the ring model
   2(n-1) alpha + 2(n-1)/n S / B (intra_node_latency from small sizes, intra_node_bandwidth
   from large ones), for groups of other sizes;
@@ -344,7 +348,63 @@ def _program_step(layout: str, rank: int, world: int, measured: int = 5) -> floa
                       warmup=2, measured=measured).fastest
 
 
+def commless_program_step(layout: str, world: int, rank: int = 0, measured: int = 5) -> float:
+    """The fastest step of the program model's `rank` for `layout` in a world of `world`
+    ranks joined over torch's fake process group, on real tensors: every kernel, hook and
+    DTensor dispatch runs for real and every collective returns at once. Run in a fresh
+    process (tracer.in_fresh_processes), one per rank at the same time, so that the ranks
+    share the cores as a real run's do. What it measures is the host work and kernels of
+    the program without the collectives' time, whose noise on a shared CPU (a small gloo
+    all-reduce took 1.4-3.8 ms from one calibration to the next) otherwise decides the
+    host costs solved from the step."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    torch.set_num_threads(1)
+    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+    try:
+        return _program_step(layout, rank, world, measured)
+    finally:
+        dist.destroy_process_group()
+
+
+def without_comm(profile: DeviceProfile) -> DeviceProfile:
+    """`profile` with every collective free: what a fake process group gives."""
+    return dataclasses.replace(profile, collective_table={}, intra_node_bandwidth=1e30, inter_node_bandwidth=1e30,
+                               intra_node_latency=0.0, inter_node_latency=0.0)
+
+
+def commless_seconds(trace, profile: DeviceProfile, world: int) -> float:
+    """The emulator's prediction of commless_program_step: rank 0's busy time with free
+    collectives (no bubble: over a fake group no rank waits for another)."""
+    from agents.emulator.simulate import simulate
+
+    breakdown = simulate(trace, without_comm(profile), world).per_stage[0].breakdown
+    return sum(seconds for part, seconds in breakdown.items() if part != "bubble")
+
+
 HOST_COSTS = ("launch_seconds", "dispatch_seconds", "collective_host_seconds", "p2p_host_seconds")
+
+
+def nonnegative_lstsq(a, b):
+    """argmin ||a x - b|| over x >= 0, by trying every set of variables held at zero: the
+    solve has at most four unknowns (numpy has no NNLS and this is the only use of one,
+    so not a scipy dependency for it). None when no such x has a positive first entry."""
+    import itertools
+
+    import numpy as np
+
+    n = a.shape[1]
+    best, best_residual = None, float("inf")
+    for k in range(n, 0, -1):
+        for kept in itertools.combinations(range(n), k):
+            if 0 not in kept:
+                continue  # the per-op cost is always there
+            x = np.zeros(n)
+            x[list(kept)] = np.linalg.lstsq(a[:, kept], b, rcond=None)[0]
+            residual = float(np.linalg.norm(a @ x - b))
+            if (x >= 0).all() and x[0] > 0 and residual < best_residual - 1e-15:
+                best, best_residual = x, residual
+    return best
 
 
 def program_host_costs(profile: DeviceProfile, world: int, measured: dict[str, float]) -> tuple[float, ...]:
@@ -353,12 +413,13 @@ def program_host_costs(profile: DeviceProfile, world: int, measured: dict[str, f
     starting from `profile`'s estimates: the predicted step is (nearly) linear in them, so
     Newton steps on finite differences solve it. Each layout decides one more cost: plain
     data parallelism the per-op cost, tensor parallelism the DTensor one, ZeRO-3 the
-    per-collective one, a pipeline the per-p2p one; costs
-    the measured layouts cannot decide keep their estimates, and a solution that is not
-    positive falls back to the estimates."""
+    per-collective one, a pipeline the per-p2p one; costs the measured layouts cannot decide
+    keep their estimates. The costs cannot be negative: where the exact solution would
+    need one (noise in a step), the least-squares solution with that cost at zero is
+    taken (nonnegative_lstsq); where no positive per-op cost explains the steps, the
+    estimates stay."""
     import numpy as np
 
-    from agents.emulator.simulate import simulate
     from agents.emulator.tracer import TraceRequest, trace
 
     layouts = list(measured)
@@ -371,20 +432,20 @@ def program_host_costs(profile: DeviceProfile, world: int, measured: dict[str, f
 
     def predicted(costs: np.ndarray) -> np.ndarray:
         p = dataclasses.replace(profile, **dict(zip(HOST_COSTS, map(float, costs))))
-        return np.array([simulate(traces[layout], p, world).step_seconds for layout in layouts])
+        return np.array([commless_seconds(traces[layout], p, world) for layout in layouts])
 
     costs, real = estimate.copy(), np.array([measured[layout] for layout in layouts])
-    for _ in range(2):
+    for _ in range(2):  # the prediction is nearly linear in the costs: a second pass absorbs the rest
         base = predicted(costs)
         step = 1e-6
         jacobian = np.stack([(predicted(costs + step * np.eye(len(HOST_COSTS))[i]) - base) / step for i in free],
                             axis=1)
-        delta, *_ = np.linalg.lstsq(jacobian, real - base, rcond=None)
         if np.linalg.matrix_rank(jacobian) < len(free):
             return tuple(float(c) for c in estimate)
-        costs[free] += delta
-        if costs[0] <= 0 or (costs[1:] < 0).any():
+        solved = nonnegative_lstsq(jacobian, real - base + jacobian @ costs[free])
+        if solved is None or solved[0] <= 0:
             return tuple(float(c) for c in estimate)
+        costs[free] = solved
     return tuple(float(c) for c in costs)
 
 
@@ -428,9 +489,6 @@ def calibrate_rank(rank: int, world: int, effort: Effort = FULL, shapes: tuple =
     out["table"] = (_collective_table(world, effort.table_sizes, effort.table_repeats, extra=collectives)
                     if world >= 2 else {})
     out["overlap"] = _comm_overlap(world, 2 * r + 1) if world >= 2 else 1.0  # a median: noisy on a shared CPU
-    phase("training program steps")
-    out["program"] = {layout: _program_step(layout, rank, world, effort.program_steps)
-                      for layout in program_layouts(world)}
     phase("done on the ranks")
     return out
 
@@ -491,7 +549,15 @@ def calibrate(ranks: int = 2, effort: Effort = FULL, shapes_from: list = ()) -> 
         return statistics.median(r[key] for r in results)
 
     bf16 = median("bf16")
-    program = {layout: max(r["program"][layout] for r in results) for layout in results[0]["program"]}
+    from agents.emulator.tracer import in_fresh_processes
+
+    say("timing the program's steps over a fake process group (real kernels and hooks, no communication)")
+    # Not the pipeline: torch.distributed.pipelining exchanges tensor shapes over the group at
+    # its first step, which a fake group cannot carry (p2p_host_seconds keeps its estimate).
+    layouts = [layout for layout in program_layouts(ranks) if "pp=1" in layout]
+    steps = in_fresh_processes({(layout, rank): (commless_program_step, (layout, ranks, rank, effort.program_steps))
+                                for layout in layouts for rank in range(ranks)}, say, "program step")
+    program = {layout: max(steps[(layout, rank)] for rank in range(ranks)) for layout in layouts}
     # eff(k) = k / (k + k_half), from the forward GEMM at k = 32 against the same form at full k
     k_half = max(1.0, 32 * (median("bf16_forward") / max(median("short_k"), 1.0) - 1))
     memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -5,17 +5,18 @@ import dataclasses
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agents.emulator.calibrate import (PROGRAM_MICRO_BATCHES, PROGRAM_MODEL, PROGRAM_SEQ, nondecreasing,
-                                       program_host_costs, program_layouts, shape_traces)
+from agents.emulator.calibrate import (PROGRAM_MICRO_BATCHES, PROGRAM_MODEL, PROGRAM_SEQ, commless_seconds,
+                                       nondecreasing, nonnegative_lstsq, program_host_costs, program_layouts,
+                                       shape_traces)
 from agents.emulator.calibrate_ops import collective_sizes
 from agents.emulator.devices import get_profile, load_profile
 from agents.emulator.emulate import EmulateRequest, emulate
-from agents.emulator.simulate import simulate
 from agents.emulator.tracer import TraceRequest, trace
 
 
@@ -25,8 +26,9 @@ def _private_cache(tmp_path, monkeypatch):
 
 
 def _steps(profile, world: int) -> dict[str, float]:
-    return {layout: simulate(trace(TraceRequest(PROGRAM_MODEL, layout, 1, PROGRAM_SEQ, PROGRAM_MICRO_BATCHES, world))[0],
-                             profile, world).step_seconds
+    """What commless_program_step would measure on a machine that is `profile`."""
+    return {layout: commless_seconds(trace(TraceRequest(PROGRAM_MODEL, layout, 1, PROGRAM_SEQ, PROGRAM_MICRO_BATCHES,
+                                                        world))[0], profile, world)
             for layout in program_layouts(world)}
 
 
@@ -48,6 +50,25 @@ def test_host_costs_are_the_ones_that_make_the_program_steps_meet_their_measured
              and layout.endswith("zero=1")}
     launch, dispatch, collective, p2p = program_host_costs(estimate, 2, plain)
     assert (dispatch, collective, p2p) == (2e-6, 1e-4, 1e-4) and launch == pytest.approx(31e-6, rel=0.05)
+
+
+def test_a_step_faster_than_the_other_costs_explain_holds_its_own_cost_at_zero() -> None:
+    estimate = dataclasses.replace(get_profile("cpu"), launch_seconds=5e-6, dispatch_seconds=2e-6,
+                                   collective_host_seconds=1e-4, p2p_host_seconds=1e-4)
+    truth = dataclasses.replace(estimate, launch_seconds=31e-6, dispatch_seconds=13e-6, collective_host_seconds=0.0)
+    steps = _steps(truth, 2)
+    zero3 = next(layout for layout in steps if "zero=3" in layout)
+    steps[zero3] *= 0.97  # noise: faster than the per-op and per-DTensor-op costs allow
+    launch, dispatch, collective, _ = program_host_costs(estimate, 2, steps)
+    assert collective == 0.0  # not negative, and not a fall-back to the estimates
+    assert launch == pytest.approx(31e-6, rel=0.1) and dispatch == pytest.approx(13e-6, rel=0.25)
+
+
+def test_nonnegative_least_squares_keeps_the_best_solution_without_negative_entries() -> None:
+    a = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    assert nonnegative_lstsq(a, np.array([2.0, 3.0, 5.0])) == pytest.approx([2.0, 3.0])
+    assert nonnegative_lstsq(a, np.array([2.0, -1.0, 1.0])) == pytest.approx([1.5, 0.0])
+    assert nonnegative_lstsq(a, np.array([-2.0, 1.0, -1.0])) is None  # no positive first entry
 
 
 @pytest.mark.timeout(600)
