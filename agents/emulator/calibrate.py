@@ -10,13 +10,14 @@ than ranks they share the cores). Measured, per rank:
 - memory-bound throughput by op (out-of-place elementwise ops on tensors larger than the
   caches, allocation included, as eager PyTorch runs them); their median for other ops;
 - per-op host cost in the real program: steps of the training program itself (tiny-gpt,
-  ParallelTrainer: plain data parallelism, tensor parallelism, ZeRO-3 and a pipeline),
-  each as rank 0 of the world over torch's fake process group on real tensors, so every
-  kernel, hook and DTensor dispatch runs and no collective takes time (its noise on a
-  shared CPU would decide the solve otherwise); the emulator predicts the same steps with
-  free collectives, and the per-aten-op (launch_seconds), per-DTensor-op
-  (dispatch_seconds), per-side-stream-collective and per-p2p host costs are the values
-  that make the predictions meet the measured times. On a CPU this host work (Python,
+  ParallelTrainer: plain data parallelism, tensor parallelism and ZeRO-3), every rank of
+  the world at once, each in its own process over torch's fake process group on real
+  tensors, so every kernel, hook and DTensor dispatch runs and no collective takes time
+  (its noise on a shared CPU would decide the solve otherwise); the emulator predicts the
+  same steps with free collectives, and the per-aten-op (launch_seconds), per-DTensor-op
+  (dispatch_seconds) and per-side-stream-collective host costs are the non-negative values
+  that best make the predictions meet the measured times (the per-p2p cost keeps its
+  estimate: a pipeline cannot run over a fake group). On a CPU this host work (Python,
   module hooks, the autograd engine, the optimizer's loop, DTensor's sharding
   propagation) runs in series with the kernels; a small transformer-like block's forward
   + backward divided by its aten ops gives a first estimate, used where the program's
