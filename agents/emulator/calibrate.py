@@ -31,8 +31,12 @@ than ranks they share the cores). Measured, per rank:
   (the time of matmul + collective minus the matmul's alone): on a CPU a small
   collective costs the wake-up of a process that slept waiting for its peer, about twice
   what back-to-back collectives show;
-- how much of a collective hides behind compute (comm_overlap): with as many ranks as
-  cores, the collective's copies need the cores the matmuls use.
+- nothing of the program's data-parallel communication hides behind compute
+  (comm_streams False): without device streams FSDP2's all-gathers and reduce-scatters
+  run with async_op=False on the thread that computes, and ZeRO's gradient all-reduce is a
+  blocking call (docs/benchmarks.md, session 8: a ZeRO-3 step took its compute plus all
+  its collectives in series, where an overlap measured with an asynchronous all-reduce
+  beside matmuls had the simulator hide 12-24% of them).
 """
 from __future__ import annotations
 
@@ -44,8 +48,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from agents.emulator.calibrate_ops import (SIZE_LADDER, best_seconds, measure_attentions, measure_gemms,
-                                           measure_op_bandwidths)
+from agents.emulator.calibrate_ops import (SIZE_LADDER, CacheFlush, best_seconds, measure_attentions, measure_gemms,
+                                           measure_op_bandwidths, merge_tables)
 from agents.emulator.devices import DeviceProfile
 from agents.emulator.recorder import causal_fraction
 
@@ -187,42 +191,6 @@ def _dispatch_overhead(world: int, n: int = 200) -> float:
     plain = min(_elapsed(lambda: ops(x, w)) for _ in range(3))
     sharded = min(_elapsed(lambda: ops(dx, dw)) for _ in range(3))
     return max(sharded - plain, 0.0) / (4 * n)
-
-
-def _comm_overlap(world: int, repeats: int = 3) -> float:
-    """How much of a collective hides behind compute on this machine: an all-reduce started
-    asynchronously before a run of matmuls and waited for after them, against the two
-    alone: (matmuls + all-reduce - both) / the shorter of the two, in [0, 1]. The matmuls
-    are fp32 (a CPU without native bf16 runs bf16 GEMMs ~40x slower; what matters here is
-    that the cores are busy), as many as take about twice the all-reduce, the same count on
-    every rank."""
-    a, b = torch.randn(256, 768), torch.randn(768, 768)
-    t = torch.ones(1 << 21)  # 8 MiB
-
-    def timed(fn) -> float:
-        fn()
-        samples = []
-        for _ in range(repeats):
-            dist.barrier()
-            samples.append(_elapsed(fn))
-        return statistics.median(samples)
-
-    comm = timed(lambda: dist.all_reduce(t))
-    count = torch.tensor([min(400, max(1, round(2 * comm / max(timed(lambda: a @ b), 1e-6))))])
-    dist.all_reduce(count, op=dist.ReduceOp.MAX)
-    n = int(count)
-
-    def matmuls() -> None:
-        for _ in range(n):
-            a @ b
-
-    def both() -> None:
-        work = dist.all_reduce(t, async_op=True)
-        matmuls()
-        work.wait()
-
-    compute, together = timed(matmuls), timed(both)
-    return min(1.0, max(0.0, (compute + comm - together) / min(compute, comm)))
 
 
 def _elapsed(fn) -> float:
@@ -450,8 +418,10 @@ def program_host_costs(profile: DeviceProfile, world: int, measured: dict[str, f
     return tuple(float(c) for c in costs)
 
 
-def calibrate_rank(rank: int, world: int, effort: Effort = FULL, shapes: tuple = ((), ()),
+def calibrate_rank(rank: int, world: int, effort: Effort = FULL, shapes: dict | None = None,
                    collectives: dict | None = None) -> dict:
+    """This rank's measurements. `shapes`: calibrate_ops.shapes_by_residency's GEMM and
+    attention shapes; `collectives`: calibrate_ops.collective_sizes."""
     import sys
 
     torch.manual_seed(rank)
@@ -471,10 +441,15 @@ def calibrate_rank(rank: int, world: int, effort: Effort = FULL, shapes: tuple =
                       for m, n, k in {effort.gemm_shapes[0], effort.gemm_shapes[-1]})
     out["short_k"] = _matmul_rates(512, 768, 32, torch.bfloat16, r)[1]  # inner dimension 32 in the forward GEMM
     dist.barrier()
-    gemms, attentions = shapes
-    phase(f"the traces' {len(gemms)} GEMM and {len(attentions)} attention shapes")
-    out["gemm_table"] = measure_gemms(gemms, r, dist.barrier)
-    out["attention_table"] = measure_attentions(attentions, r, dist.barrier)
+    shapes = shapes or {}
+    cold, hot = shapes.get("cold", ((), ())), shapes.get("hot", ((), ()))
+    phase(f"the traces' {len(cold[0]) + len(hot[0])} GEMM and {len(cold[1]) + len(hot[1])} attention shapes "
+          f"({len(cold[0]) + len(cold[1])} from memory)")
+    flush = CacheFlush()
+    out["gemm_table"] = merge_tables(measure_gemms(cold[0], r, dist.barrier, flush),
+                                     measure_gemms(hot[0], r, dist.barrier))
+    out["attention_table"] = merge_tables(measure_attentions(cold[1], r, dist.barrier, flush),
+                                          measure_attentions(hot[1], r, dist.barrier))
     dist.barrier()
     phase("attention and memory-bound ops")
     out["attention"] = _attention_rate(r)
@@ -489,7 +464,6 @@ def calibrate_rank(rank: int, world: int, effort: Effort = FULL, shapes: tuple =
     out["alpha"], out["bandwidth"] = _allreduce_fit(world)
     out["table"] = (_collective_table(world, effort.table_sizes, effort.table_repeats, extra=collectives)
                     if world >= 2 else {})
-    out["overlap"] = _comm_overlap(world, 2 * r + 1) if world >= 2 else 1.0  # a median: noisy on a shared CPU
     phase("done on the ranks")
     return out
 
@@ -536,14 +510,14 @@ def calibrate(ranks: int = 2, effort: Effort = FULL, shapes_from: list = ()) -> 
     GEMMs and attentions are timed at their own shapes (the program model's always are)."""
     import sys
 
-    from agents.emulator.calibrate_ops import collective_sizes, op_shapes
+    from agents.emulator.calibrate_ops import collective_sizes, last_level_cache_bytes, shapes_by_residency
     from agents.engine.launch import run_ranks
 
     def say(text: str) -> None:
         print(f"  calibrate: {text}", file=sys.stderr, flush=True)
 
     traces = shape_traces(ranks, list(shapes_from), say)
-    shapes, collectives = op_shapes(traces), collective_sizes(traces, ranks)
+    shapes, collectives = shapes_by_residency(traces, last_level_cache_bytes()), collective_sizes(traces, ranks)
     results = run_ranks(ranks, calibrate_rank, effort, shapes, collectives, timeout_s=1200)  # minutes on a small CPU machine
 
     def median(key: str) -> float:
@@ -566,7 +540,7 @@ def calibrate(ranks: int = 2, effort: Effort = FULL, shapes_from: list = ()) -> 
         name="cpu-calibrated", peak_flops={"bf16": bf16, "fp32": median("fp32")}, hbm_bytes=memory_bytes // ranks,
         hbm_bandwidth=median("memory"), sm_count=0, matmul_max_fraction=1.0,
         attention_fraction=min(1.0, median("attention") / bf16), memory_fraction=1.0,
-        launch_seconds=median("overhead"), dispatch_seconds=median("dispatch"), comm_overlap=median("overlap"), intra_node_bandwidth=median("bandwidth"), intra_node_efficiency=1.0,
+        launch_seconds=median("overhead"), dispatch_seconds=median("dispatch"), comm_overlap=0.0, comm_streams=False, intra_node_bandwidth=median("bandwidth"), intra_node_efficiency=1.0,
         intra_node_latency=median("alpha"), inter_node_bandwidth=median("bandwidth"), inter_node_efficiency=1.0,
         inter_node_latency=median("alpha"), matmul_k_half=k_half, gpus_per_node=ranks,
         op_bandwidth={name: statistics.median(r["ops"][name] for r in results) for name in results[0]["ops"]},

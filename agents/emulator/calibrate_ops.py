@@ -1,8 +1,8 @@
 """Calibrate the ops of a trace: the GEMMs and fused attentions it holds, timed at their own
 shapes and operand layouts, and the memory-bound ops by size (into op_tables.py's tables).
 
-`op_shapes` reads the distinct shapes out of traces and `collective_sizes` their
-collectives' sizes (made in the parent process, before the ranks start); the `measure_*`
+`op_shapes` reads the distinct shapes out of traces (`shapes_by_residency`: cold or hot,
+by the trace's working set) and `collective_sizes` their collectives' sizes (made in the parent process, before the ranks start); the `measure_*`
 functions run on every rank at once, as a training step's ranks share the machine, and
 return rows for the profile's tables.
 """
@@ -38,6 +38,28 @@ def op_shapes(traces: list[Trace]) -> tuple[list, list]:
     return sorted(gemms), sorted(attentions)
 
 
+def shapes_by_residency(traces: list[Trace], cache_bytes: int) -> dict[str, tuple[list, list]]:
+    """{"cold": op_shapes, "hot": op_shapes}: a trace whose stages hold more static state
+    (parameters, gradients, optimizer state) than the last-level cache meets its GEMMs and
+    attentions with operands from memory, so they are timed after a CacheFlush; a smaller
+    one (calibrate's tiny program model, whose whole state stays cached) hot. A shape of
+    both kinds is timed cold: the table holds one rate per shape."""
+    big = [t for t in traces if max(s.memory.static for s in t.stages) > cache_bytes]
+    small = [t for t in traces if t not in big]
+    cold = op_shapes(big)
+    hot = op_shapes(small)
+    return {"cold": cold, "hot": tuple([x for x in h if x not in set(c)] for h, c in zip(hot, cold))}
+
+
+def merge_tables(a: dict, b: dict) -> dict:
+    """Two {key: {key: [rows]}} tables (measure_gemms / measure_attentions) as one."""
+    out = {k: {kk: list(rows) for kk, rows in v.items()} for k, v in a.items()}
+    for k, v in b.items():
+        for kk, rows in v.items():
+            out.setdefault(k, {}).setdefault(kk, []).extend(rows)
+    return out
+
+
 TABLE_KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 
 
@@ -67,15 +89,47 @@ def collective_sizes(traces: list[Trace], world: int, tolerance: float = 0.02) -
     return out
 
 
-def best_seconds(fn, repeats: int) -> float:
-    """The fastest of `repeats` runs after one warm-up (other processes only add time)."""
+def best_seconds(fn, repeats: int, before=None) -> float:
+    """The fastest of `repeats` runs after one warm-up (other processes only add time).
+    `before`, if given, runs untimed ahead of every run (e.g. a CacheFlush)."""
     fn()
     best = float("inf")
     for _ in range(repeats):
+        if before is not None:
+            before()
         started = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - started)
     return best
+
+
+def last_level_cache_bytes(default: int = 32 * 2**20) -> int:
+    """The largest CPU cache of this machine (sysfs), `default` where it cannot be read."""
+    from pathlib import Path
+
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = path.read_text().strip().upper()
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes, default=default)
+
+
+class CacheFlush:
+    """Writes a buffer twice the size of the last-level cache, so that the op timed next
+    reads its operands from memory, as a training step does: each weight is used once per
+    pass and the step's working set (weights, saved activations, optimizer state) is many
+    times the cache. Timed hot, the GEMMs of a 124M-parameter step ran 15-50% faster than
+    inside the step (docs/benchmarks.md, session 8). triton.testing.do_bench clears the
+    GPU's L2 before each run for the same reason."""
+
+    def __init__(self, cache_bytes: int | None = None) -> None:
+        self.buffer = torch.empty(2 * (cache_bytes or last_level_cache_bytes()) // 4, dtype=torch.float32)
+
+    def __call__(self) -> None:
+        self.buffer.fill_(1.0)
 
 
 def _operand(rows: int, cols: int, letter: str, batch: int, dtype: torch.dtype) -> torch.Tensor:
@@ -90,9 +144,10 @@ def _no_sync() -> None:
     return None
 
 
-def measure_gemms(gemms: list, repeats: int = 3, sync=_no_sync) -> dict:
-    """{dtype: {form: [[batch, m, n, k, flop_per_second], ...]}} for each GEMM. `sync` (the
-    ranks' barrier) runs before each shape, so that every rank times the same GEMM at the
+def measure_gemms(gemms: list, repeats: int = 3, sync=_no_sync, flush=None) -> dict:
+    """{dtype: {form: [[batch, m, n, k, flop_per_second], ...]}} for each GEMM, each run
+    after `flush` (a CacheFlush: operands cold, as in a step; None times them hot). `sync`
+    (the ranks' barrier) runs before each shape, so that every rank times the same GEMM at the
     same moment, as a training step's ranks run theirs: a rank timing alone while its peer
     waits has the shared cache and memory bandwidth to itself (on this 2-core machine the
     same GEMM's rate moved by 25% between unsynchronized calibrations)."""
@@ -101,17 +156,17 @@ def measure_gemms(gemms: list, repeats: int = 3, sync=_no_sync) -> dict:
         sync()
         a = _operand(m, k, form[0], batch, TORCH_DTYPES[dtype])
         b = _operand(k, n, form[1], batch, TORCH_DTYPES[dtype])
-        seconds = best_seconds(lambda: torch.matmul(a, b), repeats)
+        seconds = best_seconds(lambda: torch.matmul(a, b), repeats, flush)
         table.setdefault(dtype, {}).setdefault(form, []).append(
             [batch, m, n, k, 2.0 * batch * m * n * k / max(seconds, 1e-9)])
     return table
 
 
-def measure_attentions(attentions: list, repeats: int = 3, sync=_no_sync) -> dict:
+def measure_attentions(attentions: list, repeats: int = 3, sync=_no_sync, flush=None) -> dict:
     """{direction: {dtype: [[batch, heads, seq_q, seq_kv, head_dim, flop_per_second], ...]}},
     causal (the program's decoders are; an encoder's full attention runs at a similar rate
     per FLOP), FLOPs counted as the recorder counts them. The backward is timed as forward
-    + backward minus the forward."""
+    + backward minus the forward; every run after `flush` as in measure_gemms."""
     table: dict = {}
     for direction, dtype, batch, heads, seq_q, seq_kv, head_dim in attentions:
         sync()
@@ -120,7 +175,7 @@ def measure_attentions(attentions: list, repeats: int = 3, sync=_no_sync) -> dic
         k = torch.randn(batch, heads, seq_kv, head_dim, dtype=TORCH_DTYPES[dtype], requires_grad=True)
         v = torch.randn_like(k, requires_grad=True)
         share = causal_fraction(seq_q, seq_kv) if causal else 1.0
-        forward = best_seconds(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), repeats)
+        forward = best_seconds(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), repeats, flush)
         if direction == "forward":
             flops, seconds = sdpa_flop_count(q.shape, k.shape, v.shape) * share, forward
         else:
@@ -130,7 +185,7 @@ def measure_attentions(attentions: list, repeats: int = 3, sync=_no_sync) -> dic
                 F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(grad)
 
             flops = sdpa_backward_flop_count(grad.shape, q.shape, k.shape, v.shape) * share
-            seconds = max(best_seconds(both, repeats) - forward, forward / 4)
+            seconds = max(best_seconds(both, repeats, flush) - forward, forward / 4)
         table.setdefault(direction, {}).setdefault(dtype, []).append(
             [batch, heads, seq_q, seq_kv, head_dim, flops / max(seconds, 1e-9)])
     return table

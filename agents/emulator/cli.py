@@ -10,6 +10,12 @@ from agents.emulator.errors import EmulatorError
 GiB = 2**30
 
 
+
+def _overlap_words(profile) -> str:
+    if not profile.comm_streams:
+        return "data-parallel collectives in series with compute (no comm streams)"
+    return f"{profile.comm_overlap:.0%} of communication hidden behind compute"
+
 def _run(command: str, args, work):
     """work(progress) -> result, or (None, exit code) after printing an EmulatorError; with
     --json the result is printed and the command is done (returns (None, 0))."""
@@ -169,8 +175,8 @@ def calibrate_main(args) -> int:
           f"{profile.peak('fp32') / 1e9:.0f} GFLOP/s, attention {profile.attention_fraction:.0%} of bf16, memory "
           f"{profile.memory_bandwidth / 1e9:.1f} GB/s, {profile.launch_seconds * 1e6:.1f} us per op "
           f"(+{profile.dispatch_seconds * 1e6:.1f} us per DTensor op, {profile.collective_host_seconds * 1e3:.2f} ms "
-          f"per side-stream collective, {profile.p2p_host_seconds * 1e3:.2f} ms per send/recv), {profile.comm_overlap:.0%} of "
-          f"communication hidden behind compute, all-reduce "
+          f"per side-stream collective, {profile.p2p_host_seconds * 1e3:.2f} ms per send/recv), "
+          f"{_overlap_words(profile)}, all-reduce "
           f"{profile.intra_bw / 1e9:.2f} GB/s + {profile.intra_node_latency * 1e6:.0f} us per hop (per rank)")
     for kind, by_size in profile.collective_table.items():
         for group, points in by_size.items():

@@ -82,6 +82,13 @@ class DeviceProfile:
     # (copy engines and NICs move the bytes); on a CPU whose cores all compute, the
     # collective's copies need the same cores, and `dynaplane calibrate` measures it.
     comm_overlap: float = 1.0
+    # Whether the program's data-parallel collectives run on a stream of their own beside the
+    # compute (NCCL on GPUs). On a CPU there are no device streams: FSDP2 issues its
+    # all-gathers and reduce-scatters with async_op=False, so they run on the calling thread
+    # and block it, and ZeRO's gradient all-reduce is a blocking call before the optimizer.
+    # False: every data-parallel collective is in series with the compute where the program
+    # issues it (comm_overlap is then unused).
+    comm_streams: bool = True
     # Rates measured by `dynaplane calibrate` at the shapes of a trace (op_tables.py): GEMMs
     # by dtype and operand layout, fused attention by direction, memory-bound ops by size.
     # Empty for the built-in profiles, which use the efficiency model above.
@@ -283,7 +290,7 @@ _CPU = DeviceProfile(
     matmul_max_fraction=0.70, attention_fraction=0.30, memory_fraction=0.60, launch_seconds=10e-6,
     intra_node_bandwidth=2e9, intra_node_efficiency=1.0, intra_node_latency=50e-6,     # gloo over loopback TCP
     inter_node_bandwidth=1.25e9, inter_node_efficiency=0.9, inter_node_latency=100e-6,  # 10 GbE
-    matmul_k_half=32.0, attention_seq_half=64.0,
+    matmul_k_half=32.0, attention_seq_half=64.0, comm_streams=False,
     notes="generic small x86 host; placeholders until `dynaplane calibrate` measures one",
 )
 

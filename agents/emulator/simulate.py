@@ -21,7 +21,10 @@ is one micro-batch's forward or backward of one (virtual) stage:
 An action starts when its rank is free and its input has arrived. Data-parallel
 gradient buckets are issued on a DP stream as the backward reaches their op (last
 micro-batch only, or every micro-batch) and run one after another; the optimizer waits
-for the stream to drain, then step-phase syncs (ZeRO-1 all-gather) run exposed.
+for the stream to drain, then step-phase syncs (ZeRO-1 all-gather) run exposed. A device
+without comm streams (profile.comm_streams False: a CPU) runs every data-parallel
+collective in series where the program issues it: gathers before the op that needs them,
+the buckets at the end of the backward (every micro-batch) or before the optimizer.
 The step ends when the last rank ends.
 
 Breakdown of a rank (sums to step_seconds exactly): compute (all compute ops incl.
@@ -194,11 +197,12 @@ def _stage_cost(stage: StageTrace, profile: DeviceProfile, gpn: int, recompute: 
     bwd_index = _index_without_p2p(stage.backward)
     rec = timed(recomputed_ops(stage, recompute))
     fwd_gathers, bwd_gathers = gathers("forward"), gathers("backward")
-    forward = _run_phase(timed(stage.forward), [(fwd_index[a], s, c) for a, s, c in fwd_gathers],
-                         profile.comm_overlap)
+    # Without comm streams (a CPU) a gather never advances while the rank computes: each one
+    # runs where the program waits for it, in series.
+    overlap = profile.comm_overlap if profile.comm_streams else 0.0
+    forward = _run_phase(timed(stage.forward), [(fwd_index[a], s, c) for a, s, c in fwd_gathers], overlap)
     backward = _run_phase(rec + timed(stage.backward),
-                          [(bwd_index[a] + len(rec), s, c) for a, s, c in bwd_gathers],
-                          profile.comm_overlap)
+                          [(bwd_index[a] + len(rec), s, c) for a, s, c in bwd_gathers], overlap)
     # Host work on the compute thread around the side-stream collectives (a phase's gathers
     # every micro-batch; the gradient buckets in every backward when they sync each
     # micro-batch, else once, before the optimizer) and around each pipeline send/recv
@@ -220,14 +224,23 @@ def _stage_cost(stage: StageTrace, profile: DeviceProfile, gpn: int, recompute: 
         optimizer["dp_comm"] += buckets
     optimizer["dp_comm"] += sum(p == "step" for p in stage.phases()) * host
     steps = [(seconds(op), _category(op)) for op, p in zip(stage.param_sync, stage.phases()) if p == "step"]
-    return _StageCost(forward, backward, ready, [(seconds(op), _category(op)) for op in stage.grad_sync],
+    grad_buckets = [(seconds(op), _category(op)) for op in stage.grad_sync]
+    if not profile.comm_streams:  # the buckets block the thread that issues them: in series, no DP stream
+        blocking = sum(s for s, _ in grad_buckets)
+        if stage.grad_sync_each_microbatch:
+            backward = _with_host(backward, blocking)
+        else:
+            optimizer["dp_comm"] += blocking
+        ready, grad_buckets = [], []
+    return _StageCost(forward, backward, ready, grad_buckets,
                       p2p(stage.forward, "send"), p2p(stage.forward, "recv"),
                       p2p(stage.backward, "send"), p2p(stage.backward, "recv"),
                       optimizer, steps, stage.memory.activations(recompute))
 
 
 def _with_host(phase: _Phase, seconds: float, category: str = "dp_comm") -> _Phase:
-    """The phase with `seconds` of host work for its communication at its end."""
+    """The phase with `seconds` more on its thread at its end: host work for its
+    communication, or collectives that block the thread (no comm streams)."""
     if not seconds:
         return phase
     parts = dict(phase.parts)

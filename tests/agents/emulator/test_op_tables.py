@@ -9,7 +9,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agents.emulator.calibrate_ops import measure_attentions, measure_gemms, measure_op_bandwidths, op_shapes
+from agents.emulator.calibrate_ops import (CacheFlush, best_seconds, last_level_cache_bytes, measure_attentions,
+                                           measure_gemms, measure_op_bandwidths, merge_tables, op_shapes,
+                                           shapes_by_residency)
 from agents.emulator.costs import compute_seconds
 from agents.emulator.devices import DeviceProfile, get_profile
 from agents.emulator.errors import EmulatorError
@@ -121,6 +123,48 @@ def test_calibrate_measures_each_distinct_shape_of_the_traces_once_at_its_own_fo
     # the table the profile then reads
     profile = replace(get_profile("cpu"), matmul_table=table, attention_table=rates)
     assert profile.matmul_rate("bf16", (16, 24, 8), "nt") == table["bf16"]["nt"][0][4]
+
+
+def _trace_holding(static_bytes: int, *ops: ComputeOp) -> Trace:
+    memory = StageMemory(static_bytes, 0, 0, 0, 0)
+    return Trace("tiny-gpt", 1, 1, 1, 1, 1, 8, (StageTrace(0, ops, (), (), (), (), memory),))
+
+
+def test_gemms_of_a_model_larger_than_the_cache_are_timed_cold_the_others_hot() -> None:
+    shared = ComputeOp("mm", "matmul", 1, 1, (16, 24, 8), "bf16", "nt")
+    only_small = ComputeOp("mm", "matmul", 1, 1, (4, 4, 4), "bf16", "nn")
+    only_big = ComputeOp("sdpa", "attention", 1, 1, (1, 2, 16, 16, 8), "bf16")
+    cache = 32 * 2**20
+    shapes = shapes_by_residency([_trace_holding(cache // 8, shared, only_small),
+                                  _trace_holding(cache * 4, shared, only_big)], cache)
+    assert shapes["cold"] == ([("bf16", "nt", 1, 16, 24, 8)], [("forward", "bf16", 1, 2, 16, 16, 8)])
+    assert shapes["hot"] == ([("bf16", "nn", 1, 4, 4, 4)], [])  # a shape of both kinds: cold only
+
+
+def test_tables_of_cold_and_hot_shapes_merge_into_one() -> None:
+    cold = {"bf16": {"nt": [[1, 16, 24, 8, 1e9]]}}
+    hot = {"bf16": {"nt": [[1, 4, 4, 4, 2e9]], "nn": [[1, 4, 4, 4, 3e9]]}, "fp32": {"tn": [[1, 2, 2, 2, 4e9]]}}
+    assert merge_tables(cold, hot) == {"bf16": {"nt": [[1, 16, 24, 8, 1e9], [1, 4, 4, 4, 2e9]],
+                                                "nn": [[1, 4, 4, 4, 3e9]]},
+                                       "fp32": {"tn": [[1, 2, 2, 2, 4e9]]}}
+    assert cold == {"bf16": {"nt": [[1, 16, 24, 8, 1e9]]}}  # the inputs are left as they were
+
+
+def test_a_timed_run_follows_a_cache_flush_each_time() -> None:
+    order = []
+    best_seconds(lambda: order.append("run"), 3, before=lambda: order.append("flush"))
+    assert order == ["run"] + ["flush", "run"] * 3  # the warm-up, then every timed run after a flush
+    flush = CacheFlush(1 << 20)
+    assert flush.buffer.numel() * 4 == 2 << 20  # twice the cache
+    flush()
+    assert bool((flush.buffer == 1.0).all())
+    assert last_level_cache_bytes() >= 1 << 20  # this machine's largest cache (sysfs), at least a MiB
+
+
+def test_measure_gemms_flushes_before_every_timed_run() -> None:
+    calls = []
+    measure_gemms([("fp32", "nt", 1, 8, 8, 8), ("fp32", "nn", 1, 8, 8, 8)], repeats=2, flush=lambda: calls.append(1))
+    assert len(calls) == 4
 
 
 def test_memory_bound_rates_are_measured_per_call_size_net_of_the_host_cost() -> None:

@@ -168,3 +168,28 @@ def test_comm_overlap_outside_zero_to_one_is_refused():
 
     with pytest.raises(EmulatorError, match="comm_overlap=1.5 must be in"):
         replace(PROFILE, comm_overlap=1.5)
+
+
+@pytest.mark.parametrize("each_microbatch", [False, True])
+def test_without_comm_streams_every_dp_collective_is_in_series_with_compute(each_microbatch):
+    """A CPU (comm_streams False): gathers and gradient buckets block the thread that issues
+    them, so the step is the sum of everything, even where a GPU would hide the bucket and
+    the gathers behind the backward and the next micro-batch's forward."""
+    from dataclasses import replace
+
+    bucket, gather = _bucket(5 * MS), _bucket(2 * MS)
+    t_bucket, t_gather = collective_seconds(bucket, PROFILE), collective_seconds(gather, PROFILE)
+    forward = tuple(timed(f"f{i}", 1 * MS) for i in range(4))
+    backward = tuple(timed(f"b{i}", 1 * MS) for i in range(10))
+    s = stage(0, forward=forward, backward=backward, grad_sync=(bucket,), grad_sync_after=(2,),
+              grad_sync_each_microbatch=each_microbatch, param_sync=(gather,) * 2,
+              param_sync_phase=("forward", "backward"), param_sync_at=(1, 3))
+    m = 3
+    trace = with_stages(uniform_trace(1, m), [s])
+    streams = simulate(trace, PROFILE)
+    serial = simulate(trace, replace(PROFILE, comm_streams=False))
+    buckets = m if each_microbatch else 1
+    expected = m * (14 * MS + 2 * t_gather) + buckets * t_bucket
+    assert serial.step_seconds == pytest.approx(expected, rel=1e-9)
+    assert serial.breakdown["dp_comm"] == pytest.approx(m * 2 * t_gather + buckets * t_bucket, rel=1e-9)
+    assert streams.step_seconds < serial.step_seconds  # the same trace with streams hides some of it
