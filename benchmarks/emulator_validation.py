@@ -14,6 +14,12 @@ the training step, not the data pipeline; peak = the rank's parameters and optim
 state + the live tensor bytes of one step, gradients included, counted as the tracer
 counts them but on real tensors);
 `emulate --gpu cpu --profile` predicts the same configuration. Prints a markdown table.
+
+With --rounds R the layouts run R times, one after the other in turn (A B C D E A B C D E),
+and every layout's real steps of all rounds are pooled: the same layout's fastest step moved
+by up to 15% between runs minutes apart on the 2-core validation machine, so a layout timed
+in one burst carries whatever the machine was doing then. The per-round fastest steps are
+printed too.
 """
 from __future__ import annotations
 
@@ -30,24 +36,36 @@ def real_rank(rank: int, world: int, layout: str, global_batch: int, seq: int) -
     from agents.emulator.real_steps import time_steps
 
     real = time_steps(MODEL, layout, rank, global_batch, MICRO_BATCH, seq, WARMUP, MEASURED)
-    return {"step": real.seconds, "fastest": real.fastest, "static": real.static_bytes, "peak": real.peak_bytes}
+    return {"step": real.seconds, "fastest": real.fastest, "static": real.static_bytes, "peak": real.peak_bytes,
+            "steps": list(real.all_seconds)}
 
 
-def main(profile: str, global_batch: int = GLOBAL_BATCH, seq: int = SEQ) -> None:
+def main(profile: str, global_batch: int = GLOBAL_BATCH, seq: int = SEQ, rounds: int = 1) -> None:
     from agents.emulator.emulate import EmulateRequest, emulate
     from agents.engine.launch import run_ranks
 
+    runs: dict[str, list] = {layout: [] for layout in LAYOUTS}
+    loads: dict[str, list] = {layout: [] for layout in LAYOUTS}
+    for _ in range(rounds):
+        for layout in LAYOUTS:
+            loads[layout].append(os.getloadavg()[0])  # other processes on the machine inflate the real steps
+            runs[layout].append(run_ranks(WORLD, real_rank, layout, global_batch, seq, timeout_s=1800))
     print("| layout | real step s (fastest / median) | emulated step s | error (fastest / median) | "
-          "static bytes real = emulated | peak real GiB | peak emulated GiB | peak error | load before |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "static bytes real = emulated | peak real GiB | peak emulated GiB | peak error | load before | "
+          "fastest per round s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     errors, median_errors = [], []
     for layout in LAYOUTS:
-        load = os.getloadavg()[0]  # other processes on the machine inflate the real steps
-        real = run_ranks(WORLD, real_rank, layout, global_batch, seq, timeout_s=1800)
+        real = runs[layout][0]
+        # A step ends on every rank together (time_steps all-reduces each step's max), so
+        # rank 0's steps are the step times.
+        steps = [t for run in runs[layout] for t in run[0]["steps"]]
+        per_round = " / ".join(f"{min(run[0]['steps']):.3f}" for run in runs[layout])
+        load = max(loads[layout])
         emulated = emulate(EmulateRequest(MODEL, layout, WORLD, "cpu", global_batch, MICRO_BATCH, seq,
                                           gpus_per_node=WORLD, profile=profile))
         stages = emulated["memory"]["per_stage"]
-        real_step, real_median = max(r["fastest"] for r in real), max(r["step"] for r in real)
+        real_step, real_median = min(steps), statistics.median(steps)
         error = emulated["step_seconds"] / real_step - 1
         median_error = emulated["step_seconds"] / real_median - 1
         errors.append(abs(error))
@@ -59,7 +77,8 @@ def main(profile: str, global_batch: int = GLOBAL_BATCH, seq: int = SEQ) -> None
         print(f"| `{layout}` | {real_step:.3f} / {real_median:.3f} | {emulated['step_seconds']:.3f} | "
               f"{error:+.1%} / {median_error:+.1%} | "
               f"{max(static_real) == max(static_emulated)} ({max(static_real):,}) | {peak_real / 2**30:.3f} | "
-              f"{peak_emulated / 2**30:.3f} | {peak_emulated / peak_real - 1:+.1%} | {load:.1f} |", flush=True)
+              f"{peak_emulated / 2**30:.3f} | {peak_emulated / peak_real - 1:+.1%} | {load:.1f} | {per_round} |",
+              flush=True)
     print(f"\nmean absolute step-time error: {statistics.mean(errors):.1%} against the fastest real step, "
           f"{statistics.mean(median_errors):.1%} against the median")
 
@@ -72,5 +91,7 @@ if __name__ == "__main__":
     parser.add_argument("--global-batch", type=int, default=GLOBAL_BATCH)
     parser.add_argument("--seq", type=int, default=SEQ,
                         help="shorter on a CPU without native bf16 (its bf16 GEMMs run at ~1 GFLOP/s)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the layouts this many times in turn and pool their steps (the machine drifts)")
     args = parser.parse_args()
-    main(args.profile, args.global_batch, args.seq)
+    main(args.profile, args.global_batch, args.seq, args.rounds)

@@ -114,6 +114,8 @@ class DeviceProfile:
         check_tables(self.name, self.matmul_table, self.attention_table, self.op_bandwidth_table)
         require(isinstance(self.comm_overlap, (int, float)) and 0 <= self.comm_overlap <= 1,
                 f"profile {self.name}: comm_overlap={self.comm_overlap!r} must be in [0, 1]")
+        require(isinstance(self.comm_streams, bool),
+                f"profile {self.name}: comm_streams={self.comm_streams!r} must be true or false")
         for key in ("sm_count", "launch_seconds", "intra_node_latency", "inter_node_latency", "dispatch_seconds",
                     "collective_host_seconds", "p2p_host_seconds"):
             value = getattr(self, key)

@@ -20,6 +20,7 @@ class RealSteps:
     fastest: float = 0.0  # the fastest measured step: on a shared machine other processes only
     # ever add time, so it is the estimate of the uncontended step (timeit's reasoning), the
     # one calibrate's best-of-N op timings describe
+    all_seconds: tuple[float, ...] = ()  # every measured step, in order
 
 
 def time_steps(model: str, layout: str, rank: int, global_batch: int, micro_batch: int, seq: int,
@@ -62,4 +63,4 @@ def time_steps(model: str, layout: str, rank: int, global_batch: int, micro_batc
     with recorder:  # gradients are allocated during the step, so the recorder counts them
         trainer.step()
     return RealSteps(statistics.median(times), sum(state.values()),
-                     state["params"] + state["optimizer"] + recorder.peak, min(times))
+                     state["params"] + state["optimizer"] + recorder.peak, min(times), tuple(times))

@@ -87,6 +87,7 @@ def test_quick_calibration_writes_a_profile_that_emulate_uses(tmp_path) -> None:
     assert {"forward", "backward"} == set(profile.attention_table)
     assert len(profile.op_bandwidth_table["add"]) == 2
     assert profile.dispatch_seconds > 0
+    assert not profile.comm_streams  # a CPU's data-parallel collectives block the thread that computes
     assert "host costs from tiny-gpt steps" in profile.notes
     for kind in ("all_reduce", "all_gather", "reduce_scatter"):
         points = profile.collective_table[kind]["2"]

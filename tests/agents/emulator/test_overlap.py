@@ -168,6 +168,8 @@ def test_comm_overlap_outside_zero_to_one_is_refused():
 
     with pytest.raises(EmulatorError, match="comm_overlap=1.5 must be in"):
         replace(PROFILE, comm_overlap=1.5)
+    with pytest.raises(EmulatorError, match="comm_streams='no' must be true or false"):
+        replace(PROFILE, comm_streams="no")
 
 
 @pytest.mark.parametrize("each_microbatch", [False, True])
