@@ -61,11 +61,14 @@ class Effort:
     """How hard calibrate measures. `QUICK` gives a rough profile in a fraction of the time
     (one GEMM shape, fewer repeats and sizes): enough for a first look, or to check the
     tool works; the full effort is what the validation in docs/benchmarks.md uses."""
-    repeats: int = 3
+    # Five best-of runs and nine samples per collective: with three and five, two
+    # calibrations of the same machine minutes apart put a tp=2 llama-124m step 0.5 s apart
+    # (its 344 small all-reduces read 1.3-2.7 ms; docs/benchmarks.md, session 8).
+    repeats: int = 5
     gemm_shapes: tuple = ((512, 768, 768), (512, 2048, 768), (512, 768, 2048), (1024, 1024, 1024))
     bandwidth_tensors: int = 16
     table_sizes: tuple = tuple(1 << e for e in range(12, 25, 2))  # 4 KiB ... 16 MiB
-    table_repeats: int = 5
+    table_repeats: int = 9
     program_steps: int = 8
     op_sizes: tuple = SIZE_LADDER  # elements per tensor of the memory-bound ops' size ladder
 
@@ -265,7 +268,7 @@ def _collective_table(world: int, sizes: tuple, repeats: int = 5, per_sample: in
         dist.barrier()
         samples = []
         count = 1 if big else per_sample
-        for _ in range(repeats):
+        for _ in range(min(repeats, 5) if big else repeats):
             started = time.perf_counter()
             for _ in range(count):
                 fn()
