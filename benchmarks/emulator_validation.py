@@ -19,7 +19,7 @@ With --rounds R the layouts run R times, one after the other in turn (A B C D E 
 and every layout's real steps of all rounds are pooled: the same layout's fastest step moved
 by up to 15% between runs minutes apart on the 2-core validation machine, so a layout timed
 in one burst carries whatever the machine was doing then. The per-round fastest steps are
-printed too.
+printed too, and the CPU time the hypervisor stole while each layout ran (/proc/stat).
 """
 from __future__ import annotations
 
@@ -40,20 +40,33 @@ def real_rank(rank: int, world: int, layout: str, global_batch: int, seq: int) -
             "steps": list(real.all_seconds)}
 
 
+def steal_seconds() -> float:
+    """CPU time the hypervisor gave to other guests since boot, all CPUs (/proc/stat's
+    `steal`; 0 where it cannot be read). Steal during a layout's steps inflates them."""
+    try:
+        fields = open("/proc/stat").readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def main(profile: str, global_batch: int = GLOBAL_BATCH, seq: int = SEQ, rounds: int = 1) -> None:
     from agents.emulator.emulate import EmulateRequest, emulate
     from agents.engine.launch import run_ranks
 
     runs: dict[str, list] = {layout: [] for layout in LAYOUTS}
     loads: dict[str, list] = {layout: [] for layout in LAYOUTS}
+    stolen: dict[str, float] = dict.fromkeys(LAYOUTS, 0.0)
     for _ in range(rounds):
         for layout in LAYOUTS:
             loads[layout].append(os.getloadavg()[0])  # other processes on the machine inflate the real steps
+            before = steal_seconds()
             runs[layout].append(run_ranks(WORLD, real_rank, layout, global_batch, seq, timeout_s=1800))
+            stolen[layout] += steal_seconds() - before
     print("| layout | real step s (fastest / median) | emulated step s | error (fastest / median) | "
           "static bytes real = emulated | peak real GiB | peak emulated GiB | peak error | load before | "
-          "fastest per round s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "fastest per round s | steal s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     errors, median_errors = [], []
     for layout in LAYOUTS:
         real = runs[layout][0]
@@ -77,7 +90,8 @@ def main(profile: str, global_batch: int = GLOBAL_BATCH, seq: int = SEQ, rounds:
         print(f"| `{layout}` | {real_step:.3f} / {real_median:.3f} | {emulated['step_seconds']:.3f} | "
               f"{error:+.1%} / {median_error:+.1%} | "
               f"{max(static_real) == max(static_emulated)} ({max(static_real):,}) | {peak_real / 2**30:.3f} | "
-              f"{peak_emulated / 2**30:.3f} | {peak_emulated / peak_real - 1:+.1%} | {load:.1f} | {per_round} |",
+              f"{peak_emulated / 2**30:.3f} | {peak_emulated / peak_real - 1:+.1%} | {load:.1f} | {per_round} | "
+              f"{stolen[layout]:.1f} |",
               flush=True)
     print(f"\nmean absolute step-time error: {statistics.mean(errors):.1%} against the fastest real step, "
           f"{statistics.mean(median_errors):.1%} against the median")

@@ -47,8 +47,9 @@ def shapes_by_residency(traces: list[Trace], cache_bytes: int) -> dict[str, tupl
     big = [t for t in traces if max(s.memory.static for s in t.stages) > cache_bytes]
     small = [t for t in traces if t not in big]
     cold = op_shapes(big)
-    hot = op_shapes(small)
-    return {"cold": cold, "hot": tuple([x for x in h if x not in set(c)] for h, c in zip(hot, cold))}
+    timed_cold = [set(shapes) for shapes in cold]
+    hot = tuple([x for x in shapes if x not in seen] for shapes, seen in zip(op_shapes(small), timed_cold))
+    return {"cold": cold, "hot": hot}
 
 
 def merge_tables(a: dict, b: dict) -> dict:
