@@ -2,9 +2,10 @@
 shapes and operand layouts, and the memory-bound ops by size (into op_tables.py's tables).
 
 `op_shapes` reads the distinct shapes out of traces (`shapes_by_residency`: cold or hot,
-by the trace's working set) and `collective_sizes` their collectives' sizes (made in the parent process, before the ranks start); the `measure_*`
-functions run on every rank at once, as a training step's ranks share the machine, and
-return rows for the profile's tables.
+by the trace's working set) and `collective_sizes` their collectives' sizes (made in the
+parent process, before the ranks start); the `measure_*` functions run on every rank at
+once, as a training step's ranks share the machine, and return rows for the profile's
+tables.
 """
 from __future__ import annotations
 
@@ -44,8 +45,11 @@ def shapes_by_residency(traces: list[Trace], cache_bytes: int) -> dict[str, tupl
     attentions with operands from memory, so they are timed after a CacheFlush; a smaller
     one (calibrate's tiny program model, whose whole state stays cached) hot. A shape of
     both kinds is timed cold: the table holds one rate per shape."""
-    big = [t for t in traces if max(s.memory.static for s in t.stages) > cache_bytes]
-    small = [t for t in traces if t not in big]
+    def held(trace: Trace) -> int:
+        return max(s.memory.static for s in trace.stages)
+
+    big = [t for t in traces if held(t) > cache_bytes]
+    small = [t for t in traces if held(t) <= cache_bytes]
     cold = op_shapes(big)
     timed_cold = [set(shapes) for shapes in cold]
     hot = tuple([x for x in shapes if x not in seen] for shapes, seen in zip(op_shapes(small), timed_cold))
