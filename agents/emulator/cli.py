@@ -10,11 +10,11 @@ from agents.emulator.errors import EmulatorError
 GiB = 2**30
 
 
-
 def _overlap_words(profile) -> str:
     if not profile.comm_streams:
         return "data-parallel collectives in series with compute (no comm streams)"
     return f"{profile.comm_overlap:.0%} of communication hidden behind compute"
+
 
 def _run(command: str, args, work):
     """work(progress) -> result, or (None, exit code) after printing an EmulatorError; with
