@@ -7,13 +7,19 @@
 
 (calibrate then times these layouts' GEMMs and attentions at their own shapes; it never
 sees a llama-124m step.) For each layout of llama-124m on 2 local ranks: the real
-ParallelTrainer runs warm-up steps then measured steps (the fastest and the median step
-time: other processes on a shared machine only add time, so the fastest is the estimate of
-the uncontended step that calibrate's best-of-N timings describe; batches made ahead: the emulator predicts
-the training step, not the data pipeline; peak = the rank's parameters and optimizer
+ParallelTrainer runs warm-up steps then measured steps (the fastest step, which the error
+is taken against, and the median; batches made ahead: the emulator predicts the training
+step, not the data pipeline; peak = the rank's parameters and optimizer
 state + the live tensor bytes of one step, gradients included, counted as the tracer
 counts them but on real tensors);
 `emulate --gpu cpu --profile` predicts the same configuration. Prints a markdown table.
+
+Against the fastest step: a step is thousands of ops, and calibrate times each at its
+median (calibrate_ops.typical_seconds), so the prediction is a step of typical ops
+without the stalls a shared host adds to whole steps now and then (slow spells of
+seconds, the peer rank's hiccups that every collective waits for); the fastest of a
+dozen steps is the real step with the fewest of them. The median step is printed too:
+on the 2-core validation host it is 5-20% above the fastest.
 
 With --rounds R the layouts run R times, one after the other in turn (A B C D E A B C D E),
 and every layout's real steps of all rounds are pooled: the same layout's fastest step moved

@@ -3,7 +3,7 @@
 All `ranks` processes measure at the same time, as a training run's ranks would share
 the machine: each process's numbers are what one rank gets (on a CPU with fewer cores
 than ranks they share the cores). Measured, per rank:
-- bf16 / fp32 matmul rate (the best of a few GEMM shapes, each as a linear layer's
+- bf16 / fp32 matmul rate (the fastest of a few GEMM shapes, each as a linear layer's
   forward and two backward GEMMs run it) and how it falls off for a short inner
   dimension (matmul_k_half);
 - scaled-dot-product attention rate against the bf16 matmul rate (attention_fraction);
@@ -48,8 +48,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from agents.emulator.calibrate_ops import (SIZE_LADDER, CacheFlush, best_seconds, measure_attentions, measure_gemms,
-                                           measure_op_bandwidths, merge_tables)
+from agents.emulator.calibrate_ops import (SIZE_LADDER, CacheFlush, measure_attentions, measure_gemms,
+                                           measure_op_bandwidths, merge_tables, typical_seconds)
 from agents.emulator.devices import DeviceProfile
 from agents.emulator.recorder import causal_fraction
 
@@ -61,26 +61,28 @@ class Effort:
     """How hard calibrate measures. `QUICK` gives a rough profile in a fraction of the time
     (one GEMM shape, fewer repeats and sizes): enough for a first look, or to check the
     tool works; the full effort is what the validation in docs/benchmarks.md uses."""
-    # Five best-of runs and nine samples per collective: with three and five, two
-    # calibrations of the same machine minutes apart put a tp=2 llama-124m step 0.5 s apart
-    # (its 344 small all-reduces read 1.3-2.7 ms; docs/benchmarks.md, session 8).
-    repeats: int = 5
+    # Nine timed runs per op and nine samples per collective, in three passes (calibrate_rank):
+    # with three and five in one pass, two calibrations of the same machine minutes apart
+    # put a tp=2 llama-124m step 0.5 s apart (its 344 small all-reduces read 1.3-2.7 ms;
+    # docs/benchmarks.md, session 8).
+    passes: int = 3
+    repeats: int = 3
     gemm_shapes: tuple = ((512, 768, 768), (512, 2048, 768), (512, 768, 2048), (1024, 1024, 1024))
     bandwidth_tensors: int = 16
     table_sizes: tuple = tuple(1 << e for e in range(12, 25, 2))  # 4 KiB ... 16 MiB
-    table_repeats: int = 9
+    table_repeats: int = 3
     program_steps: int = 8
     op_sizes: tuple = SIZE_LADDER  # elements per tensor of the memory-bound ops' size ladder
 
 
 FULL = Effort()
-QUICK = Effort(repeats=1, gemm_shapes=((512, 768, 768),), bandwidth_tensors=4,
+QUICK = Effort(passes=1, repeats=1, gemm_shapes=((512, 768, 768),), bandwidth_tensors=4,
                table_sizes=(1 << 12, 1 << 18, 1 << 22), table_repeats=2, program_steps=2,
                op_sizes=(1 << 12, 1 << 20))
 
 
-def _best_rate(fn, flops: float, repeats: int = 3) -> float:
-    return flops / best_seconds(fn, repeats)
+def _rate(fn, flops: float, repeats: int = 3) -> float:
+    return flops / typical_seconds(fn, repeats)
 
 
 def _matmul_rates(m: int, n: int, k: int, dtype: torch.dtype, repeats: int = 3) -> tuple[float, float]:
@@ -93,15 +95,15 @@ def _matmul_rates(m: int, n: int, k: int, dtype: torch.dtype, repeats: int = 3) 
     three together, not one of them."""
     x, w, g = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype), torch.randn(m, n, dtype=dtype)
     flops = 2.0 * m * n * k
-    forward = best_seconds(lambda: x @ w.t(), repeats)
-    backward = best_seconds(lambda: g @ w, repeats) + best_seconds(lambda: g.t() @ x, repeats)
+    forward = typical_seconds(lambda: x @ w.t(), repeats)
+    backward = typical_seconds(lambda: g @ w, repeats) + typical_seconds(lambda: g.t() @ x, repeats)
     return 3 * flops / (forward + backward), flops / forward
 
 
 def _attention_rate(repeats: int = 3) -> float:
     q = torch.randn(1, 12, 256, 64, dtype=torch.bfloat16)
     flops = 4.0 * 12 * 256 * 256 * 64 * causal_fraction(256, 256)  # counted as the recorder counts it
-    return _best_rate(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True), flops,
+    return _rate(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True), flops,
                       repeats)
 
 
@@ -253,47 +255,59 @@ def _collective_table(world: int, sizes: tuple, repeats: int = 5, per_sample: in
     """{kind: [[bytes, seconds], ...]} measured in program context (see the module doc) at the
     ladder's `sizes` and, per kind, at the `extra` sizes (the traces' own collectives). The
     matmul in between is fp32: on a CPU without native bf16 a bf16 one takes 100+ ms.
-    Collectives above 16 MiB take long enough alone that one per sample suffices (a 500 MB
-    all-reduce takes ~0.5 s on two CPU ranks), and their time is the fastest sample, as for
-    every best-of-N timing here: what they cost is bandwidth, which other processes only
-    take away (a 238 MB gloo all-gather took 0.38-1.5 s; the median of three, the larger of
-    two such medians, read 0.64-0.80 s against 0.38 s inside the fastest real step). The
-    small ones keep the median of samples of `per_sample` back to back: their cost is the
-    wake-up of a rank that slept waiting for its peer, a part of every such collective."""
+    Each point is the median of `repeats` samples, as every timing here is
+    (calibrate_ops.typical_seconds says why). The small ones are samples of `per_sample`
+    back to back: their cost is the wake-up of a rank that slept waiting for its peer, a
+    part of every such collective. Those above 16 MiB are one collective per sample (a
+    500 MB all-reduce takes ~0.3 s on two CPU ranks), alone (a matmul before it changes
+    nothing), and sampled in rounds over all the big points, so that one point's samples
+    lie seconds apart: a 243 MB gloo all-gather took 0.27-1.05 s in six calls back to
+    back, in slow spells of a few seconds, and five samples in a row once read a median of
+    1.0 s against 0.30 s inside a real step (docs/benchmarks.md, session 9)."""
     a, b = torch.randn(128, 768), torch.randn(768, 768)
     extra = extra or {}
 
-    def timed(fn, big: bool) -> float:
+    def timed(fn) -> float:
         fn()
         dist.barrier()
         samples = []
-        count = 1 if big else per_sample
-        for _ in range(min(repeats, 5) if big else repeats):
+        for _ in range(repeats):
             started = time.perf_counter()
-            for _ in range(count):
+            for _ in range(per_sample):
                 fn()
-            samples.append((time.perf_counter() - started) / count)
-        return min(samples) if big else statistics.median(samples)
+            samples.append((time.perf_counter() - started) / per_sample)
+        return statistics.median(samples)
 
-    table = {}
+    table: dict = {}
+    big = []  # (kind, size, collective)
     for kind in ("all_reduce", "all_gather", "reduce_scatter"):
-        points = []
+        table[kind] = []
         for size in _table_sizes(sizes, extra.get(kind, [])):
-            big = size > 1 << 24
             collective = _collective(kind, size, world)
-            alone = timed(collective, big)
+            if size > 1 << 24:
+                big.append((kind, size, collective))
+                continue
 
             def both() -> None:
                 a @ b
                 collective()
 
-            if big:  # a matmul before half a second of collective changes nothing
-                seconds = alone
-            else:
-                seconds = max(alone, timed(both, big) - timed(lambda: a @ b, big))
-            points.append([float(size), seconds])
+            seconds = max(timed(collective), timed(both) - timed(lambda: a @ b))
+            table[kind].append([float(size), seconds])
             del collective
-        table[kind] = points
+    samples: dict[int, list[float]] = {i: [] for i in range(len(big))}
+    for _, _, collective in big:  # warm-up: each big buffer's first touch
+        collective()
+    for _ in range(repeats):
+        for i, (_, _, collective) in enumerate(big):
+            dist.barrier()
+            started = time.perf_counter()
+            collective()
+            samples[i].append(time.perf_counter() - started)
+    for i, (kind, size, _) in enumerate(big):
+        table[kind].append([float(size), statistics.median(samples[i])])
+    for points in table.values():
+        points.sort()
     return table
 
 
@@ -322,14 +336,14 @@ def _program_batch(layout: str, world: int) -> int:
 def _program_step(layout: str, rank: int, world: int, measured: int = 5) -> float:
     from agents.emulator.real_steps import time_steps
 
-    # The fastest step, as calibrate's op timings are best-of-N: both describe the machine
-    # without the other processes that share it.
+    # The median step, as calibrate's op timings are medians: both describe the machine as
+    # a step meets it, other processes included.
     return time_steps(PROGRAM_MODEL, layout, rank, _program_batch(layout, world), 1, PROGRAM_SEQ,
-                      warmup=2, measured=measured).fastest
+                      warmup=2, measured=measured).seconds
 
 
 def commless_program_step(layout: str, world: int, rank: int = 0, measured: int = 5) -> float:
-    """The fastest step of the program model's `rank` for `layout` in a world of `world`
+    """The median step of the program model's `rank` for `layout` in a world of `world`
     ranks joined over torch's fake process group, on real tensors: every kernel, hook and
     DTensor dispatch runs for real and every collective returns at once. Run in a fresh
     process (tracer.in_fresh_processes), one per rank at the same time, so that the ranks
@@ -431,8 +445,15 @@ def program_host_costs(profile: DeviceProfile, world: int, measured: dict[str, f
 
 def calibrate_rank(rank: int, world: int, effort: Effort = FULL, shapes: dict | None = None,
                    collectives: dict | None = None) -> dict:
-    """This rank's measurements. `shapes`: calibrate_ops.shapes_by_residency's GEMM and
-    attention shapes; `collectives`: calibrate_ops.collective_sizes."""
+    """This rank's measurements: `effort.passes` passes over everything, each point the
+    median over the passes. `shapes`: calibrate_ops.shapes_by_residency's GEMM and
+    attention shapes; `collectives`: calibrate_ops.collective_sizes.
+
+    Passes, not more repeats in one go: on a shared host the machine's speed wanders in
+    spells of seconds to minutes (one layout's real step moved 15% between two rounds
+    minutes apart), so a quantity timed in one burst carries whatever spell it fell in, and
+    every GEMM timed in the same fast spell errs the same way. Three passes over the whole
+    calibration put each quantity's samples a minute apart."""
     import sys
 
     torch.manual_seed(rank)
@@ -442,6 +463,27 @@ def calibrate_rank(rank: int, world: int, effort: Effort = FULL, shapes: dict | 
         if rank == 0:
             print(f"  calibrate: {name} ({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
 
+    passes = []
+    for n in range(effort.passes):
+        passes.append(_measure_pass(world, effort, shapes or {}, collectives,
+                                    lambda name: phase(f"pass {n + 1}/{effort.passes}: {name}")))
+    out = median_of_passes(passes)
+    out["ops"] = {name: points[-1][1] for name, points in out["ops_table"].items()}  # the largest size: DRAM
+    out["memory"] = statistics.median(out["ops"].values())  # ops the profile has no rate for run at the typical one
+    phase("done on the ranks")
+    return out
+
+
+def median_of_passes(passes: list[dict]) -> dict:
+    """Each measurement's median over the passes: numbers, and the rate (last column) of
+    every row of the tables."""
+    return {key: (statistics.median(p[key] for p in passes) if isinstance(value, (int, float))
+                  else _median_rows([p[key] for p in passes]))
+            for key, value in passes[0].items()}
+
+
+def _measure_pass(world: int, effort: Effort, shapes: dict, collectives: dict | None, phase) -> dict:
+    """One pass of calibrate_rank's measurements, `effort.repeats` runs per op."""
     dist.barrier()
     r = effort.repeats
     out: dict = {}
@@ -452,7 +494,6 @@ def calibrate_rank(rank: int, world: int, effort: Effort = FULL, shapes: dict | 
                       for m, n, k in {effort.gemm_shapes[0], effort.gemm_shapes[-1]})
     out["short_k"] = _matmul_rates(512, 768, 32, torch.bfloat16, r)[1]  # inner dimension 32 in the forward GEMM
     dist.barrier()
-    shapes = shapes or {}
     cold, hot = shapes.get("cold", ((), ())), shapes.get("hot", ((), ()))
     phase(f"the traces' {len(cold[0]) + len(hot[0])} GEMM and {len(cold[1]) + len(hot[1])} attention shapes "
           f"({len(cold[0]) + len(cold[1])} from memory)")
@@ -465,8 +506,6 @@ def calibrate_rank(rank: int, world: int, effort: Effort = FULL, shapes: dict | 
     phase("attention and memory-bound ops")
     out["attention"] = _attention_rate(r)
     out["ops_table"] = measure_op_bandwidths(_op_cases, effort.bandwidth_tensors, r, effort.op_sizes)
-    out["ops"] = {name: points[-1][1] for name, points in out["ops_table"].items()}  # the largest size: DRAM
-    out["memory"] = statistics.median(out["ops"].values())  # ops the profile has no rate for run at the typical one
     phase("per-op overheads")
     out["overhead"] = _op_overhead()
     out["dispatch"] = _dispatch_overhead(world)
@@ -475,7 +514,6 @@ def calibrate_rank(rank: int, world: int, effort: Effort = FULL, shapes: dict | 
     out["alpha"], out["bandwidth"] = _allreduce_fit(world)
     out["table"] = (_collective_table(world, effort.table_sizes, effort.table_repeats, extra=collectives)
                     if world >= 2 else {})
-    phase("done on the ranks")
     return out
 
 

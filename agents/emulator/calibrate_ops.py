@@ -9,6 +9,7 @@ tables.
 """
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -94,18 +95,26 @@ def collective_sizes(traces: list[Trace], world: int, tolerance: float = 0.02) -
     return out
 
 
-def best_seconds(fn, repeats: int, before=None) -> float:
-    """The fastest of `repeats` runs after one warm-up (other processes only add time).
-    `before`, if given, runs untimed ahead of every run (e.g. a CacheFlush)."""
+def typical_seconds(fn, repeats: int, before=None) -> float:
+    """The median of `repeats` runs after one warm-up. `before`, if given, runs untimed
+    ahead of every run (e.g. a CacheFlush).
+
+    The median, not the fastest: the emulator sums these times over a step's thousands of
+    ops, and a step cannot pick its moments as a best-of-N timing does. On a shared host
+    an op's fastest run is one the other guests left the memory bus alone for (DRAM rate
+    45-56 GB/s within 20 s here); the sum of per-op minima under-predicted even the
+    fastest real step of every layout of the CPU validation, by 6-17% (docs/benchmarks.md,
+    session 9). The median rather than the mean: one preempted run of five would move a
+    mean by its whole stall."""
     fn()
-    best = float("inf")
+    samples = []
     for _ in range(repeats):
         if before is not None:
             before()
         started = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - started)
-    return best
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
 
 
 def last_level_cache_bytes(default: int = 32 * 2**20) -> int:
@@ -161,7 +170,7 @@ def measure_gemms(gemms: list, repeats: int = 3, sync=_no_sync, flush=None) -> d
         sync()
         a = _operand(m, k, form[0], batch, TORCH_DTYPES[dtype])
         b = _operand(k, n, form[1], batch, TORCH_DTYPES[dtype])
-        seconds = best_seconds(lambda: torch.matmul(a, b), repeats, flush)
+        seconds = typical_seconds(lambda: torch.matmul(a, b), repeats, flush)
         table.setdefault(dtype, {}).setdefault(form, []).append(
             [batch, m, n, k, 2.0 * batch * m * n * k / max(seconds, 1e-9)])
     return table
@@ -180,7 +189,7 @@ def measure_attentions(attentions: list, repeats: int = 3, sync=_no_sync, flush=
         k = torch.randn(batch, heads, seq_kv, head_dim, dtype=TORCH_DTYPES[dtype], requires_grad=True)
         v = torch.randn_like(k, requires_grad=True)
         share = causal_fraction(seq_q, seq_kv) if causal else 1.0
-        forward = best_seconds(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), repeats, flush)
+        forward = typical_seconds(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), repeats, flush)
         if direction == "forward":
             flops, seconds = sdpa_flop_count(q.shape, k.shape, v.shape) * share, forward
         else:
@@ -190,7 +199,7 @@ def measure_attentions(attentions: list, repeats: int = 3, sync=_no_sync, flush=
                 F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(grad)
 
             flops = sdpa_backward_flop_count(grad.shape, q.shape, k.shape, v.shape) * share
-            seconds = max(best_seconds(both, repeats, flush) - forward, forward / 4)
+            seconds = max(typical_seconds(both, repeats, flush) - forward, forward / 4)
         table.setdefault(direction, {}).setdefault(dtype, []).append(
             [batch, heads, seq_q, seq_kv, head_dim, flops / max(seconds, 1e-9)])
     return table
@@ -205,11 +214,11 @@ def measure_op_bandwidths(cases_at, tensors: int = 16, repeats: int = 3, ladder=
     them (inputs + outputs), from `cases_at(elements, tensors) -> {op: (work, bytes per
     call, calls per work)}`. Each rate is net of the per-call host cost, measured on
     one-element tensors, which the cost model charges separately (launch_seconds)."""
-    tiny = {name: best_seconds(work, repeats) / calls for name, (work, _, calls) in cases_at(1, tensors).items()}
+    tiny = {name: typical_seconds(work, repeats) / calls for name, (work, _, calls) in cases_at(1, tensors).items()}
     table: dict = {}
     for elements in ladder:
         for name, (work, nbytes, calls) in cases_at(elements, tensors).items():
-            seconds = best_seconds(work, repeats) / calls - tiny[name]
+            seconds = typical_seconds(work, repeats) / calls - tiny[name]
             rate = nbytes / max(seconds, nbytes / 1e12)
             table.setdefault(name, []).append([float(nbytes), rate])
     return table

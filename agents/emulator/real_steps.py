@@ -17,21 +17,14 @@ class RealSteps:
     seconds: float       # median step time, the slowest rank's (a step ends on every rank together)
     static_bytes: int    # parameters, gradients and optimizer state held by this rank
     peak_bytes: int      # parameters + optimizer state + live tensor bytes of one step
-    fastest: float = 0.0  # the fastest measured step: on a shared machine other processes only
-    # ever add time, so it is the estimate of the uncontended step (timeit's reasoning), the
-    # one calibrate's best-of-N op timings describe
+    fastest: float = 0.0  # the fastest measured step (the machine at its quietest)
     all_seconds: tuple[float, ...] = ()  # every measured step, in order
 
 
-def time_steps(model: str, layout: str, rank: int, global_batch: int, micro_batch: int, seq: int,
-               warmup: int = 2, measured: int = 4) -> RealSteps:
-    """Build ParallelTrainer for `layout` and time `measured` steps after `warmup`. Batches
-    are made ahead: the emulator predicts the training step, not the data pipeline."""
-    import torch
-    import torch.distributed as dist
-
-    from agents.emulator.recorder import OpRecorder
-    from agents.emulator.tracer import _static_bytes
+def prepared_trainer(model: str, layout: str, rank: int, global_batch: int, micro_batch: int, seq: int,
+                     steps: int):
+    """ParallelTrainer for `layout` with the batches of its first `steps` steps made ahead:
+    the emulator predicts the training step, not the data pipeline."""
     from agents.layout.catalog import get_model
     from agents.layout.placement import place
     from agents.training.parallel import ParallelTrainer, TrainConfig, initial_shards
@@ -44,12 +37,25 @@ def time_steps(model: str, layout: str, rank: int, global_batch: int, micro_batc
     made = {}
     real_batch = trainer.data.batch
     share = global_batch // ml.dp
-    for step in range(warmup + measured + 1):
+    for step in range(steps):
         for d in range(ml.dp):
             position = step * global_batch + d * share
             made[(position, share)] = real_batch(position, share)
     trainer.data.batch = lambda position, n: made[(position, n)]
-    state = _static_bytes(trainer, ml.zero)
+    return trainer, ml.zero
+
+
+def time_steps(model: str, layout: str, rank: int, global_batch: int, micro_batch: int, seq: int,
+               warmup: int = 2, measured: int = 4) -> RealSteps:
+    """Time `measured` steps of `layout` after `warmup` (prepared_trainer)."""
+    import torch
+    import torch.distributed as dist
+
+    from agents.emulator.recorder import OpRecorder
+    from agents.emulator.tracer import _static_bytes
+
+    trainer, zero = prepared_trainer(model, layout, rank, global_batch, micro_batch, seq, warmup + measured + 1)
+    state = _static_bytes(trainer, zero)
     times = []
     for step in range(warmup + measured):
         dist.barrier()

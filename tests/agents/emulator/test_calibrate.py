@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agents.emulator.calibrate import (PROGRAM_MICRO_BATCHES, PROGRAM_MODEL, PROGRAM_SEQ, commless_seconds,
-                                       nondecreasing, nonnegative_lstsq, program_host_costs, program_layouts,
-                                       shape_traces)
+                                       median_of_passes, nondecreasing, nonnegative_lstsq, program_host_costs,
+                                       program_layouts, shape_traces)
 from agents.emulator.calibrate_ops import collective_sizes
 from agents.emulator.devices import get_profile, load_profile
 from agents.emulator.emulate import EmulateRequest, emulate
@@ -118,6 +118,19 @@ def test_calibrate_refuses_shapes_it_cannot_trace(tmp_path) -> None:
     done = run("--model", "tiny-gpt", "--layout", "tp=1,dp=2", "--global-batch", "3")
     assert done.returncode == 2 and "--global-batch 3 is not divisible by micro-batch x dp = 1 x 2" in done.stderr
     assert not (tmp_path / "p.json").exists()
+
+
+def test_passes_are_combined_point_by_point_at_their_median() -> None:
+    """Three passes a minute apart: a spell that slowed one pass moves no point."""
+    passes = [{"bf16": 100.0, "table": {"all_reduce": [[4096.0, 0.002], [1 << 20, 0.009]]},
+               "gemm_table": {"bf16": {"nt": [[1, 8, 8, 8, 5e9]]}}},
+              {"bf16": 40.0, "table": {"all_reduce": [[4096.0, 0.001], [1 << 20, 0.030]]},
+               "gemm_table": {"bf16": {"nt": [[1, 8, 8, 8, 1e9]]}}},
+              {"bf16": 90.0, "table": {"all_reduce": [[4096.0, 0.003], [1 << 20, 0.010]]},
+               "gemm_table": {"bf16": {"nt": [[1, 8, 8, 8, 4e9]]}}}]
+    assert median_of_passes(passes) == {"bf16": 90.0,
+                                        "table": {"all_reduce": [[4096.0, 0.002], [1 << 20, 0.010]]},
+                                        "gemm_table": {"bf16": {"nt": [[1, 8, 8, 8, 4e9]]}}}
 
 
 def test_a_noisy_collective_table_is_fitted_non_decreasing() -> None:

@@ -9,9 +9,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agents.emulator.calibrate_ops import (CacheFlush, best_seconds, last_level_cache_bytes, measure_attentions,
-                                           measure_gemms, measure_op_bandwidths, merge_tables, op_shapes,
-                                           shapes_by_residency)
+from agents.emulator import calibrate_ops
+from agents.emulator.calibrate_ops import (CacheFlush, last_level_cache_bytes, measure_attentions, measure_gemms,
+                                           measure_op_bandwidths, merge_tables, op_shapes, shapes_by_residency,
+                                           typical_seconds)
 from agents.emulator.costs import compute_seconds
 from agents.emulator.devices import DeviceProfile, get_profile
 from agents.emulator.errors import EmulatorError
@@ -152,13 +153,31 @@ def test_tables_of_cold_and_hot_shapes_merge_into_one() -> None:
 
 def test_a_timed_run_follows_a_cache_flush_each_time() -> None:
     order = []
-    best_seconds(lambda: order.append("run"), 3, before=lambda: order.append("flush"))
+    typical_seconds(lambda: order.append("run"), 3, before=lambda: order.append("flush"))
     assert order == ["run"] + ["flush", "run"] * 3  # the warm-up, then every timed run after a flush
     flush = CacheFlush(1 << 20)
     assert flush.buffer.numel() * 4 == 2 << 20  # twice the cache
     flush()
     assert bool((flush.buffer == 1.0).all())
     assert last_level_cache_bytes() >= 1 << 20  # this machine's largest cache (sysfs), at least a MiB
+
+
+def test_an_op_is_timed_at_its_median_run_not_its_fastest_or_mean(monkeypatch) -> None:
+    """A step sums thousands of ops as they typically run: one lucky run (the fastest) or
+    one preempted run (it would move the mean) must not set the op's time."""
+    clock = [0.0]
+    durations = iter([9.0, 0.001, 0.020, 0.030, 0.025, 5.0])  # warm-up first, then five timed runs
+
+    class FakeTime:
+        @staticmethod
+        def perf_counter() -> float:
+            return clock[0]
+
+    def op() -> None:
+        clock[0] += next(durations)
+
+    monkeypatch.setattr(calibrate_ops, "time", FakeTime)
+    assert typical_seconds(op, 5) == pytest.approx(0.025)
 
 
 def test_measure_gemms_flushes_before_every_timed_run() -> None:

@@ -1,0 +1,166 @@
+"""Where a real CPU step and the emulator's prediction of it part, by kind of work.
+
+    .venv/bin/python -m benchmarks.emulator_gap var/cpu-profile.json tp=1,pp=1,dp=2,zero=1
+
+Runs the validation's program (llama-124m on 2 local ranks) for one layout. In the fastest
+of three steps on rank 0 it times torch.distributed's eager collectives by kind (the ZeRO
+path's and FSDP2's; DTensor's functional ones, tensor parallelism's, stay in forward +
+backward), the optimizer net of its collectives, and the rest (forward + backward, and a
+pipeline's waits); one more step under torch.profiler gives its matmul and attention
+kernels' self time (the profiler's per-op cost inflates everything else, so only those are
+read from it). Beside each: the trace's ops priced by the profile one by one, without
+overlap or bubble (stage 0's for a pipeline). Prints a markdown table.
+"""
+from __future__ import annotations
+
+import collections
+import sys
+
+from benchmarks.emulator_validation import GLOBAL_BATCH, MICRO_BATCH, MODEL, SEQ, WORLD
+
+MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def kernel_kind(name: str) -> str:
+    """"matmul", "attention" or "" for a profiler event's name."""
+    if name in MATMULS:
+        return "matmul"
+    return "attention" if "scaled_dot_product" in name or "flash_attention" in name else ""
+
+
+TIMED_COLLECTIVES = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
+                     "reduce_scatter_tensor": "reduce_scatter"}
+
+
+def _timed(totals: dict, key: str, fn):
+    import time
+
+    def wrapper(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            totals[key] += time.perf_counter() - started
+    return wrapper
+
+
+def phase_seconds(trainer, totals: dict) -> float:
+    """One step with torch.distributed's eager collectives and the optimizer step timed into
+    `totals` (cheap: a few hundred calls, unlike the profiler's per-op records); returns
+    the step's wall time."""
+    import time
+
+    import torch.distributed as dist
+
+    saved = {name: getattr(dist, name) for name in TIMED_COLLECTIVES}
+    optimizer_step = trainer.optimizer.step
+    for name, kind in TIMED_COLLECTIVES.items():
+        setattr(dist, name, _timed(totals, kind, saved[name]))
+
+    def comm() -> float:
+        return sum(totals[k] for k in TIMED_COLLECTIVES.values())
+
+    def timed_optimizer(*args, **kwargs):
+        started, comm_before = time.perf_counter(), comm()
+        try:
+            return optimizer_step(*args, **kwargs)
+        finally:  # the collectives the optimizer issues (ZeRO-1's) count as collectives
+            totals["optimizer compute"] += time.perf_counter() - started - (comm() - comm_before)
+
+    trainer.optimizer.step = timed_optimizer
+    try:
+        started = time.perf_counter()
+        trainer.step()
+        wall = time.perf_counter() - started
+    finally:
+        for name, fn in saved.items():
+            setattr(dist, name, fn)
+        trainer.optimizer.step = optimizer_step
+    totals["forward + backward (tp collectives in it)"] = wall - totals["optimizer compute"] - comm()
+    return wall
+
+
+def profiled_rank(rank: int, world: int, layout: str, warmup: int = 2, steps: int = 3) -> dict:
+    """The fastest of `steps` timed steps (phase_seconds), then one step under torch.profiler
+    for the self CPU time of its matmuls and attention."""
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    from agents.emulator.real_steps import prepared_trainer
+
+    trainer, _ = prepared_trainer(MODEL, layout, rank, GLOBAL_BATCH, MICRO_BATCH, SEQ, warmup + steps + 1)
+    for _ in range(warmup):
+        trainer.step()
+    best: dict = {}
+    for _ in range(steps):
+        dist.barrier()
+        totals: dict[str, float] = collections.defaultdict(float)
+        wall = phase_seconds(trainer, totals)
+        if not best or wall < best["wall"]:
+            best = {"wall": wall, "categories": dict(totals)}
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        trainer.step()
+    kernels = dict.fromkeys(("matmul", "attention"), 0.0)
+    for event in prof.key_averages():
+        if kind := kernel_kind(event.key):
+            kernels[kind] += event.self_cpu_time_total / 1e6
+    best["kernels"] = kernels
+    return best
+
+
+def predicted(profile_path: str, layout: str) -> dict[str, float]:
+    """The trace's ops priced one by one (no overlap, no bubble) in the categories of
+    phase_seconds, plus its matmuls and attentions alone. Stage 0's ops for a pipeline."""
+    from agents.emulator.costs import op_seconds
+    from agents.emulator.devices import load_profile
+    from agents.emulator.trace import CommOp
+    from agents.emulator.tracer import TraceRequest, trace
+    from agents.layout.catalog import get_model
+    from agents.layout.placement import place
+
+    profile = load_profile(profile_path)
+    ml = next(iter(place(get_model(MODEL), layout).modules.values()))
+    request = TraceRequest(MODEL, layout, MICRO_BATCH, SEQ, GLOBAL_BATCH // (MICRO_BATCH * ml.dp), WORLD)
+    stage = trace(request)[0].stages[0]
+    micro = request.micro_batches
+    out: dict[str, float] = collections.defaultdict(float)
+
+    def add(ops, times, phase: str) -> None:
+        for op, n in zip(ops, times):
+            seconds = n * op_seconds(op, profile, WORLD)
+            if phase == "sync" or (isinstance(op, CommOp) and op.dim in ("dp", "pp")):
+                out[op.kind] += seconds
+            else:
+                out[phase] += seconds
+                if not isinstance(op, CommOp) and op.kind in ("matmul", "attention"):
+                    out[op.kind] += seconds
+
+    rest = "forward + backward (tp collectives in it)"
+    add(stage.forward, [micro] * len(stage.forward), rest)
+    add(stage.backward, [micro] * len(stage.backward), rest)
+    add(stage.optimizer, [1] * len(stage.optimizer), "optimizer compute")
+    add(stage.grad_sync, [micro if stage.grad_sync_each_microbatch else 1] * len(stage.grad_sync), "sync")
+    add(stage.param_sync, [1 if phase == "step" else micro for phase in stage.phases()], "sync")  # ZeRO-3: each micro-batch
+    return dict(out)
+
+
+def main(profile_path: str, layout: str) -> None:
+    from agents.engine.launch import run_ranks
+
+    real = run_ranks(WORLD, profiled_rank, layout, timeout_s=1800)[0]
+    guess = predicted(profile_path, layout)
+    rows = {**real["categories"], **{f"{k} kernels (profiled step)": v for k, v in real["kernels"].items()}}
+    predicted_rows = {**guess, **{f"{k} kernels (profiled step)": guess.get(k, 0.0) for k in real["kernels"]}}
+    phases = [k for k in rows if "kernels" not in k]
+    print(f"{layout}: fastest timed step {real['wall']:.3f} s; the trace's ops priced one by one "
+          f"{sum(guess.get(k, 0.0) for k in phases):.3f} s")
+    print("| part | real s | predicted s | predicted - real |")
+    print("|---|---|---|---|")
+    for name, seconds in rows.items():
+        p = predicted_rows.get(name, 0.0)
+        print(f"| {name} | {seconds:.3f} | {p:.3f} | {p - seconds:+.3f} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
