@@ -505,7 +505,7 @@ def _measure_pass(world: int, effort: Effort, shapes: dict, collectives: dict | 
     dist.barrier()
     phase("attention and memory-bound ops")
     out["attention"] = _attention_rate(r)
-    out["ops_table"] = measure_op_bandwidths(_op_cases, effort.bandwidth_tensors, r, effort.op_sizes)
+    out["ops_table"] = measure_op_bandwidths(_op_cases, effort.bandwidth_tensors, r, effort.op_sizes, dist.barrier)
     phase("per-op overheads")
     out["overhead"] = _op_overhead()
     out["dispatch"] = _dispatch_overhead(world)

@@ -209,15 +209,19 @@ def measure_attentions(attentions: list, repeats: int = 3, sync=_no_sync, flush=
 SIZE_LADDER = (1 << 12, 1 << 16, 1 << 20, 1 << 22)
 
 
-def measure_op_bandwidths(cases_at, tensors: int = 16, repeats: int = 3, ladder=SIZE_LADDER) -> dict:
+def measure_op_bandwidths(cases_at, tensors: int = 16, repeats: int = 3, ladder=SIZE_LADDER, sync=_no_sync) -> dict:
     """{op: [[bytes, bytes_per_second], ...]} with bytes per op call as the recorder counts
     them (inputs + outputs), from `cases_at(elements, tensors) -> {op: (work, bytes per
     call, calls per work)}`. Each rate is net of the per-call host cost, measured on
-    one-element tensors, which the cost model charges separately (launch_seconds)."""
+    one-element tensors, which the cost model charges separately (launch_seconds).
+    `sync` runs before each op at each size, as in measure_gemms: two ranks share the
+    memory bus, and a step's ranks run their optimizers at the same time (unsynchronized,
+    two calibrations minutes apart read the DRAM-sized ops at 26-29 and 16-19 GB/s)."""
     tiny = {name: typical_seconds(work, repeats) / calls for name, (work, _, calls) in cases_at(1, tensors).items()}
     table: dict = {}
     for elements in ladder:
         for name, (work, nbytes, calls) in cases_at(elements, tensors).items():
+            sync()
             seconds = typical_seconds(work, repeats) / calls - tiny[name]
             rate = nbytes / max(seconds, nbytes / 1e12)
             table.setdefault(name, []).append([float(nbytes), rate])

@@ -194,8 +194,11 @@ def test_memory_bound_rates_are_measured_per_call_size_net_of_the_host_cost() ->
         calls.append(elements)
         return {"neg": (lambda: [x.neg() for x in xs], 8.0 * elements, tensors)}
 
-    table = measure_op_bandwidths(cases, tensors=2, repeats=1, ladder=(1 << 10, 1 << 16))
+    synced = []
+    table = measure_op_bandwidths(cases, tensors=2, repeats=1, ladder=(1 << 10, 1 << 16),
+                                  sync=lambda: synced.append(calls[-1]))
     assert calls == [1, 1 << 10, 1 << 16]
+    assert synced == [1 << 10, 1 << 16]  # the ranks meet before each op at each size
     assert [p[0] for p in table["neg"]] == [8.0 * (1 << 10), 8.0 * (1 << 16)]
     assert all(p[1] > 0 for p in table["neg"])
 
