@@ -231,18 +231,20 @@ def _allreduce_fit(world: int) -> tuple[float, float]:
 
 
 def _collective(kind: str, nbytes: float, world: int):
-    """A callable issuing one collective whose CommOp.bytes would be `nbytes`. The output of an
-    all-gather or reduce-scatter is allocated by each call, as FSDP2's and the ZeRO path's
-    are: a large fresh buffer's first touch (page faults) is part of what the program pays."""
+    """A callable issuing one collective whose CommOp.bytes would be `nbytes`, into one output
+    buffer every call. FSDP2's and the ZeRO path's outputs are new tensors each step, but
+    the ranks' allocator settings (launch.RANK_MALLOC_ENV) hand back the same memory
+    without page faults in steady state; a fresh 243 MB all-gather output per call here
+    took 0.28-1.04 s, a reused one 0.30-0.36 s (docs/benchmarks.md, session 9)."""
     n = max(int(nbytes) // 4 // world * world, world)
     if kind == "all_reduce":
         t = torch.ones(n)
         return lambda: dist.all_reduce(t)
     if kind == "all_gather":  # bytes = the gathered output
-        part = torch.ones(n // world)
-        return lambda: dist.all_gather_into_tensor(torch.empty(n), part)
-    inp = torch.ones(n)  # reduce_scatter: bytes = the input
-    return lambda: dist.reduce_scatter_tensor(torch.empty(n // world), inp)
+        part, out = torch.ones(n // world), torch.empty(n)
+        return lambda: dist.all_gather_into_tensor(out, part)
+    inp, out = torch.ones(n), torch.empty(n // world)  # reduce_scatter: bytes = the input
+    return lambda: dist.reduce_scatter_tensor(out, inp)
 
 
 def _table_sizes(ladder: tuple, extra: list[float]) -> list[float]:
