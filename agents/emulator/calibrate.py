@@ -103,8 +103,7 @@ def _matmul_rates(m: int, n: int, k: int, dtype: torch.dtype, repeats: int = 3) 
 def _attention_rate(repeats: int = 3) -> float:
     q = torch.randn(1, 12, 256, 64, dtype=torch.bfloat16)
     flops = 4.0 * 12 * 256 * 256 * 64 * causal_fraction(256, 256)  # counted as the recorder counts it
-    return _rate(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True), flops,
-                      repeats)
+    return _rate(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True), flops, repeats)
 
 
 def _op_cases(elements: int, tensors: int) -> dict:
