@@ -141,7 +141,8 @@ def predicted(profile_path: str, layout: str) -> dict[str, float]:
     add(stage.backward, [micro] * len(stage.backward), rest)
     add(stage.optimizer, [1] * len(stage.optimizer), "optimizer compute")
     add(stage.grad_sync, [micro if stage.grad_sync_each_microbatch else 1] * len(stage.grad_sync), "sync")
-    add(stage.param_sync, [1 if phase == "step" else micro for phase in stage.phases()], "sync")  # ZeRO-3: each micro-batch
+    # ZeRO-3 gathers in every micro-batch's forward and backward, ZeRO-1 once after the optimizer
+    add(stage.param_sync, [1 if phase == "step" else micro for phase in stage.phases()], "sync")
     return dict(out)
 
 

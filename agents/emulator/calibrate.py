@@ -48,8 +48,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from agents.emulator.calibrate_ops import (SIZE_LADDER, CacheFlush, measure_attentions, measure_gemms,
-                                           measure_op_bandwidths, merge_tables, typical_seconds)
+from agents.emulator.calibrate_ops import (SIZE_LADDER, CacheFlush, last_level_cache_bytes, measure_attentions,
+                                           measure_gemms, measure_op_bandwidths, merge_tables, typical_seconds)
 from agents.emulator.devices import DeviceProfile
 from agents.emulator.recorder import causal_fraction
 
@@ -499,7 +499,7 @@ def _measure_pass(world: int, effort: Effort, shapes: dict, collectives: dict | 
     phase(f"the traces' {len(cold[0]) + len(hot[0])} GEMM and {len(cold[1]) + len(hot[1])} attention shapes "
           f"({len(cold[0]) + len(cold[1])} from memory)")
     flush = CacheFlush()
-    out["gemm_table"] = merge_tables(measure_gemms(cold[0], r, dist.barrier, flush),
+    out["gemm_table"] = merge_tables(measure_gemms(cold[0], r, dist.barrier, 2 * last_level_cache_bytes()),
                                      measure_gemms(hot[0], r, dist.barrier))
     out["attention_table"] = merge_tables(measure_attentions(cold[1], r, dist.barrier, flush),
                                           measure_attentions(hot[1], r, dist.barrier))

@@ -158,10 +158,33 @@ def _no_sync() -> None:
     return None
 
 
-def measure_gemms(gemms: list, repeats: int = 3, sync=_no_sync, flush=None) -> dict:
-    """{dtype: {form: [[batch, m, n, k, flop_per_second], ...]}} for each GEMM, each run
-    after `flush` (a CacheFlush: operands cold, as in a step; None times them hot). `sync`
-    (the ranks' barrier) runs before each shape, so that every rank times the same GEMM at the
+class ColdOperands:
+    """Copies of one operand, together at least `cold_bytes` (and at least two), handed out
+    in turn: timed with the next copy each run, an op reads that operand from memory while
+    the other one stays where the previous run left it."""
+
+    def __init__(self, make, operand_bytes: int, cold_bytes: int) -> None:
+        self.copies = [make() for _ in range(max(2, -(-cold_bytes // max(operand_bytes, 1)) + 1))]
+        self.index = 0
+
+    def current(self) -> torch.Tensor:
+        return self.copies[self.index]
+
+    def advance(self) -> None:
+        self.index = (self.index + 1) % len(self.copies)
+
+
+def measure_gemms(gemms: list, repeats: int = 3, sync=_no_sync, cold_bytes: int = 0) -> dict:
+    """{dtype: {form: [[batch, m, n, k, flop_per_second], ...]}} for each GEMM. With
+    `cold_bytes` (twice the last-level cache) the right operand is cold in every run and
+    the left one hot (ColdOperands), as in a step: a linear layer's forward x @ W^T and
+    input gradient g @ W read the weight from memory (each is used once per pass, and the
+    step's state is many times the cache) and the activation or gradient the op before just
+    wrote; its weight gradient g^T @ x reads the activation saved in the forward. Flushing
+    every operand (session 8) read the layer GEMMs up to 24% slower than this (a 768x768
+    weight's forward 1.04 against 0.84 ms), and their sum 17-21% above the real step's
+    matmul kernels (docs/benchmarks.md, session 9); 0 times them hot. `sync` (the
+    ranks' barrier) runs before each shape, so that every rank times the same GEMM at the
     same moment, as a training step's ranks run theirs: a rank timing alone while its peer
     waits has the shared cache and memory bandwidth to itself (on this 2-core machine the
     same GEMM's rate moved by 25% between unsynchronized calibrations)."""
@@ -169,8 +192,14 @@ def measure_gemms(gemms: list, repeats: int = 3, sync=_no_sync, flush=None) -> d
     for dtype, form, batch, m, n, k in gemms:
         sync()
         a = _operand(m, k, form[0], batch, TORCH_DTYPES[dtype])
-        b = _operand(k, n, form[1], batch, TORCH_DTYPES[dtype])
-        seconds = typical_seconds(lambda: torch.matmul(a, b), repeats, flush)
+        if cold_bytes:
+            b_bytes = batch * k * n * TORCH_DTYPES[dtype].itemsize
+            pool = ColdOperands(lambda: _operand(k, n, form[1], batch, TORCH_DTYPES[dtype]), b_bytes, cold_bytes)
+            seconds = typical_seconds(lambda: torch.matmul(a, pool.current()), repeats, pool.advance)
+            del pool
+        else:
+            b = _operand(k, n, form[1], batch, TORCH_DTYPES[dtype])
+            seconds = typical_seconds(lambda: torch.matmul(a, b), repeats)
         table.setdefault(dtype, {}).setdefault(form, []).append(
             [batch, m, n, k, 2.0 * batch * m * n * k / max(seconds, 1e-9)])
     return table

@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agents.emulator import calibrate_ops
-from agents.emulator.calibrate_ops import (CacheFlush, last_level_cache_bytes, measure_attentions, measure_gemms,
-                                           measure_op_bandwidths, merge_tables, op_shapes, shapes_by_residency,
-                                           typical_seconds)
+from agents.emulator.calibrate_ops import (CacheFlush, ColdOperands, last_level_cache_bytes, measure_attentions,
+                                           measure_gemms, measure_op_bandwidths, merge_tables, op_shapes,
+                                           shapes_by_residency, typical_seconds)
 from agents.emulator.costs import compute_seconds
 from agents.emulator.devices import DeviceProfile, get_profile
 from agents.emulator.errors import EmulatorError
@@ -180,10 +180,25 @@ def test_an_op_is_timed_at_its_median_run_not_its_fastest_or_mean(monkeypatch) -
     assert typical_seconds(op, 5) == pytest.approx(0.025)
 
 
-def test_measure_gemms_flushes_before_every_timed_run() -> None:
-    calls = []
-    measure_gemms([("fp32", "nt", 1, 8, 8, 8), ("fp32", "nn", 1, 8, 8, 8)], repeats=2, flush=lambda: calls.append(1))
-    assert len(calls) == 4
+def test_cold_gemms_read_a_new_copy_of_the_right_operand_every_run() -> None:
+    made = []
+
+    def make() -> torch.Tensor:
+        made.append(torch.full((4,), float(len(made))))
+        return made[-1]
+
+    pool = ColdOperands(make, operand_bytes=1000, cold_bytes=4500)
+    assert len(made) == 6  # together more than cold_bytes: one pass over them evicts the first
+    seen = []
+    for _ in range(8):
+        seen.append(int(pool.current()[0]))
+        pool.advance()
+    assert seen == [0, 1, 2, 3, 4, 5, 0, 1]
+    assert len(ColdOperands(make, operand_bytes=10**9, cold_bytes=64).copies) == 2  # a big operand: two copies
+    table = measure_gemms([("fp32", "nt", 1, 8, 8, 8), ("fp32", "tn", 2, 4, 6, 8)], repeats=2, cold_bytes=1 << 16)
+    assert [row[:4] for row in table["fp32"]["nt"]] == [[1, 8, 8, 8]]
+    assert [row[:4] for row in table["fp32"]["tn"]] == [[2, 4, 6, 8]]
+    assert all(row[4] > 0 for rows in table["fp32"].values() for row in rows)
 
 
 def test_memory_bound_rates_are_measured_per_call_size_net_of_the_host_cost() -> None:
