@@ -114,16 +114,14 @@ def predicted(profile_path: str, layout: str) -> dict[str, float]:
     phase_seconds, plus its matmuls and attentions alone. Stage 0's ops for a pipeline."""
     from agents.emulator.costs import op_seconds
     from agents.emulator.devices import load_profile
+    from agents.emulator.emulate import EmulateRequest, check_request
     from agents.emulator.trace import CommOp
     from agents.emulator.tracer import TraceRequest, trace
-    from agents.layout.catalog import get_model
-    from agents.layout.placement import place
 
     profile = load_profile(profile_path)
-    ml = next(iter(place(get_model(MODEL), layout).modules.values()))
-    request = TraceRequest(MODEL, layout, MICRO_BATCH, SEQ, GLOBAL_BATCH // (MICRO_BATCH * ml.dp), WORLD)
-    stage = trace(request)[0].stages[0]
-    micro = request.micro_batches
+    micro = check_request(EmulateRequest(MODEL, layout, WORLD, "cpu", GLOBAL_BATCH, MICRO_BATCH, SEQ,
+                                         gpus_per_node=WORLD, profile=profile_path))
+    stage = trace(TraceRequest(MODEL, layout, MICRO_BATCH, SEQ, micro, WORLD))[0].stages[0]
     out: dict[str, float] = collections.defaultdict(float)
 
     def add(ops, times, phase: str) -> None:
