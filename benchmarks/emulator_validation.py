@@ -56,33 +56,61 @@ def steal_seconds() -> float:
         return 0.0
 
 
-def main(profile: str, global_batch: int = GLOBAL_BATCH, seq: int = SEQ, rounds: int = 1) -> None:
+def calibrate_now(out: str, global_batch: int, seq: int) -> None:
+    """One single-pass `dynaplane calibrate` of these layouts' shapes, as the docstring's command."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "dynaplane", "calibrate", "--out", out, "--ranks", str(WORLD), "--passes", "1",
+               "--model", MODEL, "--seq", str(seq), "--global-batch", str(global_batch)]
+    for layout in LAYOUTS:
+        command += ["--layout", layout]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+
+
+def predicted(profile: str, layout: str, global_batch: int, seq: int) -> dict:
     from agents.emulator.emulate import EmulateRequest, emulate
+
+    return emulate(EmulateRequest(MODEL, layout, WORLD, "cpu", global_batch, MICRO_BATCH, seq, gpus_per_node=WORLD,
+                                  profile=profile))
+
+
+def main(profile: str, global_batch: int = GLOBAL_BATCH, seq: int = SEQ, rounds: int = 1,
+         calibrate_each_round: bool = False, others: tuple = ()) -> None:
+    from agents.emulator.devices import load_profile, save_profile
+    from agents.emulator.profile_merge import median_profile
     from agents.engine.launch import run_ranks
 
     runs: dict[str, list] = {layout: [] for layout in LAYOUTS}
     loads: dict[str, list] = {layout: [] for layout in LAYOUTS}
     stolen: dict[str, float] = dict.fromkeys(LAYOUTS, 0.0)
-    for _ in range(rounds):
+    calibrations = []
+    for n in range(rounds):
+        if calibrate_each_round:
+            calibrations.append(f"{profile.removesuffix('.json')}.round{n + 1}.json")
+            print(f"round {n + 1}/{rounds}: calibrating into {calibrations[-1]} ...", flush=True)
+            calibrate_now(calibrations[-1], global_batch, seq)
         for layout in LAYOUTS:
             loads[layout].append(os.getloadavg()[0])  # other processes on the machine inflate the real steps
             before = steal_seconds()
             runs[layout].append(run_ranks(WORLD, real_rank, layout, global_batch, seq, timeout_s=1800))
             stolen[layout] += steal_seconds() - before
+    if calibrations:
+        save_profile(median_profile([load_profile(path) for path in calibrations]), profile)
+        print(f"wrote {profile}: the median of the {len(calibrations)} calibrations, one before each round\n")
     print("| layout | real step s (fastest / median) | emulated step s | error (fastest / median) | "
           "static bytes real = emulated | peak real GiB | peak emulated GiB | peak error | load before | "
           "fastest per round s | steal s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     errors, median_errors = [], []
+    # A step ends on every rank together (time_steps all-reduces each step's max), so rank 0's
+    # steps are the step times.
+    pooled = {layout: [t for run in runs[layout] for t in run[0]["steps"]] for layout in LAYOUTS}
     for layout in LAYOUTS:
-        real = runs[layout][0]
-        # A step ends on every rank together (time_steps all-reduces each step's max), so
-        # rank 0's steps are the step times.
-        steps = [t for run in runs[layout] for t in run[0]["steps"]]
+        real, steps = runs[layout][0], pooled[layout]
         per_round = " / ".join(f"{min(run[0]['steps']):.3f}" for run in runs[layout])
         load = max(loads[layout])
-        emulated = emulate(EmulateRequest(MODEL, layout, WORLD, "cpu", global_batch, MICRO_BATCH, seq,
-                                          gpus_per_node=WORLD, profile=profile))
+        emulated = predicted(profile, layout, global_batch, seq)
         stages = emulated["memory"]["per_stage"]
         real_step, real_median = min(steps), statistics.median(steps)
         error = emulated["step_seconds"] / real_step - 1
@@ -101,17 +129,30 @@ def main(profile: str, global_batch: int = GLOBAL_BATCH, seq: int = SEQ, rounds:
               flush=True)
     print(f"\nmean absolute step-time error: {statistics.mean(errors):.1%} against the fastest real step, "
           f"{statistics.mean(median_errors):.1%} against the median")
+    for path in [*calibrations, *others]:  # how far one calibration alone lands: the spread a median removes
+        alone = [predicted(path, layout, global_batch, seq)["step_seconds"] for layout in LAYOUTS]
+        fastest = [min(pooled[layout]) for layout in LAYOUTS]
+        medians = [statistics.median(pooled[layout]) for layout in LAYOUTS]
+        print(f"{path} alone: " + ", ".join(f"{a / f - 1:+.1%}" for a, f in zip(alone, fastest))
+              + f" (mean {statistics.mean(abs(a / f - 1) for a, f in zip(alone, fastest)):.1%} against the fastest, "
+              f"{statistics.mean(abs(a / m - 1) for a, m in zip(alone, medians)):.1%} against the median)")
 
 
 if __name__ == "__main__":
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("profile", help="a profile written by `dynaplane calibrate`")
+    parser.add_argument("profile", help="a profile written by `dynaplane calibrate` (written here with "
+                                        "--calibrate-each-round)")
     parser.add_argument("--global-batch", type=int, default=GLOBAL_BATCH)
     parser.add_argument("--seq", type=int, default=SEQ,
                         help="shorter on a CPU without native bf16 (its bf16 GEMMs run at ~1 GFLOP/s)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run the layouts this many times in turn and pool their steps (the machine drifts)")
+    parser.add_argument("--calibrate-each-round", action="store_true",
+                        help="measure the profile here: a one-pass calibration before each round, PROFILE their "
+                             "median (so the calibration and the real steps sample the same stretch of time)")
+    parser.add_argument("--also", action="append", default=[], metavar="PROFILE",
+                        help="print the mean errors of this profile too, against the same real steps")
     args = parser.parse_args()
-    main(args.profile, args.global_batch, args.seq, args.rounds)
+    main(args.profile, args.global_batch, args.seq, args.rounds, args.calibrate_each_round, tuple(args.also))

@@ -182,6 +182,11 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="measure this machine as an emulator device profile (--profile)")
     p.add_argument("--out", required=True, help="the profile JSON to write")
     p.add_argument("--ranks", type=int, default=2, help="ranks that will share this machine (measured at once)")
+    p.add_argument("--passes", type=int, default=None,
+                   help="passes over all measurements, each point their median (default 3; --quick 1)")
+    p.add_argument("--merge", nargs="+", metavar="PROFILE",
+                   help="measure nothing: write the median of these calibrations of this machine, taken at "
+                        "other times (a shared host's speed wanders for minutes)")
     p.add_argument("--quick", action="store_true",
                    help="a rough profile in a fraction of the time (fewer shapes, sizes and repeats)")
     p.add_argument("--model", help="also time the GEMMs and attentions of this model's traced steps at their "

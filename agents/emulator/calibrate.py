@@ -51,6 +51,7 @@ import torch.distributed as dist
 from agents.emulator.calibrate_ops import (SIZE_LADDER, CacheFlush, last_level_cache_bytes, measure_attentions,
                                            measure_gemms, measure_op_bandwidths, merge_tables, typical_seconds)
 from agents.emulator.devices import DeviceProfile
+from agents.emulator.profile_merge import median_measurement
 from agents.emulator.recorder import causal_fraction
 
 GiB = 2**30
@@ -478,9 +479,7 @@ def calibrate_rank(rank: int, world: int, effort: Effort = FULL, shapes: dict | 
 def median_of_passes(passes: list[dict]) -> dict:
     """Each measurement's median over the passes: numbers, and the rate (last column) of
     every row of the tables."""
-    return {key: (statistics.median(p[key] for p in passes) if isinstance(value, (int, float))
-                  else _median_rows([p[key] for p in passes]))
-            for key, value in passes[0].items()}
+    return {key: median_measurement([p[key] for p in passes], key) for key in passes[0]}
 
 
 def _measure_pass(world: int, effort: Effort, shapes: dict, collectives: dict | None, phase) -> dict:
@@ -530,14 +529,6 @@ def nondecreasing(values: list[float]) -> list[float]:
         low = min(low, v)
         out.append(low)
     return out[::-1]
-
-
-def _median_rows(tables: list):
-    """Element-wise median of the rate (last column) of same-shaped nested tables, one per rank."""
-    first = tables[0]
-    if isinstance(first, dict):
-        return {key: _median_rows([t[key] for t in tables]) for key in first}
-    return [[*row[:-1], statistics.median(t[i][-1] for t in tables)] for i, row in enumerate(first)]
 
 
 def shape_traces(world: int, requests: list, progress=None) -> list:
@@ -594,9 +585,9 @@ def calibrate(ranks: int = 2, effort: Effort = FULL, shapes_from: list = ()) -> 
         intra_node_latency=median("alpha"), inter_node_bandwidth=median("bandwidth"), inter_node_efficiency=1.0,
         inter_node_latency=median("alpha"), matmul_k_half=k_half, gpus_per_node=ranks,
         op_bandwidth={name: statistics.median(r["ops"][name] for r in results) for name in results[0]["ops"]},
-        op_bandwidth_table=_median_rows([r["ops_table"] for r in results]),
-        matmul_table=_median_rows([r["gemm_table"] for r in results]),
-        attention_table=_median_rows([r["attention_table"] for r in results]),
+        op_bandwidth_table=median_measurement([r["ops_table"] for r in results], "ops_table"),
+        matmul_table=median_measurement([r["gemm_table"] for r in results], "gemm_table"),
+        attention_table=median_measurement([r["attention_table"] for r in results], "attention_table"),
         # A collective ends on every rank together: its cost is the slowest rank's.
         collective_table={kind: {str(ranks): [[size, seconds] for (size, _), seconds in zip(points, nondecreasing(
             [max(r["table"][kind][i][1] for r in results) for i in range(len(points))]))]}

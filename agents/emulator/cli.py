@@ -1,6 +1,7 @@
 """`dynaplane emulate`: one configuration's predicted step time, throughput and memory."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -158,10 +159,17 @@ def calibrate_main(args) -> int:
     from agents.emulator.calibrate import FULL, QUICK, calibrate
     from agents.emulator.devices import save_profile
 
+    if args.merge:
+        return _merge_main(args)
     if args.ranks < 1:
         print(f"--ranks {args.ranks} must be >= 1", file=sys.stderr)
         return 2
+    if args.passes is not None and args.passes < 1:
+        print(f"--passes {args.passes} must be >= 1", file=sys.stderr)
+        return 2
     effort = QUICK if args.quick else FULL
+    if args.passes is not None:
+        effort = dataclasses.replace(effort, passes=args.passes)
     try:
         requests = shape_requests(args)
     except EmulatorError as exc:
@@ -171,7 +179,34 @@ def calibrate_main(args) -> int:
           f"this takes minutes on a small CPU machine ...", file=sys.stderr, flush=True)
     profile = calibrate(args.ranks, effort, requests)
     save_profile(profile, args.out)
-    print(f"wrote {args.out}: bf16 matmul {profile.peak('bf16') / 1e9:.0f} GFLOP/s, fp32 "
+    _describe_profile(args.out, profile)
+    return 0
+
+
+def _merge_main(args) -> int:
+    """`calibrate --merge A B ... --out P`: the median of calibrations taken at other times."""
+    from agents.emulator.devices import load_profile, save_profile
+    from agents.emulator.profile_merge import median_profile
+
+    measuring = [flag for flag, given in (("--model", args.model), ("--layout", args.layout), ("--quick", args.quick),
+                                          ("--passes", args.passes is not None)) if given]
+    if measuring:
+        print(f"error: --merge combines profiles already measured; it takes no {', '.join(measuring)}",
+              file=sys.stderr)
+        return 2
+    try:
+        profile = median_profile([load_profile(path) for path in args.merge])
+    except EmulatorError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    save_profile(profile, args.out)
+    print(f"merged {len(args.merge)} calibrations", file=sys.stderr)
+    _describe_profile(args.out, profile)
+    return 0
+
+
+def _describe_profile(path: str, profile) -> None:
+    print(f"wrote {path}: bf16 matmul {profile.peak('bf16') / 1e9:.0f} GFLOP/s, fp32 "
           f"{profile.peak('fp32') / 1e9:.0f} GFLOP/s, attention {profile.attention_fraction:.0%} of bf16, memory "
           f"{profile.memory_bandwidth / 1e9:.1f} GB/s, {profile.launch_seconds * 1e6:.1f} us per op "
           f"(+{profile.dispatch_seconds * 1e6:.1f} us per DTensor op, {profile.collective_host_seconds * 1e3:.2f} ms "
@@ -182,4 +217,3 @@ def calibrate_main(args) -> int:
         for group, points in by_size.items():
             print(f"  {kind} over {group} ranks: " + ", ".join(f"{size / 1024:.0f} KiB {seconds * 1e3:.2f} ms"
                                                              for size, seconds in points))
-    return 0
