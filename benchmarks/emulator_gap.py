@@ -14,7 +14,6 @@ overlap or bubble (stage 0's for a pipeline). Prints a markdown table.
 from __future__ import annotations
 
 import collections
-import sys
 
 from benchmarks.emulator_validation import GLOBAL_BATCH, MICRO_BATCH, MODEL, SEQ, WORLD
 
@@ -80,7 +79,8 @@ def phase_seconds(trainer, totals: dict) -> float:
     return wall
 
 
-def profiled_rank(rank: int, world: int, layout: str, warmup: int = 2, steps: int = 3) -> dict:
+def profiled_rank(rank: int, world: int, layout: str, global_batch: int, seq: int, warmup: int = 2,
+                  steps: int = 3) -> dict:
     """The fastest of `steps` timed steps (phase_seconds), then one step under torch.profiler
     for the self CPU time of its matmuls and attention."""
     import torch.distributed as dist
@@ -88,7 +88,7 @@ def profiled_rank(rank: int, world: int, layout: str, warmup: int = 2, steps: in
 
     from agents.emulator.real_steps import prepared_trainer
 
-    trainer, _ = prepared_trainer(MODEL, layout, rank, GLOBAL_BATCH, MICRO_BATCH, SEQ, warmup + steps + 1)
+    trainer, _ = prepared_trainer(MODEL, layout, rank, global_batch, MICRO_BATCH, seq, warmup + steps + 1)
     for _ in range(warmup):
         trainer.step()
     best: dict = {}
@@ -109,7 +109,7 @@ def profiled_rank(rank: int, world: int, layout: str, warmup: int = 2, steps: in
     return best
 
 
-def predicted(profile_path: str, layout: str) -> dict[str, float]:
+def predicted(profile_path: str, layout: str, global_batch: int, seq: int) -> dict[str, float]:
     """The trace's ops priced one by one (no overlap, no bubble) in the categories of
     phase_seconds, plus its matmuls and attentions alone. Stage 0's ops for a pipeline."""
     from agents.emulator.costs import op_seconds
@@ -119,9 +119,9 @@ def predicted(profile_path: str, layout: str) -> dict[str, float]:
     from agents.emulator.tracer import TraceRequest, trace
 
     profile = load_profile(profile_path)
-    micro = check_request(EmulateRequest(MODEL, layout, WORLD, "cpu", GLOBAL_BATCH, MICRO_BATCH, SEQ,
+    micro = check_request(EmulateRequest(MODEL, layout, WORLD, "cpu", global_batch, MICRO_BATCH, seq,
                                          gpus_per_node=WORLD, profile=profile_path))
-    stage = trace(TraceRequest(MODEL, layout, MICRO_BATCH, SEQ, micro, WORLD))[0].stages[0]
+    stage = trace(TraceRequest(MODEL, layout, MICRO_BATCH, seq, micro, WORLD))[0].stages[0]
     out: dict[str, float] = collections.defaultdict(float)
 
     def add(ops, times, phase: str) -> None:
@@ -144,11 +144,11 @@ def predicted(profile_path: str, layout: str) -> dict[str, float]:
     return dict(out)
 
 
-def main(profile_path: str, layout: str) -> None:
+def main(profile_path: str, layout: str, global_batch: int = GLOBAL_BATCH, seq: int = SEQ) -> None:
     from agents.engine.launch import run_ranks
 
-    real = run_ranks(WORLD, profiled_rank, layout, timeout_s=1800)[0]
-    guess = predicted(profile_path, layout)
+    real = run_ranks(WORLD, profiled_rank, layout, global_batch, seq, timeout_s=1800)[0]
+    guess = predicted(profile_path, layout, global_batch, seq)
     rows = {**real["categories"], **{f"{k} kernels (profiled step)": v for k, v in real["kernels"].items()}}
     predicted_rows = {**guess, **{f"{k} kernels (profiled step)": guess.get(k, 0.0) for k in real["kernels"]}}
     phases = [k for k in rows if "kernels" not in k]
@@ -162,4 +162,12 @@ def main(profile_path: str, layout: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("profile", help="a profile written by `dynaplane calibrate`")
+    parser.add_argument("layout", help="one of the validation's layouts, e.g. tp=1,pp=2,dp=1,zero=1")
+    parser.add_argument("--global-batch", type=int, default=GLOBAL_BATCH)
+    parser.add_argument("--seq", type=int, default=SEQ, help="as the validation's (32 on a CPU without native bf16)")
+    args = parser.parse_args()
+    main(args.profile, args.layout, args.global_batch, args.seq)

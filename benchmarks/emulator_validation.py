@@ -26,6 +26,17 @@ and every layout's real steps of all rounds are pooled: the same layout's fastes
 by up to 15% between runs minutes apart on the 2-core validation machine, so a layout timed
 in one burst carries whatever the machine was doing then. The per-round fastest steps are
 printed too, and the CPU time the hypervisor stole while each layout ran (/proc/stat).
+
+With --calibrate-each-round the benchmark measures the profile itself: a one-pass
+`dynaplane calibrate` of these layouts' shapes before each round, and PROFILE the median
+of them (`calibrate --merge`), so that the calibration and the real steps sample the same
+stretch of time; a calibration taken minutes before the real runs carries whatever spell
+the host was in then (session 9: two calibrations twelve minutes apart differed by a fifth
+in their memory-bound rates, the real steps did not move). Each round's calibration alone
+is scored too, as is every --also PROFILE.
+
+On a CPU without native bf16 (AVX2: bf16 GEMMs at 1-10 GFLOP/s) run both commands with
+--seq 32 --global-batch 2: a step at the defaults takes minutes there.
 """
 from __future__ import annotations
 
