@@ -140,10 +140,10 @@ def main(profile: str, global_batch: int = GLOBAL_BATCH, seq: int = SEQ, rounds:
               flush=True)
     print(f"\nmean absolute step-time error: {statistics.mean(errors):.1%} against the fastest real step, "
           f"{statistics.mean(median_errors):.1%} against the median")
+    fastest = [min(pooled[layout]) for layout in LAYOUTS]
+    medians = [statistics.median(pooled[layout]) for layout in LAYOUTS]
     for path in [*calibrations, *others]:  # how far one calibration alone lands: the spread a median removes
         alone = [predicted(path, layout, global_batch, seq)["step_seconds"] for layout in LAYOUTS]
-        fastest = [min(pooled[layout]) for layout in LAYOUTS]
-        medians = [statistics.median(pooled[layout]) for layout in LAYOUTS]
         print(f"{path} alone: " + ", ".join(f"{a / f - 1:+.1%}" for a, f in zip(alone, fastest))
               + f" (mean {statistics.mean(abs(a / f - 1) for a, f in zip(alone, fastest)):.1%} against the fastest, "
               f"{statistics.mean(abs(a / m - 1) for a, m in zip(alone, medians)):.1%} against the median)")
