@@ -67,6 +67,17 @@ def steal_seconds() -> float:
         return 0.0
 
 
+def round_spread(fastest_per_round: list[float]) -> float | None:
+    """How far the real runs disagree with themselves: the mean over rounds of |a round's
+    fastest step / the median of the other rounds' fastest steps - 1| (None for one round).
+    Even a predictor that knew every other round would miss a round by this much, so a
+    step-time error target well under it cannot be scored on the machine at that time."""
+    if len(fastest_per_round) < 2:
+        return None
+    return statistics.mean(abs(x / statistics.median(fastest_per_round[:i] + fastest_per_round[i + 1:]) - 1)
+                           for i, x in enumerate(fastest_per_round))
+
+
 def calibrate_now(out: str, global_batch: int, seq: int) -> None:
     """One single-pass `dynaplane calibrate` of these layouts' shapes, as the docstring's command."""
     import subprocess
@@ -140,6 +151,11 @@ def main(profile: str, global_batch: int = GLOBAL_BATCH, seq: int = SEQ, rounds:
               flush=True)
     print(f"\nmean absolute step-time error: {statistics.mean(errors):.1%} against the fastest real step, "
           f"{statistics.mean(median_errors):.1%} against the median")
+    spreads = {layout: round_spread([min(run[0]["steps"]) for run in runs[layout]]) for layout in LAYOUTS}
+    if rounds > 1:
+        print("the real runs' own spread (each round's fastest step against the median of the other rounds'): "
+              + ", ".join(f"{spreads[layout]:.1%}" for layout in LAYOUTS)
+              + f" (mean {statistics.mean(spreads.values()):.1%})")
     fastest = [min(pooled[layout]) for layout in LAYOUTS]
     medians = [statistics.median(pooled[layout]) for layout in LAYOUTS]
     for path in [*calibrations, *others]:  # how far one calibration alone lands: the spread a median removes

@@ -149,7 +149,7 @@ def _add_emulate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", help="a calibrated device profile (JSON) instead of --gpu's built-in one")
     p.add_argument("--no-cache", action="store_true", help="trace again even when a cached trace exists")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_run_emulate)
+    p.set_defaults(func=_emulator_command("emulate_main"))
 
 
 def _add_compare_and_search(sub: argparse._SubParsersAction) -> None:
@@ -170,12 +170,12 @@ def _add_compare_and_search(sub: argparse._SubParsersAction) -> None:
     common(p)
     p.add_argument("--layout", action="append", required=True, help="repeat for each layout to compare")
     p.add_argument("--micro-batch", type=int, default=1)
-    p.set_defaults(func=lambda a: __import__("agents.emulator.cli", fromlist=["compare_main"]).compare_main(a))
+    p.set_defaults(func=_emulator_command("compare_main"))
     p = sub.add_parser("search", help="feasible layouts for a GPU count, ranked by predicted throughput")
     common(p)
     p.add_argument("--top", type=int, default=5)
     p.add_argument("--max-candidates", type=int, default=24, help="emulate at most this many layouts")
-    p.set_defaults(func=lambda a: __import__("agents.emulator.cli", fromlist=["search_main"]).search_main(a))
+    p.set_defaults(func=_emulator_command("search_main"))
 
 
 def _add_calibrate(sub: argparse._SubParsersAction) -> None:
@@ -199,10 +199,22 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lambda a: __import__("agents.emulator.cli", fromlist=["calibrate_main"]).calibrate_main(a))
 
 
-def _run_emulate(args: argparse.Namespace) -> int:
-    from agents.emulator.cli import emulate_main
+def _emulator_command(name: str):
+    """The agents.emulator.cli function `name`, run after starting the tracer's process server.
 
-    return emulate_main(args)
+    A trace forks its stage-class processes from a server that imports torch first (2-4 s);
+    started here, before this process imports torch itself, the two imports overlap on two
+    cores instead of following each other. With a cached trace the server is never used
+    and exits with this process."""
+    def run(args: argparse.Namespace) -> int:
+        from agents.engine.launch import rank_context
+
+        rank_context()
+        import agents.emulator.cli
+
+        return getattr(agents.emulator.cli, name)(args)
+
+    return run
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -64,8 +64,9 @@ RANK_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(2**32), "MALLOC_TRIM_THRESHOLD_
 # imports torch itself, which took 2 s a rank on the idle 2-core machine and 10 s under
 # load (4 ranks: 40-50 s before the first collective; forked from the server: 0.3 s). The
 # server only imports, so every rank still starts with torch's process-group and mesh
-# registries empty, as a fresh interpreter would.
-PRELOAD = ["torch", "torch.distributed"]
+# registries empty, as a fresh interpreter would. torch._dynamo too: FakeTensorMode imports
+# it on first use (1-2 s), in every stage-class process of the emulator's tracer.
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo"]
 
 
 def rank_context() -> mp.context.BaseContext:

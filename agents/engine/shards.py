@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from agents.layout.placement import Placement
@@ -53,10 +52,9 @@ def rank_boxes(placement: Placement, rank: int, *, keep_empty: bool = False) -> 
     out: dict[Key, Box] = {}
     for index, tensor in enumerate(placement.model.tensors):
         for state in STATES:
-            boxes = holder_boxes(placement, tensor, STATE_CLASS[state], keep_empty=keep_empty)
-            hit = int(np.searchsorted(boxes.rank, rank))
-            if hit < len(boxes.rank) and boxes.rank[hit] == rank:
-                out[(index, state)] = (int(boxes.a0[hit]), int(boxes.a1[hit]), int(boxes.b0[hit]), int(boxes.b1[hit]))
+            boxes = holder_boxes(placement, tensor, STATE_CLASS[state], keep_empty=keep_empty, only_rank=rank)
+            if len(boxes.rank):
+                out[(index, state)] = (int(boxes.a0[0]), int(boxes.a1[0]), int(boxes.b0[0]), int(boxes.b1[0]))
     return out
 
 

@@ -74,15 +74,20 @@ class HolderBoxes:
 
 
 def holder_boxes(placement: Placement, tensor: TensorSpec, state_class: str, *,
-                 keep_empty: bool = False) -> HolderBoxes:
+                 keep_empty: bool = False, only_rank: int | None = None) -> HolderBoxes:
     """Every holder's box; zero-size ones (torch.chunk's empty last parts, e.g. a 1-row
     tensor's ZeRO chunks on dp ranks >= 1) are left out, as CONTRACTS section 3 says, unless
-    `keep_empty`: a trainer still builds an empty tensor there (agents/engine/shards.py)."""
+    `keep_empty`: a trainer still builds an empty tensor there (agents/engine/shards.py).
+    With `only_rank`, that rank's box alone (none if it holds no part): the same arithmetic
+    on one grid point instead of all dp x cp x tp of them (a 405B stage at dp=64 has 512)."""
     ml = placement.modules[tensor.split.module]
     split, shape = tensor.split, tensor.shape
     stages = np.array(placement.tensor_stages(tensor), dtype=np.int64)
     data = ml.dp * ml.cp
-    stage, d, tp_rank = (g.ravel() for g in np.meshgrid(stages, np.arange(data), np.arange(ml.tp), indexing="ij"))
+    if only_rank is None:
+        stage, d, tp_rank = (g.ravel() for g in np.meshgrid(stages, np.arange(data), np.arange(ml.tp), indexing="ij"))
+    else:
+        stage, d, tp_rank = _rank_coordinates(only_rank - ml.offset, ml.tp, data, ml.pp, stages)
     rank = ml.offset + stage * (ml.tp * data) + tp_rank + ml.tp * d
 
     # Axis A (dim 0): EP for expert tensors, TP when it splits dim 0, else whole.
@@ -108,6 +113,16 @@ def holder_boxes(placement: Placement, tensor: TensorSpec, state_class: str, *,
     order = np.argsort(rank[keep], kind="stable")
     return HolderBoxes(*(np.ascontiguousarray(x[keep][order]) for x in (rank, a0, a1, b0, b1)),
                        unit=cell_elements(tensor))
+
+
+def _rank_coordinates(local: int, tp: int, data: int, pp: int, stages: np.ndarray):
+    """(stage, data index, tp rank) of a module-local rank as one-element arrays, all three
+    empty when the rank is outside the module or on a stage not holding the tensor (the
+    inverse of holder_boxes' rank = offset + stage * tp * data + tp_rank + tp * d)."""
+    stage, rest = divmod(local, tp * data)
+    if local < 0 or stage >= pp or stage not in stages:
+        return (np.zeros(0, dtype=np.int64),) * 3
+    return tuple(np.array([v], dtype=np.int64) for v in (stage, rest // tp, rest % tp))
 
 
 def cell_elements(tensor: TensorSpec) -> int:

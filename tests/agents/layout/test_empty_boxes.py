@@ -52,3 +52,21 @@ def test_a_one_row_tensor_has_empty_zero_chunks_past_the_first_rank() -> None:
     assert [(int(a), int(b)) for a, b in zip(every.a0, every.a1)] == [(0, 1), (1, 1), (1, 1), (1, 1)]
     assert holder_boxes(placement, cls, OPTIM).rank.tolist() == [0]
     assert holder_boxes(placement, cls, PARAM).rank.tolist() == [0, 1, 2, 3]  # the bf16 param is replicated
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_one_ranks_boxes_are_its_row_of_every_holders_boxes(data) -> None:
+    """`only_rank` (what a rank's own shards are built from) agrees with the full table for
+    every rank of the world and for ranks outside it, with and without empty boxes."""
+    model, placement = _drawn(data)
+    world = placement.world
+    for tensor in model.tensors:
+        for state_class in (PARAM, OPTIM):
+            for keep_empty in (False, True):
+                every = holder_boxes(placement, tensor, state_class, keep_empty=keep_empty)
+                for rank in (-1, *range(world), world):
+                    mine = holder_boxes(placement, tensor, state_class, keep_empty=keep_empty, only_rank=rank)
+                    rows = every.rank == rank
+                    for name in ("rank", "a0", "a1", "b0", "b1"):
+                        assert np.array_equal(getattr(mine, name), getattr(every, name)[rows]), (tensor.name, rank)

@@ -1,0 +1,26 @@
+"""The validation benchmark's own statistics (benchmarks/emulator_validation.py)."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from benchmarks.emulator_validation import round_spread
+
+
+def test_round_spread_is_each_rounds_distance_from_the_others() -> None:
+    # 2.0 against median(2.2, 2.4) = 2.3; 2.2 against 2.2; 2.4 against 2.1
+    expected = (abs(2.0 / 2.3 - 1) + 0 + abs(2.4 / 2.1 - 1)) / 3
+    assert round_spread([2.0, 2.2, 2.4]) == pytest.approx(expected)
+    assert round_spread([1.5, 3.0]) == pytest.approx((0.5 + 1.0) / 2)
+    assert round_spread([2.0]) is None
+
+
+@given(st.floats(0.1, 100), st.integers(2, 8))
+def test_identical_rounds_have_no_spread(step: float, rounds: int) -> None:
+    assert round_spread([step] * rounds) == pytest.approx(0.0, abs=1e-12)
+
+
+@given(st.lists(st.floats(0.1, 100), min_size=2, max_size=8), st.floats(0.1, 10))
+def test_round_spread_ignores_units(steps: list[float], scale: float) -> None:
+    assert round_spread([s * scale for s in steps]) == pytest.approx(round_spread(steps), rel=1e-9)
