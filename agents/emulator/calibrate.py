@@ -262,10 +262,12 @@ def _collective_table(world: int, sizes: tuple, repeats: int = 5, per_sample: in
     back to back: their cost is the wake-up of a rank that slept waiting for its peer, a
     part of every such collective. Those above 16 MiB are one collective per sample (a
     500 MB all-reduce takes ~0.3 s on two CPU ranks), alone (a matmul before it changes
-    nothing), and sampled in rounds over all the big points, so that one point's samples
-    lie seconds apart: a 243 MB gloo all-gather took 0.27-1.05 s in six calls back to
-    back, in slow spells of a few seconds, and five samples in a row once read a median of
-    1.0 s against 0.30 s inside a real step (docs/benchmarks.md, session 9)."""
+    nothing), each point's samples one after the other into its one reused output, as a
+    program's step after step. Sampled in rounds over all the big points instead (session
+    9, when every call wrote a fresh output), a 249 MB all-gather read 1.0 s where the
+    real ZeRO-1 step's took 0.40-0.47 s and back-to-back samples 0.43 s, in the same
+    processes minutes apart (docs/benchmarks.md, session 11); the calibration's passes
+    put a point's samples minutes apart instead."""
     a, b = torch.randn(128, 768), torch.randn(768, 768)
     extra = extra or {}
 
@@ -280,36 +282,31 @@ def _collective_table(world: int, sizes: tuple, repeats: int = 5, per_sample: in
             samples.append((time.perf_counter() - started) / per_sample)
         return statistics.median(samples)
 
+    def one_at_a_time(fn) -> float:
+        fn()  # warm-up: the buffers' first touch
+        samples = []
+        for _ in range(repeats):
+            dist.barrier()
+            started = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - started)
+        return statistics.median(samples)
+
     table: dict = {}
-    big = []  # (kind, size, collective)
     for kind in ("all_reduce", "all_gather", "reduce_scatter"):
         table[kind] = []
         for size in _table_sizes(sizes, extra.get(kind, [])):
             collective = _collective(kind, size, world)
             if size > 1 << 24:
-                big.append((kind, size, collective))
-                continue
+                seconds = one_at_a_time(collective)
+            else:
+                def both() -> None:
+                    a @ b
+                    collective()
 
-            def both() -> None:
-                a @ b
-                collective()
-
-            seconds = max(timed(collective), timed(both) - timed(lambda: a @ b))
+                seconds = max(timed(collective), timed(both) - timed(lambda: a @ b))
             table[kind].append([float(size), seconds])
             del collective
-    samples: dict[int, list[float]] = {i: [] for i in range(len(big))}
-    for _, _, collective in big:  # warm-up: each big buffer's first touch
-        collective()
-    for _ in range(repeats):
-        for i, (_, _, collective) in enumerate(big):
-            dist.barrier()
-            started = time.perf_counter()
-            collective()
-            samples[i].append(time.perf_counter() - started)
-    for i, (kind, size, _) in enumerate(big):
-        table[kind].append([float(size), statistics.median(samples[i])])
-    for points in table.values():
-        points.sort()
     return table
 
 
