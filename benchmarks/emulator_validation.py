@@ -151,8 +151,8 @@ def main(profile: str, global_batch: int = GLOBAL_BATCH, seq: int = SEQ, rounds:
               flush=True)
     print(f"\nmean absolute step-time error: {statistics.mean(errors):.1%} against the fastest real step, "
           f"{statistics.mean(median_errors):.1%} against the median")
-    spreads = {layout: round_spread([min(run[0]["steps"]) for run in runs[layout]]) for layout in LAYOUTS}
     if rounds > 1:
+        spreads = {layout: round_spread([min(run[0]["steps"]) for run in runs[layout]]) for layout in LAYOUTS}
         print("the real runs' own spread (each round's fastest step against the median of the other rounds'): "
               + ", ".join(f"{spreads[layout]:.1%}" for layout in LAYOUTS)
               + f" (mean {statistics.mean(spreads.values()):.1%})")
