@@ -78,7 +78,7 @@ class Effort:
 
 FULL = Effort()
 QUICK = Effort(passes=1, repeats=1, gemm_shapes=((512, 768, 768),), bandwidth_tensors=4,
-               table_sizes=(1 << 12, 1 << 18, 1 << 22), table_repeats=2, program_steps=2,
+               table_sizes=(1 << 12, 1 << 18, 1 << 22), table_repeats=2, program_steps=5,
                op_sizes=(1 << 12, 1 << 20))
 
 

@@ -268,7 +268,8 @@ def execute_plan(plan: RoutingPlan, rank: int, old: dict[Key, LocalShard], group
         # gloo sends one message at a time and needs nothing from the peer to start it: post the
         # sends now so they travel while this rank copies locally. (NCCL must post a round's sends
         # and receives in one group, or two ranks sending to each other deadlock.)
-        early_works = _post(send_ops, rank, k, len(per_round)) if send_ops and _backend(group) == "gloo" else None
+        early_works = (_post(send_ops, rank, k, len(per_round), sorted(send_msgs))
+                       if send_ops and _backend(group) == "gloo" else None)
         # Local copies before the exchange: their sources are freed before this round's
         # receiving boxes and buffers are allocated.
         for j, p in enumerate(slices):
@@ -299,7 +300,7 @@ def execute_plan(plan: RoutingPlan, rank: int, old: dict[Key, LocalShard], group
         peers = sorted(set(send_msgs) | set(recv_msgs))
         try:
             works = (early_works or []) + _post(recv_ops if early_works is not None else send_ops + recv_ops,
-                                                rank, k, len(per_round))
+                                                rank, k, len(per_round), peers)
             for work in works:
                 work.wait()
         except RuntimeError as exc:  # gloo/NCCL: a dead peer or a timeout
@@ -364,13 +365,16 @@ def _backend(group) -> str:
     return dist.get_backend(group)
 
 
-def _post(ops: list, rank: int, k: int, rounds: int) -> list:
+def _post(ops: list, rank: int, k: int, rounds: int, peers: list[int]) -> list:
+    """Post a round's transfers. A dead peer can fail the post itself (gloo's send on a reset
+    connection) as well as the wait: both name the ranks this round exchanges with."""
     if not ops:
         return []
     try:
         return dist.batch_isend_irecv(ops)
     except RuntimeError as exc:
-        raise EngineError(f"rank {rank}: round {k} of {rounds}: posting transfers failed: {exc}") from exc
+        raise EngineError(f"rank {rank}: round {k} of {rounds} failed exchanging with ranks {peers} "
+                          f"(posting transfers): {exc}") from exc
 
 
 def _derive(plan: RoutingPlan, rank: int, new: dict[Key, LocalShard], target) -> None:
