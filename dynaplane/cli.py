@@ -196,7 +196,7 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--micro-batch", type=int, default=1, help="micro-batch size of the traced steps")
     p.add_argument("--global-batch", type=int, default=0,
                    help="global batch of the traced steps (default: one micro-batch per dp rank)")
-    p.set_defaults(func=lambda a: __import__("agents.emulator.cli", fromlist=["calibrate_main"]).calibrate_main(a))
+    p.set_defaults(func=_emulator_command("calibrate_main"))  # it traces and runs ranks too
 
 
 def _emulator_command(name: str):
