@@ -27,8 +27,8 @@ def kernel_kind(name: str) -> str:
     return "attention" if "scaled_dot_product" in name or "flash_attention" in name else ""
 
 
-TIMED_COLLECTIVES = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
-                     "reduce_scatter_tensor": "reduce_scatter"}
+TIMED_COLLECTIVES = {"all_reduce": "all_reduce", "all_gather_single": "all_gather",
+                     "reduce_scatter_single": "reduce_scatter"}
 
 
 def _timed(totals: dict, key: str, fn):

@@ -242,9 +242,9 @@ def _collective(kind: str, nbytes: float, world: int):
         return lambda: dist.all_reduce(t)
     if kind == "all_gather":  # bytes = the gathered output
         part, out = torch.ones(n // world), torch.empty(n)
-        return lambda: dist.all_gather_into_tensor(out, part)
+        return lambda: dist.all_gather_single(out, part)
     inp, out = torch.ones(n), torch.empty(n // world)  # reduce_scatter: bytes = the input
-    return lambda: dist.reduce_scatter_tensor(out, inp)
+    return lambda: dist.reduce_scatter_single(out, inp)
 
 
 def _table_sizes(ladder: tuple, extra: list[float]) -> list[float]:

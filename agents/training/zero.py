@@ -115,7 +115,7 @@ class ShardedAdamW:
             mine[offset:offset + s.master.numel()] = s.master.reshape(-1)
             offset += size
         gathered = torch.empty(self.dp * mine.numel(), dtype=torch.bfloat16)
-        dist.all_gather_into_tensor(gathered, mine, group=self.group)
+        dist.all_gather_single(gathered, mine, group=self.group)
         gathered = gathered.view(self.dp, mine.numel())
         offset = 0
         for s, size in zip(self.slots, padded):
