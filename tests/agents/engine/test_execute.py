@@ -150,3 +150,18 @@ def test_a_rank_dying_mid_switch_fails_the_others_within_the_timeout() -> None:
 
     assert re.search(r"round \d+ of \d+ failed exchanging with ranks \[[^]]*1", message), message
 
+
+
+def test_a_peer_lost_while_posting_a_round_is_named_as_in_the_exchange(monkeypatch) -> None:
+    # gloo can fail the post itself (a send on a connection the dead peer reset) before any
+    # wait; the survivor's error must still say which ranks the round exchanged with.
+    from agents.engine import execute
+
+    def reset(ops):
+        raise RuntimeError("Connection reset by peer")
+
+    monkeypatch.setattr(execute.dist, "batch_isend_irecv", reset)
+    with pytest.raises(EngineError, match=r"rank 2: round 4 of 9 failed exchanging with ranks \[1, 3\] "
+                                          r"\(posting transfers\): Connection reset by peer"):
+        execute._post(["an op"], 2, 4, 9, [1, 3])
+    assert execute._post([], 2, 4, 9, [1, 3]) == []  # nothing to post touches no peer
