@@ -36,6 +36,22 @@ def test_a_linear_layers_three_gemms_are_recorded_with_their_operand_forms() -> 
     assert sorted(gemms[1:]) == [("backward", (5, 8, 6), "nn"), ("backward", (6, 8, 5), "tn")]
 
 
+def test_an_in_place_op_counts_the_tensors_it_writes_once_as_its_out_of_place_twin_does() -> None:
+    xs, ys = [torch.ones(64) for _ in range(3)], [torch.ones(64) for _ in range(3)]
+    recorder = OpRecorder()
+    with recorder:
+        torch._foreach_addcdiv_(xs, ys, ys)  # returns nothing: the write is its first list
+        torch._foreach_addcdiv(xs, ys, ys)
+        torch._foreach_mul_(xs, 0.5)
+        xs[0].add_(ys[0])  # returns its input: counted once, not twice
+        torch.add(xs[0], 1.0)
+    moved = {r.name: r.bytes for r in recorder.records}
+    whole = 3 * 64 * 4
+    assert moved["_foreach_addcdiv_"] == moved["_foreach_addcdiv"] == 4 * whole
+    assert moved["_foreach_mul_"] == 2 * whole
+    assert moved["add_"] == 3 * 256 and moved["add"] == 2 * 256  # one tensor of 256 bytes in, out
+
+
 def test_nearest_rate_prefers_an_exact_match_then_the_nearest_shape_in_log_space() -> None:
     rows = [[1, 128, 768, 768, 400e9], [1, 128, 50304, 768, 130e9]]
     assert nearest_rate(rows, (1, 128, 50304, 768)) == 130e9
