@@ -75,7 +75,7 @@ def bandwidth_at(points: list, nbytes: float) -> float:
     for (b0, r0), (b1, r1) in zip(points, points[1:]):
         if nbytes <= b1:
             w = math.log(nbytes / b0) / math.log(b1 / b0)
-            return r0 + w * (r1 - r0)
+            return r0 * (1 - w) + r1 * w  # this form is exact at both ends (r0 + w(r1 - r0) is not at w = 1)
     return points[-1][1]
 
 
