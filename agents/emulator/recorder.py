@@ -255,8 +255,9 @@ class OpRecorder(TorchDispatchMode):
         if name in VIEW_LIKE or namespace == "prim":  # metadata only (prim.device, views): no kernel
             return out
         ins, outs = _tensors((args, kwargs)), _tensors(out)
-        outs += [t for t in _written(func, args, kwargs) if not any(t is o for o in outs)]
-        moved = float(sum(_nbytes(t) for t in ins) + sum(_nbytes(t) for t in outs))
+        # written in place: priced as output bytes, but not new storage (not tracked below)
+        written = [t for t in _written(func, args, kwargs) if not any(t is o for o in outs)]
+        moved = float(sum(_nbytes(t) for t in ins) + sum(_nbytes(t) for t in outs + written))
         packet = func._overloadpacket
         flops = 0.0
         if packet in flop_registry:

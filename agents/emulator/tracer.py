@@ -41,9 +41,9 @@ from agents.layout.catalog import get_config, get_model
 from agents.layout.placement import layer_stages, place
 from agents.training.parallel import LayoutMeshes, ParallelTrainer, TrainConfig, TrainingError, _loss
 
-TRACER_VERSION = 7  # 2: activations_full; vpp traced as pp*vpp flat stages; 3: DTensor dispatch as host ops;
+TRACER_VERSION = 8  # 2: activations_full; vpp traced as pp*vpp flat stages; 3: DTensor dispatch as host ops;
 # 4: causal attention FLOPs, sequence parallelism; 5: matmul operand forms; 6: reduce-scatter bytes = its input;
-# 7: in-place _foreach_ ops count the lists they write
+# 7: in-place _foreach_ ops count the lists they write; 8: and those writes are not new memory (7 tracked them)
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,17 @@ def test_an_in_place_op_counts_the_tensors_it_writes_once_as_its_out_of_place_tw
     assert moved["add_"] == 3 * 256 and moved["add"] == 2 * 256  # one tensor of 256 bytes in, out
 
 
+def test_an_in_place_write_is_not_new_memory() -> None:
+    xs, ys = [torch.ones(64) for _ in range(3)], [torch.ones(64) for _ in range(3)]
+    recorder = OpRecorder()
+    with recorder:
+        torch._foreach_addcdiv_(xs, ys, ys)
+        torch._foreach_mul_(xs, 0.5)
+        kept = torch._foreach_add(xs, 1.0)  # new tensors: these are
+    assert recorder.live == recorder.peak == 3 * 256
+    del kept
+
+
 def test_nearest_rate_prefers_an_exact_match_then_the_nearest_shape_in_log_space() -> None:
     rows = [[1, 128, 768, 768, 400e9], [1, 128, 50304, 768, 130e9]]
     assert nearest_rate(rows, (1, 128, 50304, 768)) == 130e9
