@@ -11,6 +11,7 @@ sent, the shapes and the order are those of the real program.
 """
 from __future__ import annotations
 
+import functools
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -142,10 +143,17 @@ def _written(func, args, kwargs) -> list[torch.Tensor]:
     optimizer's `_foreach_addcdiv_` moved 3 lists' bytes where its out-of-place twin (the
     one calibrate times) moves 4."""
     written: list[torch.Tensor] = []
-    for i, argument in enumerate(func._schema.arguments):
-        if argument.alias_info is not None and argument.alias_info.is_write:
-            written += _tensors(args[i] if i < len(args) else kwargs.get(argument.name))
+    for i, name in _mutable_arguments(func):
+        written += _tensors(args[i] if i < len(args) else kwargs.get(name))
     return written
+
+
+@functools.cache
+def _mutable_arguments(func) -> tuple[tuple[int, str], ...]:
+    """(position, name) of an overload's schema arguments it writes in place. Fixed per
+    overload; cached because the recorder asks on every traced op (its hot path)."""
+    return tuple((i, a.name) for i, a in enumerate(func._schema.arguments)
+                 if a.alias_info is not None and a.alias_info.is_write)
 
 
 def _group_ranks(args, kwargs) -> tuple[int, ...]:
