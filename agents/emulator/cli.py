@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
+from pathlib import Path
 
 from agents.emulator.emulate import EmulateRequest, emulate
 from agents.emulator.errors import EmulatorError
@@ -159,6 +161,10 @@ def calibrate_main(args) -> int:
     from agents.emulator.calibrate import FULL, QUICK, calibrate
     from agents.emulator.devices import save_profile
 
+    problem = _unwritable(args.out)
+    if problem:
+        print(f"error: --out {args.out}: {problem}", file=sys.stderr)
+        return 2
     if args.merge:
         return _merge_main(args)
     if args.ranks < 1:
@@ -181,6 +187,21 @@ def calibrate_main(args) -> int:
     save_profile(profile, args.out)
     _describe_profile(args.out, profile)
     return 0
+
+
+def _unwritable(out: str) -> str:
+    """Why the profile could not be written to `out`, or "" (its folder is made here).
+    Asked before measuring: a calibration takes minutes, and must not end in a failed write."""
+    path = Path(out)
+    if path.is_dir():
+        return "is a directory"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"cannot make its folder ({exc.strerror or exc})"
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        return "is not writable"
+    return ""
 
 
 def _merge_main(args) -> int:

@@ -146,3 +146,16 @@ def test_the_fit_is_the_largest_non_decreasing_curve_under_the_measurements(valu
     assert all(f <= v for f, v in zip(fitted, values))   # noise only adds time: never above a measurement
     assert fitted[-1] == values[-1]
     assert nondecreasing(sorted(values)) == sorted(values)
+
+
+def test_calibrate_refuses_an_output_it_could_not_write_before_measuring(tmp_path) -> None:
+    """A calibration takes minutes; a path it cannot write is named at once, not after."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    done = subprocess.run([sys.executable, "-m", "dynaplane", "calibrate", "--out", str(blocker / "p.json"),
+                           "--quick"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and f"--out {blocker / 'p.json'}: cannot make its folder" in done.stderr
+    assert "measuring" not in done.stderr
+    done = subprocess.run([sys.executable, "-m", "dynaplane", "calibrate", "--out", str(tmp_path), "--quick"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "is a directory" in done.stderr

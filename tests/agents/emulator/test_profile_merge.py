@@ -66,7 +66,7 @@ def test_the_command_writes_the_median_profile(tmp_path) -> None:
     for n, scale in enumerate((1.0, 2.0, 5.0)):
         paths.append(str(tmp_path / f"c{n}.json"))
         save_profile(calibrated(scale), paths[-1])
-    out = tmp_path / "merged.json"
+    out = tmp_path / "var" / "merged.json"  # a folder not made yet, as in a fresh checkout
     done = subprocess.run([sys.executable, "-m", "dynaplane", "calibrate", "--merge", *paths, "--out", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
