@@ -100,7 +100,7 @@ def predicted(profile: str, layout: str, global_batch: int, seq: int) -> dict:
 def main(profile: str, global_batch: int = GLOBAL_BATCH, seq: int = SEQ, rounds: int = 1,
          calibrate_each_round: bool = False, others: tuple = ()) -> None:
     from agents.emulator.devices import load_profile, save_profile
-    from agents.emulator.profile_merge import median_profile
+    from agents.emulator.profile_merge import machine_speeds, median_profile
     from agents.engine.launch import run_ranks
 
     runs: dict[str, list] = {layout: [] for layout in LAYOUTS}
@@ -117,8 +117,11 @@ def main(profile: str, global_batch: int = GLOBAL_BATCH, seq: int = SEQ, rounds:
             before = steal_seconds()
             runs[layout].append(run_ranks(WORLD, real_rank, layout, global_batch, seq, timeout_s=1800))
             stolen[layout] += steal_seconds() - before
+    speeds: list[float] = []
     if calibrations:
-        save_profile(median_profile([load_profile(path) for path in calibrations]), profile)
+        measured = [load_profile(path) for path in calibrations]
+        save_profile(median_profile(measured), profile)
+        speeds = machine_speeds(measured) if len(measured) > 1 else [1.0]
         print(f"wrote {profile}: the median of the {len(calibrations)} calibrations, one before each round\n")
     print("| layout | real step s (fastest / median) | emulated step s | error (fastest / median) | "
           "static bytes real = emulated | peak real GiB | peak emulated GiB | peak error | load before | "
@@ -158,11 +161,20 @@ def main(profile: str, global_batch: int = GLOBAL_BATCH, seq: int = SEQ, rounds:
               + f" (mean {statistics.mean(spreads.values()):.1%})")
     fastest = [min(pooled[layout]) for layout in LAYOUTS]
     medians = [statistics.median(pooled[layout]) for layout in LAYOUTS]
-    for path in [*calibrations, *others]:  # how far one calibration alone lands: the spread a median removes
+    quietest = calibrations[speeds.index(max(speeds))] if calibrations else None
+    means = {}
+    for n, path in enumerate([*calibrations, *others]):  # how far one calibration alone lands
         alone = [predicted(path, layout, global_batch, seq)["step_seconds"] for layout in LAYOUTS]
-        print(f"{path} alone: " + ", ".join(f"{a / f - 1:+.1%}" for a, f in zip(alone, fastest))
-              + f" (mean {statistics.mean(abs(a / f - 1) for a, f in zip(alone, fastest)):.1%} against the fastest, "
+        means[path] = statistics.mean(abs(a / f - 1) for a, f in zip(alone, fastest))
+        speed = f", machine speed {speeds[n]:.3f}" if n < len(speeds) else ""
+        print(f"{path} alone{speed}: " + ", ".join(f"{a / f - 1:+.1%}" for a, f in zip(alone, fastest))
+              + f" (mean {means[path]:.1%} against the fastest, "
               f"{statistics.mean(abs(a / m - 1) for a, m in zip(alone, medians)):.1%} against the median)")
+    if quietest and len(calibrations) > 1:
+        # Like for like: the fastest real step is the machine at its least disturbed, and so
+        # is the calibration taken while it ran fastest (`calibrate --merge ... --quietest`).
+        print(f"the quietest calibration ({quietest}, chosen by its own measurements) against the fastest "
+              f"real steps: mean {means[quietest]:.1%}")
 
 
 if __name__ == "__main__":

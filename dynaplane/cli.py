@@ -187,6 +187,9 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--merge", nargs="+", metavar="PROFILE",
                    help="measure nothing: write the median of these calibrations of this machine, taken at "
                         "other times (a shared host's speed wanders for minutes)")
+    p.add_argument("--quietest", action="store_true",
+                   help="with --merge: keep the one calibration taken while the machine ran fastest (its "
+                        "least disturbed window) instead of the median")
     p.add_argument("--quick", action="store_true",
                    help="a rough profile in a fraction of the time (fewer shapes, sizes and repeats)")
     p.add_argument("--model", help="also time the GEMMs and attentions of this model's traced steps at their "

@@ -167,6 +167,9 @@ def calibrate_main(args) -> int:
         return 2
     if args.merge:
         return _merge_main(args)
+    if args.quietest:
+        print("error: --quietest chooses among calibrations given with --merge", file=sys.stderr)
+        return 2
     if args.ranks < 1:
         print(f"--ranks {args.ranks} must be >= 1", file=sys.stderr)
         return 2
@@ -207,7 +210,7 @@ def _unwritable(out: str) -> str:
 def _merge_main(args) -> int:
     """`calibrate --merge A B ... --out P`: the median of calibrations taken at other times."""
     from agents.emulator.devices import load_profile, save_profile
-    from agents.emulator.profile_merge import median_profile
+    from agents.emulator.profile_merge import machine_speeds, median_profile, quietest_profile
 
     measuring = [flag for flag, given in (("--model", args.model), ("--layout", args.layout), ("--quick", args.quick),
                                           ("--passes", args.passes is not None)) if given]
@@ -216,12 +219,21 @@ def _merge_main(args) -> int:
               file=sys.stderr)
         return 2
     try:
-        profile = median_profile([load_profile(path) for path in args.merge])
+        profiles = [load_profile(path) for path in args.merge]
+        if args.quietest:
+            speeds = machine_speeds(profiles)
+            profile, best = quietest_profile(profiles)
+        else:
+            profile = median_profile(profiles)
     except EmulatorError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     save_profile(profile, args.out)
-    print(f"merged {len(args.merge)} calibrations", file=sys.stderr)
+    if args.quietest:
+        print(f"kept {args.merge[best]}, the quietest of {len(args.merge)} calibrations (machine speed against "
+              f"their median: {', '.join(f'{s:.3f}' for s in speeds)})", file=sys.stderr)
+    else:
+        print(f"merged {len(args.merge)} calibrations", file=sys.stderr)
     _describe_profile(args.out, profile)
     return 0
 

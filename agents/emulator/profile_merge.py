@@ -6,9 +6,16 @@ while the real steps did not move). A calibration is one window of time; calibra
 at several times, each at its own window, combine into a profile of the machine's typical
 state: every measured number its median over the calibrations, every table row's rate its
 median at that row. `dynaplane calibrate --merge A.json B.json C.json --out P.json`.
+
+Or the machine at its least disturbed (`--quietest`): the one calibration whose window ran
+fastest, by all its measured rates against their medians. Neighbours on a shared host only
+add time, so that window is the machine's own speed; it is what the fastest of many real
+steps (the validation's yardstick) ran at. One whole calibration, not the best of each
+number: the ops of one step share one window's state (docs/benchmarks.md, session 13).
 """
 from __future__ import annotations
 
+import math
 import statistics
 
 from agents.emulator.devices import DeviceProfile
@@ -26,6 +33,53 @@ def median_profile(profiles: list[DeviceProfile]) -> DeviceProfile:
     merged = median_measurement(dicts, "")
     merged["notes"] = f"median of {len(profiles)} calibrations; the first: {dicts[0]['notes']}"
     return DeviceProfile.from_dict(merged)
+
+
+def machine_speeds(profiles: list[DeviceProfile]) -> list[float]:
+    """How fast the machine ran in each calibration's window, 1 = the calibrations' typical
+    speed: the geometric mean, over every measured rate (GEMM, attention and memory-bound
+    tables and rates, peak FLOP/s, memory bandwidth) and collective time (as its inverse),
+    of the ratio to that measurement's median over the calibrations."""
+    median_profile(profiles)  # the same measurements, or a clear error
+    measured = [_speed_measurements(p.to_dict()) for p in profiles]
+    logs = [[] for _ in profiles]
+    for key in measured[0]:
+        values = [m[key] for m in measured]
+        typical = statistics.median(values)
+        if typical > 0 and all(v > 0 for v in values):
+            for i, v in enumerate(values):
+                logs[i].append(math.log(v / typical))
+    return [math.exp(statistics.fmean(ls)) if ls else 1.0 for ls in logs]
+
+
+def quietest_profile(profiles: list[DeviceProfile]) -> tuple[DeviceProfile, int]:
+    """The calibration taken while the machine ran fastest (`machine_speeds`), and its index."""
+    speeds = machine_speeds(profiles)
+    best = max(range(len(profiles)), key=speeds.__getitem__)
+    return profiles[best], best
+
+
+_RATES = ("matmul_table", "attention_table", "op_bandwidth_table", "op_bandwidth", "peak_flops", "hbm_bandwidth")
+
+
+def _speed_measurements(profile: dict) -> dict[str, float]:
+    """{where: higher-is-faster value} for every measured rate and collective time."""
+    out: dict[str, float] = {}
+
+    def walk(value, where: str, invert: bool) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                walk(inner, f"{where}[{key!r}]", invert)
+        elif isinstance(value, (list, tuple)):
+            for row in value:
+                out[f"{where}{list(row[:-1])}"] = 1 / row[-1] if invert and row[-1] else row[-1]
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[where] = value
+
+    for name in _RATES:
+        walk(profile.get(name), name, invert=False)
+    walk(profile.get("collective_table"), "collective_table", invert=True)  # seconds: lower is faster
+    return out
 
 
 def median_measurement(values: list, where: str = "measurement"):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import subprocess
 import sys
 
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from agents.emulator.devices import get_profile, load_profile, save_profile
 from agents.emulator.errors import EmulatorError
-from agents.emulator.profile_merge import median_profile
+from agents.emulator.profile_merge import machine_speeds, median_profile, quietest_profile
 
 
 def calibrated(scale: float, **changes):
@@ -80,3 +81,44 @@ def test_the_command_writes_the_median_profile(tmp_path) -> None:
     done = subprocess.run([sys.executable, "-m", "dynaplane", "calibrate", "--merge", *paths, "--out", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "hbm_bytes differs" in done.stderr
+
+
+@given(st.lists(st.floats(0.3, 3.0), min_size=2, max_size=6, unique=True))
+def test_the_quietest_calibration_is_the_one_whose_window_ran_fastest(scales) -> None:
+    profiles = [calibrated(scale) for scale in scales]
+    speeds = machine_speeds(profiles)
+    chosen, index = quietest_profile(profiles)
+    assert index == scales.index(min(scales)) and chosen is profiles[index]
+    # a slower window reads slower, and with every measurement scaled together (an odd count:
+    # the median is one of them) a window's speed is the median window's time over its own
+    by_scale = [speed for _, speed in sorted(zip(scales, speeds))]
+    assert by_scale == sorted(by_scale, reverse=True)
+    if len(scales) % 2:
+        for scale, speed in zip(scales, speeds):
+            assert speed == pytest.approx(statistics.median(scales) / scale)
+
+
+def test_collective_times_count_as_slower_when_longer() -> None:
+    """Only the collectives differ: the calibration with the shorter ones is the quieter."""
+    def with_collectives(seconds: float):
+        return calibrated(1.0, collective_table={"all_reduce": {"2": [[4096, seconds], [1 << 20, 10 * seconds]]}})
+
+    assert quietest_profile([with_collectives(2e-4), with_collectives(1e-4), with_collectives(3e-4)])[1] == 1
+    with pytest.raises(EmulatorError, match="different entries"):
+        machine_speeds([calibrated(1.0), calibrated(1.0, op_bandwidth={"mul": 3e10})])
+
+
+def test_the_command_keeps_the_quietest_calibration(tmp_path) -> None:
+    paths = []
+    for n, scale in enumerate((2.0, 1.0, 5.0)):
+        paths.append(str(tmp_path / f"c{n}.json"))
+        save_profile(calibrated(scale), paths[-1])
+    out = tmp_path / "quietest.json"
+    done = subprocess.run([sys.executable, "-m", "dynaplane", "calibrate", "--merge", *paths, "--quietest",
+                           "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert load_profile(out).launch_seconds == pytest.approx(20e-6)
+    assert f"kept {paths[1]}, the quietest of 3 calibrations" in done.stderr
+    done = subprocess.run([sys.executable, "-m", "dynaplane", "calibrate", "--quietest", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--quietest chooses among calibrations given with --merge" in done.stderr
