@@ -100,7 +100,7 @@ def predicted(profile: str, layout: str, global_batch: int, seq: int) -> dict:
 def main(profile: str, global_batch: int = GLOBAL_BATCH, seq: int = SEQ, rounds: int = 1,
          calibrate_each_round: bool = False, others: tuple = ()) -> None:
     from agents.emulator.devices import load_profile, save_profile
-    from agents.emulator.profile_merge import machine_speeds, median_profile
+    from agents.emulator.profile_merge import median_profile, quietest_calibration
     from agents.engine.launch import run_ranks
 
     runs: dict[str, list] = {layout: [] for layout in LAYOUTS}
@@ -118,10 +118,12 @@ def main(profile: str, global_batch: int = GLOBAL_BATCH, seq: int = SEQ, rounds:
             runs[layout].append(run_ranks(WORLD, real_rank, layout, global_batch, seq, timeout_s=1800))
             stolen[layout] += steal_seconds() - before
     speeds: list[float] = []
+    quietest = None
     if calibrations:
         measured = [load_profile(path) for path in calibrations]
         save_profile(median_profile(measured), profile)
-        speeds = machine_speeds(measured) if len(measured) > 1 else [1.0]
+        best, speeds = quietest_calibration(measured)
+        quietest = calibrations[best]
         print(f"wrote {profile}: the median of the {len(calibrations)} calibrations, one before each round\n")
     print("| layout | real step s (fastest / median) | emulated step s | error (fastest / median) | "
           "static bytes real = emulated | peak real GiB | peak emulated GiB | peak error | load before | "
@@ -161,7 +163,6 @@ def main(profile: str, global_batch: int = GLOBAL_BATCH, seq: int = SEQ, rounds:
               + f" (mean {statistics.mean(spreads.values()):.1%})")
     fastest = [min(pooled[layout]) for layout in LAYOUTS]
     medians = [statistics.median(pooled[layout]) for layout in LAYOUTS]
-    quietest = calibrations[speeds.index(max(speeds))] if calibrations else None
     means = {}
     for n, path in enumerate([*calibrations, *others]):  # how far one calibration alone lands
         alone = [predicted(path, layout, global_batch, seq)["step_seconds"] for layout in LAYOUTS]

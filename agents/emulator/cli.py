@@ -210,7 +210,7 @@ def _unwritable(out: str) -> str:
 def _merge_main(args) -> int:
     """`calibrate --merge A B ... --out P`: the median of calibrations taken at other times."""
     from agents.emulator.devices import load_profile, save_profile
-    from agents.emulator.profile_merge import machine_speeds, median_profile, quietest_profile
+    from agents.emulator.profile_merge import median_profile, quietest_calibration
 
     measuring = [flag for flag, given in (("--model", args.model), ("--layout", args.layout), ("--quick", args.quick),
                                           ("--passes", args.passes is not None)) if given]
@@ -221,8 +221,8 @@ def _merge_main(args) -> int:
     try:
         profiles = [load_profile(path) for path in args.merge]
         if args.quietest:
-            speeds = machine_speeds(profiles)
-            profile, best = quietest_profile(profiles)
+            best, speeds = quietest_calibration(profiles)
+            profile = profiles[best]
         else:
             profile = median_profile(profiles)
     except EmulatorError as exc:

@@ -52,11 +52,11 @@ def machine_speeds(profiles: list[DeviceProfile]) -> list[float]:
     return [math.exp(statistics.fmean(ls)) if ls else 1.0 for ls in logs]
 
 
-def quietest_profile(profiles: list[DeviceProfile]) -> tuple[DeviceProfile, int]:
-    """The calibration taken while the machine ran fastest (`machine_speeds`), and its index."""
+def quietest_calibration(profiles: list[DeviceProfile]) -> tuple[int, list[float]]:
+    """The index of the calibration taken while the machine ran fastest, and every
+    calibration's `machine_speeds` (which the choice is made by)."""
     speeds = machine_speeds(profiles)
-    best = max(range(len(profiles)), key=speeds.__getitem__)
-    return profiles[best], best
+    return max(range(len(profiles)), key=speeds.__getitem__), speeds
 
 
 _RATES = ("matmul_table", "attention_table", "op_bandwidth_table", "op_bandwidth", "peak_flops", "hbm_bandwidth")

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from agents.emulator.devices import get_profile, load_profile, save_profile
 from agents.emulator.errors import EmulatorError
-from agents.emulator.profile_merge import machine_speeds, median_profile, quietest_profile
+from agents.emulator.profile_merge import machine_speeds, median_profile, quietest_calibration
 
 
 def calibrated(scale: float, **changes):
@@ -86,9 +86,8 @@ def test_the_command_writes_the_median_profile(tmp_path) -> None:
 @given(st.lists(st.floats(0.3, 3.0), min_size=2, max_size=6, unique=True))
 def test_the_quietest_calibration_is_the_one_whose_window_ran_fastest(scales) -> None:
     profiles = [calibrated(scale) for scale in scales]
-    speeds = machine_speeds(profiles)
-    chosen, index = quietest_profile(profiles)
-    assert index == scales.index(min(scales)) and chosen is profiles[index]
+    index, speeds = quietest_calibration(profiles)
+    assert index == scales.index(min(scales)) and speeds == machine_speeds(profiles)
     # a slower window reads slower, and with every measurement scaled together (an odd count:
     # the median is one of them) a window's speed is the median window's time over its own
     by_scale = [speed for _, speed in sorted(zip(scales, speeds))]
@@ -103,7 +102,7 @@ def test_collective_times_count_as_slower_when_longer() -> None:
     def with_collectives(seconds: float):
         return calibrated(1.0, collective_table={"all_reduce": {"2": [[4096, seconds], [1 << 20, 10 * seconds]]}})
 
-    assert quietest_profile([with_collectives(2e-4), with_collectives(1e-4), with_collectives(3e-4)])[1] == 1
+    assert quietest_calibration([with_collectives(2e-4), with_collectives(1e-4), with_collectives(3e-4)])[0] == 1
     with pytest.raises(EmulatorError, match="different entries"):
         machine_speeds([calibrated(1.0), calibrated(1.0, op_bandwidth={"mul": 3e10})])
 
