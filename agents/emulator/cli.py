@@ -161,10 +161,6 @@ def calibrate_main(args) -> int:
     from agents.emulator.calibrate import FULL, QUICK, calibrate
     from agents.emulator.devices import save_profile
 
-    problem = _unwritable(args.out)
-    if problem:
-        print(f"error: --out {args.out}: {problem}", file=sys.stderr)
-        return 2
     if args.merge:
         return _merge_main(args)
     if args.quietest:
@@ -184,6 +180,8 @@ def calibrate_main(args) -> int:
     except EmulatorError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if not _writable_out(args.out):
+        return 2
     print(f"measuring this machine with {args.ranks} ranks at once{' (quick)' if args.quick else ''}; "
           f"this takes minutes on a small CPU machine ...", file=sys.stderr, flush=True)
     profile = calibrate(args.ranks, effort, requests)
@@ -192,19 +190,25 @@ def calibrate_main(args) -> int:
     return 0
 
 
-def _unwritable(out: str) -> str:
-    """Why the profile could not be written to `out`, or "" (its folder is made here).
-    Asked before measuring: a calibration takes minutes, and must not end in a failed write."""
+def _writable_out(out: str) -> bool:
+    """Whether the profile can be written to `out`, making its folder; says why not. Asked
+    once the other arguments are known good, before measuring: a calibration takes minutes
+    and must not end in a failed write."""
     path = Path(out)
+    problem = ""
     if path.is_dir():
-        return "is a directory"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        return f"cannot make its folder ({exc.strerror or exc})"
-    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        return "is not writable"
-    return ""
+        problem = "is a directory"
+    else:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            problem = f"cannot make its folder ({exc.strerror or exc})"
+        else:
+            if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+                problem = "is not writable"
+    if problem:
+        print(f"error: --out {out}: {problem}", file=sys.stderr)
+    return not problem
 
 
 def _merge_main(args) -> int:
@@ -227,6 +231,8 @@ def _merge_main(args) -> int:
             profile = median_profile(profiles)
     except EmulatorError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not _writable_out(args.out):
         return 2
     save_profile(profile, args.out)
     if args.quietest:

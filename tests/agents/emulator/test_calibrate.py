@@ -159,3 +159,10 @@ def test_calibrate_refuses_an_output_it_could_not_write_before_measuring(tmp_pat
     done = subprocess.run([sys.executable, "-m", "dynaplane", "calibrate", "--out", str(tmp_path), "--quick"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "is a directory" in done.stderr
+
+
+def test_a_refused_calibration_leaves_no_folder_behind(tmp_path) -> None:
+    out = tmp_path / "not-yet" / "p.json"
+    done = subprocess.run([sys.executable, "-m", "dynaplane", "calibrate", "--out", str(out), "--ranks", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and not out.parent.exists()
