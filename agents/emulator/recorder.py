@@ -264,7 +264,10 @@ class OpRecorder(TorchDispatchMode):
             return out
         ins, outs = _tensors((args, kwargs)), _tensors(out)
         # written in place: priced as output bytes, but not new storage (not tracked below)
-        written = [t for t in _written(func, args, kwargs) if not any(t is o for o in outs)]
+        written = _written(func, args, kwargs)
+        if written:  # an in-place op that also returns its input counts it once
+            returned = {id(t) for t in outs}
+            written = [t for t in written if id(t) not in returned]
         moved = float(sum(_nbytes(t) for t in ins) + sum(_nbytes(t) for t in outs + written))
         packet = func._overloadpacket
         flops = 0.0
