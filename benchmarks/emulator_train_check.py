@@ -28,7 +28,9 @@ WARMUP = 2
 
 def train_steps(layout: str, steps: int, global_batch: int, seq: int) -> list[float]:
     """Step seconds `dynaplane train` reports for `layout`, warm-up steps dropped."""
-    dp = int(dict(part.split("=") for part in layout.split(","))["dp"])
+    from agents.layout.spec import parse_layout
+
+    dp = parse_layout(layout).modules[0].dp
     command = [sys.executable, "-m", "dynaplane", "train", "--model", MODEL, "--layout", layout,
                "--steps", str(steps), "--global-batch", str(global_batch), "--seq", str(seq),
                "--micro-batches", str(global_batch // (MICRO_BATCH * dp)), "--timeout", "1800", "--json"]
