@@ -40,6 +40,9 @@ EMULATOR_DEVICES = ("a100", "h100", "h200", "b200", "cpu")
 RECOMPUTE_MODES = ("none", "selective", "full")
 
 HEARTBEAT_SECONDS = 2.0
+# A checkpoint folder is complete once its ranks wrote this file (agents/runtime/checkpoints.py);
+# the control plane checks for it before a job resumes from the folder.
+CHECKPOINT_COMPLETE_MARKER = "complete.json"
 PROTOCOL_VERSION = 1
 
 NODE_NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")

@@ -19,7 +19,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from dynaplane.processes import Child, stop_in_tiers
+from agents.processes import Child, stop_in_tiers
 
 READY_TIMEOUT_SECONDS = 90.0
 

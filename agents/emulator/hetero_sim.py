@@ -29,7 +29,7 @@ from agents.emulator.costs import op_seconds
 from agents.emulator.devices import DeviceProfile
 from agents.emulator.errors import require
 from agents.emulator.hetero_trace import HeteroTrace
-from agents.emulator.simulate import BREAKDOWN, PARTS, RECOMPUTE, SimResult, _stage_cost, simulate
+from agents.emulator.simulate import BREAKDOWN, PARTS, RECOMPUTE, SimResult, stage_cost, simulate
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def simulate_hetero(trace: HeteroTrace, profile: DeviceProfile, gpus_per_node: i
     c = chunks if chunks is not None else encoder_chunks(trace.encoder_samples, m, trace.colocated)
     require(isinstance(c, int) and c >= 1 and m % c == 0, f"chunks={c!r} must be a positive divisor of {m} micro-batches")
     require(c == 1 or not trace.colocated, "a colocated encoder runs its share in one piece (chunks=1)")
-    enc = _stage_cost(trace.encoder, profile, gpus_per_node, recompute)
+    enc = stage_cost(trace.encoder, profile, gpus_per_node, recompute)
     bf = boundary_seconds(trace.boundary_forward, profile, gpus_per_node)
     bb = boundary_seconds(trace.boundary_backward, profile, gpus_per_node)
     sync = sum(s for s, _ in enc.grad_buckets)

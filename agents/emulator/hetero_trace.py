@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 
 from agents.emulator.errors import EmulatorError, require
-from agents.emulator.trace import CommOp, StageTrace, Trace, _op_from_dict, _op_to_dict, _stage_from_dict, _stage_to_dict
+from agents.emulator.trace import CommOp, StageTrace, Trace, op_from_dict, op_to_dict, stage_from_dict, stage_to_dict
 
 FORMAT_VERSION = 1
 
@@ -65,9 +65,9 @@ class HeteroTrace:
     def to_json(self) -> str:
         data = {k: getattr(self, k) for k in ("model", "layout", "colocated", "encoder_tp", "encoder_dp",
                                               "encoder_zero", "encoder_samples", "image_tokens")}
-        data.update(version=FORMAT_VERSION, encoder=_stage_to_dict(self.encoder), llm=self.llm.to_dict(),
-                    boundary_forward=[[_op_to_dict(op) for op in ops] for ops in self.boundary_forward],
-                    boundary_backward=[[_op_to_dict(op) for op in ops] for ops in self.boundary_backward])
+        data.update(version=FORMAT_VERSION, encoder=stage_to_dict(self.encoder), llm=self.llm.to_dict(),
+                    boundary_forward=[[op_to_dict(op) for op in ops] for ops in self.boundary_forward],
+                    boundary_backward=[[op_to_dict(op) for op in ops] for ops in self.boundary_backward])
         return json.dumps(data, separators=(",", ":"))
 
     @classmethod
@@ -78,8 +78,8 @@ class HeteroTrace:
             raise EmulatorError(f"hetero trace is not JSON: {exc}") from exc
         version = data.pop("version", None)
         require(version == FORMAT_VERSION, f"hetero trace format version={version!r}, this code reads {FORMAT_VERSION}")
-        data["encoder"] = _stage_from_dict(data["encoder"])
+        data["encoder"] = stage_from_dict(data["encoder"])
         data["llm"] = Trace.from_dict(data["llm"])
         for key in ("boundary_forward", "boundary_backward"):
-            data[key] = tuple(tuple(_op_from_dict(op) for op in ops) for ops in data[key])
+            data[key] = tuple(tuple(op_from_dict(op) for op in ops) for ops in data[key])
         return cls(**data)

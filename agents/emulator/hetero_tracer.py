@@ -34,8 +34,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from agents.emulator.errors import EmulatorError
 from agents.emulator.hetero_trace import HeteroTrace
 from agents.emulator.recorder import CommRecord, OpRecorder, ignoring_sharding_propagation
-from agents.emulator.trace import CommOp, StageMemory, Trace, _stage_from_dict, _stage_to_dict
-from agents.emulator.tracer import (TRACER_VERSION, TraceRequest, _fake_shards, _stage_trace, _static_bytes,
+from agents.emulator.trace import CommOp, StageMemory, Trace, stage_from_dict, stage_to_dict
+from agents.emulator.tracer import (TRACER_VERSION, TraceRequest, fake_shards, build_stage_trace, trainer_static_bytes,
                                     cache_dir, in_fresh_processes)
 from agents.layout.catalog import get_config, get_model
 from agents.layout.errors import LayoutError
@@ -156,11 +156,11 @@ def trace_hetero(request: HeteroTraceRequest, *, use_cache: bool = True, progres
 
 
 def _part_to_dict(part: dict) -> dict:
-    return {"stage": _stage_to_dict(part["stage"]), "samples": part["samples"]}
+    return {"stage": stage_to_dict(part["stage"]), "samples": part["samples"]}
 
 
 def _part_from_dict(data: dict) -> dict:
-    return {"stage": _stage_from_dict(data["stage"]), "samples": data["samples"]}
+    return {"stage": stage_from_dict(data["stage"]), "samples": data["samples"]}
 
 
 def _trace_roles(request: HeteroTraceRequest, classes: dict[tuple, list[int]], progress) -> dict[tuple, dict]:
@@ -213,7 +213,7 @@ def _trace_role(request: HeteroTraceRequest, role: str, stage: int) -> dict:
                              micro_batches=request.micro_batches)
         with FakeTensorMode(allow_non_fake_inputs=True):
             try:
-                trainer = HeteroTrainer(config, request.layout, rank, _fake_shards(spec, placement, rank),
+                trainer = HeteroTrainer(config, request.layout, rank, fake_shards(spec, placement, rank),
                                         meshes=meshes, check_plan=False)
             except (TrainingError, LayoutError) as exc:
                 raise EmulatorError(f"cannot trace {request.layout}: {exc}") from exc
@@ -258,7 +258,7 @@ def _encoder_part(trainer, request: HeteroTraceRequest, dims, rank: int) -> dict
     """The encoder rank's step: encoder forward over its share, boundary forward, boundary +
     encoder backward, encoder optimizer step."""
     v = trainer.mc.encoder
-    static = _static_bytes(SimpleNamespace(optimizer=trainer.enc_optimizer), trainer.enc_ml.zero)
+    static = trainer_static_bytes(SimpleNamespace(optimizer=trainer.enc_optimizer), trainer.enc_ml.zero)
     recorder = OpRecorder()
     with ignoring_sharding_propagation(recorder), recorder:
         x = trainer._encode()
@@ -278,7 +278,7 @@ def _encoder_part(trainer, request: HeteroTraceRequest, dims, rank: int) -> dict
     memory = _memory(static, activations, fwd_bwd_peak, recorder.peak, grads_live,
                      v.layers * samples * v.positions * v.hidden * 2)
     fake = TraceRequest(request.model, request.layout, max(samples, 1), v.positions, 1, request.gpus_per_node)
-    stage = _stage_trace(module, 0, trainer.enc_ml, dims, memory, fake, v.hidden)
+    stage = build_stage_trace(module, 0, trainer.enc_ml, dims, memory, fake, v.hidden)
     _check_boundary(request, rank, bf, bb)
     return {"stage": stage, "samples": samples}
 
@@ -291,7 +291,7 @@ def _llm_part(trainer, request: HeteroTraceRequest, stage: int, dims, rank: int)
     positions = image + request.seq
     mb = request.micro_batch
     first, last = stage == 0, stage == ml.pp - 1
-    static = _static_bytes(SimpleNamespace(optimizer=trainer.llm_optimizer), ml.zero)
+    static = trainer_static_bytes(SimpleNamespace(optimizer=trainer.llm_optimizer), ml.zero)
     x = trainer._encode()  # a colocated rank's encoder work: the encoder class records it
     recorder = OpRecorder()
     with ignoring_sharding_propagation(recorder), recorder:
@@ -331,14 +331,14 @@ def _llm_part(trainer, request: HeteroTraceRequest, stage: int, dims, rank: int)
     layers = layer_stages(mc.llm.layers, ml.pp).count(stage)
     memory = _memory(static, activations, fwd_bwd_peak, step_peak, grads_live, layers * mb * positions * hidden * 2)
     fake = TraceRequest(request.model, request.layout, mb, positions, request.micro_batches, request.gpus_per_node)
-    traced = _stage_trace(module, stage, _Flat(ml), dims, memory, fake, hidden)
+    traced = build_stage_trace(module, stage, _Flat(ml), dims, memory, fake, hidden)
     _check_boundary(request, rank, bf, bb)
     return {"stage": _offset_p2p(traced, ml, stage, request.gpus_per_node), "samples": 0}
 
 
 @dataclass(frozen=True)
 class _Flat:
-    """The module layout as tracer._stage_trace reads it (pp, dp, tp, zero)."""
+    """The module layout as tracer.build_stage_trace reads it (pp, dp, tp, zero)."""
     tp: int
     pp: int
     dp: int

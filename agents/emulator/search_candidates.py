@@ -3,16 +3,16 @@ setting, run on an agent (task emulate.search), never in the web process (it nee
 tracer's modules, and torch with them).
 
 Only the cheap half of `dynaplane search` runs here: enumerate the layouts the trainer can
-run (search.candidate_layouts, the page's micro-batch only) and rank them by the static
-state check (search.ranked_candidates). The page then emulates the first 3 x K as one
-comparison on the agents and keeps the K fastest that fit (search.top_fitting, in JS
+run (search_space.candidate_layouts, the page's micro-batch only) and rank them by the static
+state check (search_space.ranked_candidates). The page then emulates the first 3 x K as one
+comparison on the agents and keeps the K fastest that fit (search_space.top_fitting, in JS
 compare-store.js searchTop): emulating them one after another here would take minutes.
 """
 from __future__ import annotations
 
 from agents.emulator.devices import get_profile
 from agents.emulator.errors import EmulatorError
-from agents.emulator.search import SearchRequest, candidate_layouts, ranked_candidates
+from agents.emulator.search_space import SearchRequest, candidate_layouts, ranked_candidates
 from agents.layout.errors import LayoutError
 
 TRIED_PER_KEPT = 3  # candidates emulated per layout the page keeps

@@ -160,7 +160,7 @@ def _overlapped_end(begin: float, seconds: float, compute_end: float, overlap: f
 
 
 @dataclass
-class _StageCost:
+class StageCost:
     forward: _Phase
     backward: _Phase
     grad_ready: list[float]            # offset in the backward at which each bucket is issued
@@ -174,7 +174,7 @@ class _StageCost:
     activations: int
 
 
-def _stage_cost(stage: StageTrace, profile: DeviceProfile, gpn: int, recompute: str) -> _StageCost:
+def stage_cost(stage: StageTrace, profile: DeviceProfile, gpn: int, recompute: str) -> StageCost:
     cache: dict[int, float] = {}
 
     def seconds(op: Op) -> float:
@@ -232,7 +232,7 @@ def _stage_cost(stage: StageTrace, profile: DeviceProfile, gpn: int, recompute: 
         else:
             optimizer["dp_comm"] += blocking
         ready, grad_buckets = [], []
-    return _StageCost(forward, backward, ready, grad_buckets,
+    return StageCost(forward, backward, ready, grad_buckets,
                       p2p(stage.forward, "send"), p2p(stage.forward, "recv"),
                       p2p(stage.backward, "send"), p2p(stage.backward, "recv"),
                       optimizer, steps, stage.memory.activations(recompute))
@@ -272,7 +272,7 @@ def simulate(trace: Trace, profile: DeviceProfile, gpus_per_node: int = 8, recom
     require(input_ready is None or (len(input_ready) == m and all(t >= 0 for t in input_ready)),
             f"input_ready must hold {m} times >= 0, one per micro-batch")
     K = pp * vpp
-    costs = [_stage_cost(s, profile, gpus_per_node, recompute) for s in trace.stages]
+    costs = [stage_cost(s, profile, gpus_per_node, recompute) for s in trace.stages]
     orders = rank_orders(pp, vpp, m)
     fwd_edge = [max(costs[k].f_send, costs[k + 1].f_recv) for k in range(K - 1)]
     bwd_edge = [max(costs[k + 1].b_send, costs[k].b_recv) for k in range(K - 1)]
@@ -349,7 +349,7 @@ def simulate(trace: Trace, profile: DeviceProfile, gpus_per_node: int = 8, recom
                      profile.hbm_bytes, tuple(sorted(events, key=lambda e: (e.start, e.rank))))
 
 
-def _memory(trace: Trace, r: int, order, costs: list[_StageCost], breakdown: dict[str, float],
+def _memory(trace: Trace, r: int, order, costs: list[StageCost], breakdown: dict[str, float],
             end_seconds: float) -> StageResult:
     """Static state summed over the rank's chunks; activations from walking its order
     (a forward allocates its micro-batch's activations, the backward frees them)."""

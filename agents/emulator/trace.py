@@ -260,7 +260,7 @@ class Trace:
     # --- JSON (the tracer caches traces on disk) ----------------------------------
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "stages"}
-        out["stages"] = [_stage_to_dict(s) for s in self.stages]
+        out["stages"] = [stage_to_dict(s) for s in self.stages]
         out["version"] = FORMAT_VERSION
         return out
 
@@ -272,7 +272,7 @@ class Trace:
         data = dict(data)
         version = data.pop("version", FORMAT_VERSION)
         require(version == FORMAT_VERSION, f"trace format version={version!r}, this code reads {FORMAT_VERSION}")
-        stages = tuple(_stage_from_dict(s) for s in data.pop("stages"))
+        stages = tuple(stage_from_dict(s) for s in data.pop("stages"))
         return cls(stages=stages, **data)
 
     @classmethod
@@ -284,11 +284,11 @@ class Trace:
         return cls.from_dict(data)
 
 
-def _op_to_dict(op: Op) -> dict:
+def op_to_dict(op: Op) -> dict:
     return {"op": "compute" if isinstance(op, ComputeOp) else "comm", **asdict(op)}
 
 
-def _op_from_dict(data: dict) -> Op:
+def op_from_dict(data: dict) -> Op:
     data = dict(data)
     which = data.pop("op", None)
     if which == "compute":
@@ -298,19 +298,19 @@ def _op_from_dict(data: dict) -> Op:
     raise EmulatorError(f"op type {which!r} is neither 'compute' nor 'comm'")
 
 
-def _stage_to_dict(stage: StageTrace) -> dict:
+def stage_to_dict(stage: StageTrace) -> dict:
     out = {f: getattr(stage, f) for f in ("stage", "grad_sync_after", "grad_sync_each_microbatch",
                                           "param_sync_phase", "param_sync_at")}
     for key in ("forward", "backward", "optimizer", "grad_sync", "param_sync"):
-        out[key] = [_op_to_dict(op) for op in getattr(stage, key)]
+        out[key] = [op_to_dict(op) for op in getattr(stage, key)]
     out["memory"] = asdict(stage.memory)
     return out
 
 
-def _stage_from_dict(data: dict) -> StageTrace:
+def stage_from_dict(data: dict) -> StageTrace:
     data = dict(data)
     for key in ("forward", "backward", "optimizer", "grad_sync", "param_sync"):
-        data[key] = tuple(_op_from_dict(op) for op in data.get(key, ()))
+        data[key] = tuple(op_from_dict(op) for op in data.get(key, ()))
     data["memory"] = StageMemory(**data["memory"])
     return StageTrace(**data)
 

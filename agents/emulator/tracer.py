@@ -35,11 +35,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from agents.emulator.errors import EmulatorError
 from agents.emulator.recorder import CommRecord, ComputeRecord, OpRecorder, ignoring_sharding_propagation
-from agents.emulator.trace import CommOp, ComputeOp, StageMemory, StageTrace, Trace, _stage_from_dict, _stage_to_dict
+from agents.emulator.trace import CommOp, ComputeOp, StageMemory, StageTrace, Trace, stage_from_dict, stage_to_dict
 from agents.engine.shards import DTYPES, LocalShard, box_shape, rank_boxes
 from agents.layout.catalog import get_config, get_model
 from agents.layout.placement import layer_stages, place
-from agents.training.parallel import LayoutMeshes, ParallelTrainer, TrainConfig, TrainingError, _loss
+from agents.training.parallel import LayoutMeshes, ParallelTrainer, TrainConfig, TrainingError, cross_entropy_loss
 
 TRACER_VERSION = 8  # 2: activations_full; vpp traced as pp*vpp flat stages; 3: DTensor dispatch as host ops;
 # 4: causal attention FLOPs, sequence parallelism; 5: matmul operand forms; 6: reduce-scatter bytes = its input;
@@ -159,20 +159,20 @@ def in_fresh_processes(calls: dict, progress=None, what: str = "stage class") ->
 def _trace_classes(config: TrainConfig, request: TraceRequest, classes: dict[tuple, list[int]], progress):
     """One fresh process per stage class."""
     calls = {key: (_trace_stage_dict, (config, request, members[0])) for key, members in classes.items()}
-    return {key: _stage_from_dict(d) for key, d in in_fresh_processes(calls, progress).items()}
+    return {key: stage_from_dict(d) for key, d in in_fresh_processes(calls, progress).items()}
 
 
 def _trace_stage_dict(config: TrainConfig, request: TraceRequest, stage: int) -> dict:
     torch.set_num_threads(1)
     try:
-        return _stage_to_dict(_trace_stage(config, request, stage))
+        return stage_to_dict(_trace_stage(config, request, stage))
     except EmulatorError:
         raise
     except Exception as exc:  # torch errors may hold objects that cannot cross a process boundary
         raise EmulatorError(f"tracing {request.layout} (stage {stage}) failed: {type(exc).__name__}: {exc}") from None
 
 
-def _fake_shards(spec, placement, rank: int) -> dict:
+def fake_shards(spec, placement, rank: int) -> dict:
     return {key: LocalShard(spec.tensors[key[0]], key[1], box,
                             torch.empty(box_shape(spec.tensors[key[0]], box), dtype=DTYPES[key[1]]))
             for key, box in rank_boxes(placement, rank).items()}
@@ -196,7 +196,7 @@ def _trace_stage(config: TrainConfig, request: TraceRequest, stage: int) -> Stag
                 for name in ("tp", "dp", "pp")}
         with FakeTensorMode(allow_non_fake_inputs=True) as fake_mode:
             try:
-                trainer = ParallelTrainer(config, request.layout, rank, _fake_shards(spec, placement, rank),
+                trainer = ParallelTrainer(config, request.layout, rank, fake_shards(spec, placement, rank),
                                           meshes=meshes)
             except TrainingError as exc:
                 raise EmulatorError(f"cannot trace {request.layout}: {exc}") from exc
@@ -209,7 +209,7 @@ def _run_one_microbatch(trainer: ParallelTrainer, request: TraceRequest, stage: 
                         fake_mode) -> StageTrace:
     hidden = get_config(request.model).llm.hidden
     first, last = stage == 0, stage == ml.pp - 1
-    static = _static_bytes(trainer, ml.zero)
+    static = trainer_static_bytes(trainer, ml.zero)
     positions = _positions_between_stages(request, ml)
     recorder = OpRecorder()
     with ignoring_sharding_propagation(recorder), recorder:
@@ -220,7 +220,7 @@ def _run_one_microbatch(trainer: ParallelTrainer, request: TraceRequest, stage: 
         recorder.track(x)
         out = trainer.stage(x)
         if last:
-            out = _loss(out, torch.zeros(request.micro_batch, request.seq, dtype=torch.long))
+            out = cross_entropy_loss(out, torch.zeros(request.micro_batch, request.seq, dtype=torch.long))
         activations = recorder.live
         recorder.set_phase("backward")
         out.backward(None if last else torch.empty_like(out))
@@ -243,7 +243,7 @@ def _run_one_microbatch(trainer: ParallelTrainer, request: TraceRequest, stage: 
     memory = StageMemory(params=static["params"], grads=grads, optimizer=static["optimizer"],
                          activations_per_microbatch=int(activation_bytes), temporary=int(temporary),
                          activations_full=full)
-    return _stage_trace(recorder.records, stage, ml, dims, memory, request, hidden)
+    return build_stage_trace(recorder.records, stage, ml, dims, memory, request, hidden)
 
 
 def _positions_between_stages(request: TraceRequest, ml) -> int:
@@ -251,7 +251,7 @@ def _positions_between_stages(request: TraceRequest, ml) -> int:
     return request.seq // ml.tp if request.sequence_parallel and ml.tp > 1 else request.seq
 
 
-def _static_bytes(trainer: ParallelTrainer, zero: int) -> dict[str, int]:
+def trainer_static_bytes(trainer: ParallelTrainer, zero: int) -> dict[str, int]:
     """Bytes of the trainer's own state tensors (exact: their sizes)."""
     def nbytes(t) -> int:
         local = t.to_local() if hasattr(t, "to_local") else t
@@ -269,7 +269,7 @@ def _static_bytes(trainer: ParallelTrainer, zero: int) -> dict[str, int]:
     return {"params": int(params), "grads": int(grads), "optimizer": int(optimizer)}
 
 
-def _stage_trace(records, stage: int, ml, dims, memory: StageMemory, request: TraceRequest, hidden: int) -> StageTrace:
+def build_stage_trace(records, stage: int, ml, dims, memory: StageMemory, request: TraceRequest, hidden: int) -> StageTrace:
     by_ranks = {ranks: dim for dim, ranks in dims.items()}
     gpn = request.gpus_per_node
     phases: dict[str, list] = {"forward": [], "backward": [], "step": []}

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agents.layout.errors import _require
+from agents.layout.errors import require
 from agents.layout.routing import Pieces, route
 from agents.layout.shards import HolderBoxes, chunk
 from agents.layout.spec import ModuleLayout
@@ -47,13 +47,13 @@ class ActivationShape:
     def __post_init__(self) -> None:
         for key in ("batch", "tokens", "hidden"):
             value = getattr(self, key)
-            _require(isinstance(value, int) and value >= 1, f"activation {key}={value} must be a positive integer")
+            require(isinstance(value, int) and value >= 1, f"activation {key}={value} must be a positive integer")
 
 
 def activation_holders(ml: ModuleLayout, shape: ActivationShape, stage: int) -> HolderBoxes:
     """The non-empty boxes of an activation on pipeline stage `stage` of module layout `ml`,
     one row per holder rank, sorted by rank."""
-    _require(0 <= stage < ml.pp, f"stage {stage} is not a pipeline stage of {ml.module} (pp={ml.pp})")
+    require(0 <= stage < ml.pp, f"stage {stage} is not a pipeline stage of {ml.module} (pp={ml.pp})")
     dp_rank, cp_rank, tp_rank = (g.ravel() for g in np.meshgrid(
         np.arange(ml.dp), np.arange(ml.cp), np.arange(ml.tp), indexing="ij"))
     rank = ml.offset + tp_rank + ml.tp * (cp_rank + ml.cp * (dp_rank + ml.dp * stage))

@@ -1,66 +1,15 @@
-"""Model catalog: named architectures (or a Hugging Face config.json) as logical tensors."""
+"""Model catalog: named architectures (or a Hugging Face config.json) as logical tensors.
+The configs themselves are model_config.py's (re-exported here for the callers)."""
 from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from agents.layout.errors import LayoutError, _require
+from agents.layout.errors import LayoutError, require
+from agents.layout.hf_config import load_hf_config
+from agents.layout.model_config import DecoderConfig, ModelConfig, VisionConfig
 from agents.layout.tensors import Model, ModuleSpec, Place, TensorSpec, TensorSplit
-
-
-@dataclass(frozen=True, slots=True)
-class DecoderConfig:
-    """A decoder-only LLM. style "llama": RMSNorm, SwiGLU, RoPE; "gpt": LayerNorm+bias, GELU, learned positions."""
-
-    style: str
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    ffn: int  # dense MLP width (GPT: 4*hidden); unused when every layer is MoE
-    vocab: int
-    tied: bool = False
-    positions: int = 0  # rows of the learned position table (gpt style only)
-    qkv_bias: bool = False
-    o_bias: bool = False
-    mlp_bias: bool = False
-    qk_norm: bool = False  # Qwen3's per-head RMSNorm on q and k
-    experts: int = 0
-    top_k: int = 0
-    moe_ffn: int = 0
-    dense_layers: frozenset[int] = field(default_factory=frozenset)  # MoE models: layers with a dense MLP
-
-    def is_moe_layer(self, i: int) -> bool:
-        return self.experts > 0 and i not in self.dense_layers
-
-
-@dataclass(frozen=True, slots=True)
-class VisionConfig:
-    """A ViT tower (pre-LN, class token, learned positions) plus a 2-layer MLP projector into the LLM."""
-
-    hidden: int
-    layers: int
-    heads: int
-    mlp: int
-    patch: int
-    image: int
-    channels: int
-    proj_out: int  # the LLM's hidden size
-
-    @property
-    def positions(self) -> int:
-        return (self.image // self.patch) ** 2 + 1  # patches + class token
-
-
-@dataclass(frozen=True, slots=True)
-class ModelConfig:
-    name: str
-    family: str
-    llm: DecoderConfig
-    encoder: VisionConfig | None = None
-    description: str = ""
 
 
 def _t(name: str, shape: tuple[int, ...], module: str, *, layer: int | None = None, place: Place | None = None,
@@ -120,7 +69,7 @@ def _llama_layer(c: DecoderConfig, i: int) -> list[TensorSpec]:
 
 
 def _decoder_tensors(c: DecoderConfig) -> list[TensorSpec]:
-    _require(c.style in ("llama", "gpt"), f"unknown decoder style {c.style!r}")
+    require(c.style in ("llama", "gpt"), f"unknown decoder style {c.style!r}")
     embed_place: Place = "first+last" if c.tied else "first"  # tied: one logical tensor on both end stages
     out = [_t("llm.embed.weight", (c.vocab, c.hidden), "llm", place=embed_place, tp_dim=0)]
     if c.style == "gpt":
@@ -164,12 +113,12 @@ def _encoder_tensors(v: VisionConfig) -> list[TensorSpec]:
 def build_model(config: ModelConfig) -> Model:
     """The logical tensors of a config, in the one global order: encoder first, then llm."""
     c, v = config.llm, config.encoder
-    _require(c.heads % c.kv_heads == 0, f"{config.name}: heads {c.heads} not a multiple of kv_heads {c.kv_heads}")
+    require(c.heads % c.kv_heads == 0, f"{config.name}: heads {c.heads} not a multiple of kv_heads {c.kv_heads}")
     modules: list[ModuleSpec] = []
     tensors: list[TensorSpec] = []
     if v is not None:
-        _require(v.hidden % v.heads == 0, f"{config.name}: encoder hidden {v.hidden} not a multiple of {v.heads} heads")
-        _require(v.image % v.patch == 0, f"{config.name}: image {v.image} not a multiple of patch {v.patch}")
+        require(v.hidden % v.heads == 0, f"{config.name}: encoder hidden {v.hidden} not a multiple of {v.heads} heads")
+        require(v.image % v.patch == 0, f"{config.name}: image {v.image} not a multiple of patch {v.patch}")
         modules.append(ModuleSpec("encoder", v.layers, v.heads, v.heads))
         tensors += _encoder_tensors(v)
     modules.append(ModuleSpec("llm", c.layers, c.heads, c.kv_heads, c.experts))
@@ -251,7 +200,6 @@ def get_config(name_or_path: str) -> ModelConfig:
 @functools.lru_cache(maxsize=64)
 def _load_hf(path: str, mtime_ns: int, size: int) -> ModelConfig:
     # Keyed on mtime and size as well, so a config.json edited in place is read again.
-    from agents.layout.hf_config import load_hf_config  # local: hf_config imports this module's dataclasses
 
     return load_hf_config(path)
 

@@ -6,6 +6,7 @@ class LayoutError(ValueError):
     """Bad user input to the layout core; the message names the rule and the values."""
 
 
-def _require(condition: bool, message: str) -> None:
+def require(condition: bool, message: str) -> None:
+    """Raise LayoutError(message) unless `condition` holds."""
     if not condition:
         raise LayoutError(message)

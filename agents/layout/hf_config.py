@@ -5,8 +5,8 @@ import json
 import os
 from typing import Any
 
-from agents.layout.catalog import DecoderConfig, ModelConfig
 from agents.layout.errors import LayoutError
+from agents.layout.model_config import DecoderConfig, ModelConfig
 
 SUPPORTED_TYPES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt2")
 # transformers' per-class defaults for keys a config.json may leave out (shape keys have none: they are required).

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from agents.layout.errors import LayoutError, _require
+from agents.layout.errors import LayoutError, require
 from agents.layout.spec import DEFAULT_MODULE, Layout, ModuleLayout, parse_layout
 from agents.layout.tensors import Model, ModuleSpec, TensorSpec
 
@@ -28,16 +28,16 @@ def layer_stages(num_layers: int, pp: int, vpp: int = 1) -> tuple[int, ...]:
 
 def _check_module(module: ModuleSpec, ml: ModuleLayout) -> None:
     tp, name = ml.tp, module.name
-    _require(module.num_heads % tp == 0, f"tp={tp} does not divide {module.num_heads} attention heads ({name})")
+    require(module.num_heads % tp == 0, f"tp={tp} does not divide {module.num_heads} attention heads ({name})")
     kv = module.num_kv_heads
-    _require(kv % tp == 0 or tp % kv == 0,
+    require(kv % tp == 0 or tp % kv == 0,
              f"tp={tp} and {kv} kv heads: one must divide the other ({name})")
-    _require(ml.pp * ml.vpp <= module.num_layers,
+    require(ml.pp * ml.vpp <= module.num_layers,
              f"pp*vpp={ml.pp * ml.vpp} exceeds the {module.num_layers} layers of {name}")
     if module.num_experts:
-        _require(module.num_experts % ml.ep == 0, f"ep={ml.ep} does not divide {module.num_experts} experts ({name})")
+        require(module.num_experts % ml.ep == 0, f"ep={ml.ep} does not divide {module.num_experts} experts ({name})")
     else:
-        _require(ml.ep == 1, f"ep={ml.ep} but {name} has no experts")
+        require(ml.ep == 1, f"ep={ml.ep} but {name} has no experts")
 
 
 def replicated_kv_heads(placement: "Placement") -> str | None:

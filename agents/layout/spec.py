@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from agents.layout.errors import LayoutError, _require
+from agents.layout.errors import LayoutError, require
 
 _INT_KEYS = ("tp", "pp", "vpp", "dp", "cp", "ep", "zero")
 _MODULE_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
@@ -40,14 +40,14 @@ class ModuleLayout:
     def __post_init__(self) -> None:
         for key in ("tp", "pp", "vpp", "dp", "cp", "ep"):
             value = getattr(self, key)
-            _require(isinstance(value, int) and value >= 1, f"{key}={value} must be a positive integer")
-        _require(self.zero in (0, 1, 2, 3), f"zero={self.zero} must be 0, 1, 2 or 3")
-        _require(self.vpp == 1 or self.pp > 1, f"vpp={self.vpp} needs pp > 1 (pp={self.pp})")
-        _require(
+            require(isinstance(value, int) and value >= 1, f"{key}={value} must be a positive integer")
+        require(self.zero in (0, 1, 2, 3), f"zero={self.zero} must be 0, 1, 2 or 3")
+        require(self.vpp == 1 or self.pp > 1, f"vpp={self.vpp} needs pp > 1 (pp={self.pp})")
+        require(
             (self.dp * self.cp) % self.ep == 0,
             f"ep={self.ep} must divide dp*cp={self.dp * self.cp} (dp={self.dp}, cp={self.cp})",
         )
-        _require(self.first_rank is None or self.first_rank >= 0, f"first rank {self.first_rank} < 0")
+        require(self.first_rank is None or self.first_rank >= 0, f"first rank {self.first_rank} < 0")
 
     @property
     def world(self) -> int:
@@ -79,25 +79,25 @@ class Layout:
     modules: tuple[ModuleLayout, ...]
 
     def __post_init__(self) -> None:
-        _require(len(self.modules) >= 1, "a layout needs at least one module")
+        require(len(self.modules) >= 1, "a layout needs at least one module")
         names = [m.module for m in self.modules]
-        _require(len(set(names)) == len(names), f"module names repeat: {names}")
+        require(len(set(names)) == len(names), f"module names repeat: {names}")
         placed = [m.first_rank is not None for m in self.modules]
         if len(self.modules) > 1:
-            _require(
+            require(
                 all(placed) or not any(placed),
                 "give ranks= for every module (non-colocated) or for none (colocated)",
             )
         if not any(placed):
             worlds = {m.module: m.world for m in self.modules}
-            _require(
+            require(
                 len(set(worlds.values())) == 1,
                 f"colocated modules must span the same number of ranks: {worlds}",
             )
         else:
             spans = sorted((m.offset, m.last_rank, m.module) for m in self.modules)
             for (a0, a1, an), (b0, b1, bn) in zip(spans, spans[1:]):
-                _require(b0 > a1, f"rank ranges overlap: {an} {a0}-{a1} and {bn} {b0}-{b1}")
+                require(b0 > a1, f"rank ranges overlap: {an} {a0}-{a1} and {bn} {b0}-{b1}")
 
     @property
     def world(self) -> int:
@@ -120,26 +120,26 @@ class Layout:
 
 
 def _parse_module(text: str, module: str) -> ModuleLayout:
-    _require(text.strip() != "", f"module {module!r} has an empty layout")
+    require(text.strip() != "", f"module {module!r} has an empty layout")
     values: dict[str, int] = {}
     first_rank: int | None = None
     last_rank: int | None = None
     for item in text.split(","):
         key, sep, raw = (s.strip() for s in item.partition("="))
-        _require(sep == "=", f"{item.strip()!r} is not key=value")
-        _require(key not in values and not (key == "ranks" and first_rank is not None), f"key {key!r} given twice")
+        require(sep == "=", f"{item.strip()!r} is not key=value")
+        require(key not in values and not (key == "ranks" and first_rank is not None), f"key {key!r} given twice")
         if key == "ranks":
             match = _RANKS_RE.match(raw)
-            _require(match is not None, f"ranks={raw} is not a range a-b")
+            require(match is not None, f"ranks={raw} is not a range a-b")
             first_rank, last_rank = int(match.group(1)), int(match.group(2))
-            _require(last_rank >= first_rank, f"ranks={raw} ends before it starts")
+            require(last_rank >= first_rank, f"ranks={raw} ends before it starts")
             continue
-        _require(key in _INT_KEYS, f"unknown key {key!r}; known keys: {', '.join(_INT_KEYS)}, ranks")
-        _require(raw.isdigit(), f"{key}={raw} is not a non-negative integer")
+        require(key in _INT_KEYS, f"unknown key {key!r}; known keys: {', '.join(_INT_KEYS)}, ranks")
+        require(raw.isdigit(), f"{key}={raw} is not a non-negative integer")
         values[key] = int(raw)
     layout = ModuleLayout(module=module, first_rank=first_rank, **values)
     if last_rank is not None:
-        _require(
+        require(
             last_rank - layout.offset + 1 == layout.world,
             f"ranks={first_rank}-{last_rank} holds {last_rank - layout.offset + 1} ranks but "
             f"tp*pp*dp*cp={layout.world}",
@@ -149,15 +149,15 @@ def _parse_module(text: str, module: str) -> ModuleLayout:
 
 def parse_layout(text: str) -> Layout:
     """Parse a layout string; raise LayoutError naming the broken rule and its values."""
-    _require(isinstance(text, str) and text.strip() != "", "layout string is empty")
+    require(isinstance(text, str) and text.strip() != "", "layout string is empty")
     sections = [s.strip() for s in text.strip().split(";")]
     modules = []
     for section in sections:
         name, sep, body = section.partition(":")
         if not sep:
-            _require(len(sections) == 1, f"section {section!r} of a multi-module layout needs 'module:'")
+            require(len(sections) == 1, f"section {section!r} of a multi-module layout needs 'module:'")
             name, body = DEFAULT_MODULE, section
         name = name.strip()
-        _require(bool(_MODULE_RE.match(name)), f"module name {name!r} must be lowercase letters, digits, '_'")
+        require(bool(_MODULE_RE.match(name)), f"module name {name!r} must be lowercase letters, digits, '_'")
         modules.append(_parse_module(body, name))
     return Layout(tuple(modules))

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from agents.layout.errors import _require
+from agents.layout.errors import require
 
 Place = Literal["first", "last", "first+last"]
 STATES: tuple[str, ...] = ("param", "master", "exp_avg", "exp_avg_sq")
@@ -28,9 +28,9 @@ class TensorSplit:
     ep_dim: int | None
 
     def __post_init__(self) -> None:
-        _require((self.layer is None) != (self.place is None), f"exactly one of layer/place: {self}")
-        _require(self.ep_dim in (None, 0), f"ep_dim must be 0 or None: {self}")
-        _require(self.tp_units is None or self.tp_dim is not None, f"tp_units without tp_dim: {self}")
+        require((self.layer is None) != (self.place is None), f"exactly one of layer/place: {self}")
+        require(self.ep_dim in (None, 0), f"ep_dim must be 0 or None: {self}")
+        require(self.tp_units is None or self.tp_dim is not None, f"tp_units without tp_dim: {self}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,11 +40,11 @@ class TensorSpec:
     split: TensorSplit
 
     def __post_init__(self) -> None:
-        _require(len(self.shape) >= 1 and all(n >= 1 for n in self.shape), f"{self.name}: bad shape {self.shape}")
+        require(len(self.shape) >= 1 and all(n >= 1 for n in self.shape), f"{self.name}: bad shape {self.shape}")
         if self.split.tp_dim is not None:
-            _require(self.split.tp_dim < len(self.shape), f"{self.name}: tp_dim {self.split.tp_dim} >= ndim")
+            require(self.split.tp_dim < len(self.shape), f"{self.name}: tp_dim {self.split.tp_dim} >= ndim")
             if self.split.tp_units:
-                _require(self.shape[self.split.tp_dim] % self.split.tp_units == 0,
+                require(self.shape[self.split.tp_dim] % self.split.tp_units == 0,
                          f"{self.name}: dim {self.split.tp_dim} ({self.shape[self.split.tp_dim]}) "
                          f"not a multiple of {self.split.tp_units} units")
 
@@ -80,10 +80,10 @@ class Model:
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tensors]
-        _require(len(set(names)) == len(names), f"{self.name}: duplicate tensor names")
+        require(len(set(names)) == len(names), f"{self.name}: duplicate tensor names")
         known = {m.name for m in self.modules}
         for t in self.tensors:
-            _require(t.split.module in known, f"{t.name}: unknown module {t.split.module!r}")
+            require(t.split.module in known, f"{t.name}: unknown module {t.split.module!r}")
 
     @property
     def param_count(self) -> int:

@@ -27,7 +27,7 @@ from agents import protocol
 from agents.engine.launch import RANK_MALLOC_ENV
 from agents.runtime.orphan import orphan_marker, recover_file
 from agents.runtime.worker import STOP_FILE, switch_file, switched_marker, transferring_marker
-from dynaplane.processes import Child
+from agents.processes import Child
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,9 @@ import shutil
 import time
 from pathlib import Path
 
-COMPLETE = "complete.json"
+from agents import protocol
+
+COMPLETE = protocol.CHECKPOINT_COMPLETE_MARKER
 SCALARS = "scalars.pt"
 KEEP = 3
 

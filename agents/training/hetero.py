@@ -46,7 +46,7 @@ from agents.training.boundary import Boundary
 from agents.training.data import SyntheticImages, SyntheticTokens
 from agents.training.image_text_stage import ImageTextStage, text_loss
 from agents.training.model import build_training_model
-from agents.training.parallel import StepResult, TrainConfig, TrainingError, TrainScalars, _device_type, _tp_plan
+from agents.training.parallel import StepResult, TrainConfig, TrainingError, TrainScalars, device_type, tp_plan
 from agents.training.zero import ParamSlot, ShardedAdamW, chunk_rows
 
 
@@ -84,7 +84,7 @@ def _encoder_tp_plan(layers: int) -> dict:
 def _mesh(ml: ModuleLayout) -> DeviceMesh:
     """(pp, dp, tp) over the module's ranks; collective: every rank builds every module's."""
     ranks = torch.arange(ml.offset, ml.offset + ml.world).view(ml.pp, ml.dp, ml.tp)
-    return DeviceMesh(_device_type(), ranks, mesh_dim_names=("pp", "dp", "tp"))
+    return DeviceMesh(device_type(), ranks, mesh_dim_names=("pp", "dp", "tp"))
 
 
 @dataclass(frozen=True)
@@ -194,7 +194,7 @@ class HeteroTrainer:
             self.pp_rank, self.llm_dp_rank, self.tp_rank = llm_coord
             self.llm_stage = ImageTextStage(model, self.pp_rank, self.llm_ml.pp)
             if self.llm_ml.tp > 1:
-                parallelize_module(self.llm_stage, llm_mesh["tp"], _tp_plan(self.llm_stage))
+                parallelize_module(self.llm_stage, llm_mesh["tp"], tp_plan(self.llm_stage))
             self.llm_optimizer = adopt(self.llm_stage, state["llm"], zero=self.llm_ml.zero, dp=self.llm_ml.dp,
                                        dp_rank=self.llm_dp_rank, group=llm_mesh["dp"].get_group(), config=config,
                                        step=self.scalars.step)
@@ -220,7 +220,7 @@ class HeteroTrainer:
     def _build_pipeline(self, group):
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-        stage = PipelineStage(self.llm_stage, self.pp_rank, self.llm_ml.pp, torch.device(_device_type()), group=group)
+        stage = PipelineStage(self.llm_stage, self.pp_rank, self.llm_ml.pp, torch.device(device_type()), group=group)
         micro = self.config.micro_batches
         schedule = Schedule1F1B if micro >= self.llm_ml.pp else ScheduleGPipe
         return schedule(stage, micro, loss_fn=lambda logits, y: text_loss(logits, y) / micro, scale_grads=False)

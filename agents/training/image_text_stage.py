@@ -2,7 +2,7 @@
 (received through the boundary, already in the LLM's layout) before the text embeddings.
 
 Parameter names stay the catalog's ("llm.layers.1.attn.q.weight"), and the attributes are
-those of DecoderStage (`first`, `last`, `llm.*`), so parallel._tp_plan applies as it is.
+those of DecoderStage (`first`, `last`, `llm.*`), so parallel.tp_plan applies as it is.
 The last stage predicts only the text positions: it drops the `image_tokens` leading
 positions before the final norm, as model.Decoder does.
 """

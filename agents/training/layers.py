@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from agents.layout.catalog import DecoderConfig
+from agents.layout.model_config import DecoderConfig
 from agents.training.moe import MoE
 
 Factory = dict[str, Any]  # {"device": ..., "dtype": ...}: passed to every parameter's constructor

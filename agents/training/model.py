@@ -7,13 +7,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from agents.layout.catalog import DecoderConfig, ModelConfig, VisionConfig, get_config
+from agents.layout.catalog import get_config
+from agents.layout.model_config import DecoderConfig, ModelConfig, VisionConfig
 from agents.training.layers import NORM_EPS, Factory, GeluMLP, GptBlock, LlamaBlock, RMSNorm, rope_cos_sin
 
 ROPE_THETA = 500_000.0  # Llama 3's base; used for every llama-style config
 
 
-def _require(condition: bool, message: str) -> None:
+def require(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
 
@@ -45,7 +46,7 @@ class Decoder(nn.Module):
         length = x.shape[1]
         rope = None
         if self.pos_embed is not None:
-            _require(length <= self.config.positions,
+            require(length <= self.config.positions,
                      f"sequence of {length} positions exceeds the {self.config.positions}-row position table")
             x = x + self.pos_embed(torch.arange(length, device=x.device))
         else:
@@ -85,7 +86,7 @@ class VisionEncoder(nn.Module):
         Worked example: S=16, p=4 gives 16 patches; patch 5 is row 1, column 1: pixels [4:8, 4:8]."""
         v = self.config
         b, c, s, s2 = images.shape
-        _require((c, s, s2) == (v.channels, v.image, v.image),
+        require((c, s, s2) == (v.channels, v.image, v.image),
                  f"images of shape {tuple(images.shape)[1:]} do not match ({v.channels}, {v.image}, {v.image})")
         g, p = s // v.patch, v.patch
         x = images.reshape(b, c, g, p, g, p).permute(0, 2, 4, 1, 3, 5)
@@ -115,7 +116,7 @@ class TrainingModel(nn.Module):
         """Logits [B, T, vocab] over the text tokens [B, T]; images [B, C, S, S] become a prefix when given."""
         prefix = None
         if images is not None:
-            _require(self.encoder is not None, f"{self.config.name} has no image encoder, yet images were given")
+            require(self.encoder is not None, f"{self.config.name} has no image encoder, yet images were given")
             assert self.encoder is not None
             prefix = self.encoder(images)
         return self.llm(tokens, prefix)
@@ -128,16 +129,16 @@ class TrainingModel(nn.Module):
 
 def _validate(config: ModelConfig) -> None:
     c, v = config.llm, config.encoder
-    _require(c.style in ("llama", "gpt"), f"{config.name}: unknown decoder style {c.style!r}")
-    _require(c.heads % c.kv_heads == 0, f"{config.name}: heads {c.heads} not a multiple of kv_heads {c.kv_heads}")
+    require(c.style in ("llama", "gpt"), f"{config.name}: unknown decoder style {c.style!r}")
+    require(c.heads % c.kv_heads == 0, f"{config.name}: heads {c.heads} not a multiple of kv_heads {c.kv_heads}")
     if c.style == "llama":
-        _require(c.head_dim % 2 == 0, f"{config.name}: RoPE needs an even head_dim, got {c.head_dim}")
+        require(c.head_dim % 2 == 0, f"{config.name}: RoPE needs an even head_dim, got {c.head_dim}")
     else:
-        _require(c.positions > 0, f"{config.name}: a gpt-style decoder needs positions > 0")
+        require(c.positions > 0, f"{config.name}: a gpt-style decoder needs positions > 0")
     if v is not None:
-        _require(v.hidden % v.heads == 0, f"{config.name}: encoder hidden {v.hidden} not a multiple of {v.heads} heads")
-        _require(v.image % v.patch == 0, f"{config.name}: image {v.image} not a multiple of patch {v.patch}")
-        _require(v.proj_out == c.hidden, f"{config.name}: projector width {v.proj_out} != llm hidden {c.hidden}")
+        require(v.hidden % v.heads == 0, f"{config.name}: encoder hidden {v.hidden} not a multiple of {v.heads} heads")
+        require(v.image % v.patch == 0, f"{config.name}: image {v.image} not a multiple of patch {v.patch}")
+        require(v.proj_out == c.hidden, f"{config.name}: projector width {v.proj_out} != llm hidden {c.hidden}")
 
 
 def build_training_model(config: ModelConfig, *, device: torch.device | str = "cpu",

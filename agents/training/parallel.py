@@ -135,7 +135,7 @@ class LayoutMeshes:
     def build(cls, placement: Placement) -> LayoutMeshes:
         """Collective over the default group: every process builds it, member of the layout or not."""
         ml = next(iter(placement.modules.values()))
-        mesh = DeviceMesh(_device_type(), torch.arange(ml.world).view(ml.pp, ml.dp, ml.tp),
+        mesh = DeviceMesh(device_type(), torch.arange(ml.world).view(ml.pp, ml.dp, ml.tp),
                           mesh_dim_names=("pp", "dp", "tp"))
         everyone = dist.new_group(ranks=list(range(ml.world)))
         if mesh.get_coordinate() is None:
@@ -143,11 +143,11 @@ class LayoutMeshes:
         return cls(mesh, mesh["tp"], mesh["dp"], mesh["pp"], everyone)
 
 
-def _device_type() -> str:
+def device_type() -> str:
     return "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
 
 
-def _tp_plan(stage: DecoderStage, sequence_parallel: bool = False) -> dict:
+def tp_plan(stage: DecoderStage, sequence_parallel: bool = False) -> dict:
     """DTensor's tensor-parallel plan of a stage. With sequence parallelism the residual
     stream between sublayers is the rank's [B, T/tp, H] slice (Shard(1)): norms run on it
     (SequenceParallel), each sublayer all-gathers its input (PrepareModuleInput) and
@@ -236,10 +236,10 @@ class ParallelTrainer:
                                   sequence_shards=self.ml.tp if sequence_parallel else 1)
         del model
         if self.ml.tp > 1:
-            parallelize_module(self.stage, self.meshes.tp, _tp_plan(self.stage, sequence_parallel))
+            parallelize_module(self.stage, self.meshes.tp, tp_plan(self.stage, sequence_parallel))
         state = self._states_by_name(shards)
         if self.ml.zero == 3:
-            self.optimizer = FullyShardedState(self.stage, self.meshes.dp, torch.device(_device_type()), state,
+            self.optimizer = FullyShardedState(self.stage, self.meshes.dp, torch.device(device_type()), state,
                                                lr=config.lr, weight_decay=config.weight_decay,
                                                step=self.scalars.step, rank=rank)
         else:
@@ -327,13 +327,13 @@ class ParallelTrainer:
     def _build_pipeline(self):
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-        stage = PipelineStage(self.stage, self.pp_rank, self.ml.pp, torch.device(_device_type()),
+        stage = PipelineStage(self.stage, self.pp_rank, self.ml.pp, torch.device(device_type()),
                               group=self.meshes.pp.get_group())
         schedule = Schedule1F1B if self.config.micro_batches >= self.ml.pp else ScheduleGPipe
         micro = self.config.micro_batches
         # Each micro-batch's loss is divided here, as the pp=1 loop does: the gradient hooks
         # take every gradient as it is produced, so the schedule's own scale_grads would see none.
-        return schedule(stage, micro, loss_fn=lambda logits, y: _loss(logits, y) / micro, scale_grads=False)
+        return schedule(stage, micro, loss_fn=lambda logits, y: cross_entropy_loss(logits, y) / micro, scale_grads=False)
 
     def _local_batch(self) -> tuple[Tensor, Tensor]:
         per_dp = self.config.global_batch // self.ml.dp
@@ -350,7 +350,7 @@ class ParallelTrainer:
         micro = self.config.micro_batches
         if self.pipeline is None:
             for x, y in zip(tokens.chunk(micro), targets.chunk(micro)):
-                loss = _loss(self.stage(x), y)
+                loss = cross_entropy_loss(self.stage(x), y)
                 (loss / micro).backward()
                 loss_sum += loss.detach().double()
         else:
@@ -375,5 +375,5 @@ class ParallelTrainer:
                           time.perf_counter() - started, self.config.global_batch * self.config.seq_len)
 
 
-def _loss(logits: Tensor, targets: Tensor) -> Tensor:
+def cross_entropy_loss(logits: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())

@@ -1,6 +1,7 @@
 """Reads of the inventory: view models, the snapshot, counts for health."""
 from __future__ import annotations
 
+from django.apps import apps
 from django.db import transaction
 from django.db.models import Count, Q
 
@@ -32,7 +33,7 @@ def cluster_snapshot() -> ClusterSnapshot:
     """Everything the cluster page shows, with the seq it is consistent with. The seq is
     read first: an event racing the read is at worst applied twice (events carry whole
     objects, so that is harmless), never missed."""
-    from controlplane.jobs.models import Job
+    Job = apps.get_model("jobs", "Job")  # by name: the jobs app builds on this one, never the reverse
 
     with transaction.atomic():
         seq = current_seq(STREAM)
@@ -48,3 +49,17 @@ def inventory_counts() -> dict:
     )
     gpus = Gpu.objects.aggregate(total=Count("id"), **{s.value: Count("id", filter=Q(state=s)) for s in GpuState})
     return {"agents": nodes, "gpus": gpus}
+
+
+def gpus_lock_free() -> list[Gpu]:
+    """The free GPU rows of healthy nodes, locked in id order (SELECT ... FOR UPDATE, inside
+    the caller's transaction): two schedulers never choose among the same rows."""
+    return list(Gpu.objects.select_for_update(of=("self",)).select_related("node")
+                .filter(state=GpuState.FREE, job__isnull=True, node__state=NodeState.HEALTHY).order_by("id"))
+
+
+def gpus_per_node() -> int:
+    """The largest node's GPU count (every node the inventory knows), for a switch's plan
+    and its ranks: both must use the same value, or their plan fingerprints differ."""
+    counts = Gpu.objects.values("node").annotate(n=Count("id")).values_list("n", flat=True)
+    return max(counts, default=1) or 1

@@ -1,5 +1,6 @@
-"""Writes to the inventory: heartbeats (registration, inventory, recovery) and the sweep
-that marks silent nodes lost. Each change emits one event on the cluster stream."""
+"""Writes to the inventory: heartbeats (registration, inventory, recovery), the sweep
+that marks silent nodes lost, and GPUs given to and taken back from jobs. Each change
+emits one event on the cluster stream. The jobs app builds on this one, never the reverse."""
 from __future__ import annotations
 
 import logging
@@ -104,7 +105,8 @@ def _steady(node: Node, report: AgentHeartbeat) -> bool:
 
 def nodes_mark_lost(*, silent_for: timedelta, now: datetime | None = None) -> list[str]:
     """Mark nodes whose last heartbeat is older than `silent_for` lost, with their GPUs.
-    Returns the names of the nodes that were newly lost."""
+    Returns the names of the nodes that were newly lost. What that means for the jobs on
+    them is the jobs app's (jobs/node_loss.py composes both in one transaction)."""
     cutoff = (now or timezone.now()) - silent_for
     lost = []
     with transaction.atomic():
@@ -115,13 +117,18 @@ def nodes_mark_lost(*, silent_for: timedelta, now: datetime | None = None) -> li
             for gpu in node.gpus.select_related("job"):
                 _set_gpu_state(gpu, GpuTrigger.NODE_LOST)
             lost.append(node.name)
-        if lost:  # live jobs with ranks there fail (imported here: the jobs app builds on this one)
-            from controlplane.jobs.scheduling import jobs_fail_on_node_loss
-
-            jobs_fail_on_node_loss(nodes=lost)
     for name in lost:
         log.warning("node %s lost: no heartbeat for %.1f s", name, silent_for.total_seconds())
     return lost
+
+
+def gpus_allocate(*, gpus: list[Gpu], job) -> None:
+    """Give these GPU rows (locked, free: selectors.gpus_lock_free) to `job`."""
+    for gpu in gpus:
+        gpu.job = job
+        gpu.state = gpu_next_state(GpuState(gpu.state), GpuTrigger.ALLOCATE)
+        gpu.save(update_fields=["job", "state"])
+        _emit_gpu(gpu)
 
 
 def gpus_release(*, gpus) -> None:

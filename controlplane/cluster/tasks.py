@@ -1,11 +1,10 @@
-"""Control-queue tasks fed by the agents and by beat. Thin: validate, call a service."""
+"""Control-queue task fed by the agents' heartbeats. Thin: validate, call a service. (The
+beat's lost-node sweep is in jobs/tasks.py: it acts on the jobs too.)"""
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
 
 from celery import shared_task
-from django.conf import settings
 from pydantic import ValidationError
 
 from agents import protocol
@@ -22,8 +21,3 @@ def agent_heartbeat(report: dict) -> None:
         log.error("rejected heartbeat %r: %s", report.get("node"), exc)
         return
     services.node_record_heartbeat(report=heartbeat)
-
-
-@shared_task(name=protocol.CONTROL_SWEEP_LOST_NODES)
-def sweep_lost_nodes() -> list[str]:
-    return services.nodes_mark_lost(silent_for=timedelta(seconds=settings.DYNAPLANE_NODE_LOST_AFTER_SECONDS))

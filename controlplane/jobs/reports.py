@@ -39,7 +39,8 @@ from controlplane.jobs.lifecycle import (
     transition_next_state,
 )
 from controlplane.jobs.models import Job, Transition
-from controlplane.jobs.scheduling import job_finish, stop_on_commit
+from controlplane.jobs.failures import job_finish
+from controlplane.jobs.orders import stop_on_commit
 from controlplane.jobs.services import job_metrics_extend, publish_job
 from controlplane.jobs.transfer_progress import merge_progress
 

@@ -13,12 +13,10 @@ transition on are applied in reports.py; commit and abort in transitions.py.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections import defaultdict
 
 from django.db import transaction
-from django.db.models import Count
 
 from agents import protocol
 from agents.layout.allocate import AllocationError, FreeGpus, allocate
@@ -26,72 +24,20 @@ from agents.layout.catalog import get_model
 from agents.layout.errors import LayoutError
 from agents.layout.placement import Placement, batch_dp
 from agents.layout.plan import PlanOptions, plan_routes
-from agents.layout.spec import Layout, ModuleLayout, parse_layout
-from controlplane.cluster.events import GROUP as CLUSTER_GROUP
-from controlplane.cluster.events import STREAM as CLUSTER_STREAM
-from controlplane.cluster.events import GpuEvent
-from controlplane.cluster.lifecycle import GpuState, GpuTrigger, NodeState, gpu_next_state
-from controlplane.cluster.models import Gpu, Node
-from controlplane.cluster.selectors import gpu_view
+from agents.layout.spec import parse_layout
+from controlplane.cluster.models import Node
+from controlplane.cluster.selectors import gpus_lock_free, gpus_per_node
+from controlplane.cluster.services import gpus_allocate
 from controlplane.common.errors import Conflict, InvalidInput
-from controlplane.common.events import next_seq, publish_on_commit
 from controlplane.jobs import transitions
+from controlplane.jobs.failures import send_orders_or_fail
+from controlplane.jobs.layouts import STAGING_BYTES, batch_error, layout_for_resize
 from controlplane.jobs.lifecycle import JobState, JobTrigger, TransitionState, job_next_state
 from controlplane.jobs.models import Job, Transition
-from controlplane.jobs.scheduling import _free_port, send_orders_or_fail, tp_block
+from controlplane.jobs.orders import free_port, rendezvous_address, tp_block
 from controlplane.jobs.services import layout_check, publish_job
 
 log = logging.getLogger(__name__)
-
-STAGING_BYTES = 64 * 2**20  # per rank, in the plan and in the switch order
-
-
-def _batch_error(job: Job, layout: str, dp: int) -> str | None:
-    if job.global_batch % (job.micro_batch * dp):
-        return (f"global_batch={job.global_batch} is not a multiple of micro_batch={job.micro_batch} x dp={dp} "
-                f"(layout {layout})")
-    return None
-
-
-def layout_for_resize(job: Job, gpus: int) -> str:
-    """The layout for `gpus` GPUs: the job's layout with only dp changed, if N allows it
-    (every other degree kept: tp, pp, vpp, cp, ep, zero); else its tp and pp with dp=N/(tp*pp);
-    else dp=N, the job-creation rule. "Allows" means: N is a multiple of the kept degrees,
-    the model's rules hold and global_batch is a multiple of micro_batch x dp. When no
-    candidate passes, dp=N is returned and the caller's checks report why it fails."""
-    candidates: list[str] = []
-    try:
-        layout = parse_layout(job.layout)
-    except LayoutError:
-        layout = None
-    if layout is not None and not layout.is_heterogeneous and layout.modules[0].first_rank is None:
-        m = layout.modules[0]
-        for keep in (dict(tp=m.tp, pp=m.pp, vpp=m.vpp, cp=m.cp, ep=m.ep, zero=m.zero), dict(tp=m.tp, pp=m.pp)):
-            fixed = keep["tp"] * keep["pp"] * keep.get("cp", 1)
-            if gpus % fixed:
-                continue
-            try:
-                module = dataclasses.replace(ModuleLayout(module=m.module, **keep), dp=gpus // fixed)
-                candidates.append(str(Layout(modules=(module,))))
-            except LayoutError:
-                continue
-    fallback = f"dp={gpus}"
-    for text in dict.fromkeys([*candidates, fallback]):
-        try:
-            placement = layout_check(model=job.model, layout=text)
-        except InvalidInput:
-            continue
-        if placement.world == gpus and _batch_error(job, text, batch_dp(placement)) is None:
-            return text
-    return fallback
-
-
-def _gpus_per_node() -> int:
-    """The largest node's GPU count (every node the inventory knows), for the plan and the
-    ranks: both must use the same value, or their plan fingerprints differ."""
-    counts = Gpu.objects.values("node").annotate(n=Count("id")).values_list("n", flat=True)
-    return max(counts, default=1) or 1
-
 
 def _span(ranks: list[int]) -> str:
     return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
@@ -171,18 +117,17 @@ def job_resize(*, job_id: int, gpus: int | None = None, layout: str | None = Non
         dst = layout_check(model=job.model, layout=text)
         if gpus is not None and dst.world != gpus:
             raise InvalidInput({"gpus": [f"layout {text} spans {dst.world} GPUs, not {gpus}"]})
-        error = _batch_error(job, text, batch_dp(dst))
+        error = batch_error(job, text, batch_dp(dst))
         if error:
             raise InvalidInput({"global_batch": [error]})
         if text == job.layout:
             raise Conflict(f"job {job.name!r} already runs {text} on {job.world_size} GPUs; nothing to switch")
 
-        free_rows = list(Gpu.objects.select_for_update(of=("self",)).select_related("node")
-                         .filter(state=GpuState.FREE, job__isnull=True, node__state=NodeState.HEALTHY).order_by("id"))
-        gpus_per_node = _gpus_per_node()
+        free_rows = gpus_lock_free()
+        per_node = gpus_per_node()
         try:
             plan = plan_routes(get_model(job.model), job.layout, text,
-                               PlanOptions(gpus_per_node=gpus_per_node, staging_bytes=STAGING_BYTES))
+                               PlanOptions(gpus_per_node=per_node, staging_bytes=STAGING_BYTES))
         except LayoutError as exc:
             raise InvalidInput({"layout": [f"the switch {job.layout} -> {text} cannot be planned: {exc}"]}) from None
         free: dict[str, list[int]] = defaultdict(list)
@@ -190,12 +135,8 @@ def job_resize(*, job_id: int, gpus: int | None = None, layout: str | None = Non
             free[gpu.node.name].append(gpu.index)
         joining = place_joining(job, dst, free)
         rows = {(gpu.node.name, gpu.index): gpu for gpu in free_rows}
-        for slot in joining:
-            gpu = rows[(slot["node"], slot["gpu"])]
-            gpu.job, gpu.state = job, gpu_next_state(GpuState(gpu.state), GpuTrigger.ALLOCATE)
-            gpu.save(update_fields=["job", "state"])
-            publish_on_commit(CLUSTER_GROUP, GpuEvent(seq=next_seq(CLUSTER_STREAM), gpu=gpu_view(gpu)))
-        port = _free_port()
+        gpus_allocate(gpus=[rows[(slot["node"], slot["gpu"])] for slot in joining], job=job)
+        port = free_port()
         rank0 = next(slot for slot in job.placement if slot["rank"] == 0)
         host = Node.objects.get(name=rank0["node"]).host
         old = sorted(job.placement, key=lambda s: s["rank"])
@@ -207,8 +148,7 @@ def job_resize(*, job_id: int, gpus: int | None = None, layout: str | None = Non
             reason=f"resize to {gpus} GPUs ({text}){who}" if field == "gpus" else f"resize to {text}{who}",
             plan_summary=summary, plan_fingerprint=plan.fingerprint, source_placement=old,
             destination_placement=[s for s in old if s["rank"] < dst.world] + joining,
-            rendezvous=f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}",
-            rendezvous_port=port, gpus_per_node=gpus_per_node, staging_bytes=STAGING_BYTES,
+            rendezvous=rendezvous_address(host, port), rendezvous_port=port, gpus_per_node=per_node, staging_bytes=STAGING_BYTES,
             peak_staging_bytes=summary.get("peak_staging_bytes"),
         )
         transitions.enter(new, TransitionState.PLANNED, reported=False, at=new.created_at)

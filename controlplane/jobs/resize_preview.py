@@ -11,12 +11,13 @@ from agents.layout.catalog import get_model
 from agents.layout.errors import LayoutError
 from agents.layout.spec import parse_layout
 from controlplane.cluster.models import Gpu
+from controlplane.cluster.selectors import gpus_per_node
 from controlplane.common.errors import InvalidInput
 from controlplane.jobs.lifecycle import TransitionKind
 from controlplane.jobs.models import Job, MetricSeries, Transition
 from controlplane.jobs.plan_preview import plan_preview
 from controlplane.jobs.proposals import RANKING_RULE, propose
-from controlplane.jobs.resize import STAGING_BYTES, _gpus_per_node, layout_for_resize
+from controlplane.jobs.layouts import STAGING_BYTES, layout_for_resize
 from controlplane.jobs.selectors import metric_points
 
 RECENT_STEPS = 5
@@ -60,7 +61,7 @@ def job_plan(*, job: Job, layout: str) -> dict:
     """GET /api/jobs/{id}/plan?layout=L: the switch from the job's layout to L."""
     try:
         text = str(parse_layout(layout))
-        return plan_preview(get_model(job.model), job.layout, text, gpus_per_node=_gpus_per_node(),
+        return plan_preview(get_model(job.model), job.layout, text, gpus_per_node=gpus_per_node(),
                             staging_bytes=STAGING_BYTES)
     except LayoutError as exc:
         raise InvalidInput({"layout": [f"the switch {job.layout} -> {layout} cannot be planned: {exc}"]}) from None

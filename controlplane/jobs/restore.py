@@ -37,13 +37,18 @@ from agents.layout.allocate import AllocationError, FreeGpus, allocate
 from agents.layout.recovery import CHECKPOINT, FAIL, SURVIVORS, Recovery, recovery_rule, survivors_cover
 from controlplane.cluster.lifecycle import GpuState, NodeState
 from controlplane.cluster.models import Gpu
+from controlplane.celery import app
 from controlplane.cluster.services import gpus_release
 from controlplane.common.errors import Conflict
 from controlplane.jobs import transitions
+from controlplane.jobs.failures import job_fail, send_starts_on_commit
+from controlplane.jobs.layouts import layout_for_resize
 from controlplane.jobs.lifecycle import (JobState, JobTrigger, TransitionKind, TransitionState, job_next_state,
                                         restore_next_state)
 from controlplane.jobs.models import Job, Transition
+from controlplane.jobs.orders import free_port, rendezvous_address, start_orders, stop_on_commit, tp_block
 from controlplane.jobs.services import layout_check, publish_job
+from controlplane.jobs.survivors import survivors_switch
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +147,6 @@ def restore_record_orphan(job: Job, report: protocol.JobReport) -> None:
         ranks = ", ".join(map(str, report.ranks))
         cause = f"node {report.node} ranks {ranks} lost their peers ({report.error[:300] or 'no error given'})"
         if not restore_begin(job, cause=cause, known_lost=False):
-            from controlplane.jobs.scheduling import job_fail
-
             job_fail(job_id=job.pk, error=f"{cause}; {no_restore_reason(job) or f'the job was {job.state}'}")
             return
     recovery = dict(job.recovery or {})
@@ -155,15 +158,11 @@ def restore_record_orphan(job: Job, report: protocol.JobReport) -> None:
 
 
 def _queue_restore(job_id: int, delay: float, *, early: bool = False) -> None:
-    from controlplane.celery import app
-
     try:
         app.send_task(protocol.CONTROL_JOB_RESTORE, args=[job_id, early], queue=protocol.CONTROL_QUEUE,
                       countdown=delay)
     except (OperationalError, OSError) as exc:
         log.error("job %s: restore task not queued: %s", job_id, exc)
-        from controlplane.jobs.scheduling import job_fail
-
         job_fail(job_id=job_id, error=f"the restore could not be queued: {exc}")
 
 
@@ -185,9 +184,6 @@ def job_restore(*, job_id: int, early: bool = False) -> Transition | None:
     checkpoint when they may (survivors.py), else restart it from its latest checkpoint on
     its GPUs of healthy nodes, else fail it. Returns the restore transition. `early`: the
     first look, which acts only when the survivors take over (the final one decides)."""
-    from controlplane.jobs.resize import layout_for_resize
-    from controlplane.jobs.scheduling import _free_port, job_fail, start_orders, stop_on_commit, tp_block
-
     with transaction.atomic():
         job = Job.objects.select_for_update().filter(pk=job_id).first()
         if job is None or job.state != JobState.RESTORING:
@@ -204,8 +200,6 @@ def job_restore(*, job_id: int, early: bool = False) -> Transition | None:
             log.info("job %s: not on the survivors yet (%s); deciding once lost nodes are known", job.name, rule.why)
             return None
         if rule.action == SURVIVORS:
-            from controlplane.jobs.survivors import survivors_switch
-
             row = survivors_switch(job, rule.world, step=next(iter(orphans.values())), cause=cause)
             if isinstance(row, Transition):
                 return row
@@ -233,7 +227,7 @@ def job_restore(*, job_id: int, early: bool = False) -> Transition | None:
                     by_node[gpu.node.name].append(gpu.index)
                 slots = allocate(placement.world, tp_block(placement),
                                  [FreeGpus(node, tuple(ix)) for node, ix in by_node.items()])
-                port = _free_port()
+                port = free_port()
             except (AllocationError, Conflict, Exception) as exc:  # InvalidInput names the broken rule
                 failure = f"{len(alive)} surviving GPUs cannot run the job ({layout}): {exc}"
         if failure is not None:
@@ -253,7 +247,7 @@ def job_restore(*, job_id: int, early: bool = False) -> Transition | None:
         source_placement, source_layout, source_world = job.placement, job.layout, job.world_size
         job.placement = [{"rank": s.rank, "node": s.node, "gpu": s.gpu} for s in slots]
         job.layout, job.world_size = layout, len(slots)
-        job.rendezvous = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+        job.rendezvous = rendezvous_address(host, port)
         job.rendezvous_port = port
         row = Transition.objects.create(
             job=job, kind=TransitionKind.RESTORE, source_layout=source_layout, destination_layout=layout,
@@ -269,10 +263,7 @@ def job_restore(*, job_id: int, early: bool = False) -> Transition | None:
         transitions.publish_transition(row)
         orders = start_orders(job)
         stop_on_commit(job, [n for n in old_nodes if n not in orders])
-        from controlplane.jobs.scheduling import _send_start
-
-        for node, order in orders.items():
-            transaction.on_commit(lambda node=node, order=order: _send_start(job.pk, node, order))
+        send_starts_on_commit(job, orders)
         log.warning("job %s: %s", job.name, reason)
     return row
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from django.utils import timezone
 
 from agents.layout.catalog import get_model
-from agents.runtime.checkpoints import COMPLETE
+from agents.protocol import CHECKPOINT_COMPLETE_MARKER as COMPLETE
 from controlplane.common.errors import InvalidInput
 from controlplane.jobs.lifecycle import TransitionKind
 from controlplane.jobs.models import Job, Transition

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Q
+from django.db.models import Q
 
 from agents.layout.catalog import get_model
 from agents.layout.errors import LayoutError

@@ -24,13 +24,15 @@ from agents.layout.placement import batch_dp
 from agents.layout.plan import PlanOptions, plan_routes
 from agents.layout.recovery import SurvivorWorld
 from controlplane.cluster.models import Gpu, Node
+from controlplane.cluster.selectors import gpus_per_node
 from controlplane.cluster.services import gpus_release
 from controlplane.common.errors import Conflict, InvalidInput
 from controlplane.jobs import transitions
+from controlplane.jobs.failures import send_orders_or_fail
+from controlplane.jobs.layouts import STAGING_BYTES, batch_error, layout_for_resize
 from controlplane.jobs.lifecycle import JobState, JobTrigger, TransitionKind, job_next_state
 from controlplane.jobs.models import Job, Transition
-from controlplane.jobs.resize import STAGING_BYTES, _batch_error, _gpus_per_node, layout_for_resize
-from controlplane.jobs.scheduling import _free_port, send_orders_or_fail, stop_on_commit, tp_block
+from controlplane.jobs.orders import free_port, rendezvous_address, stop_on_commit, tp_block
 from controlplane.jobs.services import layout_check, publish_job
 
 log = logging.getLogger(__name__)
@@ -46,7 +48,7 @@ def _target(job: Job, world: SurvivorWorld, nodes: list[str]) -> tuple[str, obje
         except InvalidInput as exc:
             why.append(f"{text}: {exc}")
             continue
-        error = _batch_error(job, text, batch_dp(placement))
+        error = batch_error(job, text, batch_dp(placement))
         block = tp_block(placement)
         if placement.world > len(nodes):
             error = f"{text} spans {placement.world} GPUs, the survivors have {len(nodes)}"
@@ -57,7 +59,7 @@ def _target(job: Job, world: SurvivorWorld, nodes: list[str]) -> tuple[str, obje
             continue
         try:
             plan = plan_routes(get_model(job.model), world.source_layout, text,
-                               PlanOptions(gpus_per_node=_gpus_per_node(), staging_bytes=STAGING_BYTES))
+                               PlanOptions(gpus_per_node=gpus_per_node(), staging_bytes=STAGING_BYTES))
         except LayoutError as exc:
             why.append(f"{world.source_layout} -> {text} cannot be planned: {exc}")
             continue
@@ -81,11 +83,11 @@ def survivors_switch(job: Job, world: SurvivorWorld, *, step: int, cause: str) -
     # The engine's union world: the source's ranks and the target's; other survivors leave.
     moves = [(old, new) for old, new in world.ranks if new < max(world.source_world, target_world)]
     try:
-        port = _free_port()
+        port = free_port()
     except Conflict as exc:
         return str(exc)
     host = Node.objects.get(name=placement[0]["node"]).host
-    rendezvous = f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+    rendezvous = rendezvous_address(host, port)
     kept = {(s["node"], s["gpu"]) for s in placement}
     gpus_release(gpus=Gpu.objects.filter(job=job).exclude(
         pk__in=[g.pk for g in Gpu.objects.filter(job=job).select_related("node") if (g.node.name, g.index) in kept]))

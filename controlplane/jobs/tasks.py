@@ -1,8 +1,7 @@
-"""Control-queue task fed by the agents and rank 0 of each job. Thin: validate, call a service."""
+"""Control-queue tasks fed by the agents, rank 0 of each job and beat. Thin: validate, call a service."""
 from __future__ import annotations
 
 import logging
-
 from datetime import timedelta
 
 from celery import shared_task
@@ -10,7 +9,7 @@ from django.conf import settings
 from pydantic import ValidationError
 
 from agents import protocol
-from controlplane.jobs import ingest, reports, restore, timeouts
+from controlplane.jobs import ingest, node_loss, reports, restore, timeouts
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +40,12 @@ def job_restore(job_id: int, early: bool = False) -> None:
     """Queued by restore.restore_begin: recover a restoring job (on its survivors, from its
     checkpoint, or fail it); `early`: a first look that acts only on the survivors."""
     restore.job_restore(job_id=int(job_id), early=bool(early))
+
+
+@shared_task(name=protocol.CONTROL_SWEEP_LOST_NODES)
+def sweep_lost_nodes() -> list[str]:
+    """Beat: mark silent nodes lost and act on the jobs that ran there (node_loss.py)."""
+    return node_loss.nodes_lost_sweep(silent_for=timedelta(seconds=settings.DYNAPLANE_NODE_LOST_AFTER_SECONDS))
 
 
 @shared_task(name=protocol.CONTROL_SWEEP_STUCK_TRANSITIONS)

@@ -25,8 +25,11 @@ from django.utils import timezone
 
 from agents import protocol
 from controlplane.jobs import transitions
+from controlplane.jobs.failures import job_fail
 from controlplane.jobs.lifecycle import TERMINAL_TRANSITION_STATES, TransitionKind, TransitionState
 from controlplane.jobs.models import Job, Transition
+from controlplane.jobs.orders import send_cancels_on_commit
+from controlplane.jobs.restore import no_restore_reason, restore_begin
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +68,6 @@ def transitions_time_out(*, timeout: timedelta, now: datetime | None = None) -> 
 
 
 def _time_out(transition_id: int, timeout: timedelta, now: datetime) -> bool:
-    from controlplane.jobs.restore import no_restore_reason, restore_begin
-    from controlplane.jobs.scheduling import job_fail, send_cancels_on_commit
-
     with transaction.atomic():
         job_id = Transition.objects.filter(pk=transition_id).values_list("job_id", flat=True).first()
         job = Job.objects.select_for_update().filter(pk=job_id).first()

@@ -9,7 +9,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from tests.browser.test_dashboard import _sign_in
+from tests.browser.test_dashboard import sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -45,7 +45,7 @@ def test_compare_two_emulated_configs_export_csv_and_reopen(stack, browser) -> N
     context = browser.new_context(viewport={"width": 1366, "height": 900}, accept_downloads=True)
     page = context.new_page()
     errors = _watch_errors(page)
-    _sign_in(page, stack)
+    sign_in(page, stack)
     page.get_by_role("link", name="Compare").click()
     page.wait_for_selector("#connection[data-state=live]", timeout=10_000)
     assert page.get_by_role("heading", name="Compare emulated configurations").is_visible()
@@ -143,7 +143,7 @@ def test_take_the_top_k_from_search(stack, browser) -> None:  # noqa: F811
     context = browser.new_context(viewport={"width": 1366, "height": 900})
     page = context.new_page()
     errors = _watch_errors(page)
-    _sign_in(page, stack)
+    sign_in(page, stack)
     page.goto(f"{stack.url}compare/?model=tiny-gpt&gpu=h100&gpus=2&batch=8&micro=1&seq=64")
     page.wait_for_selector("#connection[data-state=live]", timeout=10_000)
     page.get_by_label("Top", exact=True).fill("1")

@@ -11,7 +11,7 @@ import pytest
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(180)]
 
 
-def _sign_in(page, stack) -> None:
+def sign_in(page, stack) -> None:
     page.goto(stack.url)
     assert "/accounts/login/" in page.url
     page.get_by_label("Username").fill(stack.state["username"])
@@ -29,7 +29,7 @@ def test_dashboard_is_live_and_shows_lost_gpus_without_reload(stack, browser) ->
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.on("console", lambda msg: msg.type == "error" and errors.append(msg.text))
-    _sign_in(page, stack)
+    sign_in(page, stack)
 
     page.wait_for_selector("#connection[data-state=live]", timeout=10_000)
     assert page.locator("[data-node]").count() == 2

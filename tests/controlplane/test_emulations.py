@@ -31,7 +31,7 @@ def emulate_queue():
     client.delete(protocol.EMULATE_QUEUE)
 
 
-def _orders(client) -> list[dict]:
+def emulate_orders(client) -> list[dict]:
     bodies = [json.loads(m) for m in client.lrange(protocol.EMULATE_QUEUE, 0, -1)]
     return [json.loads(base64.b64decode(b["body"]))[0][0] for b in bodies]
 
@@ -44,7 +44,7 @@ def test_posting_configurations_stores_and_queues_one_run_each(token_client, emu
     runs = response.json()["runs"]
     assert [r["state"] for r in runs] == ["queued", "queued"]
     assert [r["layout"] for r in runs] == ["tp=2,pp=2,dp=2,zero=1", "tp=1,pp=2,dp=4,zero=3"]
-    orders = sorted(_orders(emulate_queue), key=lambda o: o["run_id"])
+    orders = sorted(emulate_orders(emulate_queue), key=lambda o: o["run_id"])
     assert [o["run_id"] for o in orders] == [r["id"] for r in runs]
     order = protocol.EmulationOrder.model_validate(orders[1])
     assert (order.gpu, order.seq, order.micro_batch, order.gpus) == ("a100", 32, 2, 8)

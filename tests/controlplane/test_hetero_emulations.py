@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.controlplane.test_emulations import _orders, emulate_queue  # noqa: F401  (the real broker's queue)
+from tests.controlplane.test_emulations import emulate_orders, emulate_queue  # noqa: F401  (the real broker's queue)
 
 CONFIG = {"model": "tiny-vlm", "gpus": 4, "gpu_type": "h100", "global_batch": 8, "micro_batch": 1, "seq_len": 32}
 
@@ -17,7 +17,7 @@ def test_heterogeneous_layouts_are_queued(token_client, emulate_queue) -> None: 
                                  format="json")
     assert response.status_code == 201, response.json()
     assert [r["layout"] for r in response.json()["runs"]] == layouts
-    assert sorted(o["layout"] for o in _orders(emulate_queue)) == sorted(layouts)
+    assert sorted(o["layout"] for o in emulate_orders(emulate_queue)) == sorted(layouts)
 
 
 @pytest.mark.django_db

@@ -12,7 +12,7 @@ import pytest
 from agents import protocol
 from controlplane.jobs.models import Job, Transition
 from controlplane.jobs.tasks import transition_report
-from tests.controlplane.test_jobs_resize import _running_job
+from tests.controlplane.test_jobs_resize import running_job
 
 pytestmark = pytest.mark.django_db
 
@@ -21,7 +21,7 @@ COLOCATED = "encoder:dp=4;llm:tp=2,dp=2"
 
 
 def _running_vlm(run, token_client) -> Job:
-    return _running_job(run, token_client, name="vlm", model="tiny-vlm", layout="dp=2")
+    return running_job(run, token_client, name="vlm", model="tiny-vlm", layout="dp=2")
 
 
 def _resize(run, token_client, job: Job, layout: str):

@@ -18,11 +18,12 @@ from agents import protocol
 from controlplane.cluster import services as cluster
 from controlplane.cluster.events import JobEvent
 from controlplane.cluster.models import Gpu
-from controlplane.jobs import scheduling
+from controlplane.jobs import node_loss, scheduling
+from controlplane.jobs.orders import free_port
 from controlplane.jobs.events import TransitionEvent, apply_job_event, job_event_adapter
 from controlplane.jobs.models import Job, Transition
 from controlplane.jobs.reports import job_record_report, transition_record_report
-from controlplane.jobs.resize import layout_for_resize
+from controlplane.jobs.layouts import layout_for_resize
 from controlplane.jobs.selectors import job_live_snapshot
 from controlplane.jobs.tasks import transition_report
 from tests.controlplane.conftest import heartbeat
@@ -30,7 +31,7 @@ from tests.controlplane.conftest import heartbeat
 pytestmark = pytest.mark.django_db
 
 
-def _running_job(run, token_client, name="j", **body) -> Job:
+def running_job(run, token_client, name="j", **body) -> Job:
     body = {"name": name, "model": "tiny-gpt", "global_batch": 12, **body}
     response = run(token_client.post, "/api/jobs", body, format="json")
     assert response.status_code == 201, response.content
@@ -42,7 +43,7 @@ def _running_job(run, token_client, name="j", **body) -> Job:
     return job
 
 
-def _resize(run, token_client, job: Job, **body):
+def resize_job(run, token_client, job: Job, **body):
     return run(token_client.post, f"/api/jobs/{job.pk}/resize", body, format="json")
 
 
@@ -51,13 +52,13 @@ def _switch_orders(sent) -> dict[str, protocol.JobSwitchOrder]:
             for name, message, queue in sent if name == protocol.NODE_JOB_SWITCH}
 
 
-def _treport(t: Transition | dict, state: str, node: str = "node-1", **fields) -> dict:
+def treport(t: Transition | dict, state: str, node: str = "node-1", **fields) -> dict:
     job_id, tid = (t.job_id, t.pk) if isinstance(t, Transition) else (t["job_id"], t["id"])
     return protocol.TransitionReport(job_id=job_id, transition_id=tid, node=node, state=state,
                                      sent_at=datetime.now(timezone.utc), **fields).model_dump(mode="json")
 
 
-def _gpus() -> dict[str, tuple[str, str | None]]:
+def gpu_states() -> dict[str, tuple[str, str | None]]:
     return {f"{g.node.name}/{g.index}": (g.state, g.job.name if g.job else None)
             for g in Gpu.objects.select_related("node", "job")}
 
@@ -67,7 +68,7 @@ def _slots(order: protocol.JobSwitchOrder) -> list[tuple[int, int]]:
 
 
 def _committed(t: Transition, **extra) -> dict:
-    return _treport(t, "committed", step=7, pause_seconds=0.9, transfer_seconds=0.5, verify_seconds=0.1,
+    return treport(t, "committed", step=7, pause_seconds=0.9, transfer_seconds=0.5, verify_seconds=0.1,
                     network_bytes=123456, rounds=2, peak_bytes=9000, predicted_peak_bytes=8800,
                     fingerprint=t.plan_fingerprint, verified=True, **extra)
 
@@ -76,13 +77,13 @@ def _committed(t: Transition, **extra) -> dict:
 
 def test_grow_from_two_to_four_ranks_across_two_nodes(two_nodes, token_client, sent_tasks, sent_events,
                                                       run) -> None:
-    job = _running_job(run, token_client, layout="dp=2")
+    job = running_job(run, token_client, layout="dp=2")
     assert [s["node"] for s in job.placement] == ["node-1", "node-1"] and job.rendezvous == "host-1:29400"
     before = job_live_snapshot(job_id=job.pk)
     sent_tasks.clear()
     sent_events.clear()
 
-    response = _resize(run, token_client, job, layout="tp=2,dp=2")
+    response = resize_job(run, token_client, job, layout="tp=2,dp=2")
     assert response.status_code == 202, response.content
     body = response.json()
     assert (body["job"], body["job_id"], body["state"]) == ("j", job.pk, "planned")
@@ -97,7 +98,7 @@ def test_grow_from_two_to_four_ranks_across_two_nodes(two_nodes, token_client, s
     assert (body["plan_summary"]["world_src"], body["plan_summary"]["world_dst"]) == (2, 4)
     assert (body["gpus_per_node"], body["staging_bytes"]) == (2, 64 * 2**20)
     assert Job.objects.get(pk=job.pk).state == "switching"
-    assert set(_gpus().values()) == {("allocated", "j")}  # the joining ranks' GPUs, taken at once
+    assert set(gpu_states().values()) == {("allocated", "j")}  # the joining ranks' GPUs, taken at once
 
     orders = _switch_orders(sent_tasks)
     assert set(orders) == {"node.node-1", "node.node-2"}
@@ -110,9 +111,9 @@ def test_grow_from_two_to_four_ranks_across_two_nodes(two_nodes, token_client, s
         assert (order.rendezvous, order.gpus_per_node, order.staging_bytes) == ("host-1:29401", 2, 64 * 2**20)
 
     t = Transition.objects.get(pk=body["id"])
-    run(transition_report, _treport(t, "preparing"))
-    run(transition_report, _treport(t, "ready", step=6, prepare_seconds=1.5))
-    run(transition_report, _treport(t, "transferring", step=6))
+    run(transition_report, treport(t, "preparing"))
+    run(transition_report, treport(t, "ready", step=6, prepare_seconds=1.5))
+    run(transition_report, treport(t, "transferring", step=6))
     assert Transition.objects.get(pk=t.pk).state == "transferring"
     run(transition_report, _committed(t))  # skips verifying
 
@@ -131,7 +132,7 @@ def test_grow_from_two_to_four_ranks_across_two_nodes(two_nodes, token_client, s
     assert job.placement == body["destination_placement"]
     # The job keeps its start rendezvous: rank 0's process still holds that store.
     assert (job.rendezvous, job.rendezvous_port) == ("host-1:29400", 29400)
-    assert set(_gpus().values()) == {("allocated", "j")}
+    assert set(gpu_states().values()) == {("allocated", "j")}
 
     # Live: every transition change on the job's stream, in seq order; job states on the cluster stream.
     moves = [e for e in sent_events if isinstance(e, TransitionEvent)]
@@ -161,12 +162,12 @@ def test_grow_from_two_to_four_ranks_across_two_nodes(two_nodes, token_client, s
     # Neither the start port nor the committed transition's is given out while the job lives:
     # rank 0 keeps every store it served open (a resize given the start port failed with
     # EADDRINUSE in the stack test).
-    assert scheduling._free_port() == 29402
+    assert free_port() == 29402
 
 
 def test_gpus_grow_picks_dp_and_the_most_free_node(two_nodes, token_client, sent_tasks, run) -> None:
-    job = _running_job(run, token_client, layout="dp=1")
-    response = _resize(run, token_client, job, gpus=3)
+    job = running_job(run, token_client, layout="dp=1")
+    response = resize_job(run, token_client, job, gpus=3)
     assert response.status_code == 202, response.content
     body = response.json()
     assert body["destination_layout"] == "dp=3"
@@ -193,9 +194,9 @@ def test_the_gpus_rule_keeps_tp_and_pp_when_it_can() -> None:
 
 def test_shrink_from_four_to_three_frees_the_leaving_rank_at_commit(two_nodes, token_client, sent_tasks,
                                                                     run) -> None:
-    job = _running_job(run, token_client, gpus=4)
+    job = running_job(run, token_client, gpus=4)
     sent_tasks.clear()
-    response = _resize(run, token_client, job, gpus=3)
+    response = resize_job(run, token_client, job, gpus=3)
     assert response.status_code == 202, response.content
     t = Transition.objects.get(pk=response.json()["id"])
     assert (t.destination_layout, t.destination_world) == ("dp=3", 3)
@@ -203,7 +204,7 @@ def test_shrink_from_four_to_three_frees_the_leaving_rank_at_commit(two_nodes, t
     orders = _switch_orders(sent_tasks)
     assert _slots(orders["node.node-1"]) == [(0, 0), (1, 1)]
     assert _slots(orders["node.node-2"]) == [(2, 0), (3, 1)]  # rank 3 leaves after handing over
-    assert _gpus()["node-2/1"] == ("allocated", "j")  # held until the commit
+    assert gpu_states()["node-2/1"] == ("allocated", "j")  # held until the commit
 
     run(transition_report, _committed(t))  # straight from planned: preparing .. verifying passed through
     t.refresh_from_db()
@@ -211,7 +212,7 @@ def test_shrink_from_four_to_three_frees_the_leaving_rank_at_commit(two_nodes, t
     assert [h["state"] for h in t.history] == ["planned", "preparing", "ready", "transferring", "verifying",
                                                "committed"]
     assert (job.state, job.layout, job.world_size, len(job.placement)) == ("running", "dp=3", 3, 3)
-    gpus = _gpus()
+    gpus = gpu_states()
     assert gpus["node-2/1"] == ("free", None)
     assert [gpus[k] for k in ("node-1/0", "node-1/1", "node-2/0")] == [("allocated", "j")] * 3
 
@@ -219,9 +220,9 @@ def test_shrink_from_four_to_three_frees_the_leaving_rank_at_commit(two_nodes, t
 # --- refusals -------------------------------------------------------------------------------
 
 def test_a_second_resize_while_one_is_active_is_a_conflict(two_nodes, token_client, sent_tasks, run) -> None:
-    job = _running_job(run, token_client, layout="dp=2")
-    assert _resize(run, token_client, job, gpus=3).status_code == 202
-    response = _resize(run, token_client, job, gpus=4)
+    job = running_job(run, token_client, layout="dp=2")
+    assert resize_job(run, token_client, job, gpus=3).status_code == 202
+    response = resize_job(run, token_client, job, gpus=4)
     assert response.status_code == 409
     assert "a transition is already active" in response.json()["detail"]
     assert Transition.objects.filter(job=job).count() == 1
@@ -229,59 +230,59 @@ def test_a_second_resize_while_one_is_active_is_a_conflict(two_nodes, token_clie
 
 def test_refusals_say_why(two_nodes, token_client, sent_tasks, run) -> None:
     pending = scheduling.job_submit(name="p", model="tiny-gpt", layout="dp=1", start=False)
-    response = _resize(run, token_client, pending, gpus=2)
+    response = resize_job(run, token_client, pending, gpus=2)
     assert (response.status_code, response.json()["detail"]) == (
         409, "job 'p' is pending; only a running job can be resized")
 
-    job = _running_job(run, token_client, layout="dp=1", global_batch=8)
+    job = running_job(run, token_client, layout="dp=1", global_batch=8)
     for body in ({}, {"gpus": 2, "layout": "dp=2"}):
-        response = _resize(run, token_client, job, **body)
+        response = resize_job(run, token_client, job, **body)
         assert response.status_code == 400 and "either `layout` or `gpus`" in response.json()["layout"][0]
-    response = _resize(run, token_client, job, layout="tp=3")
+    response = resize_job(run, token_client, job, layout="tp=3")
     assert response.status_code == 400 and "tp=3 does not divide" in response.json()["layout"][0]
-    response = _resize(run, token_client, job, layout="tp=two")
+    response = resize_job(run, token_client, job, layout="tp=two")
     assert response.status_code == 400 and "not a non-negative integer" in response.json()["layout"][0]
-    response = _resize(run, token_client, job, layout="tp=4")  # valid for the planner, not for the trainers
+    response = resize_job(run, token_client, job, layout="tp=4")  # valid for the planner, not for the trainers
     assert response.status_code == 400 and "tp=4 exceeds the 2 kv heads" in response.json()["layout"][0]
     response = run(token_client.post, "/api/jobs", {"name": "kv", "model": "tiny-gpt", "layout": "tp=4"},
                    format="json")
     assert response.status_code == 400 and "replicated kv heads" in response.json()["layout"][0]
-    response = _resize(run, token_client, job, gpus=3)
+    response = resize_job(run, token_client, job, gpus=3)
     assert response.status_code == 400
     assert response.json()["global_batch"] == [
         "global_batch=8 is not a multiple of micro_batch=1 x dp=3 (layout dp=3)"]
-    response = _resize(run, token_client, job, gpus=8)
+    response = resize_job(run, token_client, job, gpus=8)
     assert response.status_code == 409
     assert "joining ranks 1-7 cannot be placed" in response.json()["detail"]
     assert "3 free in all" in response.json()["detail"]  # the AllocationError's numbers
-    response = _resize(run, token_client, job, layout="dp=1")
+    response = resize_job(run, token_client, job, layout="dp=1")
     assert response.status_code == 409 and "nothing to switch" in response.json()["detail"]
     assert not Transition.objects.exists() and not sent_tasks[1:]  # only the start order went out
     assert Job.objects.get(pk=job.pk).state == "running"
-    assert sorted(k for k, (state, _) in _gpus().items() if state == "allocated") == ["node-1/0"]
+    assert sorted(k for k, (state, _) in gpu_states().items() if state == "allocated") == ["node-1/0"]
 
 
 def test_tensor_parallel_blocks_stay_on_one_node(two_nodes, token_client, sent_tasks, run) -> None:
     # dp=4 over both nodes; llama-124m's 4 kv heads allow tp=4 (tiny-gpt's 2 do not)
-    wide = _running_job(run, token_client, "wide", gpus=4, model="llama-124m")
-    response = _resize(run, token_client, wide, layout="tp=4")
+    wide = running_job(run, token_client, "wide", gpus=4, model="llama-124m")
+    response = resize_job(run, token_client, wide, layout="tp=4")
     assert response.status_code == 409
     assert "ranks 0-3 run on nodes node-1, node-2" in response.json()["detail"]
     run(scheduling.job_stop, job_id=wide.pk)
     run(job_record_report, report=protocol.JobReport(job_id=wide.pk, node="node-1", kind="stopped",
                                                      sent_at=datetime.now(timezone.utc)))
 
-    one = _running_job(run, token_client, "one", layout="dp=1")  # node-1/0
+    one = running_job(run, token_client, "one", layout="dp=1")  # node-1/0
     scheduling.job_submit(name="blocker", model="tiny-gpt", layout="dp=1", global_batch=12)  # node-2/0
     scheduling.job_submit(name="blocker2", model="tiny-gpt", layout="dp=1", global_batch=12)  # node-1/1
-    response = _resize(run, token_client, one, layout="tp=2")  # rank 1 must join rank 0 on node-1
+    response = resize_job(run, token_client, one, layout="tp=2")  # rank 1 must join rank 0 on node-1
     assert response.status_code == 409
     assert "joining ranks 1 must run on node node-1 with ranks 0" in response.json()["detail"]
 
 
 def test_a_start_never_takes_the_port_of_an_active_transition(two_nodes, token_client, sent_tasks, run) -> None:
-    job = _running_job(run, token_client, layout="dp=2")  # 29400
-    assert _resize(run, token_client, job, gpus=3).json()["rendezvous"] == "host-1:29401"
+    job = running_job(run, token_client, layout="dp=2")  # 29400
+    assert resize_job(run, token_client, job, gpus=3).json()["rendezvous"] == "host-1:29401"
     other = scheduling.job_submit(name="other", model="tiny-gpt", layout="dp=1")
     assert other.rendezvous == "host-2:29402"
 
@@ -291,17 +292,17 @@ def test_a_start_never_takes_the_port_of_an_active_transition(two_nodes, token_c
 def test_duplicate_late_and_unknown_reports_are_ignored(two_nodes, token_client, sent_tasks, sent_events, run,
                                                         caplog) -> None:
     caplog.set_level(logging.INFO)
-    job = _running_job(run, token_client, layout="dp=2")
-    t = Transition.objects.get(pk=_resize(run, token_client, job, gpus=4).json()["id"])
-    run(transition_report, _treport(t, "transferring", step=3))
-    run(transition_report, _treport(t, "transferring", step=3))  # duplicate
-    run(transition_report, _treport(t, "ready", step=3, prepare_seconds=2.0))  # overtaken: fills its figure only
+    job = running_job(run, token_client, layout="dp=2")
+    t = Transition.objects.get(pk=resize_job(run, token_client, job, gpus=4).json()["id"])
+    run(transition_report, treport(t, "transferring", step=3))
+    run(transition_report, treport(t, "transferring", step=3))  # duplicate
+    run(transition_report, treport(t, "ready", step=3, prepare_seconds=2.0))  # overtaken: fills its figure only
     t.refresh_from_db()
     assert (t.state, t.prepare_seconds) == ("transferring", 2.0)
     run(transition_report, _committed(t))
     sent_events.clear()
     for state in ("committed", "preparing", "transferring", "aborted", "rolled_back"):
-        run(transition_report, _treport(t, state, error="late"))
+        run(transition_report, treport(t, state, error="late"))
     t.refresh_from_db()
     job.refresh_from_db()
     assert (t.state, job.state, job.layout) == ("committed", "running", "dp=4")
@@ -327,13 +328,13 @@ def test_transfer_progress_and_tensor_checks_are_stored_and_published(two_nodes,
     """Rank 0's live `transferring` reports (round k of R, its measured wave so far) and the
     committed report's every-rank waves and per-tensor checks: stored on the transition
     (the furthest round wins, whatever the arrival order), each change on the job's stream."""
-    job = _running_job(run, token_client, layout="dp=2")
-    t = Transition.objects.get(pk=_resize(run, token_client, job, gpus=4).json()["id"])
+    job = running_job(run, token_client, layout="dp=2")
+    t = Transition.objects.get(pk=resize_job(run, token_client, job, gpus=4).json()["id"])
     before = job_live_snapshot(job_id=job.pk)
     sent_events.clear()
-    run(transition_report, _treport(t, "transferring", step=3, **_progress(1, 3, rank0=[10, 30, 20])))
-    run(transition_report, _treport(t, "transferring", step=3, **_progress(3, 3, rank0=[10, 30, 20, 25, 15, 18, 12])))
-    run(transition_report, _treport(t, "transferring", step=3, **_progress(2, 3, rank0=[10, 30, 20, 25, 15])))  # late
+    run(transition_report, treport(t, "transferring", step=3, **_progress(1, 3, rank0=[10, 30, 20])))
+    run(transition_report, treport(t, "transferring", step=3, **_progress(3, 3, rank0=[10, 30, 20, 25, 15, 18, 12])))
+    run(transition_report, treport(t, "transferring", step=3, **_progress(2, 3, rank0=[10, 30, 20, 25, 15])))  # late
     t.refresh_from_db()
     assert t.state == "transferring"
     assert t.progress == {"round": 3, "rounds": 3, "moved_bytes": 300, "waves": {"0": [10, 30, 20, 25, 15, 18, 12]}}
@@ -358,12 +359,12 @@ def test_transfer_progress_and_tensor_checks_are_stored_and_published(two_nodes,
 
 
 def test_a_digest_mismatch_rollback_keeps_the_failed_tensor_rows(two_nodes, token_client, sent_tasks, run) -> None:
-    job = _running_job(run, token_client, layout="dp=2")
-    t = Transition.objects.get(pk=_resize(run, token_client, job, gpus=4).json()["id"])
-    run(transition_report, _treport(t, "transferring", step=3))
+    job = running_job(run, token_client, layout="dp=2")
+    t = Transition.objects.get(pk=resize_job(run, token_client, job, gpus=4).json()["id"])
+    run(transition_report, treport(t, "transferring", step=3))
     rows = [{"name": "embed", "shape": [64, 32], "match": True, "mismatched": [], "digest": "01"},
             {"name": "head", "shape": [32, 64], "match": False, "mismatched": ["exp_avg"], "digest": "02"}]
-    run(transition_report, _treport(t, "rolled_back", error="verification failed for 1 tensor states: head/exp_avg",
+    run(transition_report, treport(t, "rolled_back", error="verification failed for 1 tensor states: head/exp_avg",
                                     tensors=rows))
     t.refresh_from_db()
     assert t.state == "rolled_back" and "head/exp_avg" in t.reason
@@ -371,17 +372,17 @@ def test_a_digest_mismatch_rollback_keeps_the_failed_tensor_rows(two_nodes, toke
 
 
 def test_the_ranks_abort_before_transferring(two_nodes, token_client, sent_tasks, run) -> None:
-    job = _running_job(run, token_client, layout="dp=2")
-    t = Transition.objects.get(pk=_resize(run, token_client, job, gpus=4).json()["id"])
-    run(transition_report, _treport(t, "preparing"))
-    run(transition_report, _treport(t, "aborted", error="joining rank 3 could not import torch"))
+    job = running_job(run, token_client, layout="dp=2")
+    t = Transition.objects.get(pk=resize_job(run, token_client, job, gpus=4).json()["id"])
+    run(transition_report, treport(t, "preparing"))
+    run(transition_report, treport(t, "aborted", error="joining rank 3 could not import torch"))
     t.refresh_from_db()
     job.refresh_from_db()
     assert t.state == "aborted" and "joining rank 3 could not import torch" in t.reason
     assert (job.state, job.layout, job.world_size, len(job.placement)) == ("running", "dp=2", 2, 2)
-    assert _gpus() == {"node-1/0": ("allocated", "j"), "node-1/1": ("allocated", "j"),
+    assert gpu_states() == {"node-1/0": ("allocated", "j"), "node-1/1": ("allocated", "j"),
                        "node-2/0": ("free", None), "node-2/1": ("free", None)}
-    assert _resize(run, token_client, job, gpus=3).status_code == 202  # a new resize may follow
+    assert resize_job(run, token_client, job, gpus=3).status_code == 202  # a new resize may follow
 
 
 def test_the_report_task_is_registered_with_the_control_worker() -> None:
@@ -397,23 +398,23 @@ def test_losing_a_joining_node_while_transferring_leaves_the_rollback_to_the_ran
                                                                                  sent_tasks, run) -> None:
     """The old ranks are alive and kept their state until the commit point: the switch
     fails on the ranks, which roll back and say so; the job is not failed meanwhile."""
-    job = _running_job(run, token_client, layout="dp=2")  # node-1
-    t = Transition.objects.get(pk=_resize(run, token_client, job, gpus=4).json()["id"])  # ranks 2, 3 on node-2
-    run(transition_report, _treport(t, "transferring"))
+    job = running_job(run, token_client, layout="dp=2")  # node-1
+    t = Transition.objects.get(pk=resize_job(run, token_client, job, gpus=4).json()["id"])  # ranks 2, 3 on node-2
+    run(transition_report, treport(t, "transferring"))
     sent_tasks.clear()
     later = dj_timezone.now() + timedelta(seconds=10)
     cluster.node_record_heartbeat(report=heartbeat("node-1", gpus=2, host="host-1"), received_at=later)
-    assert run(cluster.nodes_mark_lost, silent_for=timedelta(seconds=6), now=later) == ["node-2"]
+    assert run(node_loss.nodes_lost_sweep, silent_for=timedelta(seconds=6), now=later) == ["node-2"]
     t.refresh_from_db()
     job.refresh_from_db()
     assert (t.state, job.state) == ("transferring", "switching")
     assert not [name for name, _, _ in sent_tasks if name == protocol.NODE_JOB_STOP]
-    run(transition_report, _treport(t, "rolled_back", error="switch failed, back on dp=2: peer 2 closed"))
+    run(transition_report, treport(t, "rolled_back", error="switch failed, back on dp=2: peer 2 closed"))
     t.refresh_from_db()
     job.refresh_from_db()
     assert t.state == "rolled_back" and "back on dp=2" in t.reason
     assert (job.state, job.layout, job.world_size, job.error) == ("running", "dp=2", 2, "")
-    gpus = _gpus()
+    gpus = gpu_states()
     assert (gpus["node-1/0"], gpus["node-1/1"]) == (("allocated", "j"), ("allocated", "j"))
     assert gpus["node-2/0"] == ("lost", None) and gpus["node-2/1"] == ("lost", None)
     run(transition_report, _committed(t))  # late: the transition is over
@@ -423,28 +424,28 @@ def test_losing_a_joining_node_while_transferring_leaves_the_rollback_to_the_ran
 
 def test_losing_a_node_of_the_old_ranks_while_transferring_aborts_and_fails_the_job(two_nodes, token_client,
                                                                                   sent_tasks, run) -> None:
-    job = _running_job(run, token_client, layout="dp=2")  # node-1
-    t = Transition.objects.get(pk=_resize(run, token_client, job, gpus=4).json()["id"])  # ranks 2, 3 on node-2
-    run(transition_report, _treport(t, "transferring"))
+    job = running_job(run, token_client, layout="dp=2")  # node-1
+    t = Transition.objects.get(pk=resize_job(run, token_client, job, gpus=4).json()["id"])  # ranks 2, 3 on node-2
+    run(transition_report, treport(t, "transferring"))
     sent_tasks.clear()
     later = dj_timezone.now() + timedelta(seconds=10)
     cluster.node_record_heartbeat(report=heartbeat("node-2", gpus=2, host="host-2"), received_at=later)
-    assert run(cluster.nodes_mark_lost, silent_for=timedelta(seconds=6), now=later) == ["node-1"]
+    assert run(node_loss.nodes_lost_sweep, silent_for=timedelta(seconds=6), now=later) == ["node-1"]
     t.refresh_from_db()
     job.refresh_from_db()
     assert t.state == "aborted"
     assert "the job failed while the transition was transferring" in t.reason
     assert job.state == "failed" and "node node-1 (ranks 0, 1) lost" in job.error
-    gpus = _gpus()
+    gpus = gpu_states()
     assert (gpus["node-2/0"], gpus["node-2/1"], gpus["node-1/0"]) == (("free", None), ("free", None), ("lost", None))
     assert {q for name, _, q in sent_tasks if name == protocol.NODE_JOB_STOP} == {"node.node-1", "node.node-2"}
 
 
 def test_a_failed_rank_while_preparing_aborts_and_stops_the_joining_node(two_nodes, token_client, sent_tasks,
                                                                        run) -> None:
-    job = _running_job(run, token_client, layout="dp=2")
-    t = Transition.objects.get(pk=_resize(run, token_client, job, gpus=4).json()["id"])
-    run(transition_report, _treport(t, "preparing"))
+    job = running_job(run, token_client, layout="dp=2")
+    t = Transition.objects.get(pk=resize_job(run, token_client, job, gpus=4).json()["id"])
+    run(transition_report, treport(t, "preparing"))
     sent_tasks.clear()
     run(job_record_report, report=protocol.JobReport(job_id=job.pk, node="node-1", kind="failed", ranks=(1,),
                                                      error="rank 1 exited with code 1",
@@ -453,13 +454,13 @@ def test_a_failed_rank_while_preparing_aborts_and_stops_the_joining_node(two_nod
     job.refresh_from_db()
     assert t.state == "aborted" and "the job failed while the transition was preparing" in t.reason
     assert job.state == "failed"
-    assert {state for state, _ in _gpus().values()} == {"free"}
+    assert {state for state, _ in gpu_states().values()} == {"free"}
     assert [(name, q) for name, _, q in sent_tasks] == [(protocol.NODE_JOB_STOP, "node.node-2")]
 
 
 def test_a_stop_during_a_transition_reaches_the_joining_node(two_nodes, token_client, sent_tasks, run) -> None:
-    job = _running_job(run, token_client, layout="dp=2")
-    t = Transition.objects.get(pk=_resize(run, token_client, job, gpus=4).json()["id"])
+    job = running_job(run, token_client, layout="dp=2")
+    t = Transition.objects.get(pk=resize_job(run, token_client, job, gpus=4).json()["id"])
     sent_tasks.clear()
     assert run(token_client.post, f"/api/jobs/{job.pk}/stop").json()["state"] == "stopping"
     assert {q for name, _, q in sent_tasks if name == protocol.NODE_JOB_STOP} == {"node.node-1", "node.node-2"}
@@ -467,7 +468,7 @@ def test_a_stop_during_a_transition_reaches_the_joining_node(two_nodes, token_cl
                                                      sent_at=datetime.now(timezone.utc)))
     t.refresh_from_db()
     assert t.state == "aborted" and "the job stopped while the transition was planned" in t.reason
-    assert {state for state, _ in _gpus().values()} == {"free"}
+    assert {state for state, _ in gpu_states().values()} == {"free"}
 
 
 def test_a_refused_switch_order_fails_the_job(two_nodes, token_client, run, monkeypatch) -> None:
@@ -475,14 +476,14 @@ def test_a_refused_switch_order_fails_the_job(two_nodes, token_client, run, monk
 
     from controlplane.celery import app
 
-    job = _running_job(run, token_client, layout="dp=2")
+    job = running_job(run, token_client, layout="dp=2")
 
     def refuse(name, args=None, queue=None, **kwargs):
         if name == protocol.NODE_JOB_SWITCH:
             raise OperationalError("broker down")
 
     monkeypatch.setattr(app, "send_task", refuse)
-    assert _resize(run, token_client, job, gpus=4).status_code == 202
+    assert resize_job(run, token_client, job, gpus=4).status_code == 202
     job.refresh_from_db()
     assert job.state == "failed" and "could not be sent: broker down" in job.error
     assert Transition.objects.get(job=job).state == "aborted"
@@ -505,19 +506,19 @@ def test_losing_a_node_with_only_joining_ranks_before_the_transfer_aborts_the_re
         two_nodes, token_client, sent_tasks, sent_events, run) -> None:
     """The job's ranks never left their layout: the resize is aborted with the reason, the
     job trains on (rank 0 abandons the switch when the joining ranks never come)."""
-    job = _running_job(run, token_client, layout="dp=2")  # node-1
-    t = Transition.objects.get(pk=_resize(run, token_client, job, gpus=4).json()["id"])  # ranks 2, 3 on node-2
-    run(transition_report, _treport(t, "preparing"))
+    job = running_job(run, token_client, layout="dp=2")  # node-1
+    t = Transition.objects.get(pk=resize_job(run, token_client, job, gpus=4).json()["id"])  # ranks 2, 3 on node-2
+    run(transition_report, treport(t, "preparing"))
     sent_tasks.clear()
     later = dj_timezone.now() + timedelta(seconds=10)
     cluster.node_record_heartbeat(report=heartbeat("node-1", gpus=2, host="host-1"), received_at=later)
-    assert run(cluster.nodes_mark_lost, silent_for=timedelta(seconds=6), now=later) == ["node-2"]
+    assert run(node_loss.nodes_lost_sweep, silent_for=timedelta(seconds=6), now=later) == ["node-2"]
     t.refresh_from_db()
     job.refresh_from_db()
     assert t.state == "aborted" and "node node-2 (joining ranks 2, 3) lost before the transfer" in t.reason
     assert [h["state"] for h in t.history][-1] == "aborted"
     assert (job.state, job.layout, job.world_size, job.error) == ("running", "dp=2", 2, "")
-    gpus = _gpus()
+    gpus = gpu_states()
     assert (gpus["node-1/0"], gpus["node-1/1"]) == (("allocated", "j"), ("allocated", "j"))
     assert gpus["node-2/0"][1] is None and gpus["node-2/1"][1] is None  # no longer the job's
     assert not [name for name, _, _ in sent_tasks if name == protocol.NODE_JOB_STOP]
@@ -525,6 +526,6 @@ def test_losing_a_node_with_only_joining_ranks_before_the_transfer_aborts_the_re
     assert [q for _, q in cancels] == ["node.node-1"]  # rank 0's node is told to drop the switch
     cancel = protocol.JobSwitchCancel.model_validate(cancels[0][0])
     assert (cancel.job_id, cancel.transition_id) == (job.pk, t.pk) and "lost before the transfer" in cancel.reason
-    run(transition_report, _treport(t, "aborted", error="switch abandoned: 0 of 2 joining ranks ready"))
+    run(transition_report, treport(t, "aborted", error="switch abandoned: 0 of 2 joining ranks ready"))
     t.refresh_from_db()
     assert t.state == "aborted"  # rank 0's own abort, late, changes nothing

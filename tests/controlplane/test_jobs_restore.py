@@ -18,7 +18,7 @@ from django.utils import timezone as dj_timezone
 from agents import protocol
 from controlplane.cluster import services as cluster
 from controlplane.cluster.models import Gpu
-from controlplane.jobs import restore
+from controlplane.jobs import node_loss, restore
 from controlplane.jobs.events import CheckpointEvent, apply_job_event, job_event_adapter
 from controlplane.jobs.models import Job, Transition
 from controlplane.jobs.reports import job_record_report
@@ -29,38 +29,38 @@ from tests.controlplane.conftest import heartbeat
 pytestmark = pytest.mark.django_db
 
 
-def _report(job: Job, kind: str, node: str = "node-1", **fields) -> protocol.JobReport:
+def make_report(job: Job, kind: str, node: str = "node-1", **fields) -> protocol.JobReport:
     return protocol.JobReport(job_id=job.pk, node=node, kind=kind, sent_at=datetime.now(timezone.utc), **fields)
 
 
-def _job(run, token_client, name="j", **body) -> Job:
+def started_job(run, token_client, name="j", **body) -> Job:
     body = {"name": name, "model": "tiny-gpt", "global_batch": 12, **body}
     response = run(token_client.post, "/api/jobs", body, format="json")
     assert response.status_code == 201, response.content
     job = Job.objects.get(pk=response.json()["id"])
-    run(job_record_report, report=_report(job, "started"))
+    run(job_record_report, report=make_report(job, "started"))
     return job
 
 
-def _trained(run, job: Job, step: int, checkpoint: int | None) -> None:
+def trained_to(run, job: Job, step: int, checkpoint: int | None) -> None:
     if checkpoint is not None:
-        run(job_record_report, report=_report(job, "checkpoint", step=checkpoint,
+        run(job_record_report, report=make_report(job, "checkpoint", step=checkpoint,
                                               checkpoint_path=f"/ckpt/step-{checkpoint:08d}", seconds=0.4))
-    run(job_record_report, report=_report(job, "step", step=step, loss=3.0))
+    run(job_record_report, report=make_report(job, "step", step=step, loss=3.0))
 
 
-def _gpus() -> dict[str, tuple[str, str | None]]:
+def gpu_states() -> dict[str, tuple[str, str | None]]:
     return {f"{g.node.name}/{g.index}": (g.state, g.job.name if g.job else None)
             for g in Gpu.objects.select_related("node", "job")}
 
 
-def _lose(run, node: str, keep: str) -> list[str]:
+def lose_node(run, node: str, keep: str) -> list[str]:
     later = dj_timezone.now() + timedelta(seconds=10)
     cluster.node_record_heartbeat(report=heartbeat(keep, gpus=2, host=f"host-{keep[-1]}"), received_at=later)
-    return run(cluster.nodes_mark_lost, silent_for=timedelta(seconds=6), now=later)
+    return run(node_loss.nodes_lost_sweep, silent_for=timedelta(seconds=6), now=later)
 
 
-def _tasks(sent, name) -> list[tuple[dict, str]]:
+def sent_of(sent, name) -> list[tuple[dict, str]]:
     return [(message, queue) for task, message, queue in sent if task == name]
 
 
@@ -68,13 +68,13 @@ def _tasks(sent, name) -> list[tuple[dict, str]]:
 
 def test_checkpoint_settings_reach_the_orders_and_reports_keep_the_latest(two_nodes, token_client, sent_tasks,
                                                                          sent_events, run) -> None:
-    job = _job(run, token_client, gpus=4, checkpoint_interval=5)
+    job = started_job(run, token_client, gpus=4, checkpoint_interval=5)
     assert job.checkpoint_dir == str(settings.VAR_DIR / "checkpoints" / f"j-{job.pk}")
-    orders = [protocol.JobStartOrder.model_validate(m) for m, _ in _tasks(sent_tasks, protocol.NODE_JOB_START)]
+    orders = [protocol.JobStartOrder.model_validate(m) for m, _ in sent_of(sent_tasks, protocol.NODE_JOB_START)]
     assert {(o.checkpoint_interval, o.checkpoint_dir, o.restore_from, o.restore_id) for o in orders} == {
         (5, job.checkpoint_dir, "", None)}
-    _trained(run, job, 12, 10)
-    run(job_record_report, report=_report(job, "checkpoint", step=5, checkpoint_path="/ckpt/step-00000005"))  # late
+    trained_to(run, job, 12, 10)
+    run(job_record_report, report=make_report(job, "checkpoint", step=5, checkpoint_path="/ckpt/step-00000005"))  # late
     job.refresh_from_db()
     assert (job.checkpoint_step, job.checkpoint_path, job.checkpoint_seconds, job.step) == (
         10, "/ckpt/step-00000010", 0.4, 12)
@@ -94,7 +94,7 @@ def test_checkpoint_fields_are_checked(two_nodes, token_client, run) -> None:
     bad = run(token_client.post, "/api/jobs", {"name": "j", "model": "tiny-gpt", "gpus": 1,
                                                "checkpoint_interval": -1}, format="json")
     assert bad.status_code == 400 and "checkpoint_interval" in bad.json()
-    off = _job(run, token_client, "off", gpus=1, checkpoint_interval=0, checkpoint_dir="/shared/ckpt")
+    off = started_job(run, token_client, "off", gpus=1, checkpoint_interval=0, checkpoint_dir="/shared/ckpt")
     assert (off.checkpoint_interval, off.checkpoint_dir) == (0, "/shared/ckpt")
 
 
@@ -102,14 +102,14 @@ def test_checkpoint_fields_are_checked(two_nodes, token_client, run) -> None:
 
 def test_a_node_lost_while_training_restores_the_job_on_the_survivors(two_nodes, token_client, sent_tasks,
                                                                      run) -> None:
-    job = _job(run, token_client, gpus=4, checkpoint_interval=10)
+    job = started_job(run, token_client, gpus=4, checkpoint_interval=10)
     old_port = job.rendezvous_port
-    _trained(run, job, 14, 10)
+    trained_to(run, job, 14, 10)
     sent_tasks.clear()
-    assert _lose(run, "node-2", keep="node-1") == ["node-2"]
+    assert lose_node(run, "node-2", keep="node-1") == ["node-2"]
     job.refresh_from_db()
     assert job.state == "restoring" and "node node-2 (ranks 2, 3) lost; restoring from checkpoint step 10" in job.error
-    ((job_id, queue),) = _tasks(sent_tasks, protocol.CONTROL_JOB_RESTORE)
+    ((job_id, queue),) = sent_of(sent_tasks, protocol.CONTROL_JOB_RESTORE)
     assert (job_id, queue) == (job.pk, protocol.CONTROL_QUEUE)
     sent_tasks.clear()
     row = run(restore.job_restore, job_id=job.pk)
@@ -123,17 +123,17 @@ def test_a_node_lost_while_training_restores_the_job_on_the_survivors(two_nodes,
                           "(4 steps redone) on 2 GPUs as dp=2; the surviving ranks (2 of 4) still held a full "
                           "replica of the state; not switched on them: no surviving rank outlived its world (none "
                           "reported waiting for a recovery order)")
-    ((message, queue),) = _tasks(sent_tasks, protocol.NODE_JOB_START)
+    ((message, queue),) = sent_of(sent_tasks, protocol.NODE_JOB_START)
     order = protocol.JobStartOrder.model_validate(message)
     assert (queue, order.restore_from, order.restore_id, order.layout, order.world) == (
         "node.node-1", "/ckpt/step-00000010", row.pk, "dp=2", 2)
-    gpus = _gpus()
+    gpus = gpu_states()
     assert (gpus["node-1/0"], gpus["node-2/0"]) == (("allocated", "j"), ("lost", None))
     # A report of the old world is ignored; the new world's `restored` commits the row.
-    run(job_report, _report(job, "failed", ranks=(0,), error="gloo: connection closed").model_dump(mode="json"))
+    run(job_report, make_report(job, "failed", ranks=(0,), error="gloo: connection closed").model_dump(mode="json"))
     assert Job.objects.get(pk=job.pk).state == "starting"
-    run(job_record_report, report=_report(job, "restored", step=10, verified=True, seconds=1.5, restore_id=row.pk))
-    run(job_record_report, report=_report(job, "started", step=11, restore_id=row.pk))
+    run(job_record_report, report=make_report(job, "restored", step=10, verified=True, seconds=1.5, restore_id=row.pk))
+    run(job_record_report, report=make_report(job, "started", step=11, restore_id=row.pk))
     row.refresh_from_db()
     job.refresh_from_db()
     assert (row.state, row.verification["verified"], row.transfer_seconds) == ("committed", True, 1.5)
@@ -145,21 +145,21 @@ def test_a_node_lost_while_training_restores_the_job_on_the_survivors(two_nodes,
 
 def test_a_rank_failure_waits_for_the_node_loss_then_restores_and_does_not_loop(two_nodes, token_client,
                                                                                 sent_tasks, run) -> None:
-    job = _job(run, token_client, gpus=4, checkpoint_interval=10)
-    _trained(run, job, 12, 10)
+    job = started_job(run, token_client, gpus=4, checkpoint_interval=10)
+    trained_to(run, job, 12, 10)
     sent_tasks.clear()
-    run(job_report, _report(job, "failed", ranks=(1,), error="gloo: connection reset").model_dump(mode="json"))
+    run(job_report, make_report(job, "failed", ranks=(1,), error="gloo: connection reset").model_dump(mode="json"))
     job.refresh_from_db()
     assert job.state == "restoring" and "node node-1 ranks 1 failed" in job.error
     # Queued with a delay: a dead node is marked lost by then, so the restore leaves it out.
     assert protocol.CONTROL_JOB_RESTORE in [name for name, _, _ in sent_tasks]
-    run(job_report, _report(job, "failed", node="node-2", ranks=(2,)).model_dump(mode="json"))  # already restoring
+    run(job_report, make_report(job, "failed", node="node-2", ranks=(2,)).model_dump(mode="json"))  # already restoring
     row = run(restore.job_restore, job_id=job.pk)
     job.refresh_from_db()
     assert (job.state, job.layout, len(job.placement)) == ("starting", "dp=4", 4)  # every node still healthy
     assert row.reason.startswith("node node-1 ranks 1 failed at step 12; restored from checkpoint step 10")
     # The restarted world fails as well, before a newer checkpoint: the job fails, no second restore.
-    run(job_report, _report(job, "failed", ranks=(0,), error="boom", restore_id=row.pk).model_dump(mode="json"))
+    run(job_report, make_report(job, "failed", ranks=(0,), error="boom", restore_id=row.pk).model_dump(mode="json"))
     job.refresh_from_db()
     row.refresh_from_db()
     assert job.state == "failed" and job.error == "node node-1 ranks 0: boom"
@@ -168,11 +168,11 @@ def test_a_rank_failure_waits_for_the_node_loss_then_restores_and_does_not_loop(
 
 
 def test_a_node_lost_without_a_checkpoint_fails_the_job_saying_so(two_nodes, token_client, sent_tasks, run) -> None:
-    none_yet = _job(run, token_client, gpus=2)  # node-1
-    off = _job(run, token_client, "off", gpus=2, checkpoint_interval=0)  # node-2
-    _trained(run, none_yet, 3, None)
+    none_yet = started_job(run, token_client, gpus=2)  # node-1
+    off = started_job(run, token_client, "off", gpus=2, checkpoint_interval=0)  # node-2
+    trained_to(run, none_yet, 3, None)
     later = dj_timezone.now() + timedelta(seconds=10)
-    assert run(cluster.nodes_mark_lost, silent_for=timedelta(seconds=6), now=later) == ["node-1", "node-2"]
+    assert run(node_loss.nodes_lost_sweep, silent_for=timedelta(seconds=6), now=later) == ["node-1", "node-2"]
     none_yet.refresh_from_db()
     off.refresh_from_db()
     assert none_yet.state == "failed" and none_yet.error.endswith("; no checkpoint to restore from")
@@ -181,14 +181,14 @@ def test_a_node_lost_without_a_checkpoint_fails_the_job_saying_so(two_nodes, tok
 
 def test_old_ranks_lost_during_a_transfer_restore_from_the_checkpoint_on_the_joining_gpus(
         two_nodes, token_client, sent_tasks, run) -> None:
-    job = _job(run, token_client, layout="dp=2", checkpoint_interval=10)  # node-1
-    _trained(run, job, 20, 20)
+    job = started_job(run, token_client, layout="dp=2", checkpoint_interval=10)  # node-1
+    trained_to(run, job, 20, 20)
     response = run(token_client.post, f"/api/jobs/{job.pk}/resize", {"gpus": 4}, format="json")
     resize = Transition.objects.get(pk=response.json()["id"])
     run(transition_report, protocol.TransitionReport(job_id=job.pk, transition_id=resize.pk, node="node-1",
                                                      state="transferring", sent_at=datetime.now(timezone.utc),
                                                      step=21).model_dump(mode="json"))
-    _lose(run, "node-1", keep="node-2")
+    lose_node(run, "node-1", keep="node-2")
     resize.refresh_from_db()
     job.refresh_from_db()
     assert resize.state == "aborted"
@@ -202,18 +202,18 @@ def test_old_ranks_lost_during_a_transfer_restore_from_the_checkpoint_on_the_joi
     assert row.source_layout == "dp=2" and "restored from checkpoint step 20" in row.reason
     assert row.reason.endswith("; the surviving ranks (0 of 2) no longer held every state element "
                                "(78 tensor states incomplete, e.g. llm.embed.weight param)")
-    assert _gpus()["node-1/0"] == ("lost", None)
+    assert gpu_states()["node-1/0"] == ("lost", None)
 
 
 def test_stop_while_restoring_stops_at_once_and_the_restore_task_then_does_nothing(two_nodes, token_client,
                                                                                     sent_tasks, run) -> None:
-    job = _job(run, token_client, gpus=4, checkpoint_interval=10)
-    _trained(run, job, 12, 10)
-    run(job_report, _report(job, "failed", ranks=(1,)).model_dump(mode="json"))
+    job = started_job(run, token_client, gpus=4, checkpoint_interval=10)
+    trained_to(run, job, 12, 10)
+    run(job_report, make_report(job, "failed", ranks=(1,)).model_dump(mode="json"))
     response = run(token_client.post, f"/api/jobs/{job.pk}/stop", {}, format="json")
     assert response.status_code == 200 and response.json()["state"] == "stopped"
     assert run(restore.job_restore, job_id=job.pk) is None
-    assert {state for state, _ in _gpus().values()} == {"free"}
+    assert {state for state, _ in gpu_states().values()} == {"free"}
 
 
 def test_the_restore_task_is_registered_with_the_control_worker() -> None:

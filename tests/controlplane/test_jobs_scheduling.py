@@ -17,7 +17,7 @@ from agents import protocol
 from controlplane.cluster import services as cluster
 from controlplane.cluster.models import Gpu
 from controlplane.common.errors import Conflict
-from controlplane.jobs import restore, scheduling
+from controlplane.jobs import node_loss, restore, scheduling
 from controlplane.jobs.events import JobLiveSnapshot, MetricsEvent, apply_job_event, job_event_adapter
 from controlplane.jobs.models import Job
 from controlplane.jobs.reports import job_record_report
@@ -296,7 +296,7 @@ def test_losing_a_node_fails_its_jobs_and_frees_the_gpus(two_nodes, token_client
     sent_tasks.clear()
     later = dj_timezone.now() + timedelta(seconds=10)  # node-2 has been silent for 10 s, node-1 beats
     cluster.node_record_heartbeat(report=heartbeat("node-1", gpus=2, host="host-1"), received_at=later)
-    lost = run(cluster.nodes_mark_lost, silent_for=timedelta(seconds=6), now=later)
+    lost = run(node_loss.nodes_lost_sweep, silent_for=timedelta(seconds=6), now=later)
     assert lost == ["node-2"]
     job.refresh_from_db()
     assert job.state == "failed"

@@ -17,13 +17,13 @@ from agents import protocol
 from controlplane.jobs import restore
 from controlplane.jobs.models import Job, Transition
 from controlplane.jobs.reports import job_record_report, transition_record_report
-from tests.controlplane.test_jobs_restore import _gpus, _job, _lose, _report, _tasks, _trained
+from tests.controlplane.test_jobs_restore import gpu_states, started_job, lose_node, make_report, sent_of, trained_to
 
 pytestmark = pytest.mark.django_db
 
 
 def _orphaned(run, job: Job, node: str, ranks: tuple[int, ...], step: int) -> None:
-    run(job_record_report, report=_report(job, "orphaned", node=node, ranks=ranks, step=step,
+    run(job_record_report, report=make_report(job, "orphaned", node=node, ranks=ranks, step=step,
                                           error="RuntimeError: Connection closed by peer"))
 
 
@@ -34,9 +34,9 @@ def _committed(row: Transition, **fields) -> protocol.TransitionReport:
 
 def test_rank_0s_node_lost_the_survivors_are_renumbered_and_go_on_without_a_checkpoint(
         two_nodes, token_client, sent_tasks, run) -> None:
-    job = _job(run, token_client, gpus=4, checkpoint_interval=0)  # dp=4: ranks 0, 1 on node-1; 2, 3 on node-2
+    job = started_job(run, token_client, gpus=4, checkpoint_interval=0)  # dp=4: ranks 0, 1 on node-1; 2, 3 on node-2
     old_port = job.rendezvous_port
-    _trained(run, job, 14, None)
+    trained_to(run, job, 14, None)
     sent_tasks.clear()
     _orphaned(run, job, "node-2", (2,), 14)
     job.refresh_from_db()
@@ -44,13 +44,13 @@ def test_rank_0s_node_lost_the_survivors_are_renumbered_and_go_on_without_a_chec
     assert job.error == ("node node-2 ranks 2 lost their peers (RuntimeError: Connection closed by peer); recovering "
                          "on the surviving ranks if they outlived their world (no checkpoint)")
     # A first look soon (the survivors need not wait for the sweep), and the final decision.
-    assert [q for _, q in _tasks(sent_tasks, protocol.CONTROL_JOB_RESTORE)] == [protocol.CONTROL_QUEUE] * 2
+    assert [q for _, q in sent_of(sent_tasks, protocol.CONTROL_JOB_RESTORE)] == [protocol.CONTROL_QUEUE] * 2
     _orphaned(run, job, "node-2", (3,), 14)
     _orphaned(run, job, "node-2", (3,), 14)  # a duplicate changes nothing
     sent_tasks.clear()
     row = run(restore.job_restore, job_id=job.pk, early=True)  # node-1 is not marked lost yet
     assert run(restore.job_restore, job_id=job.pk) is None  # the final look finds it done
-    assert _lose(run, "node-1", keep="node-2") == ["node-1"]  # (the job holds nothing there any more)
+    assert lose_node(run, "node-1", keep="node-2") == ["node-1"]  # (the job holds nothing there any more)
     job.refresh_from_db()
     assert (job.state, job.layout, job.world_size, job.error, job.recovery) == ("starting", "dp=2", 2, "", {})
     assert job.placement == [{"rank": 0, "node": "node-2", "gpu": 0}, {"rank": 1, "node": "node-2", "gpu": 1}]
@@ -63,22 +63,22 @@ def test_rank_0s_node_lost_the_survivors_are_renumbered_and_go_on_without_a_chec
                           "dp=2, switched to dp=2 on 2 GPUs")
     assert row.verification["survivors"] == {"ranks": [[2, 0], [3, 1]], "source_layout": "dp=2", "step": 14}
     assert row.plan_fingerprint and row.plan_summary["network_bytes"] == 0  # the replicas stay where they are
-    ((message, queue),) = _tasks(sent_tasks, protocol.NODE_JOB_RECOVER)
+    ((message, queue),) = sent_of(sent_tasks, protocol.NODE_JOB_RECOVER)
     order = protocol.JobRecoverOrder.model_validate(message)
     assert queue == "node.node-2"
     assert (order.restore_id, order.step, order.src_layout, order.src_world, order.layout, order.world,
             order.union_world, order.rendezvous) == (row.pk, 14, "dp=2", 2, "dp=2", 2, 2, job.rendezvous)
     assert [(m.old, m.new) for m in order.ranks] == [(2, 0), (3, 1)]
-    assert not _tasks(sent_tasks, protocol.NODE_JOB_START)
-    gpus = _gpus()
+    assert not sent_of(sent_tasks, protocol.NODE_JOB_START)
+    gpus = gpu_states()
     assert (gpus["node-2/0"], gpus["node-2/1"], gpus["node-1/0"]) == (("allocated", "j"), ("allocated", "j"),
                                                                       ("lost", None))
     # Reports of the old world are ignored; rank 0's `committed` commits the row with the engine's figures.
-    run(job_record_report, report=_report(job, "step", step=15, loss=2.0))
+    run(job_record_report, report=make_report(job, "step", step=15, loss=2.0))
     run(transition_record_report, report=_committed(row, step=14, transfer_seconds=0.02, verify_seconds=0.01,
                                                     pause_seconds=3.5, network_bytes=0, rounds=1, verified=True,
                                                     fingerprint=row.plan_fingerprint))
-    run(job_record_report, report=_report(job, "started", node="node-2", step=15, restore_id=row.pk))
+    run(job_record_report, report=make_report(job, "started", node="node-2", step=15, restore_id=row.pk))
     row.refresh_from_db()
     job.refresh_from_db()
     assert (row.state, row.transfer_seconds, row.verify_seconds, row.pause_seconds) == ("committed", 0.02, 0.01, 3.5)
@@ -93,11 +93,11 @@ def test_rank_0s_node_lost_the_survivors_are_renumbered_and_go_on_without_a_chec
 def test_survivors_that_cannot_take_over_leave_the_checkpoint_or_a_failure_saying_why(
         two_nodes, token_client, sent_tasks, run) -> None:
     # Different steps: one replica finished its optimizer step, the other did not.
-    skew = _job(run, token_client, "skew", gpus=4, checkpoint_interval=10)
-    _trained(run, skew, 12, 10)
+    skew = started_job(run, token_client, "skew", gpus=4, checkpoint_interval=10)
+    trained_to(run, skew, 12, 10)
     _orphaned(run, skew, "node-1", (0,), 12)
     _orphaned(run, skew, "node-1", (1,), 11)
-    run(job_record_report, report=_report(skew, "failed", node="node-2", ranks=(2,), error="killed"))
+    run(job_record_report, report=make_report(skew, "failed", node="node-2", ranks=(2,), error="killed"))
     assert run(restore.job_restore, job_id=skew.pk, early=True) is None  # the first look leaves it to the last
     assert Job.objects.get(pk=skew.pk).state == "restoring"
     row = run(restore.job_restore, job_id=skew.pk)
@@ -109,23 +109,23 @@ def test_survivors_that_cannot_take_over_leave_the_checkpoint_or_a_failure_sayin
 
 def test_the_waiting_ranks_of_a_node_whose_agent_reported_a_failure_are_not_survivors(
         two_nodes, token_client, sent_tasks, run) -> None:
-    job = _job(run, token_client, gpus=4, checkpoint_interval=0)
-    _trained(run, job, 9, None)
+    job = started_job(run, token_client, gpus=4, checkpoint_interval=0)
+    trained_to(run, job, 9, None)
     _orphaned(run, job, "node-2", (2, 3), 9)
     # node-2's agent then reports one of them dead: it kills the job's ranks there.
-    run(job_record_report, report=_report(job, "failed", node="node-2", ranks=(3,), error="exited with code 1"))
+    run(job_record_report, report=make_report(job, "failed", node="node-2", ranks=(3,), error="exited with code 1"))
     job.refresh_from_db()
     assert job.recovery["failed_nodes"] == ["node-2"]
-    run(job_record_report, report=_report(job, "orphaned", node="node-1", ranks=(0, 1), step=9))
+    run(job_record_report, report=make_report(job, "orphaned", node="node-1", ranks=(0, 1), step=9))
     row = run(restore.job_restore, job_id=job.pk)
     assert row.verification["survivors"]["ranks"] == [[0, 0], [1, 1]]
 
 
 def test_zero_1_survivors_miss_optimizer_states_so_a_node_loss_without_a_checkpoint_fails_at_once(
         two_nodes, token_client, sent_tasks, run) -> None:
-    zero = _job(run, token_client, "zero", layout="dp=4,zero=1", checkpoint_interval=0)
-    _trained(run, zero, 3, None)
-    _lose(run, "node-2", keep="node-1")
+    zero = started_job(run, token_client, "zero", layout="dp=4,zero=1", checkpoint_interval=0)
+    trained_to(run, zero, 3, None)
+    lose_node(run, "node-2", keep="node-1")
     zero.refresh_from_db()
     assert zero.state == "failed"
     assert zero.error.endswith("; no checkpoint to restore from (checkpoint_interval=0: checkpoints are off)")
@@ -133,26 +133,26 @@ def test_zero_1_survivors_miss_optimizer_states_so_a_node_loss_without_a_checkpo
 
 def test_no_survivors_at_all_and_no_checkpoint_fails_and_a_broken_recovery_does_not_loop(
         two_nodes, token_client, sent_tasks, run) -> None:
-    job = _job(run, token_client, gpus=4, checkpoint_interval=0)
-    _trained(run, job, 5, None)
-    _lose(run, "node-2", keep="node-1")  # no rank reported waiting before the node counted as lost
+    job = started_job(run, token_client, gpus=4, checkpoint_interval=0)
+    trained_to(run, job, 5, None)
+    lose_node(run, "node-2", keep="node-1")  # no rank reported waiting before the node counted as lost
     job.refresh_from_db()
     assert job.state == "failed" and job.error == (
         "node node-2 (ranks 2, 3) lost: its heartbeats stopped while it ran this job's ranks; no checkpoint to "
         "restore from (checkpoint_interval=0: checkpoints are off)")
-    assert {state for state, _ in _gpus().values()} == {"free", "lost"}
+    assert {state for state, _ in gpu_states().values()} == {"free", "lost"}
     # A rank that died on a live node: the others may have outlived it; none reports here.
-    crash = _job(run, token_client, "crash", gpus=2, checkpoint_interval=0)  # node-1, dp=2
-    _trained(run, crash, 3, None)
-    run(job_record_report, report=_report(crash, "failed", node="node-1", ranks=(1,), error="rank 1: MemoryError"))
+    crash = started_job(run, token_client, "crash", gpus=2, checkpoint_interval=0)  # node-1, dp=2
+    trained_to(run, crash, 3, None)
+    run(job_record_report, report=make_report(crash, "failed", node="node-1", ranks=(1,), error="rank 1: MemoryError"))
     crash.refresh_from_db()
     assert crash.state == "failed"  # node-1's agent killed rank 0 too: nobody can take over
     assert crash.error == "node node-1 ranks 1: rank 1: MemoryError"
     # A survivors' world that fails before it commits (e.g. its replicas disagree) is not recovered again.
-    again = _job(run, token_client, "again", gpus=2, checkpoint_interval=0)  # node-1, dp=2
-    _trained(run, again, 4, None)
+    again = started_job(run, token_client, "again", gpus=2, checkpoint_interval=0)  # node-1, dp=2
+    trained_to(run, again, 4, None)
     _orphaned(run, again, "node-1", (1,), 4)
-    run(job_record_report, report=_report(again, "failed", node="node-1", ranks=(0,), error="boom"))
+    run(job_record_report, report=make_report(again, "failed", node="node-1", ranks=(0,), error="boom"))
     again.refresh_from_db()
     assert again.state == "restoring"
     assert run(restore.job_restore, job_id=again.pk) is None  # node-1 reported a failure: nobody survives
@@ -162,13 +162,13 @@ def test_no_survivors_at_all_and_no_checkpoint_fails_and_a_broken_recovery_does_
 
 def test_a_failed_recovered_world_ends_its_restore_row_and_fails_without_a_checkpoint(
         two_nodes, token_client, sent_tasks, run) -> None:
-    job = _job(run, token_client, gpus=4, checkpoint_interval=0)
-    _trained(run, job, 7, None)
+    job = started_job(run, token_client, gpus=4, checkpoint_interval=0)
+    trained_to(run, job, 7, None)
     _orphaned(run, job, "node-1", (0, 1), 7)
-    _lose(run, "node-2", keep="node-1")
+    lose_node(run, "node-2", keep="node-1")
     row = run(restore.job_restore, job_id=job.pk)
     assert row.destination_layout == "dp=2"
-    run(job_record_report, report=_report(job, "failed", node="node-1", ranks=(1,), restore_id=row.pk,
+    run(job_record_report, report=make_report(job, "failed", node="node-1", ranks=(1,), restore_id=row.pk,
                                           error="the survivors disagree: step 7 on rank 0, 6 on rank 1"))
     job.refresh_from_db()
     row.refresh_from_db()
@@ -179,10 +179,10 @@ def test_a_failed_recovered_world_ends_its_restore_row_and_fails_without_a_check
 def test_the_transition_page_says_the_survivors_took_over(two_nodes, token_client, sent_tasks, run, user) -> None:
     from django.test import Client
 
-    job = _job(run, token_client, gpus=4, checkpoint_interval=0)
-    _trained(run, job, 6, None)
+    job = started_job(run, token_client, gpus=4, checkpoint_interval=0)
+    trained_to(run, job, 6, None)
     _orphaned(run, job, "node-2", (2, 3), 6)
-    _lose(run, "node-1", keep="node-2")
+    lose_node(run, "node-1", keep="node-2")
     row = run(restore.job_restore, job_id=job.pk)
     browser = Client()
     browser.force_login(user)

@@ -20,8 +20,8 @@ from controlplane.jobs.models import Job, Transition
 from controlplane.jobs.reports import job_record_report
 from controlplane.jobs.tasks import transition_report
 from controlplane.jobs.timeouts import TimeoutOutcome, timeout_outcome, transitions_time_out
-from tests.controlplane.test_jobs_resize import _gpus, _resize, _running_job, _treport
-from tests.controlplane.test_jobs_restore import _report
+from tests.controlplane.test_jobs_resize import gpu_states, resize_job, running_job, treport
+from tests.controlplane.test_jobs_restore import make_report
 
 pytestmark = pytest.mark.django_db
 TIMEOUT = timedelta(seconds=600)
@@ -32,10 +32,10 @@ def _later(seconds: float):
 
 
 def _stuck_resize(run, token_client, *states: str, **job_fields) -> tuple[Job, Transition]:
-    job = _running_job(run, token_client, layout="dp=2", **job_fields)  # node-1
-    t = Transition.objects.get(pk=_resize(run, token_client, job, gpus=4).json()["id"])  # ranks 2, 3 on node-2
+    job = running_job(run, token_client, layout="dp=2", **job_fields)  # node-1
+    t = Transition.objects.get(pk=resize_job(run, token_client, job, gpus=4).json()["id"])  # ranks 2, 3 on node-2
     for state in states:
-        run(transition_report, _treport(t, state, step=5))
+        run(transition_report, treport(t, state, step=5))
     return job, t
 
 
@@ -63,20 +63,20 @@ def test_a_resize_stuck_preparing_is_aborted_and_the_nodes_told(two_nodes, token
     assert ("no report from the ranks for 600 s while the resize was preparing "
             "(DYNAPLANE_TRANSITION_TIMEOUT_SECONDS): aborted by the control plane; the job trains on in dp=2") in t.reason
     assert (job.state, job.layout, job.world_size) == ("running", "dp=2", 2)
-    assert _gpus() == {"node-1/0": ("allocated", "j"), "node-1/1": ("allocated", "j"),
+    assert gpu_states() == {"node-1/0": ("allocated", "j"), "node-1/1": ("allocated", "j"),
                        "node-2/0": ("free", None), "node-2/1": ("free", None)}
     cancels = {q: protocol.JobSwitchCancel.model_validate(m) for name, m, q in sent_tasks
                if name == protocol.NODE_JOB_SWITCH_CANCEL}
     assert set(cancels) == {"node.node-1", "node.node-2"}  # rank 0's node and the joining ranks'
     assert {c.transition_id for c in cancels.values()} == {t.pk}
     assert run(transitions_time_out, timeout=TIMEOUT, now=_later(1200)) == []  # over: nothing twice
-    assert _resize(run, token_client, job, gpus=3).status_code == 202  # a new resize may follow
+    assert resize_job(run, token_client, job, gpus=3).status_code == 202  # a new resize may follow
 
 
 def test_a_report_restarts_the_clock(two_nodes, token_client, sent_tasks, run) -> None:
     job, t = _stuck_resize(run, token_client)
     Transition.objects.filter(pk=t.pk).update(history=[{**t.history[0], "at": _later(-700).isoformat()}])
-    run(transition_report, _treport(t, "preparing"))  # moves it now
+    run(transition_report, treport(t, "preparing"))  # moves it now
     assert run(transitions_time_out, timeout=TIMEOUT, now=_later(10)) == []
     assert Transition.objects.get(pk=t.pk).state == "preparing"
 
@@ -93,15 +93,15 @@ def test_a_resize_stuck_transferring_without_a_checkpoint_fails_the_job(two_node
     assert job.error == (f"transition {t.pk} stuck: no report from the ranks for 600 s while the resize was "
                          f"transferring (DYNAPLANE_TRANSITION_TIMEOUT_SECONDS); no checkpoint to restore from "
                          f"(checkpoint_interval=0: checkpoints are off)")
-    assert {state for state, _ in _gpus().values()} == {"free"}
+    assert {state for state, _ in gpu_states().values()} == {"free"}
     assert {q for name, _, q in sent_tasks if name == protocol.NODE_JOB_STOP} == {"node.node-1", "node.node-2"}
 
 
 def test_a_resize_stuck_ready_with_a_checkpoint_restores_the_job(two_nodes, token_client, sent_tasks,
                                                                  run) -> None:
     job, t = _stuck_resize(run, token_client, checkpoint_interval=5)
-    run(job_record_report, report=_report(job, "checkpoint", step=5, checkpoint_path="/ckpt/step-00000005"))
-    run(transition_report, _treport(t, "ready", step=6))
+    run(job_record_report, report=make_report(job, "checkpoint", step=5, checkpoint_path="/ckpt/step-00000005"))
+    run(transition_report, treport(t, "ready", step=6))
     sent_tasks.clear()
     assert run(transitions_time_out, timeout=TIMEOUT, now=_later(601)) == [t.pk]
     t.refresh_from_db()

@@ -18,7 +18,7 @@ from tests.support.stack import ROOT, StackProcess, wait_for, wait_for_transitio
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 
-def _node(stack, name: str) -> dict:
+def node_of(stack, name: str) -> dict:
     return stack.get(f"api/nodes/{name}")
 
 
@@ -101,7 +101,7 @@ def test_a_job_trains_on_the_agents_and_stops_on_request(stack) -> None:
         assert stack.get("api/health")["gpus"]["free"] == 4
         print(f"job stopped {seconds:.1f} s after POST stop")
     finally:
-        _stopped(stack, job, read)
+        wait_stopped(stack, job, read)
 
 
 def test_a_job_resizes_online_from_two_to_four_and_back_to_three_gpus(stack) -> None:
@@ -121,10 +121,10 @@ def test_a_job_resizes_online_from_two_to_four_and_back_to_three_gpus(stack) -> 
     try:
         _resize_two_to_four_to_three(stack, job, read, live)
     finally:
-        _stopped(stack, job, read)
+        wait_stopped(stack, job, read)
 
 
-def _stopped(stack, job: dict, read) -> None:
+def wait_stopped(stack, job: dict, read) -> None:
     """Stop a test's job (also when the test failed: later tests need the GPUs free)."""
     if read()["state"] in ("starting", "running", "switching", "restoring"):
         stack.post(f"api/jobs/{job['id']}/stop", {})
@@ -218,14 +218,14 @@ def test_killing_the_joining_agent_while_a_resize_prepares_keeps_the_job_trainin
         wait_for(lambda: len(steps()) >= seen + 3, timeout=60)  # still training
         print(f"resize aborted {seconds:.1f} s after the joining agent was killed; the job trained on")
     finally:
-        _stopped(stack, job, read)
+        wait_stopped(stack, job, read)
         if killed:  # later tests expect node-2 back
             env = {**os.environ, "REDIS_URL": stack.state["redis_url"]}
             restarted_agents.append(subprocess.Popen(
                 [sys.executable, "-m", "dynaplane", "agent", "--name", "node-2", "--gpus", "2"], env=env, cwd=ROOT,
                 stdout=open(tmp_path / "agent.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True))
-            wait_for(lambda: _node(stack, "node-2")["state"] == "healthy", timeout=30)
-    assert {g["state"] for g in _node(stack, "node-2")["gpus"]} == {"free"}
+            wait_for(lambda: node_of(stack, "node-2")["state"] == "healthy", timeout=30)
+    assert {g["state"] for g in node_of(stack, "node-2")["gpus"]} == {"free"}
 
 
 def _agent(stack, name: str, log: Path, **env: str) -> subprocess.Popen:
@@ -235,15 +235,15 @@ def _agent(stack, name: str, log: Path, **env: str) -> subprocess.Popen:
                             cwd=ROOT, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def _replace_agent(stack, restarted_agents, name: str, log: Path, **env: str) -> None:
+def replace_agent(stack, restarted_agents, name: str, log: Path, **env: str) -> None:
     """Kill agent `name` (whichever process runs it now) and start it again with `env`."""
     try:
-        os.kill(_node(stack, name)["agent_pid"], signal.SIGKILL)
+        os.kill(node_of(stack, name)["agent_pid"], signal.SIGKILL)
     except ProcessLookupError:
         pass
     agent = _agent(stack, name, log, **env)
     restarted_agents.append(agent)
-    wait_for(lambda: (n := _node(stack, name))["state"] == "healthy" and n["agent_pid"] == agent.pid, timeout=60)
+    wait_for(lambda: (n := node_of(stack, name))["state"] == "healthy" and n["agent_pid"] == agent.pid, timeout=60)
 
 
 CHECKPOINT_INTERVAL = 100
@@ -258,7 +258,7 @@ def test_killing_the_old_ranks_agent_during_the_transfer_restores_the_job_from_i
     checkpoint on node-2's GPUs (the restore row says so); the loaded state's digests equal
     the saved ones, the first steps after the restore repeat the old world's losses exactly,
     and training goes on."""
-    _replace_agent(stack, restarted_agents, "node-2", tmp_path / "node-2.log",
+    replace_agent(stack, restarted_agents, "node-2", tmp_path / "node-2.log",
                    DYNAPLANE_FAULT="hold-in-transfer:2:30")
     # The old world switches at the first step boundary after the joining ranks are ready,
     # and a checkpoint due at that step is written first: with checkpoints every few steps
@@ -288,7 +288,7 @@ def test_killing_the_old_ranks_agent_during_the_transfer_restores_the_job_from_i
         assert checkpoint == CHECKPOINT_INTERVAL < last_step, (
             f"the switch at step {last_step} came after a later checkpoint ({checkpoint}): the joining ranks' "
             f"preparation took over {CHECKPOINT_INTERVAL} steps")
-        os.kill(_node(stack, "node-1")["agent_pid"], signal.SIGKILL)
+        os.kill(node_of(stack, "node-1")["agent_pid"], signal.SIGKILL)
         killed = True
         started = time.monotonic()
         restore, seconds = wait_for(lambda: next((t for t in stack.get(f"api/transitions?job={job['id']}", token=True)
@@ -317,21 +317,21 @@ def test_killing_the_old_ranks_agent_during_the_transfer_restores_the_job_from_i
         print(f"node-1 killed during the transfer; restored from checkpoint step {checkpoint} on node-2 "
               f"{time.monotonic() - started:.1f} s later ({seconds:.1f} s to the committed restore row)")
     finally:
-        _stopped(stack, job, read)
+        wait_stopped(stack, job, read)
         if killed:
-            _replace_agent(stack, restarted_agents, "node-1", tmp_path / "node-1.log")
-        _replace_agent(stack, restarted_agents, "node-2", tmp_path / "node-2-clean.log")
-    assert {g["state"] for n in ("node-1", "node-2") for g in _node(stack, n)["gpus"]} == {"free"}
+            replace_agent(stack, restarted_agents, "node-1", tmp_path / "node-1.log")
+        replace_agent(stack, restarted_agents, "node-2", tmp_path / "node-2-clean.log")
+    assert {g["state"] for n in ("node-1", "node-2") for g in node_of(stack, n)["gpus"]} == {"free"}
 
 
 def test_agent_loss_and_return(stack, tmp_path) -> None:
     """Kill an agent: its node and GPUs are lost within 15 s; start it again: healthy."""
-    os.kill(_node(stack, "node-1")["agent_pid"], signal.SIGKILL)  # (an earlier test may have restarted it)
+    os.kill(node_of(stack, "node-1")["agent_pid"], signal.SIGKILL)  # (an earlier test may have restarted it)
     killed = time.monotonic()
-    node, _ = wait_for(lambda: (n := _node(stack, "node-1"))["state"] == "lost" and n, timeout=15)
+    node, _ = wait_for(lambda: (n := node_of(stack, "node-1"))["state"] == "lost" and n, timeout=15)
     lost_after = time.monotonic() - killed
     assert {g["state"] for g in node["gpus"]} == {"lost"}
-    assert _node(stack, "node-2")["state"] == "healthy"
+    assert node_of(stack, "node-2")["state"] == "healthy"
     assert stack.get("api/health")["agents"] == {"healthy": 1, "lost": 1}
     print(f"node-1 lost {lost_after:.1f} s after its agent was killed")
 
@@ -340,7 +340,7 @@ def test_agent_loss_and_return(stack, tmp_path) -> None:
                              env=env, cwd=ROOT, stdout=open(tmp_path / "agent.log", "wb"), stderr=subprocess.STDOUT,
                              start_new_session=True)
     try:
-        node, back_after = wait_for(lambda: (n := _node(stack, "node-1"))["state"] == "healthy" and n, timeout=30)
+        node, back_after = wait_for(lambda: (n := node_of(stack, "node-1"))["state"] == "healthy" and n, timeout=30)
         assert {g["state"] for g in node["gpus"]} == {"free"}
         assert node["agent_pid"] == agent.pid
         print(f"node-1 healthy again {back_after:.1f} s after its agent restarted")

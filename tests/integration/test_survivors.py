@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.integration.test_stack import _node, _replace_agent, _stopped, restarted_agents  # noqa: F401 (fixture)
+from tests.integration.test_stack import node_of, replace_agent, wait_stopped, restarted_agents  # noqa: F401 (fixture)
 from tests.support.stack import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -46,7 +46,7 @@ def test_killing_rank_0s_agent_while_training_goes_on_on_the_survivor_without_a_
     try:
         assert [(p["rank"], p["node"]) for p in job["placement"]] == [(0, "node-1"), (1, "node-2")], job
         wait_for(lambda: len(loss()["x"]) >= 4, timeout=120)
-        os.kill(_node(stack, "node-1")["agent_pid"], signal.SIGKILL)
+        os.kill(node_of(stack, "node-1")["agent_pid"], signal.SIGKILL)
         killed = True
         started = time.monotonic()
         waiting, _ = wait_for(lambda: (j := read())["state"] == "restoring" and j, timeout=30)
@@ -88,7 +88,7 @@ def test_killing_rank_0s_agent_while_training_goes_on_on_the_survivor_without_a_
               f"({seconds:.1f} s to the committed restore row; paused {row['pause_seconds']:.2f} s as the survivor "
               f"saw it, transfer {row['transfer_seconds']:.3f} s, verify {row['verify_seconds']:.3f} s)")
     finally:
-        _stopped(stack, job, read)
+        wait_stopped(stack, job, read)
         if killed:
-            _replace_agent(stack, restarted_agents, "node-1", tmp_path / "node-1.log")
-    assert {g["state"] for n in ("node-1", "node-2") for g in _node(stack, n)["gpus"]} == {"free"}
+            replace_agent(stack, restarted_agents, "node-1", tmp_path / "node-1.log")
+    assert {g["state"] for n in ("node-1", "node-2") for g in node_of(stack, n)["gpus"]} == {"free"}

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from dynaplane.processes import group_members
+from agents.processes import group_members
 
 ROOT = Path(__file__).resolve().parents[2]
 

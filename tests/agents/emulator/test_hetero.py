@@ -10,10 +10,10 @@ import pytest
 from agents.emulator.costs import op_seconds
 from agents.emulator.emulate import EmulateRequest, emulate
 from agents.emulator.errors import EmulatorError
-from agents.emulator.hetero_search import hetero_static_bytes, multimodal_candidates
+from agents.emulator.search_space import multimodal_candidates, static_bytes
 from agents.emulator.hetero_sim import encoder_chunks, simulate_hetero
 from agents.emulator.hetero_trace import HeteroTrace
-from agents.emulator.search import SearchRequest
+from agents.emulator.search_space import SearchRequest
 from agents.emulator.simulate import simulate
 from agents.emulator.trace import CommOp, StageMemory
 from agents.layout.catalog import get_model
@@ -139,8 +139,8 @@ def test_static_bytes_of_a_colocated_rank_hold_both_modules() -> None:
     model = get_model("tiny-vlm")
     enc = sum(t.numel for t in model.tensors if t.split.module == "encoder")
     llm = sum(t.numel for t in model.tensors if t.split.module == "llm")
-    assert hetero_static_bytes("tiny-vlm", "encoder:dp=2,ranks=0-1;llm:dp=2,ranks=2-3") == 18 * max(enc, llm)
-    assert hetero_static_bytes("tiny-vlm", "dp=4") == 18 * (enc + llm)  # zero=0: 2 + 4 + 12 B per element
+    assert static_bytes("tiny-vlm", "encoder:dp=2,ranks=0-1;llm:dp=2,ranks=2-3") == 18 * max(enc, llm)
+    assert static_bytes("tiny-vlm", "dp=4") == 18 * (enc + llm)  # zero=0: 2 + 4 + 12 B per element
 
 
 @pytest.fixture(scope="module")

@@ -126,7 +126,7 @@ def test_emulate_command_prints_the_contract_json() -> None:
 
 
 def test_static_bytes_used_to_prune_search_equal_the_traced_static_memory() -> None:
-    from agents.emulator.search import static_bytes
+    from agents.emulator.search_space import static_bytes
 
     for layout in ("tp=2,pp=2,dp=2,zero=1", "tp=1,pp=2,dp=4,zero=3"):
         traced, _ = trace(TraceRequest(MODEL, layout, MB, SEQ, M))
@@ -134,7 +134,8 @@ def test_static_bytes_used_to_prune_search_equal_the_traced_static_memory() -> N
 
 
 def test_search_ranks_feasible_layouts_and_compare_reports_errors_per_layout() -> None:
-    from agents.emulator.search import SearchRequest, candidate_layouts, compare, search
+    from agents.emulator.search import SearchRequest, compare, search
+    from agents.emulator.search_space import candidate_layouts
 
     request = SearchRequest(model=MODEL, gpus=4, gpu="h100", global_batch=8, seq=SEQ, top=2,
                             micro_batches=(2,), zero=(1,), max_candidates=3)

@@ -34,20 +34,20 @@ def broker():
     client.delete(protocol.CONTROL_QUEUE)
 
 
-def _free_port() -> int:
+def free_loopback_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _order(job_id: int, world: int, ranks: list[int], port: int, layout: str = "dp=2", max_steps=None):
+def start_order(job_id: int, world: int, ranks: list[int], port: int, layout: str = "dp=2", max_steps=None):
     return protocol.JobStartOrder(job_id=job_id, job_name=f"job-{job_id}", model="tiny-gpt", layout=layout,
                                   world=world, global_batch=4, micro_batch=1, seq=16,
                                   rendezvous=f"127.0.0.1:{port}", max_steps=max_steps, timeout_seconds=60,
                                   ranks=[protocol.RankSlot(rank=r, gpu=i) for i, r in enumerate(ranks)])
 
 
-def _messages(client, task: str, job_id: int | None = None) -> list[dict]:
+def broker_messages(client, task: str, job_id: int | None = None) -> list[dict]:
     """Messages rank 0 (or an agent) sent through the broker for `task`, oldest first
     (Celery's Redis transport keeps a queue as a list of JSON envelopes whose body is the
     base64 JSON [args, kwargs, options]; LPUSH puts the newest first)."""
@@ -80,14 +80,14 @@ def _job_report_messages(client, job_id: int | None = None) -> list[dict]:
     return out
 
 
-def _reports(client) -> list[dict]:
+def sent_reports(client) -> list[dict]:
     """Every JobReport sent; nothing else was sent."""
     assert all(json.loads(raw)["headers"]["task"] in (protocol.CONTROL_JOB_REPORT, protocol.CONTROL_INGEST_EVENTS)
                for raw in client.lrange(protocol.CONTROL_QUEUE, 0, -1))
     return _job_report_messages(client)
 
 
-def _wait(predicate, timeout: float, what: str):
+def wait_until(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -100,20 +100,20 @@ def _wait(predicate, timeout: float, what: str):
 def test_a_job_over_two_agents_trains_reports_and_stops_on_request(broker, tmp_path):
     url, client = broker
     failures: list = []
-    port = _free_port()
+    port = free_loopback_port()
     runners = [JobRunner(failures.append, f"node-{i}", "cpu", url, tmp_path / f"node-{i}") for i in (1, 2)]
     try:
-        runners[0].start(_order(7, 2, [0], port))
-        runners[1].start(_order(7, 2, [1], port))
-        _wait(lambda: len([r for r in _reports(client) if r["kind"] == "step"]) >= 2, 120, "two step reports")
-        steps = [r for r in _reports(client) if r["kind"] == "step"][:2]
+        runners[0].start(start_order(7, 2, [0], port))
+        runners[1].start(start_order(7, 2, [1], port))
+        wait_until(lambda: len([r for r in sent_reports(client) if r["kind"] == "step"]) >= 2, 120, "two step reports")
+        steps = [r for r in sent_reports(client) if r["kind"] == "step"][:2]
         assert [r["step"] for r in steps] == [1, 2]
         assert all(r["loss"] > 0 and r["step_seconds"] > 0 and r["tokens_per_second"] > 0 for r in steps)
-        assert _reports(client)[0]["kind"] == "started"
+        assert sent_reports(client)[0]["kind"] == "started"
         for runner in runners:
             runner.stop(protocol.JobStopOrder(job_id=7))
-        _wait(lambda: all(not r.running() for r in runners), 60, "every rank to exit")
-        reports = _reports(client)
+        wait_until(lambda: all(not r.running() for r in runners), 60, "every rank to exit")
+        reports = sent_reports(client)
         assert reports[-1]["kind"] == "stopped" and reports[-1]["step"] == max(r["step"] or 0 for r in reports)
         assert failures == []
         logs = sorted(p.name for p in (tmp_path / "node-2" / "job-7").iterdir())
@@ -127,9 +127,9 @@ def test_max_steps_ends_the_job_on_every_rank_after_the_same_step(broker, tmp_pa
     url, client = broker
     runner = JobRunner([].append, "node-1", "cpu", url, tmp_path)
     try:
-        runner.start(_order(8, 2, [0, 1], _free_port(), max_steps=3))
-        _wait(lambda: not runner.running(), 120, "the job to end")
-        kinds = [(r["kind"], r["step"]) for r in _reports(client)]
+        runner.start(start_order(8, 2, [0, 1], free_loopback_port(), max_steps=3))
+        wait_until(lambda: not runner.running(), 120, "the job to end")
+        kinds = [(r["kind"], r["step"]) for r in sent_reports(client)]
         assert kinds == [("started", 1), ("step", 1), ("step", 2), ("step", 3), ("stopped", 3)]
     finally:
         runner.shutdown()
@@ -142,9 +142,9 @@ def test_ranks_outliving_the_stop_grace_are_killed_and_rank_0s_agent_reports_sto
     sent: list[protocol.JobReport] = []
     runner = JobRunner(sent.append, "node-1", "cpu", url, tmp_path)
     try:
-        runner.start(_order(10, 2, [0], _free_port()))  # rank 1 never comes: rank 0 waits at the rendezvous
+        runner.start(start_order(10, 2, [0], free_loopback_port()))  # rank 1 never comes: rank 0 waits at the rendezvous
         runner.stop(protocol.JobStopOrder(job_id=10, grace_seconds=0.5))
-        _wait(lambda: not runner.running(), 30, "the ranks to be killed")
+        wait_until(lambda: not runner.running(), 30, "the ranks to be killed")
         assert [(r.kind, r.job_id, r.node) for r in sent] == [("stopped", 10, "node-1")]
         assert "grace period" in sent[0].error
     finally:
@@ -156,14 +156,14 @@ def test_a_dead_rank_is_reported_and_its_peers_are_not_left_behind(broker, tmp_p
     failures: list[protocol.JobReport] = []
     runner = JobRunner(failures.append, "node-1", "cpu", url, tmp_path)
     try:
-        runner.start(_order(9, 2, [0, 1], _free_port()))
-        _wait(lambda: [r for r in _reports(client) if r["kind"] == "step"], 120, "a step report")
+        runner.start(start_order(9, 2, [0, 1], free_loopback_port()))
+        wait_until(lambda: [r for r in sent_reports(client) if r["kind"] == "step"], 120, "a step report")
         victim = runner.jobs[9].ranks[1].process
         os.kill(victim.pid, signal.SIGKILL)
-        _wait(lambda: failures, 30, "the failure report")
+        wait_until(lambda: failures, 30, "the failure report")
         assert failures[0].kind == "failed" and failures[0].ranks == (1,) and failures[0].job_id == 9
         assert "rank 1 on node node-1 exited with code -9" in failures[0].error
-        _wait(lambda: not runner.running(), 30, "rank 0 to be stopped too")
+        wait_until(lambda: not runner.running(), 30, "rank 0 to be stopped too")
         assert len(failures) == 1
     finally:
         runner.shutdown()
@@ -173,21 +173,21 @@ def test_a_duplicate_start_order_is_ignored(broker, tmp_path):
     url, client = broker
     runner = JobRunner([].append, "node-1", "cpu", url, tmp_path)
     try:
-        order = _order(10, 1, [0], _free_port(), layout="dp=1", max_steps=2)
+        order = start_order(10, 1, [0], free_loopback_port(), layout="dp=1", max_steps=2)
         runner.start(order)
         runner.start(order)
-        _wait(lambda: not runner.running() and _reports(client) and _reports(client)[-1]["kind"] == "stopped",
+        wait_until(lambda: not runner.running() and sent_reports(client) and sent_reports(client)[-1]["kind"] == "stopped",
               120, "the job to end")
-        assert [r["kind"] for r in _reports(client)].count("started") == 1
+        assert [r["kind"] for r in sent_reports(client)].count("started") == 1
     finally:
         runner.shutdown()
 
 
 def _transitions(client, job_id: int) -> list[dict]:
-    return _messages(client, protocol.CONTROL_TRANSITION_REPORT, job_id)
+    return broker_messages(client, protocol.CONTROL_TRANSITION_REPORT, job_id)
 
 
-def _job_reports(client, job_id: int) -> list[dict]:
+def reports_of_job(client, job_id: int) -> list[dict]:
     return _job_report_messages(client, job_id)
 
 
@@ -195,7 +195,7 @@ def _switch(job_id: int, tid: int, src: str, src_world: int, dst: str, world: in
     return protocol.JobSwitchOrder(job_id=job_id, transition_id=tid, job_name=f"job-{job_id}", model="tiny-gpt",
                                    global_batch=6, micro_batch=1, seq=16, timeout_seconds=90, src_layout=src,
                                    src_world=src_world, layout=dst, world=world,
-                                   rendezvous=f"127.0.0.1:{_free_port()}", gpus_per_node=2,
+                                   rendezvous=f"127.0.0.1:{free_loopback_port()}", gpus_per_node=2,
                                    ranks=[protocol.RankSlot(rank=r, gpu=g) for r, g in ranks])
 
 
@@ -214,28 +214,28 @@ def test_a_job_grows_from_two_to_four_ranks_and_shrinks_to_three_while_training(
     node1 = JobRunner(failures.append, "node-1", "cpu", url, tmp_path / "n1")
     node2 = JobRunner(failures.append, "node-2", "cpu", url, tmp_path / "n2")
     try:
-        start = _order(21, 2, [0, 1], _free_port(), layout="dp=2").model_copy(update={"global_batch": 6})
+        start = start_order(21, 2, [0, 1], free_loopback_port(), layout="dp=2").model_copy(update={"global_batch": 6})
         node1.start(start)
-        _wait(lambda: [r for r in _job_reports(client, 21) if r["kind"] == "step"][1:], 120, "two steps")
+        wait_until(lambda: [r for r in reports_of_job(client, 21) if r["kind"] == "step"][1:], 120, "two steps")
         grow = _switch(21, 1, "dp=2", 2, "tp=2,dp=2", 4, [(0, 0), (1, 1)])
         node1.switch(grow)
         node2.switch(grow.model_copy(update={"ranks": (protocol.RankSlot(rank=2, gpu=0),
                                                        protocol.RankSlot(rank=3, gpu=1))}))
-        committed = _wait(lambda: [t for t in _transitions(client, 21) if t["state"] == "committed"], 180,
+        committed = wait_until(lambda: [t for t in _transitions(client, 21) if t["state"] == "committed"], 180,
                           "the grow to commit")
         shrink = _switch(21, 2, "tp=2,dp=2", 4, "dp=3", 3, [(0, 0), (1, 1)])
         node1.switch(shrink)
         node2.switch(shrink.model_copy(update={"ranks": (protocol.RankSlot(rank=2, gpu=0),
                                                          protocol.RankSlot(rank=3, gpu=1))}))
-        _wait(lambda: len([t for t in _transitions(client, 21) if t["state"] == "committed"]) == 2, 180,
+        wait_until(lambda: len([t for t in _transitions(client, 21) if t["state"] == "committed"]) == 2, 180,
               "the shrink to commit")
-        _wait(lambda: node2.running().get(21) == [2], 60, "rank 3 to leave")
-        first_after = max(r["step"] for r in _job_reports(client, 21) if r["kind"] == "step")
-        _wait(lambda: max(r["step"] for r in _job_reports(client, 21) if r["kind"] == "step") >= first_after + 2,
+        wait_until(lambda: node2.running().get(21) == [2], 60, "rank 3 to leave")
+        first_after = max(r["step"] for r in reports_of_job(client, 21) if r["kind"] == "step")
+        wait_until(lambda: max(r["step"] for r in reports_of_job(client, 21) if r["kind"] == "step") >= first_after + 2,
               60, "two steps on three ranks")
         for runner in (node1, node2):
             runner.stop(protocol.JobStopOrder(job_id=21))
-        _wait(lambda: not node1.running() and not node2.running(), 60, "every rank to exit")
+        wait_until(lambda: not node1.running() and not node2.running(), 60, "every rank to exit")
         assert failures == []
 
         transitions = _transitions(client, 21)
@@ -251,7 +251,7 @@ def test_a_job_grows_from_two_to_four_ranks_and_shrinks_to_three_while_training(
             assert t["verified"] is True and t["transfer_seconds"] > 0 and t["pause_seconds"] >= t["transfer_seconds"]
             assert t["network_bytes"] > 0 and t["fingerprint"]
         assert committed[0]["step"] >= 2
-        steps = [r for r in _job_reports(client, 21) if r["kind"] == "step"]
+        steps = [r for r in reports_of_job(client, 21) if r["kind"] == "step"]
         assert [r["step"] for r in steps] == list(range(1, len(steps) + 1))  # no step lost or repeated
         assert {r["layout"] for r in steps} == {"dp=2", "tp=2,dp=2", "dp=3"}
     finally:
@@ -264,11 +264,11 @@ def test_a_job_grows_from_two_to_four_ranks_and_shrinks_to_three_while_training(
             reference.start(start.model_copy(update={
                 "job_id": job_id, "max_steps": len(steps), "layout": layout, "world": world,
                 "ranks": tuple(protocol.RankSlot(rank=r, gpu=r) for r in range(world)),
-                "rendezvous": f"127.0.0.1:{_free_port()}"}))
-            _wait(lambda: not reference.running(), 180, f"the unswitched run on {layout}")
+                "rendezvous": f"127.0.0.1:{free_loopback_port()}"}))
+            wait_until(lambda: not reference.running(), 180, f"the unswitched run on {layout}")
     finally:
         reference.shutdown()
-    unswitched, *others = ([r["loss"] for r in _job_reports(client, job_id) if r["kind"] == "step"]
+    unswitched, *others = ([r["loss"] for r in reports_of_job(client, job_id) if r["kind"] == "step"]
                            for job_id in (22, 23, 24))
     assert all(len(run) == len(steps) for run in (unswitched, *others))
     runs = [unswitched, *others]
@@ -288,34 +288,34 @@ def test_a_joining_rank_lost_while_preparing_aborts_the_switch_and_the_job_train
     node1 = JobRunner(failures.append, "node-1", "cpu", url, tmp_path / "n1")
     node2 = JobRunner(failures.append, "node-2", "cpu", url, tmp_path / "n2")
     try:
-        node1.start(_order(31, 2, [0, 1], _free_port(), layout="dp=2").model_copy(update={"global_batch": 6}))
-        _wait(lambda: [r for r in _job_reports(client, 31) if r["kind"] == "step"], 120, "a step")
+        node1.start(start_order(31, 2, [0, 1], free_loopback_port(), layout="dp=2").model_copy(update={"global_batch": 6}))
+        wait_until(lambda: [r for r in reports_of_job(client, 31) if r["kind"] == "step"], 120, "a step")
         grow = _switch(31, 5, "dp=2", 2, "tp=2,dp=2", 4, [(0, 0), (1, 1)]).model_copy(
             update={"timeout_seconds": 30})
         node1.switch(grow)
         node2.switch(grow.model_copy(update={"ranks": (protocol.RankSlot(rank=2, gpu=0),
                                                        protocol.RankSlot(rank=3, gpu=1))}))
-        victim = _wait(lambda: 31 in node2.jobs and 2 in node2.jobs[31].ranks and node2.jobs[31].ranks[2].process,
+        victim = wait_until(lambda: 31 in node2.jobs and 2 in node2.jobs[31].ranks and node2.jobs[31].ranks[2].process,
                        30, "rank 2 to start")
         os.kill(victim.pid, signal.SIGKILL)
-        aborted = _wait(lambda: [f for f in failures if isinstance(f, protocol.TransitionReport)], 30,
+        aborted = wait_until(lambda: [f for f in failures if isinstance(f, protocol.TransitionReport)], 30,
                         "the agent's abort report")
         assert aborted[0].state == "aborted" and aborted[0].transition_id == 5
         assert "joining rank 2 on node node-2 exited with code -9 before the switch" in aborted[0].error
-        from_rank0 = _wait(lambda: [t for t in _transitions(client, 31) if t["state"] == "aborted"], 60,
+        from_rank0 = wait_until(lambda: [t for t in _transitions(client, 31) if t["state"] == "aborted"], 60,
                            "rank 0 to abandon the switch")
         assert "switch abandoned: joining rank 2" in from_rank0[0]["error"]
         assert not [t for t in _transitions(client, 31) if t["state"] in ("ready", "transferring", "committed")]
-        _wait(lambda: 31 not in node2.running(), 30, "node-2's joining ranks to be gone")
-        last = max(r["step"] for r in _job_reports(client, 31) if r["kind"] == "step")
-        _wait(lambda: max(r["step"] for r in _job_reports(client, 31) if r["kind"] == "step") >= last + 3, 60,
+        wait_until(lambda: 31 not in node2.running(), 30, "node-2's joining ranks to be gone")
+        last = max(r["step"] for r in reports_of_job(client, 31) if r["kind"] == "step")
+        wait_until(lambda: max(r["step"] for r in reports_of_job(client, 31) if r["kind"] == "step") >= last + 3, 60,
               "three more steps")
-        steps = [r for r in _job_reports(client, 31) if r["kind"] == "step"]
+        steps = [r for r in reports_of_job(client, 31) if r["kind"] == "step"]
         assert {r["layout"] for r in steps} == {"dp=2"} and node1.running()[31] == [0, 1]
         assert not [f for f in failures if isinstance(f, protocol.JobReport)]  # the job never failed
         node1.stop(protocol.JobStopOrder(job_id=31))
-        _wait(lambda: not node1.running(), 60, "the job to stop")
-        assert _job_reports(client, 31)[-1]["kind"] == "stopped"
+        wait_until(lambda: not node1.running(), 60, "the job to stop")
+        assert reports_of_job(client, 31)[-1]["kind"] == "stopped"
     finally:
         node1.shutdown()
         node2.shutdown()
@@ -334,26 +334,26 @@ def test_a_joining_rank_lost_during_the_transfer_rolls_the_job_back_to_its_old_l
     node2 = JobRunner(failures.append, "node-2", "cpu", url, tmp_path / "n2",
                       env={"DYNAPLANE_FAULT": "exit-in-transfer:2"})
     try:
-        start = _order(41, 2, [0, 1], _free_port(), layout="dp=2").model_copy(update={"global_batch": 6})
+        start = start_order(41, 2, [0, 1], free_loopback_port(), layout="dp=2").model_copy(update={"global_batch": 6})
         node1.start(start)
-        _wait(lambda: [r for r in _job_reports(client, 41) if r["kind"] == "step"], 120, "a step")
+        wait_until(lambda: [r for r in reports_of_job(client, 41) if r["kind"] == "step"], 120, "a step")
         grow = _switch(41, 7, "dp=2", 2, "tp=2,dp=2", 4, [(0, 0), (1, 1)]).model_copy(update={"timeout_seconds": 20})
         node1.switch(grow)
         node2.switch(grow.model_copy(update={"ranks": (protocol.RankSlot(rank=2, gpu=0),
                                                        protocol.RankSlot(rank=3, gpu=1))}))
-        back = _wait(lambda: [t for t in _transitions(client, 41) if t["state"] == "rolled_back"], 120,
+        back = wait_until(lambda: [t for t in _transitions(client, 41) if t["state"] == "rolled_back"], 120,
                      "rank 0 to roll back")
         assert [t["state"] for t in _transitions(client, 41)] == ["preparing", "ready", "transferring",
                                                                   "rolled_back"]
         assert back[0]["error"].startswith("switch failed, back on dp=2:")
         at = back[0]["step"]
-        _wait(lambda: max(r["step"] for r in _job_reports(client, 41) if r["kind"] == "step") >= at + 3, 60,
+        wait_until(lambda: max(r["step"] for r in reports_of_job(client, 41) if r["kind"] == "step") >= at + 3, 60,
               "three steps after the rollback")
-        _wait(lambda: 41 not in node2.running(), 60, "node-2's joining ranks to be gone")
+        wait_until(lambda: 41 not in node2.running(), 60, "node-2's joining ranks to be gone")
         node1.stop(protocol.JobStopOrder(job_id=41))
-        _wait(lambda: not node1.running(), 60, "the job to stop")
+        wait_until(lambda: not node1.running(), 60, "the job to stop")
         assert failures == []  # neither the job failed nor the switch was reported aborted
-        steps = [r for r in _job_reports(client, 41) if r["kind"] == "step"]
+        steps = [r for r in reports_of_job(client, 41) if r["kind"] == "step"]
         assert [r["step"] for r in steps] == list(range(1, len(steps) + 1))
         assert {r["layout"] for r in steps} == {"dp=2"}
     finally:
@@ -365,11 +365,11 @@ def test_a_joining_rank_lost_during_the_transfer_rolls_the_job_back_to_its_old_l
     reference = JobRunner([].append, "node-1", "cpu", url, tmp_path / "ref")
     try:
         reference.start(start.model_copy(update={"job_id": 42, "max_steps": len(steps),
-                                                 "rendezvous": f"127.0.0.1:{_free_port()}"}))
-        _wait(lambda: not reference.running(), 180, "the unswitched run")
+                                                 "rendezvous": f"127.0.0.1:{free_loopback_port()}"}))
+        wait_until(lambda: not reference.running(), 180, "the unswitched run")
     finally:
         reference.shutdown()
-    unswitched = [r["loss"] for r in _job_reports(client, 42) if r["kind"] == "step"]
+    unswitched = [r["loss"] for r in reports_of_job(client, 42) if r["kind"] == "step"]
     assert [r["loss"] for r in steps] == unswitched
 
 
@@ -383,30 +383,30 @@ def test_a_cancelled_switch_is_dropped_by_rank_0_at_once_and_the_job_trains_on(b
     node1 = JobRunner(failures.append, "node-1", "cpu", url, tmp_path / "n1")
     node2 = JobRunner(failures.append, "node-2", "cpu", url, tmp_path / "n2")
     try:
-        node1.start(_order(51, 2, [0, 1], _free_port(), layout="dp=2").model_copy(update={"global_batch": 6}))
-        _wait(lambda: [r for r in _job_reports(client, 51) if r["kind"] == "step"], 120, "a step")
+        node1.start(start_order(51, 2, [0, 1], free_loopback_port(), layout="dp=2").model_copy(update={"global_batch": 6}))
+        wait_until(lambda: [r for r in reports_of_job(client, 51) if r["kind"] == "step"], 120, "a step")
         grow = _switch(51, 9, "dp=2", 2, "tp=2,dp=2", 4, [(0, 0), (1, 1)]).model_copy(update={"timeout_seconds": 120})
         node1.switch(grow)
         node2.switch(grow.model_copy(update={"ranks": (protocol.RankSlot(rank=2, gpu=0),
                                                        protocol.RankSlot(rank=3, gpu=1))}))
-        _wait(lambda: [t for t in _transitions(client, 51) if t["state"] == "preparing"], 60, "preparing")
+        wait_until(lambda: [t for t in _transitions(client, 51) if t["state"] == "preparing"], 60, "preparing")
         node2.shutdown()  # the joining node is lost with its ranks
         started = time.monotonic()
         node1.cancel(protocol.JobSwitchCancel(job_id=51, transition_id=9, reason="node node-2 lost"))
-        aborted = _wait(lambda: [t for t in _transitions(client, 51) if t["state"] == "aborted"], 60,
+        aborted = wait_until(lambda: [t for t in _transitions(client, 51) if t["state"] == "aborted"], 60,
                         "rank 0 to drop the switch")
         assert time.monotonic() - started < 30
         assert "cancelled by the control plane: node node-2 lost" in aborted[0]["error"]
-        last = max(r["step"] for r in _job_reports(client, 51) if r["kind"] == "step")
-        _wait(lambda: max(r["step"] for r in _job_reports(client, 51) if r["kind"] == "step") >= last + 2, 60,
+        last = max(r["step"] for r in reports_of_job(client, 51) if r["kind"] == "step")
+        wait_until(lambda: max(r["step"] for r in reports_of_job(client, 51) if r["kind"] == "step") >= last + 2, 60,
               "two more steps")
         assert not [t for t in _transitions(client, 51) if t["state"] in ("ready", "transferring", "committed")]
         # A later switch (here to dp=1, a shrink needing no new rank) is taken up and commits.
         node1.switch(_switch(51, 10, "dp=2", 2, "dp=1", 1, [(0, 0), (1, 1)]).model_copy(
             update={"global_batch": 6}))
-        _wait(lambda: [t for t in _transitions(client, 51) if t["state"] == "committed"], 60, "the shrink")
+        wait_until(lambda: [t for t in _transitions(client, 51) if t["state"] == "committed"], 60, "the shrink")
         node1.stop(protocol.JobStopOrder(job_id=51))
-        _wait(lambda: not node1.running(), 60, "the job to stop")
+        wait_until(lambda: not node1.running(), 60, "the job to stop")
         assert not [f for f in failures if isinstance(f, protocol.JobReport)]
     finally:
         node1.shutdown()
@@ -424,15 +424,15 @@ def test_periodic_checkpoints_and_a_restart_from_one_on_fewer_ranks(broker, tmp_
     runner = JobRunner(failures.append, "node-1", "cpu", url, tmp_path / "run")
 
     def order(port, **fields):
-        return _order(11, 2, [0, 1], port).model_copy(update={"checkpoint_interval": 2,
+        return start_order(11, 2, [0, 1], port).model_copy(update={"checkpoint_interval": 2,
                                                                "checkpoint_dir": str(root), **fields})
     try:
-        runner.start(order(_free_port()))
-        _wait(lambda: len([r for r in _reports(client) if r["kind"] == "checkpoint"]) >= 4, 180, "four checkpoints")
+        runner.start(order(free_loopback_port()))
+        wait_until(lambda: len([r for r in sent_reports(client) if r["kind"] == "checkpoint"]) >= 4, 180, "four checkpoints")
         os.kill(runner.jobs[11].ranks[1].process.pid, signal.SIGKILL)
-        _wait(lambda: failures, 30, "the failure report")
-        _wait(lambda: not runner.running(), 30, "rank 0 to be stopped too")  # (its reports are all sent then)
-        reports = _reports(client)
+        wait_until(lambda: failures, 30, "the failure report")
+        wait_until(lambda: not runner.running(), 30, "rank 0 to be stopped too")  # (its reports are all sent then)
+        reports = sent_reports(client)
         checkpoints = [r for r in reports if r["kind"] == "checkpoint"]
         assert [r["step"] for r in checkpoints[:4]] == [2, 4, 6, 8]
         assert all(r["seconds"] > 0 and r["checkpoint_path"].startswith(str(root)) for r in checkpoints)
@@ -445,9 +445,9 @@ def test_periodic_checkpoints_and_a_restart_from_one_on_fewer_ranks(broker, tmp_
         # The same layout, restarted from a checkpoint whose next steps the first world ran.
         back = checkpoints[-2]
         client.delete(protocol.CONTROL_QUEUE)
-        runner.start(order(_free_port(), restore_from=back["checkpoint_path"], restore_id=1))
-        _wait(lambda: len([r for r in _reports(client) if r["kind"] == "step"]) >= 2, 120, "steps after the restart")
-        reports = _reports(client)
+        runner.start(order(free_loopback_port(), restore_from=back["checkpoint_path"], restore_id=1))
+        wait_until(lambda: len([r for r in sent_reports(client) if r["kind"] == "step"]) >= 2, 120, "steps after the restart")
+        reports = sent_reports(client)
         (restored,) = [r for r in reports if r["kind"] == "restored"]
         assert (restored["step"], restored["verified"], restored["restore_id"]) == (back["step"], True, 1)
         steps = [r for r in reports if r["kind"] == "step"][:2]
@@ -455,12 +455,12 @@ def test_periodic_checkpoints_and_a_restart_from_one_on_fewer_ranks(broker, tmp_
         assert [r["loss"] for r in steps] == [first_losses[back["step"] + 1], first_losses[back["step"] + 2]]
         # A restart on one rank (dp=1) from the latest: the state is resharded and verified.
         client.delete(protocol.CONTROL_QUEUE)
-        one = _order(11, 1, [0], _free_port(), layout="dp=1").model_copy(update={
+        one = start_order(11, 1, [0], free_loopback_port(), layout="dp=1").model_copy(update={
             "checkpoint_interval": 2, "checkpoint_dir": str(root), "restore_from": latest["checkpoint_path"],
             "restore_id": 2})
         runner.start(one)
-        _wait(lambda: [r for r in _reports(client) if r["kind"] == "step"], 120, "a step on one rank")
-        (restored,) = [r for r in _reports(client) if r["kind"] == "restored"]
+        wait_until(lambda: [r for r in sent_reports(client) if r["kind"] == "step"], 120, "a step on one rank")
+        (restored,) = [r for r in sent_reports(client) if r["kind"] == "restored"]
         assert (restored["step"], restored["verified"], restored["layout"]) == (latest["step"], True, "dp=1")
         assert len(failures) == 1  # the killed ranks of the replaced worlds are not reported
         print(f"checkpoint pause {[round(r['seconds'], 3) for r in checkpoints]} s; restore {restored['seconds']:.2f} s")

@@ -14,7 +14,7 @@ import pytest
 from agents import protocol
 from agents.layout.spec import parse_layout
 from agents.node.jobs import JobRunner
-from tests.agents.node.test_job_runner import (_free_port, _job_reports, _messages, _order, _wait,  # noqa: F401
+from tests.agents.node.test_job_runner import (free_loopback_port, reports_of_job, broker_messages, start_order, wait_until,  # noqa: F401
                                                broker)
 
 pytestmark = pytest.mark.timeout(240)
@@ -25,16 +25,16 @@ def _two_nodes(url, tmp_path, job_id: int, timeout: float = 60):
     reports: dict[str, list] = {"node-1": [], "node-2": []}
     runners = [JobRunner(reports[f"node-{i}"].append, f"node-{i}", "cpu", url, tmp_path / f"node-{i}")
                for i in (1, 2)]
-    port = _free_port()
+    port = free_loopback_port()
     for runner, rank in zip(runners, (0, 1)):
-        runner.start(_order(job_id, 2, [rank], port).model_copy(update={"timeout_seconds": timeout}))
+        runner.start(start_order(job_id, 2, [rank], port).model_copy(update={"timeout_seconds": timeout}))
     return runners, reports
 
 
 def _lose_rank_0(client, runners, reports, job_id: int) -> dict:
-    _wait(lambda: len([r for r in _job_reports(client, job_id) if r["kind"] == "step"]) >= 3, 120, "three steps")
+    wait_until(lambda: len([r for r in reports_of_job(client, job_id) if r["kind"] == "step"]) >= 3, 120, "three steps")
     os.kill(runners[0].jobs[job_id].ranks[0].process.pid, signal.SIGKILL)
-    (orphaned,) = _wait(lambda: [r for r in reports["node-2"] if r.kind == "orphaned"], 60, "the orphaned report")
+    (orphaned,) = wait_until(lambda: [r for r in reports["node-2"] if r.kind == "orphaned"], 60, "the orphaned report")
     assert orphaned.ranks == (1,) and orphaned.restore_id is None
     assert "Connection closed by peer" in orphaned.error or "Connection reset by peer" in orphaned.error
     assert runners[1].running() == {job_id: [1]}  # rank 1 waits, with its state
@@ -46,32 +46,32 @@ def test_the_survivor_becomes_rank_0_of_a_new_world_and_trains_on_from_its_memor
     runners, reports = _two_nodes(url, tmp_path, 21)
     try:
         orphaned = _lose_rank_0(client, runners, reports, 21)
-        last = max(r["step"] for r in _job_reports(client, 21) if r["kind"] == "step")
+        last = max(r["step"] for r in reports_of_job(client, 21) if r["kind"] == "step")
         # rank 0's step reports wait in its batcher for up to one window (0.5 s): the survivor
         # may be steps past the last one that left, never behind it
         assert orphaned.step >= last
         client.delete(protocol.CONTROL_QUEUE)
-        port = _free_port()
+        port = free_loopback_port()
         runners[1].recover(protocol.JobRecoverOrder(
             job_id=21, restore_id=5, step=orphaned.step, rendezvous=f"127.0.0.1:{port}", src_layout="dp=1",
             src_world=1, layout="dp=1", world=1, union_world=1, ranks=(protocol.RankMove(old=1, new=0),)))
-        _wait(lambda: len([r for r in _job_reports(client, 21) if r["kind"] == "step"]) >= 2, 120,
+        wait_until(lambda: len([r for r in reports_of_job(client, 21) if r["kind"] == "step"]) >= 2, 120,
               "steps in the survivors' world")
-        reports_after = _job_reports(client, 21)
+        reports_after = reports_of_job(client, 21)
         assert reports_after[0]["kind"] == "started" and reports_after[0]["restore_id"] == 5
         steps = [r for r in reports_after if r["kind"] == "step"]
         assert [r["step"] for r in steps[:2]] == [orphaned.step + 1, orphaned.step + 2]
         assert all(r["restore_id"] == 5 and r["layout"] == str(parse_layout("dp=1")) and 0 < r["loss"] < 20 for r in steps)
         (committed,) = [protocol.TransitionReport.model_validate(m) for m in
-                        _messages(client, protocol.CONTROL_TRANSITION_REPORT, 21)]
+                        broker_messages(client, protocol.CONTROL_TRANSITION_REPORT, 21)]
         assert (committed.transition_id, committed.state, committed.verified, committed.step) == (
             5, "committed", True, orphaned.step)
         assert committed.tensors and all(check.match for check in committed.tensors)
         assert committed.network_bytes == 0 and committed.pause_seconds > committed.transfer_seconds > 0
         assert runners[1].running() == {21: [0]}
         runners[1].stop(protocol.JobStopOrder(job_id=21))
-        _wait(lambda: not runners[1].running(), 60, "the survivor to stop")
-        assert _job_reports(client, 21)[-1]["kind"] == "stopped"
+        wait_until(lambda: not runners[1].running(), 60, "the survivor to stop")
+        assert reports_of_job(client, 21)[-1]["kind"] == "stopped"
         assert [r.kind for r in reports["node-2"]] == ["orphaned"]  # nothing failed on node-2
         print(f"survivor switched on in {committed.pause_seconds:.2f} s from the loss to its first step "
               f"(transfer {committed.transfer_seconds:.3f} s, verify {committed.verify_seconds:.3f} s)")
@@ -85,7 +85,7 @@ def test_without_an_order_the_survivor_gives_up_after_the_timeout_and_a_stop_end
     runners, reports = _two_nodes(url, tmp_path, 22, timeout=8)
     try:
         _lose_rank_0(client, runners, reports, 22)
-        (failed,) = _wait(lambda: [r for r in reports["node-2"] if r.kind == "failed"], 60, "the failure report")
+        (failed,) = wait_until(lambda: [r for r in reports["node-2"] if r.kind == "failed"], 60, "the failure report")
         assert failed.ranks == (1,) and "no recovery order came within 8 s" in failed.error
     finally:
         for runner in runners:
@@ -95,7 +95,7 @@ def test_without_an_order_the_survivor_gives_up_after_the_timeout_and_a_stop_end
     try:
         _lose_rank_0(client, runners, reports, 23)
         runners[1].stop(protocol.JobStopOrder(job_id=23))
-        _wait(lambda: not runners[1].running(), 30, "the waiting rank to leave")
+        wait_until(lambda: not runners[1].running(), 30, "the waiting rank to leave")
         assert [r.kind for r in reports["node-2"]] == ["orphaned"]  # it left quietly
     finally:
         for runner in runners:
@@ -138,27 +138,27 @@ def test_a_tensor_parallel_replica_survives_renumbered(broker, tmp_path):
     reports: dict[str, list] = {"node-1": [], "node-2": []}
     runners = [JobRunner(reports[f"node-{i}"].append, f"node-{i}", "cpu", url, tmp_path / f"node-{i}")
                for i in (1, 2)]
-    port = _free_port()
+    port = free_loopback_port()
     try:
         for runner, ranks in zip(runners, ([0, 1], [2, 3])):
-            runner.start(_order(24, 4, ranks, port, layout="tp=2,dp=2"))
-        _wait(lambda: len([r for r in _job_reports(client, 24) if r["kind"] == "step"]) >= 2, 180, "two steps")
+            runner.start(start_order(24, 4, ranks, port, layout="tp=2,dp=2"))
+        wait_until(lambda: len([r for r in reports_of_job(client, 24) if r["kind"] == "step"]) >= 2, 180, "two steps")
         for rank in (0, 1):
             os.kill(runners[0].jobs[24].ranks[rank].process.pid, signal.SIGKILL)
-        orphaned = _wait(lambda: (o := [r for r in reports["node-2"] if r.kind == "orphaned"])
+        orphaned = wait_until(lambda: (o := [r for r in reports["node-2"] if r.kind == "orphaned"])
                          and sorted(x for r in o for x in r.ranks) == [2, 3] and o, 60, "both orphaned")
         (step,) = {r.step for r in orphaned}
         client.delete(protocol.CONTROL_QUEUE)
         runners[1].recover(protocol.JobRecoverOrder(
-            job_id=24, restore_id=6, step=step, rendezvous=f"127.0.0.1:{_free_port()}", src_layout="tp=2",
+            job_id=24, restore_id=6, step=step, rendezvous=f"127.0.0.1:{free_loopback_port()}", src_layout="tp=2",
             src_world=2, layout="tp=2", world=2, union_world=2,
             ranks=(protocol.RankMove(old=2, new=0), protocol.RankMove(old=3, new=1))))
-        _wait(lambda: len([r for r in _job_reports(client, 24) if r["kind"] == "step"]) >= 2, 180,
+        wait_until(lambda: len([r for r in reports_of_job(client, 24) if r["kind"] == "step"]) >= 2, 180,
               "steps in the survivors' world")
-        steps = [r for r in _job_reports(client, 24) if r["kind"] == "step"]
+        steps = [r for r in reports_of_job(client, 24) if r["kind"] == "step"]
         assert [r["step"] for r in steps[:2]] == [step + 1, step + 2] and all(r["restore_id"] == 6 for r in steps)
         (committed,) = [protocol.TransitionReport.model_validate(m) for m in
-                        _messages(client, protocol.CONTROL_TRANSITION_REPORT, 24)]
+                        broker_messages(client, protocol.CONTROL_TRANSITION_REPORT, 24)]
         assert committed.verified is True and all(check.match for check in committed.tensors)
         assert runners[1].running() == {24: [0, 1]}
         assert [r.kind for r in reports["node-2"]] == ["orphaned"] * len(orphaned)

@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from agents.layout.catalog import DecoderConfig, ModelConfig, build_model, catalog_names, get_config, get_model
+from agents.layout.catalog import build_model, catalog_names, get_config, get_model
+from agents.layout.model_config import DecoderConfig, ModelConfig
 from agents.training.data import SyntheticImages, SyntheticTokens
 from agents.training.init import init_kind, init_weights, initial_value
 from agents.training.layers import RMSNorm

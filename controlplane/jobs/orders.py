@@ -1,0 +1,126 @@
+"""The jobs app's floor for talking to the node agents: rendezvous ports and addresses, the
+tensor-parallel block a node must hold, the per-node start orders, and sending orders on
+the nodes' queues. Nothing here changes a job's state: a refused order that must fail the
+job goes through failures.py, which builds on this module.
+"""
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from math import lcm
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
+from kombu.exceptions import OperationalError
+
+from agents import protocol
+from agents.layout.placement import Placement
+from controlplane.celery import app
+from controlplane.common.errors import Conflict
+from controlplane.jobs.lifecycle import LIVE_JOB_STATES, TERMINAL_TRANSITION_STATES
+from controlplane.jobs.models import Job, Transition
+
+log = logging.getLogger(__name__)
+
+Order = protocol.JobStartOrder | protocol.JobStopOrder | protocol.JobSwitchCancel | protocol.JobSwitchOrder \
+    | protocol.JobRecoverOrder
+
+
+def rendezvous_ports() -> range:
+    """DYNAPLANE_RENDEZVOUS_PORTS, "first-last" (inclusive)."""
+    text = settings.DYNAPLANE_RENDEZVOUS_PORTS
+    first, sep, last = text.partition("-")
+    try:
+        ports = range(int(first), int(last if sep else first) + 1)
+    except ValueError:
+        ports = range(0)
+    if not ports or ports.start < 1 or ports.stop > 65536:
+        raise ImproperlyConfigured(f"DYNAPLANE_RENDEZVOUS_PORTS={text!r} is not a port range like 29400-29599")
+    return ports
+
+
+def free_port() -> int:
+    """The lowest port of the range that no live job uses and no active transition (a
+    resize's union world) uses. Called with the free GPU rows locked, so two schedulers
+    never read the same set (and unique constraints back this up within each table).
+
+    A live job keeps every port it has had: its rank 0 process served the start store and
+    each switch's union store, and torch keeps a store's socket open as long as anything in
+    the process refers to it (measured: the start port was still bound after two switches,
+    and a resize given it failed with EADDRINUSE). The ports come back when the job ends."""
+    ports = rendezvous_ports()
+    used = set(Job.objects.filter(state__in=LIVE_JOB_STATES, rendezvous_port__isnull=False)
+               .values_list("rendezvous_port", flat=True))
+    used |= set(Transition.objects.exclude(state__in=[s.value for s in TERMINAL_TRANSITION_STATES])
+                .filter(rendezvous_port__isnull=False).values_list("rendezvous_port", flat=True))
+    used |= set(Transition.objects.filter(job__state__in=LIVE_JOB_STATES, rendezvous_port__isnull=False)
+                .values_list("rendezvous_port", flat=True))
+    for port in ports:
+        if port not in used:
+            return port
+    raise Conflict(f"all {len(ports)} rendezvous ports {ports.start}-{ports.stop - 1} are used by live jobs "
+                   f"and active transitions")
+
+
+def rendezvous_address(host: str, port: int) -> str:
+    """host:port, an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def tp_block(placement: Placement) -> int:
+    """Ranks that must share a node: every module's TP groups (tp consecutive ranks from its
+    offset) fit in aligned blocks of lcm(tp). E.g. encoder tp=2 + llm tp=4 -> blocks of 4.
+    When a module's offset breaks the alignment, the whole job goes on one node."""
+    modules = placement.modules.values()
+    block = lcm(*(ml.tp for ml in modules))
+    if placement.world % block or any(ml.offset % ml.tp for ml in modules):
+        return placement.world
+    return block
+
+
+def start_orders(job: Job) -> dict[str, protocol.JobStartOrder]:
+    """One order per node of the job: the same job fields, that node's ranks only."""
+    slots: dict[str, list[protocol.RankSlot]] = defaultdict(list)
+    for slot in job.placement:
+        slots[slot["node"]].append(protocol.RankSlot(rank=slot["rank"], gpu=slot["gpu"]))
+    return {node: protocol.JobStartOrder(
+        job_id=job.pk, job_name=job.name, model=job.model, layout=job.layout, world=job.world_size,
+        global_batch=job.global_batch, micro_batch=job.micro_batch, seq=job.seq_len, rendezvous=job.rendezvous,
+        ranks=tuple(ranks), max_steps=job.max_steps, checkpoint_interval=job.checkpoint_interval,
+        checkpoint_dir=job.checkpoint_dir, restore_id=job.restore_id,
+        restore_from=job.checkpoint_path if job.restore_id else "") for node, ranks in slots.items()}
+
+
+def send(task: str, node: str, order: Order) -> None:
+    """One order on the node's queue now; the broker's refusal is raised (OperationalError)."""
+    app.send_task(task, args=[order.model_dump(mode="json")], queue=protocol.node_queue(node))
+
+
+def _send_stops(job_id: int, nodes: list[str]) -> None:
+    for node in nodes:
+        try:
+            send(protocol.NODE_JOB_STOP, node, protocol.JobStopOrder(job_id=job_id))
+        except (OperationalError, OSError) as exc:  # the agent's ranks time out at the rendezvous/collectives
+            log.error("job %s: stop order to node %s not sent: %s", job_id, node, exc)
+
+
+def stop_on_commit(job: Job, nodes: list[str]) -> None:
+    """After commit, tell these nodes to stop the job's ranks."""
+    if nodes:
+        nodes = list(nodes)
+        transaction.on_commit(lambda: _send_stops(job.pk, nodes))
+
+
+def send_cancels_on_commit(job: Job, nodes: list[str], cancel: protocol.JobSwitchCancel) -> None:
+    """After commit, tell these nodes to drop the switch (joining ranks stopped, rank 0 told)."""
+    nodes = list(nodes)
+    transaction.on_commit(lambda: _send_cancels(job.pk, nodes, cancel))
+
+
+def _send_cancels(job_id: int, nodes: list[str], cancel: protocol.JobSwitchCancel) -> None:
+    for node in nodes:
+        try:
+            send(protocol.NODE_JOB_SWITCH_CANCEL, node, cancel)
+        except (OperationalError, OSError) as exc:  # rank 0 then abandons the switch on its own timeout
+            log.error("job %s: switch cancel to node %s not sent: %s", job_id, node, exc)
