@@ -20,6 +20,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--staging-mb", type=float, default=256.0, help="per-rank staging budget per round (MiB)")
     p.add_argument("--intra-gbps", type=float, default=None, help="same-node GB/s per GPU (default 150)")
     p.add_argument("--inter-gbps", type=float, default=None, help="cross-node GB/s per GPU (default 25 = 200 Gb/s)")
+    p.add_argument("--keep-rank-order", action="store_true",
+                   help="give destination rank d to the GPU of source rank d (the contract's order) instead of "
+                        "the device-to-rank map that moves the fewest bytes")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--dump", metavar="FILE", help="write every shard, transfer, local copy and derived box (small cases)")
     p.set_defaults(func=run_plan)
@@ -59,7 +62,7 @@ def run_plan(args: argparse.Namespace) -> int:
         network = Network(**{k: v for k, v in (("intra_gbytes_per_s", args.intra_gbps),
                                                 ("inter_gbytes_per_s", args.inter_gbps)) if v is not None})
         options = PlanOptions(gpus_per_node=args.gpus_per_node, staging_bytes=int(args.staging_mb * 2**20),
-                              network=network)
+                              network=network, map_ranks=not args.keep_rank_order)
         model = get_model(args.model)
         plan = plan_routes(model, args.src, args.dst, options)
         summary = plan.summary()
@@ -81,6 +84,9 @@ def run_plan(args: argparse.Namespace) -> int:
     print(f"  destination state {_human(s['state_bytes_dst'])}: local {_human(s['local_bytes'])}, "
           f"derived {_human(s['derived_bytes'])}, network {_human(s['network_bytes'])} "
           f"(minimum {_human(s['min_network_bytes'])}; checkpoint-restart moves {_human(s['checkpoint_bytes'])})")
+    if s["ranks_renumbered"]:
+        print(f"  device map: {s['ranks_renumbered']} of {s['world_dst']} destination ranks on another GPU than "
+              f"their number; the contract's rank order would move {_human(s['contract_order_network_bytes'])}")
     print(f"  {s['transfers']} transfers in {s['rounds']} rounds; per rank at most {_human(s['max_rank_send_bytes'])} "
           f"sent, {_human(s['max_rank_recv_bytes'])} received, {_human(s['peak_staging_bytes'])} staged "
           f"(budget {_human(s['staging_budget_bytes'])})")

@@ -14,13 +14,14 @@ import numpy as np
 
 from agents.layout.estimate import Network, estimate_seconds
 from agents.layout.placement import Placement, place
+from agents.layout.rank_map import Savings, best_map, geometry, relabel, savings
 from agents.layout.routing import Route, route
 from agents.layout.schedule import RoundStats, Slice, cut_rounds, memory_wave, round_stats, slice_memory
 from agents.layout.shards import OPTIM, PARAM, STATE_CLASS, full_box, holder_boxes
 from agents.layout.spec import Layout
 from agents.layout.tensors import STATE_BYTES, STATES, Model, TensorSpec
 
-PLANNER_VERSION = 2
+PLANNER_VERSION = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +29,9 @@ class PlanOptions:
     gpus_per_node: int = 8
     staging_bytes: int = 256 * 2**20
     network: Network = field(default_factory=Network)
+    # Choose which process takes which destination rank so that the fewest bytes move
+    # (rank_map.py). Off: the contract's order, process d takes destination rank d.
+    map_ranks: bool = False
 
     def __post_init__(self) -> None:
         if self.gpus_per_node < 1:
@@ -46,11 +50,36 @@ class Item:
 
 
 class RoutingPlan:
+    """Routes and rounds in the union world's process numbers: process p holds source rank
+    p and takes destination rank `dst_rank(p)` (p itself unless a device map was chosen)."""
+
     def __init__(self, model: Model, src: Placement, dst: Placement, options: PlanOptions, items: list[Item],
-                 rounds: list[list[Slice]], plan_seconds: float) -> None:
+                 rounds: list[list[Slice]], plan_seconds: float, process_of: np.ndarray | None = None,
+                 map_savings: Savings | None = None) -> None:
         self.model, self.src, self.dst, self.options = model, src, dst, options
         self.items, self.rounds, self.plan_seconds = items, rounds, plan_seconds
         self.world = max(src.world, dst.world)
+        self.process_of = process_of  # process of each destination rank; None: rank d on process d
+        self._savings = map_savings
+
+    def dst_rank(self, process: int) -> int | None:
+        """The destination rank the process takes (None: it leaves the job)."""
+        if self.process_of is None:
+            return process if process < self.dst.world else None
+        hit = np.flatnonzero(self.process_of == process)
+        return int(hit[0]) if len(hit) else None
+
+    @property
+    def renumbered(self) -> int:
+        """Destination ranks that run on another process than their number."""
+        if self.process_of is None:
+            return 0
+        return int((self.process_of != np.arange(self.dst.world)).sum())
+
+    @cached_property
+    def savings(self) -> Savings:
+        """The device-map weights (rank_map.savings), for min_network_bytes."""
+        return self._savings if self._savings is not None else savings(self.model, self.src, self.dst)
 
     # --- per-item views ---------------------------------------------------------------
     def _bytes(self, item: Item) -> int:
@@ -99,7 +128,8 @@ class RoutingPlan:
         h = hashlib.sha256()
         header = {"v": PLANNER_VERSION, "model": self.model.name, "params": self.model.param_count,
                   "src": str(self.src.layout), "dst": str(self.dst.layout),
-                  "gpus_per_node": self.options.gpus_per_node, "staging": self.options.staging_bytes}
+                  "gpus_per_node": self.options.gpus_per_node, "staging": self.options.staging_bytes,
+                  "process_of": None if self.process_of is None else [int(p) for p in self.process_of]}
         h.update(json.dumps(header, sort_keys=True).encode())
         seen: dict[int, int] = {}
         for item in self.items:
@@ -133,7 +163,10 @@ class RoutingPlan:
             "world_src": self.src.world, "world_dst": self.dst.world,
             "state_bytes_src": state_src, "state_bytes_dst": need,
             "local_bytes": local, "derived_bytes": derived, "network_bytes": network,
-            "min_network_bytes": need - local - derived,
+            # No device-to-rank map moves less (rank_map.py); network_bytes is what this map moves.
+            "min_network_bytes": self.savings.network_floor,
+            "ranks_renumbered": self.renumbered,
+            "contract_order_network_bytes": self.savings.network_of(None),
             "transfers": stats.transfers, "rounds": len(self.rounds),
             "max_rank_send_bytes": int(send.sum(axis=0).max(initial=0)),
             "max_rank_recv_bytes": int(recv.sum(axis=0).max(initial=0)),
@@ -164,11 +197,15 @@ class RoutingPlan:
             for t in tensors:
                 for s in STATES:
                     b = holder_boxes(placement, t, STATE_CLASS[s])
+                    if key == "dst":  # in process numbers, as the transfers
+                        b = relabel(b, self.process_of)
                     for i in range(len(b.rank)):
                         off, ln = full_box(t, b.a0[i], b.a1[i], b.b0[i], b.b1[i])
                         shards.append({"rank": int(b.rank[i]), "tensor": t.name, "state": s, "offsets": off,
                                        "lengths": ln})
             out[key] = {"layout": str(placement.layout), "world": placement.world, "shards": shards}
+        if self.process_of is not None:
+            out["dst"]["process_of_rank"] = [int(p) for p in self.process_of]
         out["transfers"], out["local"], out["derived"] = [], [], []
         for k, round_slices in enumerate(self.rounds):
             for sl in round_slices:
@@ -250,26 +287,41 @@ def transfer_order(model: Model, src: Placement, dst: Placement) -> list[tuple[i
     return [item for _, item in sorted(keys)]
 
 
-def plan_routes(model: Model, src: Layout | str, dst: Layout | str, options: PlanOptions | None = None) -> RoutingPlan:
-    """Plan moving every state tensor of `model` from layout `src` to layout `dst`."""
+def plan_routes(model: Model, src: Layout | str, dst: Layout | str, options: PlanOptions | None = None, *,
+                process_of: np.ndarray | None = None) -> RoutingPlan:
+    """Plan moving every state tensor of `model` from layout `src` to layout `dst`.
+    `process_of` (process of each destination rank) imposes a device map; else
+    options.map_ranks chooses the best one, or the contract's order is kept."""
     started = time.perf_counter()
     options = options or PlanOptions()
     src_p, dst_p = place(model, src), place(model, dst)
+    chosen = None
+    if process_of is not None:
+        process_of = _check_map(np.asarray(process_of, dtype=np.int64), src_p, dst_p)
+    elif options.map_ranks:
+        process_of, chosen = best_map(model, src_p, dst_p)
     routes: dict[tuple, Route] = {}
     items: list[Item] = []
     for index, state in transfer_order(model, src_p, dst_p):
         tensor = model.tensors[index]
-        split, state_class = tensor.split, STATE_CLASS[state]
-        geometry = (tensor.shape, split.module, split.tp_dim, split.tp_units, split.ep_dim, split.place,
-                    src_p.tensor_stages(tensor), dst_p.tensor_stages(tensor))
-        key = (geometry, state_class)
+        state_class = STATE_CLASS[state]
+        key = (geometry(tensor, src_p, dst_p), state_class)
         if key not in routes:  # tensors of one geometry share a route
-            dst_boxes = holder_boxes(dst_p, tensor, state_class)
-            master = holder_boxes(dst_p, tensor, OPTIM) if state_class == PARAM else None
+            dst_boxes = relabel(holder_boxes(dst_p, tensor, state_class), process_of)
+            master = relabel(holder_boxes(dst_p, tensor, OPTIM), process_of) if state_class == PARAM else None
             routes[key] = route(holder_boxes(src_p, tensor, state_class), dst_boxes, master,
                                 gpus_per_node=options.gpus_per_node, salt=len(routes))
         items.append(Item(index, state, routes[key]))
     world = max(src_p.world, dst_p.world)
     rounds = cut_rounds([i.route for i in items], [STATE_BYTES[i.state] for i in items],
                         [model.tensors[i.tensor].shape[0] for i in items], options.staging_bytes, world)
-    return RoutingPlan(model, src_p, dst_p, options, items, rounds, time.perf_counter() - started)
+    return RoutingPlan(model, src_p, dst_p, options, items, rounds, time.perf_counter() - started, process_of, chosen)
+
+
+def _check_map(process_of: np.ndarray, src: Placement, dst: Placement) -> np.ndarray:
+    union = max(src.world, dst.world)
+    if process_of.shape != (dst.world,) or len(set(process_of.tolist())) != dst.world \
+            or process_of.min(initial=0) < 0 or process_of.max(initial=0) >= union:
+        raise ValueError(f"a device map gives each of the {dst.world} destination ranks its own process "
+                         f"0..{union - 1}; got {process_of.tolist()[:16]}")
+    return process_of

@@ -128,7 +128,8 @@ def switch_state(spec, shards: dict[Key, LocalShard], scalars: TrainScalars, src
     if on_verify is not None:
         on_verify(seconds)
     verify_started = time.perf_counter()
-    after = state_digests(plan.dst, rank, new)
+    dst_rank = plan.dst_rank(rank)  # this process's rank in the new layout (a device map may renumber)
+    after = state_digests(plan.dst, plan.dst.world if dst_rank is None else dst_rank, new)
     checks = compare_digests(spec, before, after)  # raises VerificationError naming the tensors that differ
     verify_seconds = time.perf_counter() - verify_started
     waves: list = [None] * dist.get_world_size()

@@ -25,7 +25,8 @@ def test_plan_json_has_the_contract_fields() -> None:
     summary = json.loads(out.stdout)
     assert CONTRACT_FIELDS <= set(summary)
     assert (summary["world_src"], summary["world_dst"]) == (32, 24)
-    assert summary["network_bytes"] == summary["min_network_bytes"] > 0
+    assert 0 < summary["min_network_bytes"] <= summary["network_bytes"] <= summary["contract_order_network_bytes"]
+    assert summary["network_bytes"] == summary["state_bytes_dst"] - summary["local_bytes"] - summary["derived_bytes"]
     assert summary["peak_staging_bytes"] <= 256 * 2**20
     assert len(summary["fingerprint"]) == 64
 

@@ -33,6 +33,7 @@ def test_same_node_replica_is_preferred() -> None:
 def test_what_a_rank_holds_is_never_sent_to_it() -> None:
     plan = plan_routes(get_model("llama3-8b"), "tp=8,dp=2,zero=1", "tp=8,dp=3,zero=1")
     summary = plan.summary()
-    assert summary["network_bytes"] == summary["min_network_bytes"]
+    assert summary["network_bytes"] == summary["state_bytes_dst"] - summary["local_bytes"] - summary["derived_bytes"]
+    assert summary["min_network_bytes"] <= summary["network_bytes"]
     # Ranks 0-15 keep their TP shards of `param` (zero=1 replicates it): only ranks 16-23 receive params.
     assert summary["local_bytes"] >= 16 * get_model("llama3-8b").param_count * 2 // 8
