@@ -1,4 +1,4 @@
-"""`dynaplane models` and `dynaplane plan` (CONTRACTS.md section 3): the pure layout core
+"""`dynaplane models` and `dynaplane plan` (docs/contracts.md section 3): the pure layout core
 from the command line. Imports only agents.layout (no torch, no Django)."""
 from __future__ import annotations
 

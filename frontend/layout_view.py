@@ -1,7 +1,7 @@
 """Where each rank of a layout sits in the parallel grid, for drawing the layout on the
 GPUs. Pure: the layout string and the job's rank slots in, one row per rank out.
 
-Rank order (CONTRACTS section 1, TP fastest, PP slowest):
+Rank order (docs/contracts.md section 1, TP fastest, PP slowest):
 rank = offset + tp_rank + tp*(cp_rank + cp*(dp_rank + dp*pp_rank)).
 Worked example: tp=2,pp=2,dp=2: rank 5 = 1 + 2*(0 + 1*(0 + 2*1)) -> pp 1, dp 0, tp 1.
 

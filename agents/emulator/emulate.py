@@ -1,5 +1,5 @@
 """`dynaplane emulate`: trace the real program for a configuration, simulate its step on a
-device profile, report CONTRACTS section 4's object."""
+device profile, report docs/contracts.md section 4's object."""
 from __future__ import annotations
 
 import time

@@ -6,7 +6,7 @@ fills these frozen dataclasses; the simulator only reads them. Everything is per
 
 With the interleaved schedule (vpp > 1) `Trace.stages` holds one `StageTrace` per
 *virtual* stage (model chunk), pp*vpp of them in model order: virtual stage k lives on
-pipeline rank k % pp (chunk k // pp), as in Megatron and CONTRACTS section 2. A rank's
+pipeline rank k % pp (chunk k // pp), as in Megatron and docs/contracts.md section 2. A rank's
 static memory is the sum over its chunks.
 """
 from __future__ import annotations

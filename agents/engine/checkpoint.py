@@ -2,7 +2,7 @@
 in the source layout and loaded, resharded by DCP, into the destination layout.
 
 Each rank's boxes become DTensors on per-(module, stage) device meshes whose placements
-reproduce CONTRACTS section 2 exactly (checked against our shard maps in
+reproduce docs/contracts.md section 2 exactly (checked against our shard maps in
 tests/agents/layout/test_shards_vs_dtensor.py): mesh dims (tp, data) with
 (Shard(tp_dim) | Replicate, Shard(0) for ZeRO | Replicate) for dense tensors, and
 (ep, tp, expert-data) with (Shard(0), Shard(tp_dim) | Replicate, Shard(0) | Replicate) for

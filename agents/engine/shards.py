@@ -64,7 +64,7 @@ def empty_shard(tensor: TensorSpec, state: str, box: Box) -> LocalShard:
 
 def trainer_states(placement: Placement, rank: int, shards: dict[Key, LocalShard]) -> dict[int, tuple]:
     """(param, master, exp_avg, exp_avg_sq) tensors by tensor index, for every tensor the rank
-    holds in some state. A zero-size box is never a shard (CONTRACTS section 3: left out), so
+    holds in some state. A zero-size box is never a shard (docs/contracts.md section 3: left out), so
     it becomes an empty tensor here, e.g. the 1-row class token's ZeRO chunks on dp ranks >= 1.
     Raises KeyError naming up to three missing non-empty boxes."""
     expected = rank_boxes(placement, rank, keep_empty=True)

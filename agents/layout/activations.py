@@ -4,7 +4,7 @@ An activation [batch, tokens, hidden] crossing from one module to the next (the 
 image tokens into the LLM) is held, on the holding pipeline stage of a module layout, as:
 batch cut over the module's dp (torch.chunk semantics, so uneven batches give the last
 ranks fewer or no samples), tokens cut over cp (torch.chunk), replicated over tp, hidden
-whole. The rank of a box follows CONTRACTS section 1:
+whole. The rank of a box follows docs/contracts.md section 1:
 `offset + tp_rank + tp*(cp_rank + cp*(dp_rank + dp*stage))`.
 
 These are the same (A, B) boxes as the state planner's (agents/layout/shards.py) with

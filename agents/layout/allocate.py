@@ -2,7 +2,7 @@
 
 Rules (pure, deterministic; the elastic manager of issue 6 calls this when it schedules a
 job or a resize):
-- a tensor-parallel group (tp consecutive ranks, CONTRACTS section 2's rank order) never
+- a tensor-parallel group (tp consecutive ranks, docs/contracts.md section 2's rank order) never
   spans nodes: its all-reduces are on the critical path of every layer;
 - ranks are placed in rank order, whole TP groups at a time, filling one node before the
   next, nodes with the most free GPUs first (ties by name): consecutive ranks, i.e. a

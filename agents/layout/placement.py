@@ -1,7 +1,7 @@
 """A layout resolved against a model: per-module layouts checked against the model's
 head, layer and expert counts, and which pipeline stages hold each tensor.
 
-Pipeline split (CONTRACTS section 2): L layers cut into pp*vpp contiguous chunks, the
+Pipeline split (docs/contracts.md section 2): L layers cut into pp*vpp contiguous chunks, the
 first L % (pp*vpp) chunks one layer longer; chunk c belongs to stage c % pp. Example:
 L=10, pp=4, vpp=1 -> chunk sizes 3,3,2,2 -> layers 0-2 on stage 0, 3-5 on 1, 6-7 on 2,
 8-9 on 3. With vpp=2 (8 chunks of 2,2,1,1,1,1,1,1): stage 0 holds layers 0-1 and 6.

@@ -1,4 +1,4 @@
-"""Shard maps (CONTRACTS section 2): which box of every state tensor each rank holds.
+"""Shard maps (docs/contracts.md section 2): which box of every state tensor each rank holds.
 
 Every box is a product of at most two intervals: axis A is dim 0 (cut by EP, by TP when
 tp_dim is 0, and by ZeRO inside the TP/EP box) and axis B is the TP dim when it is not 0;
@@ -76,7 +76,7 @@ class HolderBoxes:
 def holder_boxes(placement: Placement, tensor: TensorSpec, state_class: str, *,
                  keep_empty: bool = False, only_rank: int | None = None) -> HolderBoxes:
     """Every holder's box; zero-size ones (torch.chunk's empty last parts, e.g. a 1-row
-    tensor's ZeRO chunks on dp ranks >= 1) are left out, as CONTRACTS section 3 says, unless
+    tensor's ZeRO chunks on dp ranks >= 1) are left out, as docs/contracts.md section 3 says, unless
     `keep_empty`: a trainer still builds an empty tensor there (agents/engine/shards.py).
     With `only_rank`, that rank's box alone (none if it holds no part): the same arithmetic
     on one grid point instead of all dp x cp x tp of them (a 405B stage at dp=64 has 512)."""
@@ -143,7 +143,7 @@ def full_box(tensor: TensorSpec, a0: int, a1: int, b0: int, b1: int) -> tuple[li
 
 
 def rank_shards(placement: Placement, rank: int) -> list[dict]:
-    """Every (tensor, state) box one rank holds, as CONTRACTS section 3's shard records."""
+    """Every (tensor, state) box one rank holds, as docs/contracts.md section 3's shard records."""
     out = []
     for tensor in placement.model.tensors:
         for state in STATES:

@@ -1,4 +1,4 @@
-"""Layout strings (CONTRACTS.md section 1): parse, validate, print canonically.
+"""Layout strings (docs/contracts.md section 1): parse, validate, print canonically.
 
 Examples::
 

@@ -1,6 +1,6 @@
 """Logical tensors of a model: name, global (unsharded) shape and how a layout splits it.
 
-The split fields are CONTRACTS.md section 3's `split` object; section 2 says what they mean.
+The split fields are docs/contracts.md section 3's `split` object; section 2 says what they mean.
 Example: llama3-8b's ``llm.layers.3.attn.k.weight`` has shape (1024, 4096) and split
 ``TensorSplit(module="llm", layer=3, place=None, tp_dim=0, tp_units=8, ep_dim=None)``:
 TP splits dim 0 by the 8 kv heads, so with tp=16 every head is held by two TP ranks.

@@ -1,5 +1,5 @@
 """zero=3 with FSDP2 (`fully_shard`): every state of a parameter, the bf16 `param` too, is
-cut along dim 0 of the rank's tensor-parallel box into dp parts (CONTRACTS section 2),
+cut along dim 0 of the rank's tensor-parallel box into dp parts (docs/contracts.md section 2),
 which is exactly how FSDP2 shards a parameter (torch.chunk on dim 0, on top of TP).
 
 FSDP2 keeps the sharded parameter in fp32, so the sharded parameter *is* the `master`;

@@ -1,5 +1,5 @@
 """HeteroTrainer: one rank of a multimodal model (ViT encoder + projector, LLM) trained with
-a layout per module (CONTRACTS section 1: `encoder:...;llm:...`, `ranks=` when not
+a layout per module (docs/contracts.md section 1: `encoder:...;llm:...`, `ranks=` when not
 colocated; a plain layout gives both modules the same one).
 
 Each module has its own (pp, dp, tp) mesh in the contract's rank order, its own
@@ -69,7 +69,7 @@ def check_hetero_trainable(config: TrainConfig, placement: Placement) -> None:
 
 
 def _encoder_tp_plan(layers: int) -> dict:
-    """The ViT tower and projector as Megatron splits them (CONTRACTS section 2: q, k, v, fc1
+    """The ViT tower and projector as Megatron splits them (docs/contracts.md section 2: q, k, v, fc1
     by rows, o and fc2 by columns; norms, embeddings and the row-parallel biases replicated).
     The output, like the input, is replicated over tp."""
     plan: dict = {"encoder.projector.fc1": ColwiseParallel(), "encoder.projector.fc2": RowwiseParallel()}
@@ -295,7 +295,7 @@ class HeteroTrainer:
             for name, tensors in optimizer.hand_over().items():
                 index = index_of[name]
                 for state, data in zip(STATES, tensors):
-                    if (index, state) in boxes:  # an empty chunk is no shard (CONTRACTS section 3)
+                    if (index, state) in boxes:  # an empty chunk is no shard (docs/contracts.md section 3)
                         out[(index, state)] = LocalShard(self.spec.tensors[index], state, boxes[(index, state)],
                                                          data.detach())
         self.encoder = self.llm_stage = self.pipeline = None

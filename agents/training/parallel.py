@@ -1,4 +1,4 @@
-"""ParallelTrainer: one rank of a decoder LLM trained on a layout (CONTRACTS sections 1-2)
+"""ParallelTrainer: one rank of a decoder LLM trained on a layout (docs/contracts.md sections 1-2)
 with torch's own parallelism: DTensor tensor parallelism (`parallelize_module`), a
 replicated / ZeRO-1 data-parallel optimizer (agents/training/zero.py) and
 `torch.distributed.pipelining` for pp > 1. gloo on CPU, NCCL on CUDA, one code path.
@@ -317,7 +317,7 @@ class ParallelTrainer:
             index = index_of[name]
             for state, data in zip(STATES, tensors):
                 key = (index, state)
-                if key in boxes:  # an empty chunk is no shard (CONTRACTS section 3)
+                if key in boxes:  # an empty chunk is no shard (docs/contracts.md section 3)
                     out[key] = LocalShard(self.spec.tensors[index], state, boxes[key], data.detach())
         self.optimizer, self.stage, self.pipeline = None, None, None
         self.active = False

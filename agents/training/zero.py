@@ -3,7 +3,7 @@
 Every rank keeps its tensor-parallel box of each parameter in bf16 (the `param` state,
 replicated over data parallelism) and, for a chunk of that box, the fp32 `master` and
 Adam's `exp_avg` / `exp_avg_sq`: with zero >= 1 the chunk is part d of D = dp along dim 0
-(torch.chunk semantics, as CONTRACTS section 2 says); with zero=0 it is the whole box.
+(torch.chunk semantics, as docs/contracts.md section 2 says); with zero=0 it is the whole box.
 
 A step: the fp32 gradients (accumulated over micro-batches by the trainer) are averaged
 over the data-parallel group in one flat all-reduce, each rank updates its chunk with

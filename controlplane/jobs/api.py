@@ -40,7 +40,7 @@ class JobCreateSerializer(serializers.Serializer):
     name = serializers.SlugField(max_length=63)
     model = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._/\-]{0,199}$", max_length=200)
     layout = serializers.CharField(max_length=500, required=False,
-                                   help_text="the layout (CONTRACTS.md section 1); or give `gpus`")
+                                   help_text="the layout (docs/contracts.md section 1); or give `gpus`")
     gpus = serializers.IntegerField(min_value=1, max_value=65536, required=False,
                                     help_text="GPUs to use; the control plane picks the layout (docs/elastic.md)")
     global_batch = serializers.IntegerField(min_value=1, default=8)
@@ -136,7 +136,7 @@ class PlanPreviewSerializer(serializers.Serializer):
     source_layout = serializers.CharField()
     destination_layout = serializers.CharField()
     world = serializers.IntegerField(help_text="ranks of the union world")
-    summary = serializers.DictField(help_text="`dynaplane plan --json` (CONTRACTS section 3)")
+    summary = serializers.DictField(help_text="`dynaplane plan --json` (docs/contracts.md section 3)")
     matrix = serializers.ListField(child=serializers.ListField(child=serializers.IntegerField()), allow_null=True,
                                    help_text="bytes from source rank (row) to destination rank (column)")
     round_bytes = serializers.ListField(child=serializers.IntegerField(), help_text="bytes sent per round")

@@ -15,7 +15,7 @@ ACTIVE_TRANSITION_STATES = sorted(s.value for s in TransitionState if s not in T
 class Job(models.Model):
     name = models.SlugField(max_length=63, unique=True)
     model = models.CharField(max_length=200, help_text="catalog name or path to a Hugging Face config.json")
-    layout = models.CharField(max_length=500, help_text="current layout string (CONTRACTS.md section 1)")
+    layout = models.CharField(max_length=500, help_text="current layout string (docs/contracts.md section 1)")
     world_size = models.PositiveIntegerField(help_text="GPUs the current layout spans")
     state = models.CharField(max_length=16, choices=[(s.value, s.value) for s in JobState], default=JobState.PENDING)
     global_batch = models.PositiveIntegerField(default=8)

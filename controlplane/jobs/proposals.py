@@ -14,7 +14,7 @@ ranking is by a documented rule, RANKING_RULE, which the page shows next to the 
 Worked example: tiny-gpt on dp=2 measured at 0.20 s/step, global_batch=12, micro_batch=1,
 N=4: dp=4 -> 0.20 * 2/4 * 1 = 0.10 s; tp=1,pp=2,dp=2 -> m=6, bubble 7/6 -> 0.117 s.
 Memory per GPU counts the model state (bf16 param + fp32 master, exp_avg, exp_avg_sq,
-sharded as CONTRACTS section 2 says), not activations.
+sharded as docs/contracts.md section 2 says), not activations.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Zero-size boxes (CONTRACTS sections 2-3): torch.chunk leaves the last parts of a short
+"""Zero-size boxes (docs/contracts.md sections 2-3): torch.chunk leaves the last parts of a short
 dimension empty; shard maps leave them out, and `keep_empty` gives the trainers every
 holder's box, empty ones included (they build an empty tensor there)."""
 from __future__ import annotations

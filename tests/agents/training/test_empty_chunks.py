@@ -1,4 +1,4 @@
-"""ZeRO over more data-parallel ranks than a tensor has rows (CONTRACTS section 2: torch.chunk
+"""ZeRO over more data-parallel ranks than a tensor has rows (docs/contracts.md section 2: torch.chunk
 semantics, so the last ranks' chunks are empty), in the decoder trainer, on 4 gloo ranks.
 
 The model is a Hugging Face llama config with one kv head of width 2: the k and v weights

@@ -41,7 +41,7 @@ SCHEDULES = {
     "placements": [Switch(1, "encoder:dp=2,ranks=0-1;llm:tp=2,ranks=2-3"),  # grow 1 -> 4, encoder on its own ranks
                    Switch(2, "encoder:dp=4;llm:tp=2,dp=2")],                 # and back, colocated
     # Encoder ZeRO over more dp ranks than the class token has rows (1): ranks 1-3 hold an
-    # empty encoder.cls_token chunk, which is no shard (CONTRACTS section 3); into that
+    # empty encoder.cls_token chunk, which is no shard (docs/contracts.md section 3); into that
     # layout, then out of it onto other ranks.
     "empty-chunks": [Switch(1, "encoder:dp=4,zero=1;llm:tp=2,dp=2,zero=1"),
                      Switch(2, "encoder:dp=2,zero=1,ranks=0-1;llm:tp=2,zero=1,ranks=2-3")],
