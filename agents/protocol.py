@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -400,6 +400,10 @@ class TransitionReport(_Message):
     error: str = Field(default="", max_length=4000)
     progress: TransferProgress | None = None
     tensors: list[TensorCheck] | None = None  # the verification per logical tensor
+    # committed: where rank 0's pause went, seconds per phase in order (hand_over, host_copy,
+    # union, plan, digest_before, transfer, digest_after, trainer, ...)
+    phases: dict[Annotated[str, Field(max_length=32)], Annotated[float, Field(ge=0)]] | None = Field(
+        default=None, max_length=16)
     sent_at: datetime
 
 

@@ -123,7 +123,8 @@ def online(stack: StackProcess, args, common: dict) -> list[dict]:
             "pause_seconds": row["pause_seconds"], "observed_pause_seconds": observed_pause(watch, watch, last),
             "prepare_seconds": row["prepare_seconds"] or 0.0, "transfer_seconds": row["transfer_seconds"],
             "verify_seconds": row["verify_seconds"], "network_bytes": row["network_bytes"],
-            "old_steps_while_preparing": last - asked_step, "verified": row["verification"].get("verified")})
+            "old_steps_while_preparing": last - asked_step, "verified": row["verification"].get("verified"),
+            "phases": row["verification"].get("phases") or {}})
         warm = last + 2 + args.steps
     stack.post(f"api/jobs/{watch.job_id}/stop", {})
     watch.wait(lambda j: j["state"] == "stopped", args.timeout, "stopped")
@@ -200,6 +201,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{restart_row['checkpoint_seconds']:>4.1f}s {restart_row['load_seconds'] or 0:>4.1f}s")
         results.append({"online": online_row, "restart": restart_row, "ratio": ratio,
                          "observed_ratio": observed_ratio, "hidden_fraction": hidden})
+    for row in results:
+        phases = row["online"]["phases"]
+        if phases:
+            print(f"{row['online']['direction']:>9} pause by phase (rank 0): "
+                  + ", ".join(f"{name} {seconds:.2f}s" for name, seconds in phases.items() if seconds >= 0.005))
     print("online pause: the transition's pause_seconds (rank 0); (observed): the same gap seen through the API; "
           "restart pause: observed (includes the checkpoint write); prepare hidden: bring-up while the old ranks "
           "trained, share of bring-up + pause; old steps: steps the old layout trained between the request and the "

@@ -2,7 +2,7 @@
 checkpoint-restart baseline (DCP save in layout A, load resharded into layout B), plus the
 raw point-to-point bandwidth of the backend measured in the same run.
 
-Every rank runs bench_rank(); summarize() turns the per-rank results into CONTRACTS
+Every rank runs bench_rank(); summarize() turns the per-rank results into docs/contracts.md
 section 6's JSON object.
 """
 from __future__ import annotations
@@ -127,7 +127,7 @@ def bench_rank(rank: int, world: int, model_name: str, src: str, dst: str, stagi
 
 
 def summarize(model: str, world: int, src: str, dst: str, ranks: list[dict]) -> dict:
-    """CONTRACTS section 6. achieved_gbps: bytes the busiest rank moved (the larger of what
+    """docs/contracts.md section 6. achieved_gbps: bytes the busiest rank moved (the larger of what
     it sent and received) per second of switch. p2p_gbps: one pair of ranks exchanging a
     64 MiB buffer (the raw figure); replay_gbps: the same busiest-rank bytes over the time
     the backend alone needs for the switch's exact messages (so on a machine whose cores are

@@ -56,9 +56,36 @@ def shard_digest(shard: LocalShard) -> int:
     return int(bits.add_(1).mul_(mix).sum().item())
 
 
-def state_digests(placement: Placement, rank: int, shards: dict[Key, LocalShard], group=None) -> dict[Key, int]:
-    """Digest of every (tensor, state) of the model; a collective over `group`."""
-    keys = [(i, s) for i in range(len(placement.model.tensors)) for s in STATES]
+def _owners(placement: Placement, tensor, state_class: str, process_of=None) -> set[tuple]:
+    """(process, box) of each distinct box's counting holder (its lowest rank)."""
+    h = holder_boxes(placement, tensor, state_class)
+    if not len(h.rank):
+        return set()
+    boxes = np.stack([h.a0, h.a1, h.b0, h.b1], axis=1)
+    _, first = np.unique(boxes, axis=0, return_index=True)  # holders are sorted by rank: the lowest
+    ranks = h.rank[first] if process_of is None else np.asarray(process_of)[h.rank[first]]
+    return {(int(r), *map(int, b)) for r, b in zip(ranks, boxes[first])}
+
+
+def unchanged_keys(plan) -> frozenset[Key]:
+    """(tensor, state) whose counted boxes are the same boxes on the same processes in both
+    layouts. The engine keeps a box that is the same in both layouts untouched (no copy:
+    execute_plan reuses the tensor), so their digests before and after are equal without
+    computing them: verification hashes only what a switch rewrites. The same set on every
+    rank (it is a function of the plan)."""
+    out = set()
+    for index, tensor in enumerate(plan.model.tensors):
+        for state_class in {STATE_CLASS[s] for s in STATES}:
+            if _owners(plan.src, tensor, state_class) == _owners(plan.dst, tensor, state_class, plan.process_of):
+                out |= {(index, s) for s in STATES if STATE_CLASS[s] == state_class}
+    return frozenset(out)
+
+
+def state_digests(placement: Placement, rank: int, shards: dict[Key, LocalShard], group=None,
+                  skip: frozenset[Key] = frozenset()) -> dict[Key, int]:
+    """Digest of every (tensor, state) of the model but those in `skip`; a collective over
+    `group` (every rank must skip the same keys)."""
+    keys = [(i, s) for i in range(len(placement.model.tensors)) for s in STATES if (i, s) not in skip]
     owned = _owned(placement, rank) if rank < placement.world else set()
     local = torch.tensor([shard_digest(shards[k]) if k in owned and k in shards else 0 for k in keys],
                          dtype=torch.int64)
@@ -68,15 +95,16 @@ def state_digests(placement: Placement, rank: int, shards: dict[Key, LocalShard]
 
 def tensor_checks(model, before: dict[Key, int], after: dict[Key, int]) -> list[dict]:
     """One row per logical tensor, in the model's order: {name, shape, match, mismatched
-    (the states whose digest changed), digest (its states' digests after the switch,
-    summed modulo 2^64, as 16 hex digits)} -- what the transition page lists."""
+    (the states whose digest changed), digest (its compared states' digests after the
+    switch, summed modulo 2^64, as 16 hex digits; "" when the switch left every state of
+    the tensor untouched: unchanged_keys)} -- what the transition page lists."""
     rows = []
     for i, tensor in enumerate(model.tensors):
         states = [state for (j, state) in before if j == i]
         mismatched = [state for state in states if before[(i, state)] != after.get((i, state))]
         combined = sum(after.get((i, state), 0) for state in states) % 2**64
         rows.append({"name": tensor.name, "shape": list(tensor.shape), "match": not mismatched,
-                     "mismatched": mismatched, "digest": f"{combined:016x}"})
+                     "mismatched": mismatched, "digest": f"{combined:016x}" if states else ""})
     return rows
 
 

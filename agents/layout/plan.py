@@ -123,6 +123,11 @@ class RoutingPlan:
         return int(sum(int(what(i.route)) * self._bytes(i) for i in self.items))
 
     @cached_property
+    def network_bytes(self) -> int:
+        """Bytes the plan sends between processes."""
+        return self._sum(lambda r: r.transfer_elems)
+
+    @cached_property
     def fingerprint(self) -> str:
         """sha256 of the plan's canonical form: inputs, every route and the round cuts."""
         h = hashlib.sha256()
@@ -145,7 +150,7 @@ class RoutingPlan:
         return h.hexdigest()
 
     def summary(self) -> dict:
-        """CONTRACTS section 3's --json object (and a few more fields)."""
+        """docs/contracts.md section 3's --json object (and a few more fields)."""
         stats = self.stats
         after, peak = self.waves
         rank_peak = peak.max(axis=0, initial=0)
@@ -154,7 +159,7 @@ class RoutingPlan:
         recv = stats.recv_intra + stats.recv_inter
         seconds, _ = estimate_seconds(stats, self.options.network)
         state_src = int(after[0].sum())
-        network = self._sum(lambda r: r.transfer_elems)
+        network = self.network_bytes
         local = self._sum(lambda r: r.elements(r.local).sum())
         derived = self._sum(lambda r: r.elements(r.derived).sum())
         need = self._sum(lambda r: r.need_elems)
@@ -184,7 +189,7 @@ class RoutingPlan:
         }
 
     def dump(self) -> dict:
-        """CONTRACTS section 3's --dump object: every tensor, shard, transfer, local copy
+        """docs/contracts.md section 3's --dump object: every tensor, shard, transfer, local copy
         and derived box, in global coordinates. Meant for small cases."""
         tensors = self.model.tensors
         out: dict = {"tensors": [{"name": t.name, "shape": list(t.shape), "state": s, "dtype_bytes": STATE_BYTES[s],

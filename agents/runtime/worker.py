@@ -265,11 +265,14 @@ class RolledBack(Exception):
         self.trainer, self.reason = trainer, reason
 
 
-def _host_copy(shards: dict) -> dict:
-    """The old state, kept until the commit point: a host copy (on CPU a second copy)."""
+def _host_copy(shards: dict, untouched: set) -> dict:
+    """The old state, kept until the commit point: a host copy (on CPU a second copy) of
+    every shard the switch rewrites or frees; a shard in `untouched` (the same box in the
+    new layout: the engine keeps that very tensor and never writes into it) is kept by
+    reference, without a copy."""
     from agents.engine.shards import LocalShard
 
-    return {key: LocalShard(s.tensor, s.state, s.box, s.data.detach().to("cpu", copy=True))
+    return {key: s if key in untouched else LocalShard(s.tensor, s.state, s.box, s.data.detach().to("cpu", copy=True))
             for key, s in shards.items()}
 
 
@@ -277,23 +280,39 @@ def _switch_old_rank(trainer, order: protocol.JobSwitchOrder, settings: JobSetti
     """Hand this rank's state over and move it to the new layout; None if the rank leaves.
     Raises RolledBack (carrying a trainer on the old layout, rebuilt from the state kept
     until the commit point) when the switch fails: a peer lost during the transfer, or a
-    digest that does not match."""
+    digest that does not match. Returns (trainer, report, phases: seconds per step of the
+    pause, in order)."""
     import torch.distributed as dist
 
-    from agents.training.run import switch_state
+    from agents.training.run import prepare_switch, switch_state
+
+    phases: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        phases[name], clock = now - clock, now
 
     rank = trainer.rank
     src = str(trainer.placement.layout)
     shards, scalars = trainer.hand_over()
     spec = trainer.spec
-    kept = _host_copy(shards)
     del trainer
+    lap("hand_over")
+    prepared = prepare_switch(spec, src, order.layout, rank, joining=False, staging_bytes=order.staging_bytes,
+                              gpus_per_node=order.gpus_per_node)
+    lap("plan")
+    untouched = {key for key, box in prepared.program.new_boxes.items() if key in shards and shards[key].box == box}
+    kept = _host_copy(shards, untouched)
+    lap("host_copy")
     store = boundary.store if rank == 0 else _store(order, master=False, timeout=settings.timeout_seconds)
     dist.destroy_process_group()
     boundary.done_switches.add(order.transition_id)
     boundary.pending = None
     try:
         _join_union(order, store, rank, settings.timeout_seconds)
+        lap("union")
         if rank == 0:
             boundary.reporter.transition(order.transition_id, "transferring", step=scalars.step)
         def verifying(transfer_seconds: float) -> None:
@@ -302,17 +321,19 @@ def _switch_old_rank(trainer, order: protocol.JobSwitchOrder, settings: JobSetti
                                              transfer_seconds=transfer_seconds)
 
         new, new_scalars, report = switch_state(spec, shards, scalars, src, order.layout, rank,
-                                                staging_bytes=order.staging_bytes,
-                                                gpus_per_node=order.gpus_per_node, on_verify=verifying,
+                                                prepared=prepared, on_verify=verifying,
                                                 on_round=_round_reporter(boundary.reporter, order, rank,
                                                                          scalars.step))
+        clock = time.perf_counter()
+        phases.update({name: seconds for name, seconds in report.phases.items() if name != "plan"})
         # Every rank of the union world builds the trainer: its process groups are made
         # collectively, by members and non-members alike. A rank outside the layout then leaves.
         trainer = _trainer(settings, order.layout, rank, new, new_scalars, ckpt)
+        lap("trainer")
     except Exception as exc:  # EngineError (digests, a dead peer), a gloo error, a timeout
         reason = f"{type(exc).__name__}: {exc}"[:1500]
         raise RolledBack(_back_to_old_layout(order, store, rank, src, kept, scalars, settings, ckpt), reason) from exc
-    return (trainer if trainer.active else None), report
+    return (trainer if trainer.active else None), report, phases
 
 
 PROGRESS_INTERVAL = 0.5  # seconds between live transfer reports (the first and last round always go)
@@ -382,7 +403,7 @@ def _train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: R
 
     boundary = Boundary(settings, rank, run_dir, reporter)
     boundary.done_switches |= done_switches
-    steps = 0  # committed: (transition id, report, pause start) until the next step
+    steps = 0  # committed: (transition id, report, pause start, phases) until the next step
     while True:
         step_started = time.perf_counter()
         try:
@@ -393,8 +414,10 @@ def _train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: R
         steps += 1
         if rank == 0 and result is not None:
             if committed is not None:
-                tid, report, paused_at = committed
+                tid, report, paused_at, phases = committed
+                phases = {**phases, "other": max(0.0, step_started - paused_at - sum(phases.values()))}
                 reporter.transition(tid, "committed", step=report.step, pause_seconds=step_started - paused_at,
+                                    phases=phases,
                                     transfer_seconds=report.seconds, verify_seconds=report.verify_seconds,
                                     network_bytes=report.network_bytes, rounds=report.rounds,
                                     peak_bytes=report.peak_bytes, predicted_peak_bytes=report.predicted_peak_bytes,
@@ -427,7 +450,7 @@ def _train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: R
         if order is not None:
             paused_at = time.perf_counter()
             try:
-                trainer, report = _switch_old_rank(trainer, order, settings, boundary, ckpt)
+                trainer, report, phases = _switch_old_rank(trainer, order, settings, boundary, ckpt)
             except RolledBack as back:
                 trainer = back.trainer
                 if rank == 0:
@@ -439,7 +462,7 @@ def _train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: R
             if trainer is None:  # this rank is not in the new layout: its state has been handed over
                 dist.destroy_process_group()
                 return steps
-            committed = (order.transition_id, report, paused_at)
+            committed = (order.transition_id, report, paused_at, phases)
 
 
 def _orphaned(trainer, rank: int, exc: RuntimeError) -> None:
@@ -473,7 +496,7 @@ def _survive(orphan, settings: JobSettings, run_dir: Path, node: str, broker: st
         return None
     print(f"rank {orphan.rank}: rank {rank} of {order.layout} after restore {order.restore_id}", file=sys.stderr)
     reporter = Reporter(settings.job_id, rank, node, broker, order.restore_id)
-    return trainer, settings, rank, reporter, ckpt, (order.restore_id, report, orphan.lost_at)
+    return trainer, settings, rank, reporter, ckpt, (order.restore_id, report, orphan.lost_at, dict(report.phases))
 
 
 def _done_switches(run_dir: Path) -> set[int]:

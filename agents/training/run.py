@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from agents.engine.digest import compare_digests, state_digests
+from agents.engine.digest import compare_digests, state_digests, unchanged_keys
 from agents.engine.execute import execute_plan, preallocate, prepare
 from agents.engine.progress import WaveRecorder
 from agents.engine.shards import Key, LocalShard
@@ -50,6 +50,7 @@ class SwitchReport:
     # every rank's measured state bytes through the switch (WaveRecorder.wave), rank order
     measured_waves: list[list[int]] = field(default_factory=list)
     checks: list[dict] = field(default_factory=list)  # per logical tensor (digest.tensor_checks)
+    phases: dict[str, float] = field(default_factory=dict)  # seconds of each step of switch_state, in order
 
 
 @dataclass
@@ -81,19 +82,21 @@ def check_schedule(steps: int, switches: list[Switch]) -> None:
 
 @dataclass
 class PreparedSwitch:
-    """What a rank can work out before the pause: the plan, its own program and, on a
-    joining rank (no state yet), its new shards, allocated and touched."""
+    """What a rank can work out before the pause: the plan, its own program, the state
+    the switch leaves untouched (not hashed) and, on a joining rank (no state yet), its new
+    shards, allocated and touched."""
 
     plan: object
     program: object
     ready: dict | None
+    unchanged: frozenset = frozenset()
 
 
 def prepare_switch(spec, src: str, dst: str, rank: int, joining: bool, *, staging_bytes: int = 64 * 2**20,
                    gpus_per_node: int = 8) -> PreparedSwitch:
     plan = plan_routes(spec, src, dst, PlanOptions(gpus_per_node=gpus_per_node, staging_bytes=staging_bytes))
     program = prepare(plan, rank)
-    return PreparedSwitch(plan, program, preallocate(plan, program) if joining else None)
+    return PreparedSwitch(plan, program, preallocate(plan, program) if joining else None, unchanged_keys(plan))
 
 
 def switch_state(spec, shards: dict[Key, LocalShard], scalars: TrainScalars, src: str, dst: str, rank: int, *,
@@ -104,13 +107,19 @@ def switch_state(spec, shards: dict[Key, LocalShard], scalars: TrainScalars, src
     `on_verify(transfer_seconds)` is called when the transfer is done and the digests are
     about to be compared; `on_round(done, rounds, moved_bytes, wave)` after each round
     (moved_bytes: the plan's network bytes of the rounds done; wave: WaveRecorder.wave)."""
+    phases: dict[str, float] = {}
+    clock = time.perf_counter()
     box = [scalars]
     dist.broadcast_object_list(box, src=0)  # rank 0 is in every layout
     scalars = box[0]
+    phases["scalars"], clock = time.perf_counter() - clock, time.perf_counter()
     prepared = prepared or prepare_switch(spec, src, dst, rank, not shards, staging_bytes=staging_bytes,
                                           gpus_per_node=gpus_per_node)
+    phases["plan"] = time.perf_counter() - clock
     plan, program, ready = prepared.plan, prepared.program, prepared.ready
-    before = state_digests(plan.src, rank, shards)
+    digest_started = time.perf_counter()
+    before = state_digests(plan.src, rank, shards, skip=prepared.unchanged)
+    before_seconds = phases["digest_before"] = time.perf_counter() - digest_started
     start_bytes = sum(s.nbytes for s in shards.values())
     progress = None
     if on_round is not None:
@@ -120,27 +129,31 @@ def switch_state(spec, shards: dict[Key, LocalShard], scalars: TrainScalars, src
         def progress(done: int, wave: list[int]) -> None:
             on_round(done, rounds, moved[min(done, rounds)], wave)
     recorder = WaveRecorder(progress)
+    clock = time.perf_counter()
     dist.barrier()
     started = time.perf_counter()
+    phases["barrier"] = started - clock
     new: dict[Key, LocalShard] = execute_plan(plan, rank, shards, sample=recorder, program=program, ready=ready)
     shards.clear()
-    seconds = time.perf_counter() - started
+    seconds = phases["transfer"] = time.perf_counter() - started
     if on_verify is not None:
         on_verify(seconds)
     verify_started = time.perf_counter()
     dst_rank = plan.dst_rank(rank)  # this process's rank in the new layout (a device map may renumber)
-    after = state_digests(plan.dst, plan.dst.world if dst_rank is None else dst_rank, new)
+    after = state_digests(plan.dst, plan.dst.world if dst_rank is None else dst_rank, new, skip=prepared.unchanged)
     checks = compare_digests(spec, before, after)  # raises VerificationError naming the tensors that differ
-    verify_seconds = time.perf_counter() - verify_started
+    phases["digest_after"] = time.perf_counter() - verify_started
+    verify_seconds = phases["digest_after"] + before_seconds  # both digests: the check's whole cost
+    clock = time.perf_counter()
     waves: list = [None] * dist.get_world_size()
     dist.all_gather_object(waves, recorder.wave)  # small: 2 * rounds + 1 integers per rank
     torch.set_rng_state(scalars.rng)
     _, predicted = plan.waves
-    summary = plan.summary()
+    phases["waves"] = time.perf_counter() - clock
     report = SwitchReport(scalars.step, str(plan.src.layout), str(plan.dst.layout), seconds, verify_seconds,
-                          summary["network_bytes"], summary["rounds"], max(start_bytes, recorder.peak),
+                          plan.network_bytes, len(plan.rounds), max(start_bytes, recorder.peak),
                           int(predicted[:, rank].max(initial=0)) if rank < plan.world else 0, True, plan.fingerprint,
-                          measured_waves=waves, checks=checks)
+                          measured_waves=waves, checks=checks, phases=phases)
     return new, scalars, report
 
 

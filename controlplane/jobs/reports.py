@@ -208,6 +208,8 @@ def _fill(transition: Transition, report: protocol.TransitionReport, *, overwrit
                         "matches_plan": (report.fingerprint == transition.plan_fingerprint)
                         if report.fingerprint and transition.plan_fingerprint else None,
                         "node": report.node, "tensors": tensors}
+        if report.phases:
+            verification["phases"] = dict(report.phases)  # where the pause went (rank 0)
         if verification != transition.verification:
             transition.verification = verification
             changed = True

@@ -115,11 +115,12 @@ def test_grow_from_two_to_four_ranks_across_two_nodes(two_nodes, token_client, s
     run(transition_report, treport(t, "ready", step=6, prepare_seconds=1.5))
     run(transition_report, treport(t, "transferring", step=6))
     assert Transition.objects.get(pk=t.pk).state == "transferring"
-    run(transition_report, _committed(t))  # skips verifying
+    run(transition_report, _committed(t, phases={"hand_over": 0.01, "transfer": 0.5, "trainer": 0.3}))  # skips verifying
 
     t.refresh_from_db()
     job.refresh_from_db()
     assert t.state == "committed"
+    assert t.verification["phases"] == {"hand_over": 0.01, "transfer": 0.5, "trainer": 0.3}  # where the pause went
     assert [(h["state"], h["reported"]) for h in t.history] == [
         ("planned", False), ("preparing", True), ("ready", True), ("transferring", True), ("verifying", False),
         ("committed", True)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agents.engine.digest import VerificationError, compare_digests, state_digests
+from agents.engine.digest import VerificationError, compare_digests, state_digests, unchanged_keys
 from agents.engine.errors import EngineError
 from agents.engine.execute import execute_plan
 from agents.engine.progress import WaveRecorder
@@ -28,7 +28,9 @@ def _switch(rank: int, world: int, model_name: str, src: str, dst: str, staging:
     plan = plan_routes(model, src, dst, PlanOptions(gpus_per_node=2, staging_bytes=staging))
     old = {key: LocalShard(model.tensors[key[0]], key[1], box, truth(model, key, box))
            for key, box in (rank_boxes(plan.src, rank).items() if rank < plan.src.world else [])}
-    before = state_digests(plan.src, rank, old)
+    unchanged = unchanged_keys(plan)  # what the product's switch does not hash (kept untouched)
+    before = state_digests(plan.src, rank, old, skip=unchanged)
+    held = dict(old)
     samples: list[int] = []
     rounds_seen: list[int] = []
     recorder = WaveRecorder(lambda done, wave: rounds_seen.append(done))
@@ -49,11 +51,13 @@ def _switch(rank: int, world: int, model_name: str, src: str, dst: str, staging:
     assert samples and samples[-1] == sum({id(s.data): s.nbytes for s in new.values()}.values())
     for key, box in expected.items():
         assert new[key].box == box
+        if key in unchanged and key in held and held[key].box == box:
+            assert new[key] is held[key], "a box the digests skip must be the very tensor the rank held"
         assert torch.equal(new[key].data, truth(model, key, box)), (model.tensors[key[0]].name, key[1], rank)
     if corrupt and rank == 1:
         key = sorted(k for k in new if k[1] == "exp_avg")[0]
         new[key].data.view(-1)[0] += 1.0
-    after = state_digests(plan.dst, rank, new)
+    after = state_digests(plan.dst, rank, new, skip=unchanged)
     _, peak = plan.waves
     predicted = float(peak[:, rank].max(initial=0)) if rank < peak.shape[1] else 0.0
     measured = max(samples, default=0)
@@ -104,6 +108,19 @@ def test_digest_names_a_corrupted_tensor() -> None:
     # The per-tensor rows (what the transition page lists) name the same one tensor and state.
     [(name, states)] = results[0][2]
     assert f"{name}/exp_avg" in results[0][1] and states == ["exp_avg"]
+
+
+def test_the_digests_skip_exactly_the_state_a_switch_leaves_on_the_same_ranks() -> None:
+    model = get_model("tiny-gpt")
+    every = {(i, s) for i in range(len(model.tensors)) for s in ("param", "master", "exp_avg", "exp_avg_sq")}
+    # Pure replicas: rank 0 counts every box before and after, and keeps it.
+    assert unchanged_keys(plan_routes(model, "dp=2", "dp=4")) == every
+    assert unchanged_keys(plan_routes(model, "dp=4", "dp=2")) == every
+    # ZeRO-1 re-shards the optimizer over the new dp: only the bf16 params stay where they were.
+    assert unchanged_keys(plan_routes(model, "dp=2,zero=1", "dp=4,zero=1")) == {k for k in every if k[1] == "param"}
+    # A tensor-parallel change rewrites every TP-split tensor; replicated norms keep their params.
+    assert unchanged_keys(plan_routes(model, "tp=2,dp=2,zero=1", "tp=4")) == {
+        k for k in every if k[1] == "param" and model.tensors[k[0]].split.tp_dim is None}
 
 
 def _mismatched_plan(rank: int, world: int):

@@ -1,4 +1,4 @@
-"""`dynaplane plan` and `dynaplane models` as a user runs them (CONTRACTS section 3)."""
+"""`dynaplane plan` and `dynaplane models` as a user runs them (docs/contracts.md section 3)."""
 from __future__ import annotations
 
 import json
