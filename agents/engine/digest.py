@@ -25,8 +25,11 @@ _K = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64 (golden-ratio 
 _C = 0x632BE59BD9B4E019
 
 
-def _owned(placement: Placement, rank: int) -> set[Key]:
-    """(tensor, state) boxes this rank counts: it is the lowest rank holding that box."""
+def owned_keys(placement: Placement, rank: int) -> set[Key]:
+    """(tensor, state) boxes this rank counts: it is the lowest rank holding that box (none
+    for a rank beyond the placement's world)."""
+    if rank >= placement.world:
+        return set()
     out = set()
     for index, tensor in enumerate(placement.model.tensors):
         for state in STATES:
@@ -82,11 +85,12 @@ def unchanged_keys(plan) -> frozenset[Key]:
 
 
 def state_digests(placement: Placement, rank: int, shards: dict[Key, LocalShard], group=None,
-                  skip: frozenset[Key] = frozenset()) -> dict[Key, int]:
+                  skip: frozenset[Key] = frozenset(), owned: set[Key] | None = None) -> dict[Key, int]:
     """Digest of every (tensor, state) of the model but those in `skip`; a collective over
-    `group` (every rank must skip the same keys)."""
+    `group` (every rank must skip the same keys). `owned`: owned_keys(placement, rank),
+    when worked out ahead."""
     keys = [(i, s) for i in range(len(placement.model.tensors)) for s in STATES if (i, s) not in skip]
-    owned = _owned(placement, rank) if rank < placement.world else set()
+    owned = owned_keys(placement, rank) if owned is None else owned
     local = torch.tensor([shard_digest(shards[k]) if k in owned and k in shards else 0 for k in keys],
                          dtype=torch.int64)
     dist.all_reduce(local, group=group)

@@ -280,11 +280,12 @@ class Boundary:
                 joining = max(0, self.pending.world - self.pending.src_world)
                 if int(self.store.add("joined", 0)) >= joining:
                     ready = self.pending.transition_id
-        flags = torch.tensor([int(stop), ready], dtype=torch.int64)
+        planning = any(not future.done() for future in self.ahead.values())
+        flags = torch.tensor([int(stop), ready, int(planning)], dtype=torch.int64)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=trainer.meshes.everyone)
         if flags[0].item():
             return True, None
-        if not flags[1].item():
+        if not flags[1].item() or flags[2].item():  # (a rank still planning ahead: switch a step later)
             return False, None
         box = [self.pending]
         dist.broadcast_object_list(box, src=0, group=trainer.meshes.everyone)

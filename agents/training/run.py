@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from agents.engine.digest import compare_digests, state_digests, unchanged_keys
+from agents.engine.digest import compare_digests, owned_keys, state_digests, unchanged_keys
 from agents.engine.execute import execute_plan, preallocate, prepare
 from agents.engine.progress import WaveRecorder
 from agents.engine.shards import Key, LocalShard
@@ -90,13 +90,19 @@ class PreparedSwitch:
     program: object
     ready: dict | None
     unchanged: frozenset = frozenset()
+    owned_src: set | None = None  # the keys this rank's digests count, before and after
+    owned_dst: set | None = None
 
 
 def prepare_switch(spec, src: str, dst: str, rank: int, joining: bool, *, staging_bytes: int = 64 * 2**20,
                    gpus_per_node: int = 8) -> PreparedSwitch:
     plan = plan_routes(spec, src, dst, PlanOptions(gpus_per_node=gpus_per_node, staging_bytes=staging_bytes))
     program = prepare(plan, rank)
-    return PreparedSwitch(plan, program, preallocate(plan, program) if joining else None, unchanged_keys(plan))
+    plan.waves  # noqa: B018 (the predicted memory wave, cached on the plan: the report needs it)
+    dst_rank = plan.dst_rank(rank)
+    return PreparedSwitch(plan, program, preallocate(plan, program) if joining else None, unchanged_keys(plan),
+                          owned_keys(plan.src, rank),
+                          owned_keys(plan.dst, plan.dst.world if dst_rank is None else dst_rank))
 
 
 def switch_state(spec, shards: dict[Key, LocalShard], scalars: TrainScalars, src: str, dst: str, rank: int, *,
@@ -118,7 +124,7 @@ def switch_state(spec, shards: dict[Key, LocalShard], scalars: TrainScalars, src
     phases["plan"] = time.perf_counter() - clock
     plan, program, ready = prepared.plan, prepared.program, prepared.ready
     digest_started = time.perf_counter()
-    before = state_digests(plan.src, rank, shards, skip=prepared.unchanged)
+    before = state_digests(plan.src, rank, shards, skip=prepared.unchanged, owned=prepared.owned_src)
     before_seconds = phases["digest_before"] = time.perf_counter() - digest_started
     start_bytes = sum(s.nbytes for s in shards.values())
     progress = None
@@ -140,7 +146,8 @@ def switch_state(spec, shards: dict[Key, LocalShard], scalars: TrainScalars, src
         on_verify(seconds)
     verify_started = time.perf_counter()
     dst_rank = plan.dst_rank(rank)  # this process's rank in the new layout (a device map may renumber)
-    after = state_digests(plan.dst, plan.dst.world if dst_rank is None else dst_rank, new, skip=prepared.unchanged)
+    after = state_digests(plan.dst, plan.dst.world if dst_rank is None else dst_rank, new, skip=prepared.unchanged,
+                          owned=prepared.owned_dst)
     checks = compare_digests(spec, before, after)  # raises VerificationError naming the tensors that differ
     phases["digest_after"] = time.perf_counter() - verify_started
     verify_seconds = phases["digest_after"] + before_seconds  # both digests: the check's whole cost
