@@ -229,19 +229,48 @@ class _Spared:
             self.groups[key] = [d_holders, s_holders, np.zeros((len(d_holders), len(s_holders)))]
         self.groups[key][2][di, si] += gain  # (di, si) pairs are distinct: holder rows are
 
-    def merged(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(destination rank, process, bytes spared) of every pair that spares something."""
-        parts = list(self.loose)
+    def _components(self) -> list[list]:
+        """The matrices, grouped so that no two groups share a destination rank."""
+        comps: list[list] = []  # [destination ranks (set), members]
         for d_holders, s_holders, dense in self.groups.values():
-            i, j = np.nonzero(dense)
-            parts.append((d_holders[i], s_holders[j], dense[i, j]))
+            ranks = set(d_holders.tolist())
+            touching = [c for c in comps if not c[0].isdisjoint(ranks)]
+            merged = [ranks | set().union(*(c[0] for c in touching)),
+                      [(d_holders, s_holders, dense)] + [m for c in touching for m in c[1]]]
+            comps = [c for c in comps if all(c is not t for t in touching)] + [merged]
+        return comps
+
+    def merged(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(destination rank, process, bytes spared) of every pair that spares something,
+        each pair once. The matrices of each group of destination ranks (a pipeline stage:
+        its layers, its embedding) are added into one where it fits; the groups share no
+        destination rank, so no pair repeats and no sort is needed."""
+        parts = list(self.loose)
+        distinct = not self.loose
+        for ranks, members in self._components():
+            if len(members) > 1:
+                dst = np.asarray(sorted(ranks), dtype=np.int64)
+                procs = np.unique(np.concatenate([s for _, s, _ in members]))
+                if len(dst) * len(procs) <= self.DENSE_MAX:
+                    combined = np.zeros((len(dst), len(procs)))
+                    for d_holders, s_holders, dense in members:
+                        combined[np.ix_(np.searchsorted(dst, d_holders), np.searchsorted(procs, s_holders))] += dense
+                    members = [(dst, procs, combined)]
+                else:
+                    distinct = False
+            for d_holders, s_holders, dense in members:
+                i, j = np.nonzero(dense)
+                parts.append((d_holders[i], s_holders[j], dense[i, j]))
         if not parts:
             empty = np.zeros(0, dtype=np.int64)
             return empty, empty, np.zeros(0)
-        key = np.concatenate([d for d, _, _ in parts]) * self.union + np.concatenate([s for _, s, _ in parts])
-        uniq, inverse = np.unique(key, return_inverse=True)
-        total = np.bincount(inverse.ravel(), weights=np.concatenate([g for _, _, g in parts]))
-        return uniq // self.union, uniq % self.union, total
+        d = np.concatenate([d for d, _, _ in parts])
+        p = np.concatenate([p for _, p, _ in parts])
+        g = np.concatenate([g for _, _, g in parts])
+        if distinct:
+            return d, p, g
+        uniq, inverse = np.unique(d * self.union + p, return_inverse=True)
+        return uniq // self.union, uniq % self.union, np.bincount(inverse.ravel(), weights=g)
 
 
 def best_map(model: Model, src: Placement, dst: Placement) -> tuple[np.ndarray | None, Savings]:

@@ -129,3 +129,22 @@ def test_llama3_405b_dp64_to_dp48_moves_less_than_its_optimizer_state() -> None:
     assert summary["network_bytes"] <= optimizer
     assert summary["min_network_bytes"] <= summary["network_bytes"]
     assert summary["contract_order_network_bytes"] > 7 * optimizer
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_switches())
+def test_the_sparse_fallback_gives_the_dense_paths_weights(case) -> None:
+    """Matrices too big to hold densely go through the sort-based merge: same weights."""
+    from agents.layout import rank_map
+
+    model, src, dst = case
+    s_p, d_p = place(model, src), place(model, dst)
+    dense = savings(model, s_p, d_p)
+    saved_max = rank_map._Spared.DENSE_MAX
+    rank_map._Spared.DENSE_MAX = 0
+    try:
+        sparse = savings(model, s_p, d_p)
+    finally:
+        rank_map._Spared.DENSE_MAX = saved_max
+    assert (sparse.need, sparse.best, sparse.fixed) == (dense.need, dense.best, dense.fixed)
+    assert np.array_equal(sparse.saved, dense.saved)
