@@ -80,10 +80,5 @@ def trainer_states(placement: Placement, rank: int, shards: dict[Key, LocalShard
     return out
 
 
-def non_empty(shards: dict[Key, LocalShard]) -> dict[Key, LocalShard]:
-    """The shards a plan, digest or checkpoint sees: zero-size ones are left out."""
-    return {k: s for k, s in shards.items() if s.data.numel()}
-
-
 def _size(placement: Placement, key: Key, box: Box) -> int:
     return (box[1] - box[0]) * (box[3] - box[2] if b_dim(placement.model.tensors[key[0]]) is not None else 1)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from agents.layout.placement import Placement
-from agents.layout.tensors import STATES, TensorSpec
+from agents.layout.tensors import TensorSpec
 
 # State classes with identical boxes: `param`, and the optimizer's three fp32 states.
 PARAM, OPTIM = "param", "optim"
@@ -140,17 +140,3 @@ def full_box(tensor: TensorSpec, a0: int, a1: int, b0: int, b1: int) -> tuple[li
     if bd is not None:
         offsets[bd], lengths[bd] = int(b0), int(b1 - b0)
     return offsets, lengths
-
-
-def rank_shards(placement: Placement, rank: int) -> list[dict]:
-    """Every (tensor, state) box one rank holds, as docs/contracts.md section 3's shard records."""
-    out = []
-    for tensor in placement.model.tensors:
-        for state in STATES:
-            boxes = holder_boxes(placement, tensor, STATE_CLASS[state])
-            hit = np.searchsorted(boxes.rank, rank)
-            if hit < len(boxes.rank) and boxes.rank[hit] == rank:
-                offsets, lengths = full_box(tensor, boxes.a0[hit], boxes.a1[hit], boxes.b0[hit], boxes.b1[hit])
-                out.append({"rank": rank, "tensor": tensor.name, "state": state, "offsets": offsets,
-                            "lengths": lengths})
-    return out

@@ -7,7 +7,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from agents.layout.catalog import get_config
 from agents.layout.model_config import DecoderConfig, ModelConfig, VisionConfig
 from agents.training.layers import NORM_EPS, Factory, GeluMLP, GptBlock, LlamaBlock, RMSNorm, rope_cos_sin
 
@@ -152,8 +151,3 @@ def build_training_model(config: ModelConfig, *, device: torch.device | str = "c
     _validate(config)
     fk: dict[str, Any] = {"device": torch.device(device), "dtype": dtype}
     return TrainingModel(config, fk, rope_theta)
-
-
-def from_name(name_or_path: str, **kw: Any) -> TrainingModel:
-    """build_training_model for a catalog name or a Hugging Face config.json path (see get_config)."""
-    return build_training_model(get_config(name_or_path), **kw)

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from agents.protocol import AgentHeartbeat
 from controlplane.cluster.events import GROUP, STREAM, GpuEvent, NodeEvent
-from controlplane.cluster.lifecycle import GpuState, GpuTrigger, NodeState, gpu_next_state
+from controlplane.cluster.lifecycle import GpuState, GpuTrigger, NodeState, gpu_next_state, node_next_state
 from controlplane.cluster.models import Gpu, Node
 from controlplane.cluster.selectors import gpu_view, node_view
 from controlplane.common.events import next_seq, publish_on_commit
@@ -56,7 +56,7 @@ def node_record_heartbeat(*, report: AgentHeartbeat, received_at: datetime | Non
                         node.agent_pid, node.host)
         came_back = node.state == NodeState.LOST
         node.host, node.device = report.host, report.device
-        node.state = NodeState.HEALTHY
+        node.state = node_next_state(NodeState(node.state), heartbeat_fresh=True)
         node.last_heartbeat = now
         node.agent_pid, node.agent_started_at = report.pid, report.started_at
         node.gpu_count = len(report.gpus)
@@ -111,7 +111,7 @@ def nodes_mark_lost(*, silent_for: timedelta, now: datetime | None = None) -> li
     lost = []
     with transaction.atomic():
         for node in Node.objects.select_for_update().filter(state=NodeState.HEALTHY, last_heartbeat__lt=cutoff):
-            node.state = NodeState.LOST
+            node.state = node_next_state(NodeState(node.state), heartbeat_fresh=False)
             node.save(update_fields=["state"])
             _emit_node(node)
             for gpu in node.gpus.select_related("job"):

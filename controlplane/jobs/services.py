@@ -150,11 +150,6 @@ def metrics_append(*, series_id: int, xs: Sequence[float], ys: Sequence[float]) 
     return series.points
 
 
-def job_metrics_append(*, job: Job, x: float, values: Mapping[str, float], units: Mapping[str, str]) -> None:
-    """Append the sample (x, value) to each named job-level series (job_metrics_extend)."""
-    job_metrics_extend(job=job, rows=[(x, values)], units=units)
-
-
 def job_metrics_extend(*, job: Job, rows: Sequence[tuple[float, Mapping[str, float]]],
                        units: Mapping[str, str]) -> None:
     """Append samples to the job-level series (no rank, no transition): for each row

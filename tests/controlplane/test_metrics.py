@@ -48,10 +48,10 @@ def test_mismatched_lengths_are_refused() -> None:
 
 
 def test_per_step_append_of_several_series_matches_the_chunked_store(django_assert_max_num_queries) -> None:
-    """job_metrics_append (one sample to several series per step, the report path) keeps the
+    """job_metrics_extend with one row (one sample to several series per step, the report path) keeps the
     same chunks as metrics_append: a series started mid-way (a metric first reported later)
     and chunk boundaries crossed at different steps for different series."""
-    from controlplane.jobs.services import job_metrics_append
+    from controlplane.jobs.services import job_metrics_extend
 
     job = job_create(name="m", model="tiny-gpt", layout="dp=1")
     head = metrics_series_get(job=job, name="loss", unit="")
@@ -63,11 +63,11 @@ def test_per_step_append_of_several_series_matches_the_chunked_store(django_asse
         if step >= 5:
             values["step_seconds"] = 0.5 + step
         if step < 10:
-            job_metrics_append(job=job, x=float(step), values=values, units=units)
+            job_metrics_extend(job=job, rows=[(float(step), values)], units=units)
         else:
             # series, last chunks, new chunks, chunk update, series update: never per series
             with django_assert_max_num_queries(5):
-                job_metrics_append(job=job, x=float(step), values=values, units=units)
+                job_metrics_extend(job=job, rows=[(float(step), values)], units=units)
     loss = metrics_series_get(job=job, name="loss")
     seconds = metrics_series_get(job=job, name="step_seconds")
     assert seconds.unit == "s" and loss.pk == head.pk

@@ -13,7 +13,7 @@ from agents.layout.model_config import DecoderConfig, ModelConfig
 from agents.training.data import SyntheticImages, SyntheticTokens
 from agents.training.init import init_kind, init_weights, initial_value
 from agents.training.layers import RMSNorm
-from agents.training.model import TrainingModel, build_training_model, from_name
+from agents.training.model import TrainingModel, build_training_model
 from agents.training.moe import MoE
 
 pytestmark = pytest.mark.timeout(120)
@@ -31,6 +31,10 @@ VARIANTS = [
     ModelConfig("tiny-qwen3-moe", "qwen3_moe", dataclasses.replace(
         _TINY, qk_norm=True, experts=8, top_k=2, moe_ffn=24, dense_layers=frozenset({0, 2}))),
 ]
+
+
+def from_name(name: str, **kw) -> TrainingModel:
+    return build_training_model(get_config(name), **kw)
 
 
 def _shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
