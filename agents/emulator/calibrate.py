@@ -34,7 +34,7 @@ than ranks they share the cores). Measured, per rank:
 - nothing of the program's data-parallel communication hides behind compute
   (comm_streams False): without device streams FSDP2's all-gathers and reduce-scatters
   run with async_op=False on the thread that computes, and ZeRO's gradient all-reduce is a
-  blocking call (docs/benchmarks.md, session 8: a ZeRO-3 step took its compute plus all
+  blocking call (docs/benchmarks-history.md, session 8: a ZeRO-3 step took its compute plus all
   its collectives in series, where an overlap measured with an asynchronous all-reduce
   beside matmuls had the simulator hide 12-24% of them).
 """
@@ -65,7 +65,7 @@ class Effort:
     # Nine timed runs per op and nine samples per collective, in three passes (calibrate_rank):
     # with three and five in one pass, two calibrations of the same machine minutes apart
     # put a tp=2 llama-124m step 0.5 s apart (its 344 small all-reduces read 1.3-2.7 ms;
-    # docs/benchmarks.md, session 8).
+    # docs/benchmarks-history.md, session 8).
     passes: int = 3
     repeats: int = 3
     gemm_shapes: tuple = ((512, 768, 768), (512, 2048, 768), (512, 768, 2048), (1024, 1024, 1024))
@@ -235,7 +235,7 @@ def _collective(kind: str, nbytes: float, world: int):
     buffer every call. FSDP2's and the ZeRO path's outputs are new tensors each step, but
     the ranks' allocator settings (launch.RANK_MALLOC_ENV) hand back the same memory
     without page faults in steady state; a fresh 243 MB all-gather output per call here
-    took 0.28-1.04 s, a reused one 0.30-0.36 s (docs/benchmarks.md, session 9)."""
+    took 0.28-1.04 s, a reused one 0.30-0.36 s (docs/benchmarks-history.md, session 9)."""
     n = max(int(nbytes) // 4 // world * world, world)
     if kind == "all_reduce":
         t = torch.ones(n)
@@ -266,7 +266,7 @@ def _collective_table(world: int, sizes: tuple, repeats: int = 5, per_sample: in
     program's step after step. Sampled in rounds over all the big points instead (session
     9, when every call wrote a fresh output), a 249 MB all-gather read 1.0 s where the
     real ZeRO-1 step's took 0.40-0.47 s and back-to-back samples 0.43 s, in the same
-    processes minutes apart (docs/benchmarks.md, session 11); the calibration's passes
+    processes minutes apart (docs/benchmarks-history.md, session 11); the calibration's passes
     put a point's samples minutes apart instead."""
     a, b = torch.randn(128, 768), torch.randn(768, 768)
     extra = extra or {}

@@ -77,7 +77,7 @@ def collective_sizes(traces: list[Trace], world: int, tolerance: float = 0.02) -
 
     Why at their own sizes: a measured ladder extrapolated past its largest point misses
     what only large buffers do on a CPU (a 250 MB gloo all-gather took 0.4-1.5 s here, three
-    to ten times the ladder's extrapolation, docs/benchmarks.md session 7)."""
+    to ten times the ladder's extrapolation, docs/benchmarks-history.md session 7)."""
     found: dict[str, set[float]] = {}
     for trace in traces:
         for stage in trace.stages:
@@ -136,7 +136,7 @@ class CacheFlush:
     reads its operands from memory, as a training step does: each weight is used once per
     pass and the step's working set (weights, saved activations, optimizer state) is many
     times the cache. Timed hot, the GEMMs of a 124M-parameter step ran 15-50% faster than
-    inside the step (docs/benchmarks.md, session 8). triton.testing.do_bench clears the
+    inside the step (docs/benchmarks-history.md, session 8). triton.testing.do_bench clears the
     GPU's L2 before each run for the same reason."""
 
     def __init__(self, cache_bytes: int | None = None) -> None:
@@ -183,7 +183,7 @@ def measure_gemms(gemms: list, repeats: int = 3, sync=_no_sync, cold_bytes: int 
     wrote; its weight gradient g^T @ x reads the activation saved in the forward. Flushing
     every operand (session 8) read the layer GEMMs up to 24% slower than this (a 768x768
     weight's forward 1.04 against 0.84 ms), and their sum 17-21% above the real step's
-    matmul kernels (docs/benchmarks.md, session 9); 0 times them hot. `sync` (the
+    matmul kernels (docs/benchmarks-history.md, session 9); 0 times them hot. `sync` (the
     ranks' barrier) runs before each shape, so that every rank times the same GEMM at the
     same moment, as a training step's ranks run theirs: a rank timing alone while its peer
     waits has the shared cache and memory bandwidth to itself (on this 2-core machine the

@@ -1,7 +1,7 @@
 """The median of several calibrations of one machine (pure).
 
-A shared host's speed wanders in spells of seconds to minutes (docs/benchmarks.md, session
-9: two calibrations twelve minutes apart differed by a fifth in their memory-bound rates
+A shared host's speed wanders in spells of seconds to minutes (docs/benchmarks-history.md,
+session 9: two calibrations twelve minutes apart differed by a fifth in their memory-bound rates
 while the real steps did not move). A calibration is one window of time; calibrations taken
 at several times, each at its own window, combine into a profile of the machine's typical
 state: every measured number its median over the calibrations, every table row's rate its
@@ -11,7 +11,7 @@ Or the machine at its least disturbed (`--quietest`): the one calibration whose 
 fastest, by all its measured rates against their medians. Neighbours on a shared host only
 add time, so that window is the machine's own speed; it is what the fastest of many real
 steps (the validation's yardstick) ran at. One whole calibration, not the best of each
-number: the ops of one step share one window's state (docs/benchmarks.md, session 13).
+number: the ops of one step share one window's state (docs/benchmarks-history.md, session 13).
 """
 from __future__ import annotations
 

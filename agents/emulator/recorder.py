@@ -91,7 +91,7 @@ def matmul_form(name: str, args) -> str:
     """The operand layout of a GEMM, BLAS-style in row-major terms: 'nt' is x @ W^T (a
     linear layer's forward), 'nn' is g @ W (its input gradient), 'tn' is g^T @ x (its
     weight gradient). Same FLOPs, but a CPU runs them at rates up to 9x apart (docs/
-    benchmarks.md, session 5), so the cost model looks up the op's own form."""
+    benchmarks-history.md, session 5), so the cost model looks up the op's own form."""
     a, b = (args[1], args[2]) if name in ("addmm", "baddbmm") else (args[0], args[1])
     return _operand_letter(a) + _operand_letter(b)
 
