@@ -20,7 +20,9 @@ FORBIDDEN = {
     "agents/processes.py": ["torch", "django", "celery", "controlplane", "frontend", "dynaplane", "agents.node",
                             "agents.engine", "agents.training", "agents.emulator", "agents.runtime"],
     "agents/node": ["django", "controlplane", "frontend", "dynaplane", "torch", "channels", "rest_framework"],
-    "agents/engine": ["django", "celery", "controlplane", "frontend", "dynaplane", "channels"],
+    # The engine (switch driver included) sits below the trainer, the rank processes and the emulator.
+    "agents/engine": ["django", "celery", "controlplane", "frontend", "dynaplane", "channels", "agents.training",
+                      "agents.runtime", "agents.emulator", "agents.node"],
     "agents/training": ["django", "celery", "controlplane", "frontend", "dynaplane", "channels"],
     # The rank processes: training (torch) plus reports through the broker (celery).
     "agents/runtime": ["django", "controlplane", "frontend", "dynaplane", "channels", "rest_framework"],

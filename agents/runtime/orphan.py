@@ -128,7 +128,7 @@ def recover(orphan: Orphan, order: protocol.JobRecoverOrder, settings, backend: 
 
     from agents.engine.digest import shard_digest
     from agents.layout.catalog import get_model
-    from agents.training.run import switch_state
+    from agents.engine.switch import switch_state
 
     moves = {m.old: m.new for m in order.ranks}
     rank = moves.get(orphan.rank)

@@ -20,7 +20,7 @@ A switch, with the joining ranks' start-up hidden behind training:
 2. at the first step boundary where `joined` is complete, the old ranks agree, rank 0
    broadcasts the order, every old rank hands its state over, leaves the old world and
    joins the union world (ranks 0 .. max(old, new) - 1) on that store;
-3. the engine moves the state (agents/training/run.py switch_state: plan fingerprints,
+3. the engine moves the state (agents/engine/switch.py switch_state: plan fingerprints,
    rounds, digest verification); ranks outside the new layout exit, the others build the
    new layout's trainer and go on. Rank 0 reports `ready`, `transferring` and
    `committed` with the timings (prepare: order seen to all joined, hidden behind
@@ -206,7 +206,7 @@ class Boundary:
         with ranks of the job, so no rank has to be told."""
         from concurrent.futures import ThreadPoolExecutor
 
-        from agents.training.run import prepare_switch
+        from agents.engine.switch import prepare_switch
 
         for path in self.run_dir.glob("switch-*.json"):
             tid = path.stem.split("-", 1)[1]
@@ -221,7 +221,7 @@ class Boundary:
     def prepared(self, order: protocol.JobSwitchOrder, spec, src: str):
         """The order's PreparedSwitch, planned ahead (waiting for it if it is still being
         planned) or now."""
-        from agents.training.run import prepare_switch
+        from agents.engine.switch import prepare_switch
 
         future = self.ahead.pop(order.transition_id, None)
         if future is not None:
@@ -323,7 +323,7 @@ def _switch_old_rank(trainer, order: protocol.JobSwitchOrder, settings: JobSetti
     pause, in order)."""
     import torch.distributed as dist
 
-    from agents.training.run import switch_state
+    from agents.engine.switch import switch_state
 
     phases: dict[str, float] = {}
     clock = time.perf_counter()
@@ -418,7 +418,7 @@ def _join(order: protocol.JobSwitchOrder, rank: int, settings: JobSettings, run_
     """A joining rank: prepare while the old ranks train, then take part in the switch."""
     from agents.layout.catalog import get_model
     from agents.training.parallel import TrainScalars
-    from agents.training.run import prepare_switch, switch_state
+    from agents.engine.switch import prepare_switch, switch_state
 
     spec = get_model(order.model)
     prepared = prepare_switch(spec, order.src_layout, order.layout, rank, joining=True,
@@ -565,6 +565,7 @@ def _freeze_imports() -> None:
     import agents.engine.execute  # noqa: F401
     import agents.runtime.checkpoints  # noqa: F401
     import agents.runtime.orphan  # noqa: F401
+    import agents.engine.switch  # noqa: F401
     import agents.training.run  # noqa: F401
 
     gc.collect()
