@@ -14,20 +14,33 @@ from agents.layout.catalog import get_model
 from agents.layout.errors import LayoutError
 from agents.layout.placement import place
 from agents.layout.plan import PlanOptions, plan_routes
-from agents.layout.shards import rank_shards
-from agents.layout.tensors import STATE_BYTES
+from agents.layout.shards import STATE_CLASS, full_box, holder_boxes
+from agents.layout.tensors import STATE_BYTES, STATES
 from controlplane.jobs.plan_preview import plan_preview, route_matrix
 from controlplane.jobs.proposals import propose, state_bytes_per_rank
 
 TINY = get_model("tiny-gpt")
 
 
+def _shard_bytes(placement, rank: int) -> int:
+    """The oracle: every (tensor, state) box the rank holds, as docs/contracts.md section 3's
+    shard records (offsets, lengths), summed in bytes."""
+    total = 0
+    for tensor in placement.model.tensors:
+        for state in STATES:
+            boxes = holder_boxes(placement, tensor, STATE_CLASS[state])
+            hit = np.searchsorted(boxes.rank, rank)
+            if hit < len(boxes.rank) and boxes.rank[hit] == rank:
+                _, lengths = full_box(tensor, boxes.a0[hit], boxes.a1[hit], boxes.b0[hit], boxes.b1[hit])
+                total += int(np.prod(lengths)) * STATE_BYTES[state]
+    return total
+
+
 def test_state_bytes_per_rank_matches_the_shards_each_rank_holds() -> None:
     placement = place(TINY, "tp=2,pp=2,dp=2,zero=1")
     fast = state_bytes_per_rank(placement)
     for rank in range(placement.world):
-        slow = sum(int(np.prod(s["lengths"])) * STATE_BYTES[s["state"]] for s in rank_shards(placement, rank))
-        assert fast[rank] == slow, rank
+        assert fast[rank] == _shard_bytes(placement, rank), rank
 
 
 def test_dp_only_grow_is_ranked_first_with_the_scaled_step_time() -> None:
