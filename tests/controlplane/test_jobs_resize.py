@@ -128,7 +128,8 @@ def test_grow_from_two_to_four_ranks_across_two_nodes(two_nodes, token_client, s
     assert (t.prepare_seconds, t.pause_seconds, t.transfer_seconds, t.verify_seconds) == (1.5, 0.9, 0.5, 0.1)
     assert (t.network_bytes, t.rounds, t.peak_bytes, t.predicted_peak_bytes, t.step) == (123456, 2, 9000, 8800, 7)
     assert t.verification == {"verified": True, "fingerprint": t.plan_fingerprint, "matches_plan": True,
-                              "node": "node-1", "tensors": None}
+                              "node": "node-1", "tensors": None,
+                              "phases": {"hand_over": 0.01, "transfer": 0.5, "trainer": 0.3}}
     assert (job.state, job.layout, job.world_size) == ("running", "tp=2,dp=2", 4)
     assert job.placement == body["destination_placement"]
     # The job keeps its start rendezvous: rank 0's process still holds that store.
