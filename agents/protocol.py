@@ -9,7 +9,7 @@ import re
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 CONTROL_QUEUE = "control"
 EMULATE_QUEUE = "emulate"
@@ -273,12 +273,16 @@ class JobSwitchOrder(_Message):
     """Control plane -> every agent involved in a resize: move the job online from its
     current layout (`src_layout` over `src_world` ranks) to `layout` over `world` ranks.
 
-    Ranks keep their numbers: rank r < min(src_world, world) stays where it is, ranks from
-    src_world up are new processes on the GPUs in `ranks`, ranks from world up leave after
-    handing their state over. `ranks` lists this node's slots in the union world (staying,
-    joining and leaving ones). Joining ranks start at once and get ready (imports, model
-    objects, the union world's store at `rendezvous`) while the old ranks keep training;
-    the switch runs at the first step boundary after all of them are ready."""
+    The switch runs on the union world, processes 0 .. max(src_world, world) - 1: process p
+    < src_world is the job's rank p, processes from src_world up are new ones on the GPUs
+    in `ranks` (this node's processes in the union world: staying, joining and leaving
+    ones, `rank` = the process number). `process_of[d]` is the process that takes rank d of
+    `layout` (the device map: the planner's choice of which GPU takes which rank, so that
+    the fewest bytes move; agents/layout/rank_map.py); None keeps ranks' numbers (process
+    d takes rank d). Processes that take no rank leave after handing their state over;
+    rank 0 is always process 0. Joining processes start at once and get ready (imports,
+    model objects, the union world's store at `rendezvous`) while the old ranks keep
+    training; the switch runs at the first step boundary after all of them are ready."""
 
     version: Literal[1] = PROTOCOL_VERSION
     job_id: int = Field(gt=0)
@@ -306,6 +310,23 @@ class JobSwitchOrder(_Message):
     # (0: none) into `checkpoint_dir`, which every node of the job must see (shared storage).
     checkpoint_interval: int = Field(default=0, ge=0)
     checkpoint_dir: str = Field(default="", max_length=1000)
+    process_of: tuple[int, ...] | None = None
+
+    @model_validator(mode="after")
+    def _a_device_map(self) -> "JobSwitchOrder":
+        if self.process_of is not None:
+            union = max(self.src_world, self.world)
+            p = self.process_of
+            if len(p) != self.world or len(set(p)) != len(p) or min(p) < 0 or max(p) >= union or p[0] != 0:
+                raise ValueError(f"process_of must give each of the {self.world} ranks its own process in "
+                                 f"0..{union - 1}, rank 0 on process 0")
+        return self
+
+    def rank_of(self, process: int) -> int | None:
+        """The rank of `layout` that `process` takes (None: it leaves the job)."""
+        if self.process_of is None:
+            return process if process < self.world else None
+        return self.process_of.index(process) if process in self.process_of else None
 
 
 class RankMove(_Message):

@@ -36,6 +36,8 @@ class SwitchReport:
     measured_waves: list[list[int]] = field(default_factory=list)
     checks: list[dict] = field(default_factory=list)  # per logical tensor (digest.tensor_checks)
     phases: dict[str, float] = field(default_factory=dict)  # seconds of each step of switch_state, in order
+    rank: int | None = None   # this process's rank in the new layout (None: it leaves)
+    renumbered: bool = False  # a device map gave some rank another process than its number
 
 
 @dataclass
@@ -53,8 +55,11 @@ class PreparedSwitch:
 
 
 def prepare_switch(spec, src: str, dst: str, rank: int, joining: bool, *, staging_bytes: int = 64 * 2**20,
-                   gpus_per_node: int = 8) -> PreparedSwitch:
-    plan = plan_routes(spec, src, dst, PlanOptions(gpus_per_node=gpus_per_node, staging_bytes=staging_bytes))
+                   gpus_per_node: int = 8, process_of=None) -> PreparedSwitch:
+    """`rank`: this process in the union world; `process_of`: the device map (the process of
+    each destination rank; None: process d takes rank d)."""
+    plan = plan_routes(spec, src, dst, PlanOptions(gpus_per_node=gpus_per_node, staging_bytes=staging_bytes),
+                       process_of=process_of)
     program = prepare(plan, rank)
     plan.waves  # noqa: B018 (the predicted memory wave, cached on the plan: the report needs it)
     dst_rank = plan.dst_rank(rank)
@@ -65,9 +70,9 @@ def prepare_switch(spec, src: str, dst: str, rank: int, joining: bool, *, stagin
 
 def switch_state(spec, shards: dict[Key, LocalShard], scalars, src: str, dst: str, rank: int, *,
                  staging_bytes: int = 64 * 2**20, gpus_per_node: int = 8, prepared: PreparedSwitch | None = None,
-                 on_verify=None, on_round=None, group=None) -> tuple[dict[Key, LocalShard], object, SwitchReport]:
+                 on_verify=None, on_round=None, group=None, process_of=None) -> tuple[dict[Key, LocalShard], object, SwitchReport]:
     """Move handed-over state from layout src to dst; every rank of the union world calls
-    this (`group`: that world; default the default group). Consumes `shards` (the engine
+    this (`group`: that world; default the default group; `rank`: this process in it). Consumes `shards` (the engine
     frees each as soon as it has been sent).
     `on_verify(transfer_seconds)` is called when the transfer is done and the digests are
     about to be compared; `on_round(done, rounds, moved_bytes, wave)` after each round
@@ -79,7 +84,7 @@ def switch_state(spec, shards: dict[Key, LocalShard], scalars, src: str, dst: st
     scalars = box[0]
     phases["scalars"], clock = time.perf_counter() - clock, time.perf_counter()
     prepared = prepared or prepare_switch(spec, src, dst, rank, not shards, staging_bytes=staging_bytes,
-                                          gpus_per_node=gpus_per_node)
+                                          gpus_per_node=gpus_per_node, process_of=process_of)
     phases["plan"] = time.perf_counter() - clock
     plan, program, ready = prepared.plan, prepared.program, prepared.ready
     digest_started = time.perf_counter()
@@ -119,5 +124,6 @@ def switch_state(spec, shards: dict[Key, LocalShard], scalars, src: str, dst: st
     report = SwitchReport(scalars.step, str(plan.src.layout), str(plan.dst.layout), seconds, verify_seconds,
                           plan.network_bytes, len(plan.rounds), max(start_bytes, recorder.peak),
                           int(predicted[:, rank].max(initial=0)) if rank < plan.world else 0, True, plan.fingerprint,
-                          measured_waves=waves, checks=checks, phases=phases)
+                          measured_waves=waves, checks=checks, phases=phases, rank=dst_rank,
+                          renumbered=plan.renumbered > 0)
     return new, scalars, report

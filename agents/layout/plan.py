@@ -303,6 +303,8 @@ def plan_routes(model: Model, src: Layout | str, dst: Layout | str, options: Pla
     chosen = None
     if process_of is not None:
         process_of = _check_map(np.asarray(process_of, dtype=np.int64), src_p, dst_p)
+        if np.array_equal(process_of, np.arange(dst_p.world)):
+            process_of = None  # the contract's order, said out loud: the same plan and fingerprint
     elif options.map_ranks:
         process_of, chosen = best_map(model, src_p, dst_p)
     routes: dict[tuple, Route] = {}

@@ -26,7 +26,7 @@ from pathlib import Path
 from agents import protocol
 from agents.engine.launch import RANK_MALLOC_ENV
 from agents.runtime.orphan import orphan_marker, recover_file
-from agents.runtime.worker import STOP_FILE, switch_file, switched_marker, transferring_marker
+from agents.runtime.worker import STOP_FILE, renumbered_marker, switch_file, switched_marker, transferring_marker
 from agents.processes import Child
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,8 @@ class LocalJob:
     failed: bool = False
     joining: dict[int, protocol.JobSwitchOrder] = field(default_factory=dict)  # rank -> the switch it joins
     restore_id: int | None = None  # the restart from a checkpoint these ranks are (None: the first start)
+    renumbered: set[int] = field(default_factory=set)  # switches whose device map renumbered `ranks`
+    leaving: list[Child] = field(default_factory=list)  # processes a switch left rankless, exiting
 
 
 class JobRunner:
@@ -237,8 +239,36 @@ class JobRunner:
         (job.run_dir / STOP_FILE).touch()
         job.stop_deadline = _now() + order.grace_seconds
 
+    def _renumber(self, job: LocalJob) -> None:
+        """A switch whose device map gave ranks other processes is past its point of rollback
+        (a rank of the new world left its marker here): the processes here take the numbers
+        of their new ranks (order.process_of); those that take none are exiting."""
+        for path in job.run_dir.glob("renumbered-*"):
+            tid = path.name.rsplit("-", 1)[1]
+            if not tid.isdigit() or path.name != renumbered_marker(int(tid)) or int(tid) in job.renumbered:
+                continue
+            job.renumbered.add(int(tid))
+            order_path = job.run_dir / switch_file(int(tid))
+            if not order_path.exists():
+                continue
+            order = protocol.JobSwitchOrder.model_validate_json(order_path.read_text())
+            ranks: dict[int, Child] = {}
+            for process, child in job.ranks.items():
+                new = order.rank_of(process)
+                if new is None:
+                    job.leaving.append(child)
+                else:
+                    ranks[new] = child
+            job.ranks = ranks
+            job.joining = {p: o for p, o in job.joining.items() if o.transition_id != order.transition_id}
+            log.info("job %d: switch %s renumbered the ranks here: %s", job.job_id, tid, sorted(ranks))
+
     def _poll(self) -> None:
         for job_id, job in list(self.jobs.items()):
+            self._renumber(job)
+            for child in [c for c in job.leaving if c.poll() is not None]:
+                child.kill_group()  # closes its log
+                job.leaving.remove(child)
             for rank, child in list(job.ranks.items()):
                 code = child.poll()
                 if code in (None, 0) or job.failed or rank not in job.ranks:  # (gone with an aborted switch)
@@ -267,7 +297,7 @@ class JobRunner:
                         job_id=job.job_id, node=self.node, kind="stopped", layout=job.layout,
                         error="killed after the stop order's grace period (a step outlasted it)",
                         restore_id=job.restore_id, sent_at=datetime.datetime.now(datetime.timezone.utc)))
-            if all(c.poll() is not None for c in job.ranks.values()):
+            if not job.leaving and all(c.poll() is not None for c in job.ranks.values()):
                 for child in job.ranks.values():
                     child.kill_group()  # closes the log; nothing is left in the group
                 del self.jobs[job_id]
@@ -322,9 +352,10 @@ class JobRunner:
 
     @staticmethod
     def _kill(job: LocalJob) -> None:
-        for child in job.ranks.values():
+        children = [*job.ranks.values(), *job.leaving]
+        for child in children:
             child.terminate()
-        for child in job.ranks.values():
+        for child in children:
             try:
                 child.process.wait(timeout=5)
             except Exception:

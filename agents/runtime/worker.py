@@ -58,6 +58,13 @@ def transferring_marker(transition_id: int, rank: int) -> str:
     return f"transferring-{transition_id}-rank-{rank}"
 
 
+def renumbered_marker(transition_id: int) -> str:
+    """The file a rank of the new layout leaves once a switch that gave ranks other
+    processes (a device map) has built its new trainer, past the switch's last point of
+    rollback: its agent then renumbers the job's processes there by the order's map."""
+    return f"renumbered-{transition_id}"
+
+
 def switched_marker(transition_id: int, rank: int) -> str:
     """The file a joining rank leaves in its run folder once the switch has moved its state
     (its agent then treats its death as the job's failure, no longer as an aborted switch)."""
@@ -216,7 +223,7 @@ class Boundary:
             self._planner = self._planner or ThreadPoolExecutor(max_workers=1, thread_name_prefix="plan-ahead")
             self.ahead[int(tid)] = self._planner.submit(
                 prepare_switch, trainer.spec, str(trainer.placement.layout), order.layout, self.rank, False,
-                staging_bytes=order.staging_bytes, gpus_per_node=order.gpus_per_node)
+                staging_bytes=order.staging_bytes, gpus_per_node=order.gpus_per_node, process_of=order.process_of)
 
     def prepared(self, order: protocol.JobSwitchOrder, spec, src: str):
         """The order's PreparedSwitch, planned ahead (waiting for it if it is still being
@@ -232,7 +239,7 @@ class Boundary:
             if prepared is not None and str(prepared.plan.src.layout) == src:
                 return prepared
         return prepare_switch(spec, src, order.layout, self.rank, joining=False, staging_bytes=order.staging_bytes,
-                              gpus_per_node=order.gpus_per_node)
+                              gpus_per_node=order.gpus_per_node, process_of=order.process_of)
 
     def _look_for_switch(self) -> None:
         if self.pending is not None:
@@ -315,12 +322,27 @@ def _host_copy(shards: dict, untouched: set) -> dict:
             for key, s in shards.items()}
 
 
+def _new_world(order: protocol.JobSwitchOrder, store, report, settings: JobSettings) -> bool:
+    """After a switch whose device map gave ranks other processes: leave the union world
+    (where process p is rank p) and form the new layout's world, this process as rank
+    `report.rank`, on the same store. False: this process takes no rank and leaves."""
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+    if report.rank is None:
+        return False
+    dist.init_process_group(_backend(), store=dist.PrefixStore(f"layout-{order.transition_id}", store),
+                            rank=report.rank, world_size=order.world,
+                            timeout=datetime.timedelta(seconds=settings.timeout_seconds))
+    return True
+
+
 def _switch_old_rank(trainer, order: protocol.JobSwitchOrder, settings: JobSettings, boundary: Boundary, ckpt):
     """Hand this rank's state over and move it to the new layout; None if the rank leaves.
     Raises RolledBack (carrying a trainer on the old layout, rebuilt from the state kept
     until the commit point) when the switch fails: a peer lost during the transfer, or a
     digest that does not match. Returns (trainer, report, phases: seconds per step of the
-    pause, in order)."""
+    pause, in order, the checkpointer of the rank the process now is)."""
     import torch.distributed as dist
 
     from agents.engine.switch import switch_state
@@ -367,17 +389,26 @@ def _switch_old_rank(trainer, order: protocol.JobSwitchOrder, settings: JobSetti
                                                 gpus_per_node=order.gpus_per_node, prepared=prepared,
                                                 on_verify=verifying,
                                                 on_round=_round_reporter(boundary.reporter, order, rank,
-                                                                         scalars.step))
+                                                                         scalars.step),
+                                                process_of=order.process_of)
         clock = time.perf_counter()
         phases.update({name: seconds for name, seconds in report.phases.items() if name != "plan"})
-        # Every rank of the union world builds the trainer: its process groups are made
+        new_rank, new_ckpt = rank, ckpt
+        if report.renumbered:
+            if not _new_world(order, store, report, settings):
+                return None, report, phases, ckpt
+            lap("new_world")
+            new_rank, new_ckpt = report.rank, settings.checkpointer(report.rank)
+        # Every rank of the world builds the trainer: its process groups are made
         # collectively, by members and non-members alike. A rank outside the layout then leaves.
-        trainer = _trainer(settings, order.layout, rank, new, new_scalars, ckpt)
+        trainer = _trainer(settings, order.layout, new_rank, new, new_scalars, new_ckpt)
         lap("trainer")
     except Exception as exc:  # EngineError (digests, a dead peer), a gloo error, a timeout
         reason = f"{type(exc).__name__}: {exc}"[:1500]
         raise RolledBack(_back_to_old_layout(order, store, rank, src, kept, scalars, settings, ckpt), reason) from exc
-    return (trainer if trainer.active else None), report, phases
+    if report.renumbered:
+        (boundary.run_dir / renumbered_marker(order.transition_id)).touch()
+    return (trainer if trainer.active else None), report, phases, new_ckpt
 
 
 PROGRESS_INTERVAL = 0.5  # seconds between live transfer reports (the first and last round always go)
@@ -415,14 +446,17 @@ def _back_to_old_layout(order: protocol.JobSwitchOrder, store, rank: int, src: s
 
 
 def _join(order: protocol.JobSwitchOrder, rank: int, settings: JobSettings, run_dir: Path, ckpt):
-    """A joining rank: prepare while the old ranks train, then take part in the switch."""
+    """A joining process (`rank`: its number in the union world): prepare while the old
+    ranks train, then take part in the switch. Returns (trainer or None when the process
+    takes no rank, the checkpointer of the rank it takes)."""
     from agents.layout.catalog import get_model
     from agents.training.parallel import TrainScalars
     from agents.engine.switch import prepare_switch, switch_state
 
     spec = get_model(order.model)
     prepared = prepare_switch(spec, order.src_layout, order.layout, rank, joining=True,
-                              staging_bytes=order.staging_bytes, gpus_per_node=order.gpus_per_node)
+                              staging_bytes=order.staging_bytes, gpus_per_node=order.gpus_per_node,
+                              process_of=order.process_of)
     store = _store(order, master=False, timeout=settings.timeout_seconds)
     store.add("joined", 1)
     _join_union(order, store, rank, settings.timeout_seconds)
@@ -432,11 +466,18 @@ def _join(order: protocol.JobSwitchOrder, rank: int, settings: JobSettings, run_
         os._exit(17)
     if fault.startswith(f"hold-in-transfer:{rank}:"):  # hold the union world in the transfer (tests kill a node then)
         time.sleep(float(fault.rsplit(":", 1)[1]))
-    new, scalars, _ = switch_state(spec, {}, TrainScalars(), order.src_layout, order.layout, rank,
-                                   staging_bytes=order.staging_bytes, gpus_per_node=order.gpus_per_node,
-                                   prepared=prepared)
+    new, scalars, report = switch_state(spec, {}, TrainScalars(), order.src_layout, order.layout, rank,
+                                        staging_bytes=order.staging_bytes, gpus_per_node=order.gpus_per_node,
+                                        prepared=prepared, process_of=order.process_of)
     (run_dir / switched_marker(order.transition_id, rank)).touch()  # from here on, a death fails the job
-    return _trainer(settings, order.layout, rank, new, scalars, ckpt)
+    if not report.renumbered:
+        return _trainer(settings, order.layout, rank, new, scalars, ckpt), ckpt
+    if not _new_world(order, store, report, settings):
+        return None, ckpt
+    ckpt = settings.checkpointer(report.rank)
+    trainer = _trainer(settings, order.layout, report.rank, new, scalars, ckpt)
+    (run_dir / renumbered_marker(order.transition_id)).touch()
+    return trainer, ckpt
 
 
 def _train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: Reporter,
@@ -494,7 +535,7 @@ def _train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: R
         if order is not None:
             paused_at = time.perf_counter()
             try:
-                trainer, report, phases = _switch_old_rank(trainer, order, settings, boundary, ckpt)
+                trainer, report, phases, ckpt = _switch_old_rank(trainer, order, settings, boundary, ckpt)
             except RolledBack as back:
                 trainer = back.trainer
                 if rank == 0:
@@ -504,8 +545,10 @@ def _train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: R
                                         tensors=getattr(back.__cause__, "checks", None))  # a digest mismatch
                 continue
             if trainer is None:  # this rank is not in the new layout: its state has been handed over
-                dist.destroy_process_group()
+                if dist.is_initialized():
+                    dist.destroy_process_group()
                 return steps
+            rank = boundary.rank = trainer.rank  # (another number under a device map; rank 0 stays)
             committed = (order.transition_id, report, paused_at, phases)
 
 
@@ -592,9 +635,15 @@ def main(argv: list[str]) -> int:
         order = protocol.JobSwitchOrder.model_validate_json(path.read_text())
         settings = JobSettings.of(order)
         reporter = Reporter(order.job_id, rank, node, broker, order.restore_id)
-        ckpt = settings.checkpointer(rank)
-        trainer = _join(order, rank, settings, path.parent, ckpt)
+        trainer, ckpt = _join(order, rank, settings, path.parent, settings.checkpointer(rank))
         done = {order.transition_id}
+        if trainer is None or not trainer.active:  # no rank of the new layout for this process
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            return 0
+        rank = trainer.rank
     else:
         import torch.distributed as dist
 

@@ -82,12 +82,16 @@ class TransitionSerializer(serializers.ModelSerializer):
     job_id = serializers.IntegerField(read_only=True)
     source_placement = RankPlacementSerializer(many=True, read_only=True)
     destination_placement = RankPlacementSerializer(many=True, read_only=True)
+    process_of = serializers.ListField(
+        child=serializers.IntegerField(min_value=0), read_only=True, allow_null=True,
+        help_text="the device map: the union-world process of each destination rank (process p below "
+                  "source_world ran source rank p); null: destination rank d on process d")
 
     class Meta:
         model = Transition
         fields = ["id", "job", "job_id", "kind", "source_layout", "destination_layout", "source_world",
                   "destination_world", "state", "reason", "plan_summary", "plan_fingerprint", "source_placement", "destination_placement",
-                  "rendezvous", "gpus_per_node", "staging_bytes", "created_at", "started_at", "finished_at", "step",
+                  "process_of", "rendezvous", "gpus_per_node", "staging_bytes", "created_at", "started_at", "finished_at", "step",
                   "prepare_seconds", "pause_seconds", "transfer_seconds", "verify_seconds", "network_bytes", "rounds",
                   "peak_bytes", "predicted_peak_bytes", "peak_staging_bytes", "verification", "history"]
 

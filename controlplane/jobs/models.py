@@ -92,7 +92,12 @@ class Transition(models.Model):
         default=list, blank=True, help_text="where the source layout's ranks ran: [{rank, node, gpu}] in rank order")
     destination_placement = models.JSONField(
         default=list, blank=True,
-        help_text="where the destination layout's ranks run: staying ranks keep their GPUs, joining ranks get new ones")
+        help_text="where the destination layout's ranks run: on the GPUs of the processes the device map gives them "
+                  "(a staying process keeps its GPU, joining ones get new GPUs)")
+    process_of = models.JSONField(
+        null=True, blank=True,
+        help_text="the device map: the union-world process of each destination rank (process p < source_world is "
+                  "source rank p, the others are joining); null: destination rank d on process d")
     rendezvous = models.CharField(max_length=300, blank=True, help_text="host:port of the union world's store (rank 0)")
     rendezvous_port = models.PositiveIntegerField(null=True, blank=True)
     gpus_per_node = models.PositiveIntegerField(null=True, blank=True, help_text="what the plan and the ranks assume")

@@ -53,8 +53,7 @@ def _abort_switch_of_lost_joiners(job_id: int, lost: set[str]) -> bool:
         return True
     if active.state not in (TransitionState.PLANNED, TransitionState.PREPARING):
         return False
-    joining = sorted(s["rank"] for s in active.destination_placement
-                     if s["node"] in lost and s["rank"] >= active.source_world)
+    joining = sorted(s["rank"] for s in transitions.joining_slots(active) if s["node"] in lost)
     transitions.enter(active, TransitionState.ABORTED, reported=False)
     why = (f"node {', '.join(sorted(lost))} (joining ranks {', '.join(map(str, joining))}) lost before the "
            f"transfer; the job trains on in {job.layout}")

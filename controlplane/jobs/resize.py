@@ -1,11 +1,13 @@
-"""Online resize of a running job (issue 6): plan the switch, place the joining ranks, and
-send every involved node its JobSwitchOrder (agents/protocol.py).
+"""Online resize of a running job (issue 6): plan the switch, place the joining processes,
+and send every involved node its JobSwitchOrder (agents/protocol.py).
 
-Ranks keep their numbers across a switch (agents/runtime/worker.py): rank r below
-min(old, new world) stays on its GPU, ranks from the old world size up are new processes
-on newly allocated GPUs, ranks from the new world size up leave after handing their state
-over. So only the joining ranks need GPUs, and a tensor-parallel group of the new layout
-must fit the nodes where its staying ranks already are (rules in docs/elastic.md).
+The switch runs on the union world (agents/runtime/worker.py): process p below the old
+world size is the job's rank p on its GPU, processes from the old world size up are new
+ones on newly allocated GPUs. The plan's device map (agents/layout/rank_map.py) chooses
+which process takes which new rank so that the fewest bytes cross the network (rank 0
+stays on process 0); processes that take no rank leave after handing their state over.
+So only the joining processes need GPUs, and a tensor-parallel group of the new layout
+must fit the node of the processes the map gives it (rules in docs/elastic.md).
 
 The GPU rows are locked as in job start (free GPUs of healthy nodes, in id order), so a
 resize and a start never take the same GPU or rendezvous port. The reports that move the
@@ -43,51 +45,70 @@ def _span(ranks: list[int]) -> str:
     return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
 
 
-def place_joining(job: Job, dst: Placement, free: dict[str, list[int]]) -> list[dict]:
-    """Slots {rank, node, gpu} of the joining ranks (old world .. new world - 1).
+def place_joining(job: Job, dst: Placement, free: dict[str, list[int]], process_of=None) -> list[dict]:
+    """Slots {rank: the process, node, gpu} of the joining processes (old world .. union - 1).
 
-    The new layout's blocks of tp_block(dst) consecutive ranks must each sit on one node.
-    A block whose ranks all stay must already be on one node (ranks never move). A block
-    that straddles the old world size gets its joining ranks on the node of its staying
-    ranks (that node's free GPUs in index order). The blocks made only of joining ranks go
-    through agents.layout.allocate, which numbers ranks from 0: its slot i becomes rank
-    first_joining_block + i, so its whole-block placement carries over. Conflict otherwise.
-    `free` (node -> free GPU indices) loses the GPUs taken."""
+    `process_of[d]`: the process that takes new rank d (None: process d). The new layout's
+    blocks of tp_block(dst) consecutive ranks must each sit on one node; a device map puts
+    a block on an aligned block of processes. A process block of old processes only must
+    already be on one node (processes never move). A block that straddles the old world
+    size gets its joining processes on the node of its old ones (that node's free GPUs in
+    index order). The blocks of joining processes only go through agents.layout.allocate,
+    which numbers slots from 0: its slot i becomes process first_joining_block + i, so its
+    whole-block placement carries over. Conflict otherwise. `free` (node -> free GPU
+    indices) loses the GPUs taken."""
     old = {slot["rank"]: slot for slot in job.placement}
     w0, w1 = job.world_size, dst.world
     block = tp_block(dst)
+    process = list(range(w1)) if process_of is None else [int(p) for p in process_of]
     joining: list[dict] = []
-    for start in range(0, min(w0, w1), block):
-        staying = list(range(start, min(start + block, w0, w1)))
-        nodes = sorted({old[r]["node"] for r in staying})
+    for d in range(0, w1, block):
+        start = process[d] // block * block
+        if start >= w0:
+            continue
+        staying = list(range(start, min(start + block, w0)))
+        nodes = sorted({old[p]["node"] for p in staying})
         if len(nodes) > 1:
             raise Conflict(
-                f"job {job.name!r} cannot switch to {dst.layout}: ranks {_span(list(range(start, start + block)))} "
-                f"form one tensor-parallel block that must sit on one node, but ranks keep their GPUs in a resize "
-                f"and ranks {_span(staying)} run on nodes {', '.join(nodes)}")
-        wanted = list(range(max(start, w0), min(start + block, w1)))
+                f"job {job.name!r} cannot switch to {dst.layout}: new ranks {_span(list(range(d, d + block)))} "
+                f"form one tensor-parallel block that must sit on one node, but they go to the GPUs of ranks "
+                f"{_span(staying)} (ranks keep their GPUs in a resize) and ranks {_span(staying)} run on nodes "
+                f"{', '.join(nodes)}")
+        wanted = list(range(max(start, w0), min(start + block, w1)))  # (none when shrinking)
         if wanted:
             node = nodes[0]
             have = sorted(free.get(node, []))
             if len(have) < len(wanted):
+                new_ranks = [d + p - start for p in wanted]
                 raise Conflict(
-                    f"job {job.name!r} cannot switch to {dst.layout}: joining ranks {_span(wanted)} must run on "
+                    f"job {job.name!r} cannot switch to {dst.layout}: joining ranks {_span(new_ranks)} must run on "
                     f"node {node} with ranks {_span(staying)} of their tensor-parallel block; it has {len(have)} "
                     f"free GPUs, {len(wanted)} needed")
-            for rank, gpu in zip(wanted, have):
-                joining.append({"rank": rank, "node": node, "gpu": gpu})
+            for p, gpu in zip(wanted, have):
+                joining.append({"rank": p, "node": node, "gpu": gpu})
                 free[node].remove(gpu)
     first = -(-w0 // block) * block
     if w1 > first:
         try:
             slots = allocate(w1 - first, block, [FreeGpus(node, tuple(gpus)) for node, gpus in sorted(free.items())])
         except AllocationError as exc:
-            raise Conflict(f"job {job.name!r} cannot switch to {dst.layout}: joining ranks {_span(list(range(first, w1)))}"
-                           f" cannot be placed: {exc}") from None
+            new_ranks = [d for d, p in enumerate(process) if p >= first]
+            raise Conflict(f"job {job.name!r} cannot switch to {dst.layout}: joining ranks {_span(new_ranks)} "
+                           f"cannot be placed: {exc}") from None
         for slot in slots:
             joining.append({"rank": first + slot.rank, "node": slot.node, "gpu": slot.gpu})
             free[slot.node].remove(slot.gpu)
     return sorted(joining, key=lambda s: s["rank"])
+
+
+def destination_slots(job: Job, joining: list[dict], world: int, process_of=None) -> list[dict]:
+    """Where each of the `world` new ranks runs: on the GPU of the process the map gives it."""
+    of_process = {slot["rank"]: slot for slot in (*job.placement, *joining)}
+    out = []
+    for d in range(world):
+        slot = of_process[d if process_of is None else int(process_of[d])]
+        out.append({"rank": d, "node": slot["node"], "gpu": slot["gpu"]})
+    return out
 
 
 def job_resize(*, job_id: int, gpus: int | None = None, layout: str | None = None, requested_by=None) -> Transition:
@@ -127,13 +148,14 @@ def job_resize(*, job_id: int, gpus: int | None = None, layout: str | None = Non
         per_node = gpus_per_node()
         try:
             plan = plan_routes(get_model(job.model), job.layout, text,
-                               PlanOptions(gpus_per_node=per_node, staging_bytes=STAGING_BYTES))
+                               PlanOptions(gpus_per_node=per_node, staging_bytes=STAGING_BYTES, map_ranks=True))
         except LayoutError as exc:
             raise InvalidInput({"layout": [f"the switch {job.layout} -> {text} cannot be planned: {exc}"]}) from None
         free: dict[str, list[int]] = defaultdict(list)
         for gpu in free_rows:
             free[gpu.node.name].append(gpu.index)
-        joining = place_joining(job, dst, free)
+        process_of = None if plan.process_of is None else [int(p) for p in plan.process_of]
+        joining = place_joining(job, dst, free, process_of)
         rows = {(gpu.node.name, gpu.index): gpu for gpu in free_rows}
         gpus_allocate(gpus=[rows[(slot["node"], slot["gpu"])] for slot in joining], job=job)
         port = free_port()
@@ -147,7 +169,7 @@ def job_resize(*, job_id: int, gpus: int | None = None, layout: str | None = Non
             destination_world=dst.world,
             reason=f"resize to {gpus} GPUs ({text}){who}" if field == "gpus" else f"resize to {text}{who}",
             plan_summary=summary, plan_fingerprint=plan.fingerprint, source_placement=old,
-            destination_placement=[s for s in old if s["rank"] < dst.world] + joining,
+            destination_placement=destination_slots(job, joining, dst.world, process_of), process_of=process_of,
             rendezvous=rendezvous_address(host, port), rendezvous_port=port, gpus_per_node=per_node, staging_bytes=STAGING_BYTES,
             peak_staging_bytes=summary.get("peak_staging_bytes"),
         )
@@ -165,10 +187,13 @@ def job_resize(*, job_id: int, gpus: int | None = None, layout: str | None = Non
 
 
 def switch_orders(job: Job, transition: Transition) -> dict[str, protocol.JobSwitchOrder]:
-    """One order per node holding a staying, joining or leaving rank: the same order
-    except `ranks`, that node's slots in the union world (its old slots and its joining ones)."""
+    """One order per node holding a staying, joining or leaving process: the same order
+    except `ranks`, that node's processes in the union world (its old ranks and its joining
+    processes)."""
     union = {slot["rank"]: slot for slot in transition.source_placement}
-    union.update({slot["rank"]: slot for slot in transition.destination_placement})
+    process_of = transition.process_of
+    for slot in transition.destination_placement:
+        union.setdefault(slot["rank"] if process_of is None else process_of[slot["rank"]], slot)
     slots: dict[str, list[protocol.RankSlot]] = defaultdict(list)
     for rank in sorted(union):
         slot = union[rank]
@@ -179,7 +204,8 @@ def switch_orders(job: Job, transition: Transition) -> dict[str, protocol.JobSwi
         src_layout=transition.source_layout, src_world=transition.source_world, layout=transition.destination_layout,
         world=transition.destination_world, rendezvous=transition.rendezvous, ranks=tuple(ranks),
         staging_bytes=transition.staging_bytes, gpus_per_node=transition.gpus_per_node,
-        checkpoint_interval=job.checkpoint_interval, checkpoint_dir=job.checkpoint_dir, restore_id=job.restore_id)
+        checkpoint_interval=job.checkpoint_interval, checkpoint_dir=job.checkpoint_dir, restore_id=job.restore_id,
+        process_of=None if process_of is None else tuple(process_of))
         for node, ranks in slots.items()}
 
 

@@ -65,6 +65,22 @@ def enter(transition: Transition, state: TransitionState, *, reported: bool, at=
         transition.finished_at = at
 
 
+def _gpus(slots: list[dict]) -> set[tuple[str, int]]:
+    return {(slot["node"], slot["gpu"]) for slot in slots}
+
+
+def leaving_slots(transition: Transition) -> list[dict]:
+    """Source slots whose GPU the destination does not use (their processes leave)."""
+    kept = _gpus(transition.destination_placement)
+    return [slot for slot in transition.source_placement if (slot["node"], slot["gpu"]) not in kept]
+
+
+def joining_slots(transition: Transition) -> list[dict]:
+    """Destination slots on GPUs the source did not use (new processes run them)."""
+    old = _gpus(transition.source_placement)
+    return [slot for slot in transition.destination_placement if (slot["node"], slot["gpu"]) not in old]
+
+
 def _release_slots(job: Job, slots: list[dict]) -> None:
     """Free the GPUs of these rank slots that the job still holds (lost ones stay lost)."""
     if not slots:
@@ -85,7 +101,7 @@ def commit(job: Job, transition: Transition) -> None:
     placement, the leaving ranks' GPUs are free, switching -> running. The job keeps its
     start rendezvous (and port): rank 0's process still holds that store open, as it holds
     every union store it served (see scheduling._free_port)."""
-    leaving = [slot for slot in transition.source_placement if slot["rank"] >= transition.destination_world]
+    leaving = leaving_slots(transition)
     job.layout = transition.destination_layout
     job.world_size = transition.destination_world
     job.placement = transition.destination_placement
@@ -99,8 +115,7 @@ def undo(job: Job, transition: Transition) -> None:
     """An aborted or rolled-back transition while the job lives on: it keeps (or is back on)
     its source layout and placement, which were never overwritten; the joining ranks' GPUs
     are free; switching -> running."""
-    joining = [slot for slot in transition.destination_placement if slot["rank"] >= transition.source_world]
-    _release_slots(job, joining)
+    _release_slots(job, joining_slots(transition))
     if job.state == JobState.SWITCHING:
         _back_to_running(job)
         job.save(update_fields=["state", "updated_at"])

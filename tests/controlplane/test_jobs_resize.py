@@ -219,6 +219,65 @@ def test_shrink_from_four_to_three_frees_the_leaving_rank_at_commit(two_nodes, t
     assert [gpus[k] for k in ("node-1/0", "node-1/1", "node-2/0")] == [("allocated", "j")] * 3
 
 
+# --- the device map ---------------------------------------------------------------------------
+
+def test_a_shrink_keeps_each_gpus_pipeline_stage_under_the_device_map(two_nodes, token_client, sent_tasks,
+                                                                       run) -> None:
+    """pp=2,dp=2 -> pp=2: in the contract's order rank 1 (stage 1) would go to process 1,
+    which holds stage 0, and the whole stage would cross the network; the map gives it to
+    process 2 (node-2/0), which holds stage 1 already: nothing moves."""
+    job = running_job(run, token_client, layout="pp=2,dp=2")
+    assert [(s["node"], s["gpu"]) for s in job.placement] == [
+        ("node-1", 0), ("node-1", 1), ("node-2", 0), ("node-2", 1)]
+    sent_tasks.clear()
+    response = resize_job(run, token_client, job, layout="pp=2")
+    assert response.status_code == 202, response.content
+    body = response.json()
+    assert body["plan_summary"]["network_bytes"] == 0 < body["plan_summary"]["contract_order_network_bytes"]
+    assert body["plan_summary"]["ranks_renumbered"] == 1
+    assert body["destination_placement"] == [{"rank": 0, "node": "node-1", "gpu": 0},
+                                             {"rank": 1, "node": "node-2", "gpu": 0}]
+    t = Transition.objects.get(pk=body["id"])
+    assert t.process_of == body["process_of"] == [0, 2]
+    orders = _switch_orders(sent_tasks)
+    assert _slots(orders["node.node-1"]) == [(0, 0), (1, 1)] and _slots(orders["node.node-2"]) == [(2, 0), (3, 1)]
+    for order in orders.values():
+        assert order.process_of == (0, 2)
+        assert [order.rank_of(p) for p in range(4)] == [0, None, 1, None]
+    # The plan the transition's page shows is the one it ran (same map, same fingerprint).
+    assert token_client.get(f"/api/transitions/{t.pk}/plan").json()["summary"]["fingerprint"] == t.plan_fingerprint
+
+    run(transition_report, _committed(t))
+    job.refresh_from_db()
+    assert (job.layout, job.placement) == ("pp=2", body["destination_placement"])
+    gpus = gpu_states()  # the GPUs of the processes that took no rank are free; the others stay the job's
+    assert (gpus["node-1/1"], gpus["node-2/1"]) == (("free", None), ("free", None))
+    assert (gpus["node-1/0"], gpus["node-2/0"]) == (("allocated", "j"), ("allocated", "j"))
+
+
+def test_a_grow_places_the_joining_processes_and_maps_the_ranks(two_nodes, token_client, sent_tasks, run) -> None:
+    """pp=2 -> pp=2,dp=2: process 1 (stage 1) takes rank 2 (stage 1 of the second
+    replica is rank 3, of the first rank 1 ... the map decides; the test checks that each
+    rank runs where its process runs and that an undo frees exactly the joining GPUs)."""
+    job = running_job(run, token_client, layout="pp=2")
+    sent_tasks.clear()
+    response = resize_job(run, token_client, job, layout="pp=2,dp=2")
+    assert response.status_code == 202, response.content
+    t = Transition.objects.get(pk=response.json()["id"])
+    assert t.process_of is not None and t.process_of[0] == 0 and sorted(t.process_of) == [0, 1, 2, 3]
+    assert t.plan_summary["network_bytes"] < t.plan_summary["contract_order_network_bytes"]
+    orders = _switch_orders(sent_tasks)
+    union = {s.rank: (node, s.gpu) for node, order in orders.items() for s in order.ranks}
+    assert union == {0: ("node.node-1", 0), 1: ("node.node-1", 1), 2: ("node.node-2", 0), 3: ("node.node-2", 1)}
+    for slot in t.destination_placement:
+        node, gpu = union[t.process_of[slot["rank"]]]
+        assert (slot["node"], slot["gpu"]) == (node.removeprefix("node."), gpu)
+    run(transition_report, treport(t, "aborted", error="the joining ranks never came"))
+    gpus = gpu_states()
+    assert (gpus["node-2/0"], gpus["node-2/1"]) == (("free", None), ("free", None))
+    assert (gpus["node-1/0"], gpus["node-1/1"]) == (("allocated", "j"), ("allocated", "j"))
+
+
 # --- refusals -------------------------------------------------------------------------------
 
 def test_a_second_resize_while_one_is_active_is_a_conflict(two_nodes, token_client, sent_tasks, run) -> None:

@@ -105,11 +105,14 @@ def test_plan_preview_numbers_agree_with_the_plan(src: str, dst: str) -> None:
     assert len(data["round_bytes"]) == summary["rounds"] == len(data["wave_peak"]) == len(data["wave_after"]) - 1
     assert np.max(data["wave_peak"]) == summary["predicted_peak_bytes"]
     assert sum(data["round_seconds"]) == pytest.approx(data["estimated_seconds"])
-    src_world, dst_world = place(TINY, src).world, place(TINY, dst).world
-    assert np.array(data["wave_after"])[0, src_world:].sum() == 0  # joining ranks start empty
-    assert np.array(data["wave_after"])[-1, dst_world:].sum() == 0  # leaving ranks end empty
-    plan = plan_routes(TINY, src, dst, PlanOptions(gpus_per_node=2, staging_bytes=2**20))
+    # Rows and columns are the union world's processes (the device map gives ranks processes).
+    plan = plan_routes(TINY, src, dst, PlanOptions(gpus_per_node=2, staging_bytes=2**20, map_ranks=True))
     assert summary["fingerprint"] == plan.fingerprint and (route_matrix(plan) == matrix).all()
+    src_world = place(TINY, src).world
+    leaving = [p for p in range(plan.world) if plan.dst_rank(p) is None]
+    assert np.array(data["wave_after"])[0, src_world:].sum() == 0  # joining processes start empty
+    assert np.array(data["wave_after"])[-1, leaving].sum() == 0  # leaving processes end empty
+    assert summary["network_bytes"] <= summary["contract_order_network_bytes"]
 
 
 # --- the endpoints ------------------------------------------------------------------------

@@ -171,6 +171,49 @@ def _resize_two_to_four_to_three(stack, job: dict, read, live) -> None:
               f"(hidden behind training), pause {pause:.3f} s")
 
 
+def test_a_resize_under_a_device_map_renumbers_ranks_and_keeps_training(stack) -> None:
+    """pp=2,dp=2 -> pp=2 -> pp=2,dp=2 on 2 nodes x 2 GPUs. Shrinking, the device map gives
+    rank 1 (stage 1) to process 2 on node-2, which holds stage 1 already: nothing crosses
+    the network (the contract's order would move the whole stage). That process forms the
+    new world as rank 1 and its agent renumbers it; growing again then starts the joining
+    processes beside it and maps the ranks once more. Every switch verified, every step once."""
+    job = stack.post("api/jobs", {"name": "mapped", "model": "tiny-gpt", "layout": "pp=2,dp=2", "global_batch": 12,
+                                  "seq_len": 16})
+
+    def read() -> dict:
+        return stack.get(f"api/jobs/{job['id']}", token=True)
+
+    def live() -> dict:
+        return stack.get(f"api/jobs/{job['id']}/live", token=True)
+
+    try:
+        wait_for(lambda: read()["state"] == "running", timeout=90)
+        wait_for(lambda: len(live()["metrics"].get("loss", {}).get("y", [])) >= 2, timeout=60)
+        for layout in ("pp=2", "pp=2,dp=2"):
+            transition = stack.post(f"api/jobs/{job['id']}/resize", {"layout": layout})
+            assert transition["process_of"] is not None and transition["process_of"][0] == 0, transition
+            done, _ = wait_for_transition_end(stack, transition["id"])
+            assert done["state"] == "committed" and done["verification"]["verified"] is True, done
+            assert done["verification"]["matches_plan"] is True, done
+            assert done["network_bytes"] == transition["plan_summary"]["network_bytes"]
+            assert done["network_bytes"] < transition["plan_summary"]["contract_order_network_bytes"]
+            if layout == "pp=2":
+                assert done["network_bytes"] == 0
+                assert [(s["node"], s["gpu"]) for s in done["destination_placement"]] == [
+                    ("node-1", 0), ("node-2", 0)]
+            wait_for(lambda: read()["state"] == "running" and read()["layout"] == layout, timeout=30)
+            steps_then = len(live()["metrics"]["loss"]["y"])
+            wait_for(lambda: len(live()["metrics"]["loss"]["y"]) >= steps_then + 2, timeout=60)  # it trains on
+        metrics = live()["metrics"]
+        steps, losses = metrics["loss"]["x"], metrics["loss"]["y"]
+        assert sorted(steps) == list(range(1, len(steps) + 1)), steps
+        assert all(0 < v < losses[0] + 0.5 for v in losses), losses
+    finally:
+        wait_stopped(stack, job, read)
+    assert read()["state"] == "stopped"
+    assert stack.get("api/health")["gpus"]["free"] == 4
+
+
 @pytest.fixture(scope="module")
 def restarted_agents():
     """Agents a test started again after killing them: they live until the module's stack

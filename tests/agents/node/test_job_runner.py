@@ -278,6 +278,65 @@ def test_a_job_grows_from_two_to_four_ranks_and_shrinks_to_three_while_training(
         assert abs(switched["loss"] - plain) <= 3 * noise, (switched["step"], switched["loss"], plain, noise)
 
 
+@pytest.mark.timeout(420)
+def test_a_switch_under_a_device_map_renumbers_the_ranks_and_trains_as_an_unswitched_run(broker, tmp_path):
+    """pp=2,dp=2 -> pp=2 with the device map the control plane chooses (process_of=(0, 2)):
+    process 2 (node-2), which holds stage 1, becomes rank 1 and nothing crosses the
+    network. The new world is formed with the new numbers, node-2's agent renumbers its
+    process, process 1 and 3 leave; the losses follow unswitched runs within their noise."""
+    url, client = broker
+    failures: list = []
+    node1 = JobRunner(failures.append, "node-1", "cpu", url, tmp_path / "n1")
+    node2 = JobRunner(failures.append, "node-2", "cpu", url, tmp_path / "n2")
+    start = start_order(41, 4, [0, 1], free_loopback_port(), layout="pp=2,dp=2").model_copy(
+        update={"global_batch": 6})
+    try:
+        node1.start(start)
+        node2.start(start.model_copy(update={"ranks": (protocol.RankSlot(rank=2, gpu=0),
+                                                       protocol.RankSlot(rank=3, gpu=1))}))
+        wait_until(lambda: [r for r in reports_of_job(client, 41) if r["kind"] == "step"][1:], 120, "two steps")
+        shrink = _switch(41, 1, "pp=2,dp=2", 4, "pp=2", 2, [(0, 0), (1, 1)]).model_copy(
+            update={"process_of": (0, 2)})
+        node1.switch(shrink)
+        node2.switch(shrink.model_copy(update={"ranks": (protocol.RankSlot(rank=2, gpu=0),
+                                                         protocol.RankSlot(rank=3, gpu=1))}))
+        (done,) = wait_until(lambda: [t for t in _transitions(client, 41) if t["state"] == "committed"], 180,
+                             "the switch to commit")
+        assert done["verified"] is True and done["network_bytes"] == 0
+        wait_until(lambda: node1.running().get(41) == [0] and node2.running().get(41) == [1], 60,
+                   "processes 1 and 3 to leave and process 2 to be rank 1")
+        first_after = max(r["step"] for r in reports_of_job(client, 41) if r["kind"] == "step")
+        wait_until(lambda: max(r["step"] for r in reports_of_job(client, 41) if r["kind"] == "step")
+                   >= first_after + 2, 60, "two steps after the switch")
+        for runner in (node1, node2):
+            runner.stop(protocol.JobStopOrder(job_id=41))
+        wait_until(lambda: not node1.running() and not node2.running(), 60, "every rank to exit")
+        assert failures == []
+        steps = [r for r in reports_of_job(client, 41) if r["kind"] == "step"]
+        assert [r["step"] for r in steps] == list(range(1, len(steps) + 1))
+        assert {r["layout"] for r in steps} == {"pp=2,dp=2", "pp=2"}
+    finally:
+        node1.shutdown()
+        node2.shutdown()
+
+    reference = JobRunner(failures.append, "node-1", "cpu", url, tmp_path / "ref")
+    try:
+        for job_id, layout, world in ((42, "pp=2,dp=2", 4), (43, "pp=2", 2)):
+            reference.start(start.model_copy(update={
+                "job_id": job_id, "max_steps": len(steps), "layout": layout, "world": world,
+                "ranks": tuple(protocol.RankSlot(rank=r, gpu=r) for r in range(world)),
+                "rendezvous": f"127.0.0.1:{free_loopback_port()}"}))
+            wait_until(lambda: not reference.running(), 180, f"the unswitched run on {layout}")
+    finally:
+        reference.shutdown()
+    before, after = ([r["loss"] for r in reports_of_job(client, job_id) if r["kind"] == "step"] for job_id in (42, 43))
+    assert len(before) == len(after) == len(steps)
+    noise = max(abs(a - b) for a, b in zip(before, after))
+    assert noise < 0.1, noise  # reduction order only, small against the loss (about 6)
+    for switched, plain in zip(steps, before):
+        assert abs(switched["loss"] - plain) <= 2 * noise + 1e-6, (switched["step"], switched["loss"], plain, noise)
+
+
 @pytest.mark.timeout(300)
 def test_a_joining_rank_lost_while_preparing_aborts_the_switch_and_the_job_trains_on(broker, tmp_path):
     """Issue 6's first fault: a rank lost while the switch is being prepared. The old layout
