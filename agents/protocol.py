@@ -314,19 +314,28 @@ class JobSwitchOrder(_Message):
 
     @model_validator(mode="after")
     def _a_device_map(self) -> "JobSwitchOrder":
-        if self.process_of is not None:
-            union = max(self.src_world, self.world)
-            p = self.process_of
-            if len(p) != self.world or len(set(p)) != len(p) or min(p) < 0 or max(p) >= union or p[0] != 0:
-                raise ValueError(f"process_of must give each of the {self.world} ranks its own process in "
-                                 f"0..{union - 1}, rank 0 on process 0")
+        check_device_map(self.process_of, self.world, max(self.src_world, self.world))
         return self
 
     def rank_of(self, process: int) -> int | None:
         """The rank of `layout` that `process` takes (None: it leaves the job)."""
-        if self.process_of is None:
-            return process if process < self.world else None
-        return self.process_of.index(process) if process in self.process_of else None
+        return device_map_rank(self.process_of, self.world, process)
+
+
+def check_device_map(process_of: tuple[int, ...] | None, world: int, union: int) -> None:
+    """A device map gives each of the `world` ranks its own process of the union world, and
+    rank 0 process 0 (ValueError otherwise)."""
+    p = process_of
+    if p is not None and (len(p) != world or len(set(p)) != len(p) or min(p) < 0 or max(p) >= union or p[0] != 0):
+        raise ValueError(f"process_of must give each of the {world} ranks its own process in 0..{union - 1}, "
+                         f"rank 0 on process 0")
+
+
+def device_map_rank(process_of: tuple[int, ...] | None, world: int, process: int) -> int | None:
+    """The rank a process of the union world takes under a device map (None: it leaves)."""
+    if process_of is None:
+        return process if process < world else None
+    return process_of.index(process) if process in process_of else None
 
 
 class RankMove(_Message):
@@ -344,8 +353,9 @@ class JobRecoverOrder(_Message):
     0 .. union_world - 1 (`ranks`: this node's old -> new numbers; a waiting rank not listed
     exits). New ranks below `src_world` hold `src_layout` (whole data-parallel replicas,
     renumbered); the others join empty-handed. They check that they stopped at `step` with
-    equal replicas, the engine switches the state onto `layout` over `world` ranks (ranks
-    from `world` up leave), and training goes on; `restore_id` names the restore row."""
+    equal replicas, the engine switches the state onto `layout` over `world` ranks (the
+    device map `process_of` says which process takes which; processes that take none
+    leave), and training goes on; `restore_id` names the restore row."""
 
     version: Literal[1] = PROTOCOL_VERSION
     job_id: int = Field(gt=0)
@@ -360,6 +370,16 @@ class JobRecoverOrder(_Message):
     ranks: tuple[RankMove, ...] = Field(min_length=1)
     staging_bytes: int = Field(default=64 * 2**20, gt=0)
     gpus_per_node: int = Field(default=8, gt=0)
+    process_of: tuple[int, ...] | None = None  # the device map, as in JobSwitchOrder (processes: new ranks)
+
+    @model_validator(mode="after")
+    def _a_device_map(self) -> "JobRecoverOrder":
+        check_device_map(self.process_of, self.world, self.union_world)
+        return self
+
+    def rank_of(self, process: int) -> int | None:
+        """The rank of `layout` that union-world process `process` takes (None: it leaves)."""
+        return device_map_rank(self.process_of, self.world, process)
 
     @field_validator("ranks")
     @classmethod

@@ -26,7 +26,8 @@ from pathlib import Path
 from agents import protocol
 from agents.engine.launch import RANK_MALLOC_ENV
 from agents.runtime.orphan import orphan_marker, recover_file
-from agents.runtime.worker import STOP_FILE, renumbered_marker, switch_file, switched_marker, transferring_marker
+from agents.runtime.worker import STOP_FILE, switch_file, switched_marker, transferring_marker
+from agents.runtime.worlds import renumbered_marker
 from agents.processes import Child
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ class LocalJob:
     failed: bool = False
     joining: dict[int, protocol.JobSwitchOrder] = field(default_factory=dict)  # rank -> the switch it joins
     restore_id: int | None = None  # the restart from a checkpoint these ranks are (None: the first start)
-    renumbered: set[int] = field(default_factory=set)  # switches whose device map renumbered `ranks`
+    renumbered: set[str] = field(default_factory=set)  # order files whose device map renumbered `ranks`
     leaving: list[Child] = field(default_factory=list)  # processes a switch left rankless, exiting
 
 
@@ -90,7 +91,7 @@ class JobRunner:
         """Job id -> local ranks alive or about to start (for tests and the heartbeat)."""
         with self._lock:
             pending = {job_id: list(ranks) for job_id, ranks in self._pending.items()}
-        return {**pending, **{job_id: [r for r, c in job.ranks.items() if c.poll() is None]
+        return {**pending, **{job_id: sorted(r for r, c in job.ranks.items() if c.poll() is None)
                               for job_id, job in list(self.jobs.items())}}
 
     # --- the supervisor thread ------------------------------------------------------
@@ -240,18 +241,19 @@ class JobRunner:
         job.stop_deadline = _now() + order.grace_seconds
 
     def _renumber(self, job: LocalJob) -> None:
-        """A switch whose device map gave ranks other processes is past its point of rollback
-        (a rank of the new world left its marker here): the processes here take the numbers
-        of their new ranks (order.process_of); those that take none are exiting."""
-        for path in job.run_dir.glob("renumbered-*"):
-            tid = path.name.rsplit("-", 1)[1]
-            if not tid.isdigit() or path.name != renumbered_marker(int(tid)) or int(tid) in job.renumbered:
+        """A switch or recovery whose device map gave ranks other processes is past its point
+        of rollback (a rank of the new world left its marker here, named after the order's
+        file): the processes here take the numbers of their new ranks (order.process_of);
+        those that take none are exiting."""
+        prefix = renumbered_marker("")
+        for path in job.run_dir.glob(prefix + "*"):
+            name = path.name.removeprefix(prefix)
+            kind = protocol.JobSwitchOrder if name.startswith("switch-") else protocol.JobRecoverOrder
+            if name in job.renumbered or not (job.run_dir / name).exists() or not name.endswith(".json") \
+                    or not name.startswith(("switch-", "recover-")):
                 continue
-            job.renumbered.add(int(tid))
-            order_path = job.run_dir / switch_file(int(tid))
-            if not order_path.exists():
-                continue
-            order = protocol.JobSwitchOrder.model_validate_json(order_path.read_text())
+            job.renumbered.add(name)
+            order = kind.model_validate_json((job.run_dir / name).read_text())
             ranks: dict[int, Child] = {}
             for process, child in job.ranks.items():
                 new = order.rank_of(process)
@@ -260,8 +262,9 @@ class JobRunner:
                 else:
                     ranks[new] = child
             job.ranks = ranks
-            job.joining = {p: o for p, o in job.joining.items() if o.transition_id != order.transition_id}
-            log.info("job %d: switch %s renumbered the ranks here: %s", job.job_id, tid, sorted(ranks))
+            if kind is protocol.JobSwitchOrder:
+                job.joining = {p: o for p, o in job.joining.items() if o.transition_id != order.transition_id}
+            log.info("job %d: %s renumbered the ranks here: %s", job.job_id, name, sorted(ranks))
 
     def _poll(self) -> None:
         for job_id, job in list(self.jobs.items()):

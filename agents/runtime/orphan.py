@@ -14,11 +14,11 @@
    request ends it quietly, a timeout with an error (its agent then reports the failure).
 3. `recover`: the survivors meet at the order's rendezvous under their new numbers, check
    that they stopped at the order's step with equal replicas (`agreement`), and the engine
-   switches their state onto the order's layout (digests verified).
+   switches their state onto the order's layout (digests verified), under the order's
+   device map (a rank may then take another number once more).
 """
 from __future__ import annotations
 
-import datetime
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -121,22 +121,26 @@ def agreement(gathered: list[tuple[int, int, dict]], step: int, src_world: int) 
     return None
 
 
-def recover(orphan: Orphan, order: protocol.JobRecoverOrder, settings, backend: str):
+def recover(orphan: Orphan, order: protocol.JobRecoverOrder, settings):
     """Join the survivors' world and switch the state onto the order's layout. Returns
-    (new rank, settings, shards, scalars, SwitchReport), or None for a rank not in it."""
+    (new rank, settings, shards, scalars, SwitchReport), or None for a rank not in it.
+    Under a device map that renumbers ranks, the new layout's world is formed with the new
+    numbers, and the rank leaves its marker for its agent once its trainer is built
+    (`renumbered`: the marker's name, or None)."""
+    from agents.engine.digest import shard_digest
+    from agents.engine.switch import switch_state
+    from agents.layout.catalog import get_model
+    from agents.runtime.worlds import join_world, rendezvous_store, renumbered_marker, renumbered_world
+
     import torch.distributed as dist
 
-    from agents.engine.digest import shard_digest
-    from agents.layout.catalog import get_model
-    from agents.engine.switch import switch_state
-
     moves = {m.old: m.new for m in order.ranks}
-    rank = moves.get(orphan.rank)
-    if rank is None:
+    process = moves.get(orphan.rank)
+    if process is None:
         return None
-    dist.init_process_group(backend, init_method=f"tcp://{order.rendezvous}", rank=rank,
-                            world_size=order.union_world, timeout=datetime.timedelta(seconds=settings.timeout_seconds))
-    shards = orphan.shards if rank < order.src_world else {}
+    store = rendezvous_store(order.rendezvous, master=process == 0, timeout=settings.timeout_seconds)
+    join_world(store, f"survivors-{order.restore_id}", process, order.union_world, settings.timeout_seconds)
+    shards = orphan.shards if process < order.src_world else {}
     orphan.shards = {}
     digests = {(key[0], key[1], s.box): shard_digest(s) for key, s in shards.items()}
     gathered: list = [None] * order.union_world
@@ -145,6 +149,13 @@ def recover(orphan: Orphan, order: protocol.JobRecoverOrder, settings, backend: 
     if why is not None:
         raise RecoveryError(f"restore {order.restore_id}: {why}")
     new, scalars, report = switch_state(get_model(settings.model), shards, orphan.scalars, order.src_layout,
-                                        order.layout, rank, staging_bytes=order.staging_bytes,
-                                        gpus_per_node=order.gpus_per_node)
-    return rank, replace(settings, restore_id=order.restore_id), new, scalars, report
+                                        order.layout, process, staging_bytes=order.staging_bytes,
+                                        gpus_per_node=order.gpus_per_node, process_of=order.process_of)
+    rank = process
+    if report.renumbered:
+        if not renumbered_world(store, f"layout-restore-{order.restore_id}", report.rank, order.world,
+                                settings.timeout_seconds):
+            return None
+        rank = report.rank
+    marker = renumbered_marker(recover_file(order.restore_id)) if report.renumbered else None
+    return rank, replace(settings, restore_id=order.restore_id), new, scalars, report, marker

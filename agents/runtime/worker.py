@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agents import protocol
+from agents.runtime.worlds import backend, join_world, renumbered_marker, renumbered_world, rendezvous_store
 
 STOP_FILE = "stop"
 # The LR schedule's length. Not max_steps: stopping a job early (or late) must not change
@@ -56,13 +57,6 @@ def transferring_marker(transition_id: int, rank: int) -> str:
     """The file a joining rank leaves once it is in the union world: from then on the old
     ranks roll the switch back if it dies (rank 0 reports it), nobody else has to."""
     return f"transferring-{transition_id}-rank-{rank}"
-
-
-def renumbered_marker(transition_id: int) -> str:
-    """The file a rank of the new layout leaves once a switch that gave ranks other
-    processes (a device map) has built its new trainer, past the switch's last point of
-    rollback: its agent then renumbers the job's processes there by the order's map."""
-    return f"renumbered-{transition_id}"
 
 
 def switched_marker(transition_id: int, rank: int) -> str:
@@ -165,33 +159,13 @@ def _trainer(settings: JobSettings, layout: str, rank: int, shards: dict, scalar
     return trainer
 
 
-def _backend() -> str:
-    import torch
-
-    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
-
-
-def _split(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
 def _store(order: protocol.JobSwitchOrder, master: bool, timeout: float):
-    """The union world's TCPStore: rank 0 serves it, every other rank connects (retrying
-    until it is there or the job's timeout passes)."""
-    import torch.distributed as dist
-
-    host, port = _split(order.rendezvous)
-    return dist.TCPStore("0.0.0.0" if master else host, port, is_master=master, wait_for_workers=False,
-                         timeout=datetime.timedelta(seconds=timeout))
+    """The union world's TCPStore: rank 0 serves it, every other rank connects."""
+    return rendezvous_store(order.rendezvous, master, timeout)
 
 
 def _join_union(order: protocol.JobSwitchOrder, store, rank: int, timeout: float) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group(_backend(), store=dist.PrefixStore(f"union-{order.transition_id}", store), rank=rank,
-                            world_size=max(order.src_world, order.world),
-                            timeout=datetime.timedelta(seconds=timeout))
+    join_world(store, f"union-{order.transition_id}", rank, max(order.src_world, order.world), timeout)
 
 
 class Boundary:
@@ -322,21 +296,6 @@ def _host_copy(shards: dict, untouched: set) -> dict:
             for key, s in shards.items()}
 
 
-def _new_world(order: protocol.JobSwitchOrder, store, report, settings: JobSettings) -> bool:
-    """After a switch whose device map gave ranks other processes: leave the union world
-    (where process p is rank p) and form the new layout's world, this process as rank
-    `report.rank`, on the same store. False: this process takes no rank and leaves."""
-    import torch.distributed as dist
-
-    dist.destroy_process_group()
-    if report.rank is None:
-        return False
-    dist.init_process_group(_backend(), store=dist.PrefixStore(f"layout-{order.transition_id}", store),
-                            rank=report.rank, world_size=order.world,
-                            timeout=datetime.timedelta(seconds=settings.timeout_seconds))
-    return True
-
-
 def _switch_old_rank(trainer, order: protocol.JobSwitchOrder, settings: JobSettings, boundary: Boundary, ckpt):
     """Hand this rank's state over and move it to the new layout; None if the rank leaves.
     Raises RolledBack (carrying a trainer on the old layout, rebuilt from the state kept
@@ -395,7 +354,8 @@ def _switch_old_rank(trainer, order: protocol.JobSwitchOrder, settings: JobSetti
         phases.update({name: seconds for name, seconds in report.phases.items() if name != "plan"})
         new_rank, new_ckpt = rank, ckpt
         if report.renumbered:
-            if not _new_world(order, store, report, settings):
+            if not renumbered_world(store, f"layout-{order.transition_id}", report.rank, order.world,
+                                    settings.timeout_seconds):
                 return None, report, phases, ckpt
             lap("new_world")
             new_rank, new_ckpt = report.rank, settings.checkpointer(report.rank)
@@ -407,7 +367,7 @@ def _switch_old_rank(trainer, order: protocol.JobSwitchOrder, settings: JobSetti
         reason = f"{type(exc).__name__}: {exc}"[:1500]
         raise RolledBack(_back_to_old_layout(order, store, rank, src, kept, scalars, settings, ckpt), reason) from exc
     if report.renumbered:
-        (boundary.run_dir / renumbered_marker(order.transition_id)).touch()
+        (boundary.run_dir / renumbered_marker(switch_file(order.transition_id))).touch()
     return (trainer if trainer.active else None), report, phases, new_ckpt
 
 
@@ -439,9 +399,7 @@ def _back_to_old_layout(order: protocol.JobSwitchOrder, store, rank: int, src: s
 
     if dist.is_initialized():
         dist.destroy_process_group()
-    dist.init_process_group(_backend(), store=dist.PrefixStore(f"rollback-{order.transition_id}", store),
-                            rank=rank, world_size=order.src_world,
-                            timeout=datetime.timedelta(seconds=settings.timeout_seconds))
+    join_world(store, f"rollback-{order.transition_id}", rank, order.src_world, settings.timeout_seconds)
     return _trainer(settings, src, rank, kept, scalars, ckpt)
 
 
@@ -472,11 +430,12 @@ def _join(order: protocol.JobSwitchOrder, rank: int, settings: JobSettings, run_
     (run_dir / switched_marker(order.transition_id, rank)).touch()  # from here on, a death fails the job
     if not report.renumbered:
         return _trainer(settings, order.layout, rank, new, scalars, ckpt), ckpt
-    if not _new_world(order, store, report, settings):
+    if not renumbered_world(store, f"layout-{order.transition_id}", report.rank, order.world,
+                            settings.timeout_seconds):
         return None, ckpt
     ckpt = settings.checkpointer(report.rank)
     trainer = _trainer(settings, order.layout, report.rank, new, scalars, ckpt)
-    (run_dir / renumbered_marker(order.transition_id)).touch()
+    (run_dir / renumbered_marker(switch_file(order.transition_id))).touch()
     return trainer, ckpt
 
 
@@ -572,12 +531,16 @@ def _survive(orphan, settings: JobSettings, run_dir: Path, node: str, broker: st
     print(f"rank {orphan.rank}: its world broke after step {orphan.scalars.step} ({orphan.error}); "
           f"waiting for a recovery order", file=sys.stderr)
     order = wait_for_order(orphan, run_dir, STOP_FILE, settings.restore_id, settings.timeout_seconds)
-    got = recover(orphan, order, settings, _backend()) if order is not None else None
+    got = recover(orphan, order, settings) if order is not None else None
     if got is None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
         return None
-    rank, settings, shards, scalars, report = got
+    rank, settings, shards, scalars, report, marker = got
     ckpt = settings.checkpointer(rank)
     trainer = _trainer(settings, order.layout, rank, shards, scalars, ckpt)
+    if marker is not None:
+        (run_dir / marker).touch()
     if not trainer.active:  # beyond the recovered layout: the state has been handed over
         dist.destroy_process_group()
         return None
@@ -604,6 +567,8 @@ def _freeze_imports() -> None:
     collection that came during a switch's pause took 0.16-0.32 s walking torch's
     hundreds of thousands of module-level objects, 0.02 s after this."""
     import gc
+
+    import torch.distributed.pipelining  # noqa: F401 (0.47 s here: in a pause it cost a switch into pp > 1 as much)
 
     import agents.engine.execute  # noqa: F401
     import agents.runtime.checkpoints  # noqa: F401
@@ -657,7 +622,7 @@ def main(argv: list[str]) -> int:
         settings = JobSettings.of(order)
         reporter = Reporter(order.job_id, rank, node, broker, order.restore_id)
         ckpt = settings.checkpointer(rank)
-        dist.init_process_group(_backend(), init_method=f"tcp://{order.rendezvous}", rank=rank,
+        dist.init_process_group(backend(), init_method=f"tcp://{order.rendezvous}", rank=rank,
                                 world_size=order.world, timeout=datetime.timedelta(seconds=order.timeout_seconds))
         placement = place(get_model(order.model), order.layout)
         if order.restore_from:  # a restart after a failure: the state comes from the checkpoint

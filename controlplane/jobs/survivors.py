@@ -3,8 +3,9 @@ and recovery"): called by restore.job_restore when agents.layout.recovery says t
 
 The survivors are processes that outlived their world and keep their state. They meet at
 a fresh rendezvous (the old store may have died with rank 0's node) renumbered 0..n-1
-(whole replicas first: they hold the rule's source layout), and the engine switches them
-onto the target layout for their GPUs: the resize rule's layout for n GPUs when the model,
+(whole replicas first: they hold the rule's source layout), and the engine switches them,
+under the plan's device map (which survivor takes which new rank), onto the target layout
+for their GPUs: the resize rule's layout for n GPUs when the model,
 the batch and the nodes allow it (TP groups on one node), else the source layout itself.
 A `restore` row records it; rank 0's `committed` report fills in the engine's timings and
 digest verification.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from dataclasses import replace
 
 from django.db import transaction
 from django.utils import timezone
@@ -38,10 +40,19 @@ from controlplane.jobs.services import layout_check, publish_job
 log = logging.getLogger(__name__)
 
 
+def _spans_nodes(nodes: list[str], process_of, world: int, block: int) -> bool:
+    """Would a tensor-parallel block of the new layout span nodes? Rank d runs where process
+    process_of[d] (d itself without a map) runs: nodes[process]."""
+    where = [nodes[d if process_of is None else int(process_of[d])] for d in range(world)]
+    return any(len(set(where[b:b + block])) > 1 for b in range(0, world, block))
+
+
 def _target(job: Job, world: SurvivorWorld, nodes: list[str]) -> tuple[str, object] | str:
-    """(layout, plan) the survivors switch onto, or why none works. nodes[new rank] is where
-    each renumbered survivor runs."""
+    """(layout, plan) the survivors switch onto, or why none works. nodes[process] is where
+    each renumbered survivor runs. The plan has the best device map whose tensor-parallel
+    blocks sit on one node each, else the survivors' own order."""
     why = []
+    model = get_model(job.model)
     for text in dict.fromkeys([layout_for_resize(job, len(nodes)), world.source_layout]):
         try:
             placement = layout_check(model=job.model, layout=text)
@@ -52,14 +63,16 @@ def _target(job: Job, world: SurvivorWorld, nodes: list[str]) -> tuple[str, obje
         block = tp_block(placement)
         if placement.world > len(nodes):
             error = f"{text} spans {placement.world} GPUs, the survivors have {len(nodes)}"
-        elif any(len(set(nodes[b:b + block])) > 1 for b in range(0, placement.world, block)):
+        elif _spans_nodes(nodes, None, placement.world, block):
             error = f"{text}: a tensor-parallel group of {block} ranks would span nodes"
         if error:
             why.append(error)
             continue
         try:
-            plan = plan_routes(get_model(job.model), world.source_layout, text,
-                               PlanOptions(gpus_per_node=gpus_per_node(), staging_bytes=STAGING_BYTES))
+            options = PlanOptions(gpus_per_node=gpus_per_node(), staging_bytes=STAGING_BYTES)
+            plan = plan_routes(model, world.source_layout, text, replace(options, map_ranks=True))
+            if plan.process_of is not None and _spans_nodes(nodes, plan.process_of, placement.world, block):
+                plan = plan_routes(model, world.source_layout, text, options)
         except LayoutError as exc:
             why.append(f"{world.source_layout} -> {text} cannot be planned: {exc}")
             continue
@@ -79,7 +92,8 @@ def survivors_switch(job: Job, world: SurvivorWorld, *, step: int, cause: str) -
         return chosen
     layout, plan = chosen
     target_world = plan.dst.world
-    placement = union[:target_world]
+    process_of = None if plan.process_of is None else [int(p) for p in plan.process_of]
+    placement = [{**union[d if process_of is None else process_of[d]], "rank": d} for d in range(target_world)]
     # The engine's union world: the source's ranks and the target's; other survivors leave.
     moves = [(old, new) for old, new in world.ranks if new < max(world.source_world, target_world)]
     try:
@@ -99,7 +113,7 @@ def survivors_switch(job: Job, world: SurvivorWorld, *, step: int, cause: str) -
     row = Transition.objects.create(
         job=job, kind=TransitionKind.RESTORE, source_layout=job.layout, destination_layout=layout,
         source_world=job.world_size, destination_world=target_world, source_placement=job.placement,
-        destination_placement=placement, rendezvous=rendezvous, step=step, reason=reason,
+        destination_placement=placement, process_of=process_of, rendezvous=rendezvous, step=step, reason=reason,
         plan_summary=summary, plan_fingerprint=plan.fingerprint, gpus_per_node=plan.options.gpus_per_node, staging_bytes=STAGING_BYTES,
         peak_staging_bytes=summary.get("peak_staging_bytes"),
         history=[{"state": "planned", "at": timezone.now().isoformat(), "reported": False}],
@@ -119,7 +133,8 @@ def survivors_switch(job: Job, world: SurvivorWorld, *, step: int, cause: str) -
     orders = {node: protocol.JobRecoverOrder(
         job_id=job.pk, restore_id=row.pk, step=step, rendezvous=rendezvous, src_layout=world.source_layout,
         src_world=world.source_world, layout=layout, world=target_world, union_world=len(moves),
-        ranks=tuple(here), staging_bytes=STAGING_BYTES, gpus_per_node=row.gpus_per_node)
+        ranks=tuple(here), staging_bytes=STAGING_BYTES, gpus_per_node=row.gpus_per_node,
+        process_of=None if process_of is None else tuple(process_of))
         for node, here in by_node.items()}
     stop_on_commit(job, [n for n in old_nodes if n not in orders])
     transaction.on_commit(lambda: _send_recovers(job.pk, orders))

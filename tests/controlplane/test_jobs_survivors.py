@@ -190,3 +190,39 @@ def test_the_transition_page_says_the_survivors_took_over(two_nodes, token_clien
     assert 'id="no-plan"' in html and "loaded the checkpoint" not in html
     assert "Switched on the survivors without a checkpoint" in html and "2&rarr;0, 3&rarr;1" in html
     assert f"plan {row.plan_fingerprint[:12]}" in html
+
+
+def test_the_survivors_of_a_pipeline_job_switch_under_the_device_map(token_client, sent_tasks, run) -> None:
+    """pp=2,dp=3 on three nodes (stage 0: ranks 0-2, stage 1: ranks 3-5; two per node);
+    node-3 (ranks 4, 5) lost. The whole replica (0, 3) becomes processes 0, 1 (pp=2), the
+    others 2, 3 join it: pp=2,dp=2. In the survivors' order process 1 (stage 1) would take
+    rank 1 (stage 0) and process 2 (stage 0) rank 2 (stage 1); the device map swaps them,
+    so every survivor keeps its stage and far fewer bytes move."""
+    from controlplane.cluster import services as cluster
+    from tests.controlplane.conftest import heartbeat
+
+    for i in (1, 2, 3):
+        cluster.node_record_heartbeat(report=heartbeat(f"node-{i}", gpus=2, host=f"host-{i}"))
+    job = started_job(run, token_client, layout="pp=2,dp=3", checkpoint_interval=0)
+    assert [(s["rank"], s["node"]) for s in job.placement] == [
+        (0, "node-1"), (1, "node-1"), (2, "node-2"), (3, "node-2"), (4, "node-3"), (5, "node-3")]
+    trained_to(run, job, 9, None)
+    _orphaned(run, job, "node-1", (0, 1), 9)
+    _orphaned(run, job, "node-2", (2, 3), 9)
+    sent_tasks.clear()
+    row = run(restore.job_restore, job_id=job.pk, early=True)
+    assert isinstance(row, Transition), row
+    job.refresh_from_db()
+    assert (row.source_layout, row.destination_layout, job.layout) == ("pp=2,dp=3", "pp=2,dp=2", "pp=2,dp=2")
+    assert row.verification["survivors"]["ranks"] == [[0, 0], [3, 1], [1, 2], [2, 3]]
+    assert row.process_of == [0, 2, 1, 3]
+    assert row.plan_summary["network_bytes"] < row.plan_summary["contract_order_network_bytes"]
+    # Rank d runs where process process_of[d] (old rank 0, 1, 3, 2 for ranks 0..3) ran.
+    assert job.placement == row.destination_placement == [
+        {"rank": 0, "node": "node-1", "gpu": 0}, {"rank": 1, "node": "node-1", "gpu": 1},
+        {"rank": 2, "node": "node-2", "gpu": 1}, {"rank": 3, "node": "node-2", "gpu": 0}]
+    orders = {queue: protocol.JobRecoverOrder.model_validate(m) for m, queue in
+              sent_of(sent_tasks, protocol.NODE_JOB_RECOVER)}
+    assert set(orders) == {"node.node-1", "node.node-2"}
+    assert {order.process_of for order in orders.values()} == {(0, 2, 1, 3)}
+    assert [orders["node.node-1"].rank_of(p) for p in range(4)] == [0, 2, 1, 3]

@@ -165,3 +165,61 @@ def test_a_tensor_parallel_replica_survives_renumbered(broker, tmp_path):
     finally:
         for runner in runners:
             runner.shutdown()
+
+
+@pytest.mark.timeout(300)
+def test_survivors_switch_under_a_device_map_and_their_agents_renumber_them(broker, tmp_path):
+    """pp=2,dp=3 on three nodes (stage 0: ranks 0-2, stage 1: ranks 3-5); node-3's ranks 4,
+    5 die. The whole replica (0, 3) becomes processes 0, 1 (pp=2), ranks 1, 2 join as
+    processes 2, 3, and the order's device map (0, 2, 1, 3), as the control plane plans it,
+    gives new rank 1 (stage 0) to old rank 1 and new rank 2 (stage 1) to old rank 3: every
+    survivor keeps its stage. The ranks form the new world under the new numbers, their
+    agents renumber them, and training goes on from the next step, verified."""
+    from agents.layout.catalog import get_model
+    from agents.layout.plan import PlanOptions, plan_routes
+
+    url, client = broker
+    reports: dict[str, list] = {f"node-{i}": [] for i in (1, 2, 3)}
+    runners = [JobRunner(reports[f"node-{i}"].append, f"node-{i}", "cpu", url, tmp_path / f"node-{i}")
+               for i in (1, 2, 3)]
+    port = free_loopback_port()
+    try:
+        for runner, ranks in zip(runners, ([0, 1], [2, 3], [4, 5])):
+            runner.start(start_order(25, 6, ranks, port, layout="pp=2,dp=3").model_copy(
+                update={"global_batch": 6, "timeout_seconds": 90}))
+        wait_until(lambda: len([r for r in reports_of_job(client, 25) if r["kind"] == "step"]) >= 2, 180, "two steps")
+        for rank in (4, 5):
+            os.kill(runners[2].jobs[25].ranks[rank].process.pid, signal.SIGKILL)
+        orphaned = wait_until(lambda: (o := [r for n in ("node-1", "node-2") for r in reports[n]
+                                             if r.kind == "orphaned"])
+                              and sorted(x for r in o for x in r.ranks) == [0, 1, 2, 3] and o, 90, "four orphaned")
+        (step,) = {r.step for r in orphaned}
+        # (the queue is kept: rank 0 is the same process, its old world's last batch may still come)
+        plan = plan_routes(get_model("tiny-gpt"), "pp=2", "pp=2,dp=2",
+                           PlanOptions(gpus_per_node=2, staging_bytes=64 * 2**20, map_ranks=True))
+        assert plan.process_of.tolist() == [0, 2, 1, 3]
+        order = protocol.JobRecoverOrder(
+            job_id=25, restore_id=7, step=step, rendezvous=f"127.0.0.1:{free_loopback_port()}", src_layout="pp=2",
+            src_world=2, layout="pp=2,dp=2", world=4, union_world=4, gpus_per_node=2, process_of=(0, 2, 1, 3),
+            ranks=(protocol.RankMove(old=0, new=0), protocol.RankMove(old=3, new=1),
+                   protocol.RankMove(old=1, new=2), protocol.RankMove(old=2, new=3)))
+        runners[0].recover(order.model_copy(update={"ranks": order.ranks[::2]}))  # node-1: old 0, 1
+        runners[1].recover(order.model_copy(update={"ranks": order.ranks[1::2]}))  # node-2: old 3, 2
+        def recovered_steps() -> list[dict]:
+            return [r for r in reports_of_job(client, 25) if r["kind"] == "step" and r["restore_id"] == 7]
+
+        wait_until(lambda: len(recovered_steps()) >= 2, 180, "steps in the survivors' world")
+        steps = recovered_steps()
+        assert [r["step"] for r in steps[:2]] == [step + 1, step + 2] and all(r["restore_id"] == 7 for r in steps)
+        (committed,) = [r for r in (protocol.TransitionReport.model_validate(m) for m in
+                                    broker_messages(client, protocol.CONTROL_TRANSITION_REPORT, 25))
+                        if r.transition_id == 7 and r.state == "committed"]
+        assert committed.verified is True and all(check.match for check in committed.tensors)
+        assert committed.fingerprint == plan.fingerprint and committed.network_bytes == plan.network_bytes
+        assert plan.network_bytes < plan.summary()["contract_order_network_bytes"]
+        # old 0 -> rank 0, old 1 -> process 2 -> rank 1 (node-1); old 3 -> process 1 -> rank 2, old 2 -> rank 3
+        wait_until(lambda: runners[0].running() == {25: [0, 1]} and runners[1].running() == {25: [2, 3]}, 30,
+                   "the agents to renumber their processes")
+    finally:
+        for runner in runners:
+            runner.shutdown()
