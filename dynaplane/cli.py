@@ -77,6 +77,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--from", dest="src", required=True)
     p.add_argument("--to", dest="dst", required=True)
     p.add_argument("--staging-mb", type=float, default=256.0)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cpu: gloo ranks, state on the host; cuda: NCCL ranks, one GPU each, state on it")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_run_bench_switch)
 
@@ -89,7 +91,8 @@ def _run_bench_switch(args: argparse.Namespace) -> int:
     from agents.engine.launch import run_ranks
 
     try:
-        ranks = run_ranks(args.world, bench_rank, args.model, args.src, args.dst, args.staging_mb, timeout_s=600)
+        ranks = run_ranks(args.world, bench_rank, args.model, args.src, args.dst, args.staging_mb, timeout_s=600,
+                          backend="nccl" if args.device == "cuda" else "gloo")
     except EngineError as exc:
         print(f"dynaplane bench switch: {exc}", file=sys.stderr)
         return 1

@@ -18,6 +18,7 @@ from agents.engine.checkpoint import check_expressible, checkpoint_switch
 from agents.engine.digest import compare_digests, state_digests
 from agents.engine.errors import EngineError
 from agents.engine.execute import execute_plan, preallocate, prepare, round_messages
+from agents.engine.shards import collective_device
 from agents.engine.state_fill import filled_shards
 from agents.layout.catalog import get_model
 from agents.layout.plan import PlanOptions, plan_routes
@@ -29,8 +30,9 @@ def p2p_gbps(rank: int, world: int, nbytes: int = P2P_BYTES, repeats: int = 3) -
     """Bytes per second one rank moves to a partner (pairs 0-1, 2-3, ...), both directions at
     once as the engine does, best of `repeats`. An odd last rank only takes part in barriers."""
     partner = rank ^ 1
-    send = torch.ones(nbytes, dtype=torch.uint8)
-    recv = torch.empty(nbytes, dtype=torch.uint8)
+    device = collective_device()
+    send = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    recv = torch.empty(nbytes, dtype=torch.uint8, device=device)
     best = 0.0
     for _ in range(repeats):
         dist.barrier()
@@ -39,6 +41,7 @@ def p2p_gbps(rank: int, world: int, nbytes: int = P2P_BYTES, repeats: int = 3) -
             ops = [dist.P2POp(dist.isend, send, partner), dist.P2POp(dist.irecv, recv, partner)]
             for work in dist.batch_isend_irecv(ops):
                 work.wait()
+            _sync(device)
             best = max(best, nbytes / (time.perf_counter() - started) / 1e9)
     dist.barrier()
     return best
@@ -48,12 +51,13 @@ def replay_seconds(program, model) -> float:
     """The switch's exact messages (same peers, sizes and rounds) with ready-made buffers:
     what the transport alone needs for this traffic, without packing or unpacking."""
     rounds = []  # buffers touched ahead, as a transport benchmark's are (see execute._prefault)
+    device = collective_device()
     for slices in program.rounds:
         out, inc = round_messages(model, slices)
-        rounds.append(([(peer, tag, torch.zeros(n, dtype=torch.uint8)) for peer, sizes in sorted(out.items())
-                        for tag, n in enumerate(sizes)],
-                       [(peer, tag, torch.zeros(n, dtype=torch.uint8)) for peer, sizes in sorted(inc.items())
-                        for tag, n in enumerate(sizes)]))
+        rounds.append(([(peer, tag, torch.zeros(n, dtype=torch.uint8, device=device))
+                        for peer, sizes in sorted(out.items()) for tag, n in enumerate(sizes)],
+                       [(peer, tag, torch.zeros(n, dtype=torch.uint8, device=device))
+                        for peer, sizes in sorted(inc.items()) for tag, n in enumerate(sizes)]))
     dist.barrier()
     started = time.perf_counter()
     for sends, recvs in rounds:
@@ -66,14 +70,22 @@ def replay_seconds(program, model) -> float:
     return time.perf_counter() - started
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def bench_rank(rank: int, world: int, model_name: str, src: str, dst: str, staging_mb: float) -> dict:
+    """One rank's figures; the state lives where the backend's collectives do (NCCL: this
+    rank's GPU, gloo: the host)."""
     model = get_model(model_name)
+    device = collective_device()
     plan = plan_routes(model, src, dst, PlanOptions(gpus_per_node=world, staging_bytes=int(staging_mb * 2**20)))
     if max(plan.src.world, plan.dst.world) > world:
         raise EngineError(f"--world {world} is smaller than the layouts need ({plan.src.world}, {plan.dst.world})")
     check_expressible(plan.src)
     check_expressible(plan.dst)
-    old = filled_shards(plan.src, rank)
+    old = filled_shards(plan.src, rank, device)
     before = state_digests(plan.src, rank, old)
     peak = [0]
 
@@ -82,11 +94,12 @@ def bench_rank(rank: int, world: int, model_name: str, src: str, dst: str, stagi
 
     started = time.perf_counter()
     program = prepare(plan, rank)  # done while training runs in the product: not part of the pause
-    ready = preallocate(plan, program) if not old else None  # a joining rank, idle until the switch
+    ready = preallocate(plan, program, device) if not old else None  # a joining rank, idle until the switch
     prepare_seconds = time.perf_counter() - started
     dist.barrier()
     started = time.perf_counter()
     new = execute_plan(plan, rank, old, sample=sample, program=program, ready=ready)
+    _sync(device)
     dist.barrier()
     switch_seconds = time.perf_counter() - started
     after = state_digests(plan.dst, rank, new)
@@ -100,16 +113,18 @@ def bench_rank(rank: int, world: int, model_name: str, src: str, dst: str, stagi
         path = folder if rank == 0 else None
         shared = [path]
         dist.broadcast_object_list(shared, src=0)
-        old = filled_shards(plan.src, rank)
+        old = filled_shards(plan.src, rank, device)
         dist.barrier()
         started = time.perf_counter()
         loaded = checkpoint_switch(plan.src, plan.dst, rank, old, os.path.join(shared[0], "ckpt"))
+        _sync(device)
         dist.barrier()
         checkpoint_seconds = time.perf_counter() - started
     same_as_checkpoint = set(loaded) == set(new) and all(torch.equal(loaded[k].data, new[k].data) for k in new)
     _, predicted = plan.waves
     stats = plan.stats
     return {
+        "device": str(device),
         "switch_seconds": switch_seconds, "checkpoint_seconds": checkpoint_seconds,
         "prepare_seconds": prepare_seconds,
         "digests_match": digests_match, "same_as_checkpoint": same_as_checkpoint,

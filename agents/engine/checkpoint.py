@@ -16,15 +16,15 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from agents.engine.errors import EngineError
-from agents.engine.shards import Key, LocalShard, empty_shard, rank_boxes
+from agents.engine.shards import Key, LocalShard, empty_shard, rank_boxes, state_device
 from agents.layout.placement import Placement
 from agents.layout.shards import STATE_CLASS, is_sharded
 
 
-def layout_meshes(placement: Placement) -> dict[tuple[str, int, bool], DeviceMesh]:
+def layout_meshes(placement: Placement, device_type: str = "cpu") -> dict[tuple[str, int, bool], DeviceMesh]:
     """(module, stage, expert) -> mesh; built by every rank of the world in the same order
     (group creation is collective over the default group: build them while every rank of
-    it is there, and reuse them)."""
+    it is there, and reuse them). `device_type`: where the state is (cuda: NCCL groups)."""
     meshes = {}
     for module in placement.model.modules:
         ml = placement.modules[module.name]
@@ -32,15 +32,14 @@ def layout_meshes(placement: Placement) -> dict[tuple[str, int, bool], DeviceMes
         for stage in range(ml.pp):
             ranks = torch.arange(ml.tp * data) + ml.offset + stage * ml.tp * data
             grid = ranks.view(data, ml.tp)  # rank = tp_rank + tp * d
-            meshes[(module.name, stage, False)] = DeviceMesh("cpu", grid.t().contiguous(), mesh_dim_names=("tp", "data"))
+            meshes[(module.name, stage, False)] = DeviceMesh(device_type, grid.t().contiguous(),
+                                                             mesh_dim_names=("tp", "data"))
             if module.num_experts:
                 # d = ep_rank + ep * edp_rank  ->  dims (ep, tp, edp)
                 experts = grid.view(data // ml.ep, ml.ep, ml.tp).permute(1, 2, 0).contiguous()
-                meshes[(module.name, stage, True)] = DeviceMesh("cpu", experts, mesh_dim_names=("ep", "tp", "edp"))
+                meshes[(module.name, stage, True)] = DeviceMesh(device_type, experts,
+                                                                mesh_dim_names=("ep", "tp", "edp"))
     return meshes
-
-
-_meshes = layout_meshes
 
 
 def _placements(tensor, state: str, ml) -> list:
@@ -63,7 +62,7 @@ def check_expressible(placement: Placement) -> None:
 def to_dtensors(placement: Placement, rank: int, shards: dict[Key, LocalShard],
                 meshes: dict | None = None) -> dict[str, DTensor]:
     """This rank's shards as DTensors (keys "tensor/state"); `meshes` from layout_meshes."""
-    meshes = meshes or _meshes(placement)
+    meshes = meshes or layout_meshes(placement, state_device(shards).type)
     out = {}
     for (index, state), shard in sorted(shards.items()):
         tensor = placement.model.tensors[index]
@@ -82,11 +81,12 @@ def checkpoint_switch(src: Placement, dst: Placement, rank: int, shards: dict[Ke
                       path: str) -> dict[Key, LocalShard]:
     """Save `shards` (layout src) with DCP, load them into layout dst; returns the new shards."""
     # Every rank builds every mesh (group creation is collective), holder or not.
-    saved = to_dtensors(src, rank, shards)
+    device = state_device(shards)
+    saved = to_dtensors(src, rank, shards, layout_meshes(src, device.type))
     dcp.save(saved, checkpoint_id=path)
     del saved
     boxes = rank_boxes(dst, rank) if rank < dst.world else {}
-    new = {key: empty_shard(dst.model.tensors[key[0]], key[1], box) for key, box in boxes.items()}
-    state = to_dtensors(dst, rank, new)
+    new = {key: empty_shard(dst.model.tensors[key[0]], key[1], box, device) for key, box in boxes.items()}
+    state = to_dtensors(dst, rank, new, layout_meshes(dst, device.type))
     dcp.load(state, checkpoint_id=path)  # DCP reads into the DTensors' local tensors, i.e. into `new`
     return new

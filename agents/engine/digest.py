@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from agents.engine.errors import EngineError
-from agents.engine.shards import Key, LocalShard
+from agents.engine.shards import Key, LocalShard, collective_device
 from agents.engine.state_fill import global_index
 from agents.layout.placement import Placement
 from agents.layout.shards import STATE_CLASS, holder_boxes
@@ -44,7 +44,7 @@ def owned_keys(placement: Placement, rank: int) -> set[Key]:
 
 
 def _global_index(shard: LocalShard) -> torch.Tensor:
-    return global_index(shard.tensor, shard.box, tuple(shard.data.shape))
+    return global_index(shard.tensor, shard.box, tuple(shard.data.shape), shard.data.device)
 
 
 def shard_digest(shard: LocalShard) -> int:
@@ -92,7 +92,7 @@ def state_digests(placement: Placement, rank: int, shards: dict[Key, LocalShard]
     keys = [(i, s) for i in range(len(placement.model.tensors)) for s in STATES if (i, s) not in skip]
     owned = owned_keys(placement, rank) if owned is None else owned
     local = torch.tensor([shard_digest(shards[k]) if k in owned and k in shards else 0 for k in keys],
-                         dtype=torch.int64)
+                         dtype=torch.int64, device=collective_device(group))
     dist.all_reduce(local, group=group)
     return dict(zip(keys, local.tolist()))
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from agents.engine.errors import EngineError
-from agents.engine.shards import DTYPES, Box, Key, LocalShard, box_shape, empty_shard
+from agents.engine.shards import DTYPES, Box, Key, LocalShard, box_shape, empty_shard, state_device
 from agents.layout.plan import RoutingPlan
 from agents.layout.shards import b_dim
 
@@ -179,14 +179,14 @@ def _prefault(buf: torch.Tensor) -> None:
         buf[::PAGE].zero_()
 
 
-def preallocate(plan: RoutingPlan, program: RankProgram) -> dict[Key, LocalShard]:
+def preallocate(plan: RoutingPlan, program: RankProgram, device: torch.device | None = None) -> dict[Key, LocalShard]:
     """A joining rank (one that holds no source state) allocates and touches all its new
     shards ahead of the switch, while the old world still trains: its memory then is its
     destination bytes, which it reaches anyway, and the exchange does not stall on first-touch
     page faults (CPU) or allocator growth (GPU). Ranks holding source state must not: it would
     break the bound max(source, destination) + staging."""
     return {key: LocalShard(s.tensor, s.state, s.box, s.data.zero_())
-            for key, s in ((key, empty_shard(plan.model.tensors[key[0]], key[1], box))
+            for key, s in ((key, empty_shard(plan.model.tensors[key[0]], key[1], box, device))
                            for key, box in program.new_boxes.items())}
 
 
@@ -195,6 +195,8 @@ def execute_plan(plan: RoutingPlan, rank: int, old: dict[Key, LocalShard], group
                  ready: dict[Key, LocalShard] | None = None) -> dict[Key, LocalShard]:
     """Move this rank's state from plan.src to plan.dst; returns the new shards. Consumes
     `old`: its entries are removed as the shards are freed (only kept boxes may remain).
+    New shards and staging buffers go where the state is (state_device: a GPU's state stays
+    on it; NCCL moves device buffers).
 
     Memory follows the planner's model (agents/layout/schedule.py memory_wave): per round,
     pack -> free sources read for the last time (unless a local copy still needs them) ->
@@ -203,6 +205,7 @@ def execute_plan(plan: RoutingPlan, rank: int, old: dict[Key, LocalShard], group
     """
     check_fingerprint(plan, group)
     model = plan.model
+    device = state_device(old or ready or {}, group)
     program = program or prepare(plan, rank)
     new_boxes, per_round = program.new_boxes, program.rounds
     last_send, last_local = program.last_send, program.last_local
@@ -233,13 +236,13 @@ def execute_plan(plan: RoutingPlan, rank: int, old: dict[Key, LocalShard], group
 
     def target(key: Key) -> LocalShard:
         if key not in new:
-            new[key] = empty_shard(model.tensors[key[0]], key[1], new_boxes[key])
+            new[key] = empty_shard(model.tensors[key[0]], key[1], new_boxes[key], device)
             live.add(new[key])
         return new[key]
 
     for k, slices in enumerate(per_round):
         packed_out, packed_in = packed_sizes(model, slices)
-        send_msgs: dict[int, list[torch.Tensor]] = {peer: [torch.empty(n, dtype=torch.uint8)]
+        send_msgs: dict[int, list[torch.Tensor]] = {peer: [torch.empty(n, dtype=torch.uint8, device=device)]
                                                     for peer, n in sorted(packed_out.items())}
         packed: dict[int, int] = defaultdict(int)
         staging = sum(n for n in packed_out.values())
@@ -283,7 +286,7 @@ def execute_plan(plan: RoutingPlan, rank: int, old: dict[Key, LocalShard], group
         # A box a message is a view of stays alive until the exchange is done: once released
         # from `old`, count it as staging.
         staging += sum(n for key, n in sent_from.items() if key not in old)
-        recv_bufs = {peer: torch.empty(n, dtype=torch.uint8) for peer, n in sorted(packed_in.items())}
+        recv_bufs = {peer: torch.empty(n, dtype=torch.uint8, device=device) for peer, n in sorted(packed_in.items())}
         recv_msgs: dict[int, list[torch.Tensor]] = {peer: [buf] for peer, buf in recv_bufs.items()}
         for p in slices:
             for peer, box, direct in p.recvs:

@@ -33,7 +33,7 @@ def call_with_environ(env: dict[str, str], fn: Callable, *args: Any) -> Any:
 
 
 def _entry(rank: int, world: int, init_file: str, timeout_s: float, fn: Callable, args: tuple, results,
-           env: dict[str, str]) -> None:
+           env: dict[str, str], backend: str = "gloo") -> None:
     _take_environ(env)
     import torch
     import torch.distributed as dist
@@ -42,7 +42,9 @@ def _entry(rank: int, world: int, init_file: str, timeout_s: float, fn: Callable
     # (2 threads x 4 ranks on 2 cores made collectives 10-50x slower).
     torch.set_num_threads(int(os.environ.get("DYNAPLANE_RANK_THREADS", "1")))
     try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+        if backend == "nccl":  # one GPU per rank
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s))
         try:
             results.put((rank, "ok", fn(rank, world, *args)))
@@ -93,14 +95,22 @@ def rank_env() -> dict[str, str]:
     return {**RANK_MALLOC_ENV, **os.environ}
 
 
-def run_ranks(world: int, fn: Callable[..., Any], *args: Any, timeout_s: float = 60.0) -> list[Any]:
-    """Run fn(rank, world, *args) on `world` processes; return their results by rank."""
+def run_ranks(world: int, fn: Callable[..., Any], *args: Any, timeout_s: float = 60.0,
+              backend: str = "gloo") -> list[Any]:
+    """Run fn(rank, world, *args) on `world` processes; return their results by rank.
+    backend "nccl": rank r on GPU r (EngineError when there are fewer GPUs than ranks)."""
+    if backend == "nccl":
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus < world:
+            raise EngineError(f"NCCL ranks run one per GPU: {world} ranks need {world} GPUs, this machine has {gpus}")
     ctx = rank_context()
     results = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="dynaplane-ranks-") as folder:
         init_file = os.path.join(folder, "rendezvous")
-        procs = [ctx.Process(target=_entry, args=(r, world, init_file, timeout_s, fn, args, results, rank_env()),
-                             daemon=True) for r in range(world)]
+        procs = [ctx.Process(target=_entry, args=(r, world, init_file, timeout_s, fn, args, results, rank_env(),
+                                                  backend), daemon=True) for r in range(world)]
         for p in procs:
             p.start()
         out: dict[int, Any] = {}

@@ -58,8 +58,26 @@ def rank_boxes(placement: Placement, rank: int, *, keep_empty: bool = False) -> 
     return out
 
 
-def empty_shard(tensor: TensorSpec, state: str, box: Box) -> LocalShard:
-    return LocalShard(tensor, state, box, torch.empty(box_shape(tensor, box), dtype=DTYPES[state]))
+def collective_device(group=None) -> torch.device:
+    """Where a tensor for a collective over `group` must be: this process's current CUDA
+    device for NCCL, the host for gloo."""
+    import torch.distributed as dist
+
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def state_device(shards: dict, group=None) -> torch.device:
+    """Where a switch allocates on this rank: the device of the state it holds, else (a
+    joining rank) the group's collective device."""
+    for shard in shards.values():
+        return shard.data.device
+    return collective_device(group)
+
+
+def empty_shard(tensor: TensorSpec, state: str, box: Box, device: torch.device | str | None = None) -> LocalShard:
+    return LocalShard(tensor, state, box, torch.empty(box_shape(tensor, box), dtype=DTYPES[state], device=device))
 
 
 def trainer_states(placement: Placement, rank: int, shards: dict[Key, LocalShard]) -> dict[int, tuple]:

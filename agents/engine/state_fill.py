@@ -12,7 +12,7 @@ from agents.layout.shards import b_dim
 from agents.layout.tensors import Model
 
 
-def global_index(tensor, box: Box, shape: tuple[int, ...]) -> torch.Tensor:
+def global_index(tensor, box: Box, shape: tuple[int, ...], device: torch.device | str | None = None) -> torch.Tensor:
     """Flat index in the logical tensor of every element of a box-shaped local tensor."""
     strides = [int(np.prod(tensor.shape[d + 1:], dtype=np.int64)) for d in range(len(tensor.shape))]
     offsets = [0] * len(tensor.shape)
@@ -20,11 +20,11 @@ def global_index(tensor, box: Box, shape: tuple[int, ...]) -> torch.Tensor:
     bd = b_dim(tensor)
     if bd is not None:
         offsets[bd] = box[2]
-    index = torch.zeros(shape, dtype=torch.int64)
+    index = torch.zeros(shape, dtype=torch.int64, device=device)
     for d, n in enumerate(shape):
         view = [1] * len(shape)
         view[d] = n
-        index += ((torch.arange(n, dtype=torch.int64) + offsets[d]) * strides[d]).view(view)
+        index += ((torch.arange(n, dtype=torch.int64, device=device) + offsets[d]) * strides[d]).view(view)
     return index
 
 
@@ -37,9 +37,9 @@ def value(model: Model, key: Key, box: Box) -> torch.Tensor:
     return values[state].to(torch.float32).to(DTYPES[state])
 
 
-def filled_shards(placement: Placement, rank: int) -> dict[Key, LocalShard]:
+def filled_shards(placement: Placement, rank: int, device: torch.device | str | None = None) -> dict[Key, LocalShard]:
     if rank >= placement.world:
         return {}
     model = placement.model
-    return {key: LocalShard(model.tensors[key[0]], key[1], box, value(model, key, box))
+    return {key: LocalShard(model.tensors[key[0]], key[1], box, value(model, key, box).to(device))
             for key, box in rank_boxes(placement, rank).items()}
