@@ -28,6 +28,24 @@ def _env_bool(name: str, default: bool) -> bool:
     return value.strip().lower() in {"1", "true", "yes", "on"}
 
 
+def private_files(db_path: str) -> None:
+    """The SQLite database holds the API tokens and password hashes: readable by its owner
+    only (created so, and tightened when an older run left it readable by all), with its
+    WAL and shared-memory files alike."""
+    if db_path in ("", ":memory:") or db_path.startswith("file:"):
+        return
+    Path(db_path).parent.mkdir(parents=True, exist_ok=True)
+    os.close(os.open(db_path, os.O_WRONLY | os.O_CREAT, 0o600))
+    for path in (db_path, f"{db_path}-wal", f"{db_path}-shm"):
+        try:
+            if os.stat(path).st_mode & 0o077:
+                os.chmod(path, 0o600)
+        except FileNotFoundError:
+            pass
+        except PermissionError:  # not ours (a shared install): leave it to its owner
+            pass
+
+
 def _secret_key() -> str:
     """A key from the environment, else one generated once and kept in the var dir."""
     if os.environ.get("DJANGO_SECRET_KEY"):
@@ -119,6 +137,7 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # Several processes write (web, worker): wait for the lock instead of failing at once,
     # and use WAL so readers never block the writer.
     DATABASES["default"]["CONN_MAX_AGE"] = 0
+    private_files(DATABASES["default"]["NAME"])
     DATABASES["default"]["OPTIONS"] = {
         "timeout": 20,
         "transaction_mode": "IMMEDIATE",
@@ -195,6 +214,9 @@ DYNAPLANE_NODE_LOST_AFTER_SECONDS = float(os.environ.get("DYNAPLANE_NODE_LOST_AF
 # get ready, then the union world's 120 s rendezvous), since they end most stuck switches
 # themselves and report it; this one catches rank 0 or its agent never answering.
 DYNAPLANE_TRANSITION_TIMEOUT_SECONDS = float(os.environ.get("DYNAPLANE_TRANSITION_TIMEOUT_SECONDS", "600"))
+# Every checkpoint folder a job names (checkpoint_dir, resume_from) lies under this root; on a
+# cluster, shared storage every node mounts at the same path.
+DYNAPLANE_CHECKPOINT_ROOT = os.environ.get("DYNAPLANE_CHECKPOINT_ROOT") or str(VAR_DIR / "checkpoints")
 # Ports ("first-last") from which each live job gets the lowest unused one for its
 # torch.distributed rendezvous on rank 0's node (docs/elastic.md).
 DYNAPLANE_RENDEZVOUS_PORTS = os.environ.get("DYNAPLANE_RENDEZVOUS_PORTS", "29400-29599")
@@ -207,7 +229,12 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticatedOrReadOnly"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "controlplane.common.api_inputs.BoundedPagination",
+    "DEFAULT_PARSER_CLASSES": [
+        "controlplane.common.api_inputs.BoundedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "PAGE_SIZE": 200,
     "EXCEPTION_HANDLER": "controlplane.common.errors.api_exception_handler",
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from dataclasses import replace
 
 from agents.layout.errors import LayoutError, require
@@ -183,10 +184,44 @@ def catalog_names() -> list[str]:
     return list(_CATALOG)
 
 
-def get_config(name_or_path: str) -> ModelConfig:
-    """The architecture hyperparameters (incl. top_k, ffn widths) behind get_model's tensors."""
+MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def models_dir() -> str:
+    """Where stored model configs live: <name>/config.json under $DYNAPLANE_MODELS_DIR, else
+    <$DYNAPLANE_VAR_DIR>/models, else ./var/models (the control plane and every agent of a
+    cluster must see the same folder, as with checkpoints)."""
+    explicit = os.environ.get("DYNAPLANE_MODELS_DIR")
+    if explicit:
+        return explicit
+    return os.path.join(os.environ.get("DYNAPLANE_VAR_DIR") or "var", "models")
+
+
+def stored_config_path(name: str) -> str | None:
+    """The config.json stored under models_dir() for `name` (a plain name, never a path)."""
+    if not MODEL_NAME_RE.match(name) or ".." in name:
+        return None
+    path = os.path.join(models_dir(), name, "config.json")
+    return path if os.path.isfile(path) else None
+
+
+def get_config(name_or_path: str, *, paths: bool = True) -> ModelConfig:
+    """The architecture hyperparameters (incl. top_k, ffn widths) behind get_model's tensors:
+    a catalog name, a config stored under models_dir(), or (`paths`: the CLI's case, never
+    an API input) a path to a Hugging Face config.json or its folder. Errors about a stored
+    config name it by its name, not by its place on the server."""
     if name_or_path in _CATALOG:
         return _CATALOG[name_or_path]
+    stored = stored_config_path(name_or_path)
+    if stored is not None:
+        stat = os.stat(stored)
+        try:
+            return _load_hf(os.path.abspath(stored), stat.st_mtime_ns, stat.st_size)
+        except LayoutError as exc:
+            raise LayoutError(str(exc).replace(os.path.abspath(stored), f"stored model {name_or_path!r}")) from None
+    if not paths:
+        raise LayoutError(f"unknown model {name_or_path!r}: not a catalog name ({', '.join(_CATALOG)}) nor a "
+                          f"stored model config (models/<name>/config.json)")
     path = os.path.expanduser(name_or_path)
     if os.path.isdir(path):
         path = os.path.join(path, "config.json")
@@ -209,9 +244,10 @@ def _build_cached(config: ModelConfig) -> Model:
     return build_model(config)  # models are immutable, and the big ones take ~10 ms to build
 
 
-def get_model(name_or_path: str) -> Model:
-    """A catalog model by name, or the model a Hugging Face config.json (file or its directory) describes."""
-    return _build_cached(get_config(name_or_path))
+def get_model(name_or_path: str, *, paths: bool = True) -> Model:
+    """A catalog model by name, a stored config's model, or (`paths`) the model a Hugging
+    Face config.json (file or its directory) describes."""
+    return _build_cached(get_config(name_or_path, paths=paths))
 
 
 def model_summary(model: Model) -> dict[str, object]:

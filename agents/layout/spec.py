@@ -19,8 +19,12 @@ from agents.layout.errors import LayoutError, require
 
 _INT_KEYS = ("tp", "pp", "vpp", "dp", "cp", "ep", "zero")
 _MODULE_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
-_RANKS_RE = re.compile(r"^(\d+)-(\d+)$")
+_RANKS_RE = re.compile(r"^([0-9]{1,6})-([0-9]{1,6})$")
+_DEGREE_RE = re.compile(r"^[0-9]{1,6}$")  # ASCII digits only: str.isdigit() also takes '１' and '²'
 DEFAULT_MODULE = "model"
+# The largest world a layout may span. Bounds every computation that follows from a layout
+# string (plans, placements, emulations) before any of it starts.
+MAX_WORLD = 65536
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +108,9 @@ class Layout:
         """Ranks 0..world-1 exist in this layout's world."""
         return max(m.last_rank for m in self.modules) + 1
 
+    def check_world(self) -> None:
+        require(self.world <= MAX_WORLD, f"the layout spans {self.world} GPUs; at most {MAX_WORLD} are supported")
+
     @property
     def is_heterogeneous(self) -> bool:
         return len(self.modules) > 1
@@ -136,6 +143,7 @@ def _parse_module(text: str, module: str) -> ModuleLayout:
             continue
         require(key in _INT_KEYS, f"unknown key {key!r}; known keys: {', '.join(_INT_KEYS)}, ranks")
         require(raw.isdigit(), f"{key}={raw} is not a non-negative integer")
+        require(bool(_DEGREE_RE.match(raw)), f"{key}={raw} must be written with the digits 0-9, at most {MAX_WORLD}")
         values[key] = int(raw)
     layout = ModuleLayout(module=module, first_rank=first_rank, **values)
     if last_rank is not None:
@@ -160,4 +168,6 @@ def parse_layout(text: str) -> Layout:
         name = name.strip()
         require(bool(_MODULE_RE.match(name)), f"module name {name!r} must be lowercase letters, digits, '_'")
         modules.append(_parse_module(body, name))
-    return Layout(tuple(modules))
+    layout = Layout(tuple(modules))
+    layout.check_world()
+    return layout

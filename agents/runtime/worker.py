@@ -286,13 +286,18 @@ class RolledBack(Exception):
 
 
 def _host_copy(shards: dict, untouched: set) -> dict:
-    """The old state, kept until the commit point: a host copy (on CPU a second copy) of
-    every shard the switch rewrites or frees; a shard in `untouched` (the same box in the
-    new layout: the engine keeps that very tensor and never writes into it) is kept by
-    reference, without a copy."""
+    """The old state, kept until the commit point. The engine never writes into a source
+    shard (it reads them, and frees each after its last read), so a shard is kept by
+    reference: its memory then stays until the commit instead of being freed during the
+    transfer, which on the host is exactly what a copy would cost, without the copying (a
+    dp=4 -> dp=2 llama-124m shrink: the leaving ranks copied 2 GB each, 0.4 s of the
+    pause). A device shard that the switch rewrites or frees (not in `untouched`: the same
+    box in the new layout, which the engine keeps as it is) is copied to the host, so that
+    the device memory it frees serves the new layout."""
     from agents.engine.shards import LocalShard
 
-    return {key: s if key in untouched else LocalShard(s.tensor, s.state, s.box, s.data.detach().to("cpu", copy=True))
+    return {key: s if key in untouched or s.data.device.type == "cpu"
+            else LocalShard(s.tensor, s.state, s.box, s.data.detach().to("cpu", copy=True))
             for key, s in shards.items()}
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from django.apps import apps
 from django.db import transaction
-from django.db.models import Count, Q
+from django.db.models import Count, Min, Q
 
 from controlplane.cluster.events import STREAM, ClusterSnapshot, GpuView, JobView, NodeView
 from controlplane.cluster.lifecycle import GpuState, NodeState
@@ -49,6 +49,13 @@ def inventory_counts() -> dict:
     )
     gpus = Gpu.objects.aggregate(total=Count("id"), **{s.value: Count("id", filter=Q(state=s)) for s in GpuState})
     return {"agents": nodes, "gpus": gpus}
+
+
+def inventory_capacity() -> tuple[int, int | None]:
+    """(GPUs in the inventory, whatever their state; the smallest GPU's memory in bytes, None
+    without GPUs): what a job may ask for at most."""
+    got = Gpu.objects.aggregate(total=Count("id"), smallest=Min("memory_bytes"))
+    return got["total"], got["smallest"]
 
 
 def gpus_lock_free() -> list[Gpu]:

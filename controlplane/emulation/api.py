@@ -9,6 +9,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from agents import protocol
+from controlplane.common import inputs
 from controlplane.emulation import services
 from controlplane.emulation.models import EmulationRun
 
@@ -22,13 +23,13 @@ class EmulationRunSerializer(serializers.ModelSerializer):
 
 
 class EmulationConfigSerializer(serializers.Serializer):
-    model = serializers.CharField(max_length=200)
+    model = serializers.CharField(max_length=200, help_text="a catalog name or a stored model config")
     layout = serializers.CharField(max_length=500)
-    gpus = serializers.IntegerField(min_value=1)
+    gpus = serializers.IntegerField(min_value=1, max_value=inputs.MAX_GPUS)
     gpu_type = serializers.ChoiceField(choices=protocol.EMULATOR_DEVICES, default="h100")
-    global_batch = serializers.IntegerField(min_value=1)
-    micro_batch = serializers.IntegerField(min_value=1, default=1)
-    seq_len = serializers.IntegerField(min_value=1)
+    global_batch = serializers.IntegerField(min_value=1, max_value=inputs.INT32_MAX)
+    micro_batch = serializers.IntegerField(min_value=1, max_value=inputs.INT32_MAX, default=1)
+    seq_len = serializers.IntegerField(min_value=1, max_value=inputs.MAX_SEQ_LEN)
     recompute = serializers.ChoiceField(choices=protocol.RECOMPUTE_MODES, default="none")
 
 
@@ -51,6 +52,9 @@ class EmulationRunViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet
 
     @extend_schema(request=EmulationRequestSerializer, responses={201: EmulationRunsSerializer})
     def create(self, request, *args, **kwargs):
+        if not isinstance(request.data, dict):
+            raise serializers.ValidationError({"non_field_errors": ["the body must be a JSON object: one "
+                                                                    "configuration or {\"configs\": [...]}"]})
         body = request.data if "configs" in request.data else {"configs": [request.data]}
         incoming = EmulationRequestSerializer(data=body)
         incoming.is_valid(raise_exception=True)

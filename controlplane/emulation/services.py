@@ -5,9 +5,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agents import protocol
-from agents.layout.catalog import get_model
-from agents.layout.errors import LayoutError
-from agents.layout.placement import batch_dp, place
+from controlplane.common import inputs
 from controlplane.common.errors import InvalidInput
 from controlplane.common.events import next_seq, publish_on_commit
 from controlplane.emulation.events import GROUP, STREAM, EmulationEvent, EmulationView
@@ -26,24 +24,20 @@ def _emit(run: EmulationRun) -> None:
 
 
 def check_config(config: dict) -> list[str]:
-    """What is wrong with one configuration, as field-named messages (empty when fine).
-    The emulator checks again; these are the mistakes worth a 400 before queueing."""
+    """What is wrong with one configuration, as field-named messages (empty when fine): the
+    same rules as a job's (controlplane/common/inputs.py). The emulator checks again; these
+    are the mistakes worth a 400 before queueing."""
+    try:
+        model = inputs.model_config(config["model"])
+        placement = inputs.placement_of(config["model"], config["layout"])
+    except InvalidInput as exc:
+        return [f"{field}: {' '.join(messages)}" for field, messages in exc.errors.items()]
     problems = []
-    try:
-        spec = get_model(config["model"])
-    except (KeyError, ValueError, OSError) as exc:
-        return [f"model: {exc}"]
-    try:
-        placement = place(spec, config["layout"])
-    except LayoutError as exc:
-        return [f"layout: {exc}"]
     if placement.world != config["gpus"]:
         problems.append(f"gpus: layout {config['layout']} needs {placement.world} GPUs, not {config['gpus']}")
-    dp = batch_dp(placement)  # heterogeneous layouts: the LLM's dp splits the batch
-    per_replica = config["micro_batch"] * dp
-    if config["global_batch"] % per_replica:
-        problems.append(f"global_batch: {config['global_batch']} is not a multiple of micro_batch "
-                        f"{config['micro_batch']} x dp {dp} = {per_replica}")
+    problems += [f"{field}: {' '.join(messages)}" for field, messages in inputs.training_problems(
+        model, placement, global_batch=config["global_batch"], micro_batch=config["micro_batch"],
+        seq_len=config["seq_len"]).items()]
     return problems
 
 
@@ -74,9 +68,9 @@ def emulation_search_create(*, config: dict, top: int, created_by=None) -> Emula
     the emulator."""
     problems = {}
     try:
-        get_model(config["model"])
-    except (LayoutError, OSError) as exc:
-        problems["model"] = [str(exc)]
+        inputs.model_config(config["model"])
+    except InvalidInput as exc:
+        problems.update(exc.errors)
     if config["global_batch"] % config["micro_batch"]:
         problems["global_batch"] = [f"{config['global_batch']} is not a multiple of micro_batch "
                                     f"{config['micro_batch']}"]

@@ -8,6 +8,7 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from controlplane.common import inputs
 from controlplane.jobs import resize, resize_preview, scheduling, services
 from controlplane.jobs.models import Job, Transition
 from controlplane.jobs.selectors import job_live_snapshot
@@ -38,25 +39,30 @@ class JobCreateSerializer(serializers.Serializer):
     """Input of POST /api/jobs; field rules here, layout rules in the service."""
 
     name = serializers.SlugField(max_length=63)
-    model = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._/\-]{0,199}$", max_length=200)
+    model = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,99}$", max_length=100,
+                                   help_text="a catalog name (`dynaplane models`) or a stored model "
+                                             "config (models/<name>/config.json under the var dir); never a path")
     layout = serializers.CharField(max_length=500, required=False,
                                    help_text="the layout (docs/contracts.md section 1); or give `gpus`")
-    gpus = serializers.IntegerField(min_value=1, max_value=65536, required=False,
+    gpus = serializers.IntegerField(min_value=1, max_value=inputs.MAX_GPUS, required=False,
                                     help_text="GPUs to use; the control plane picks the layout (docs/elastic.md)")
-    global_batch = serializers.IntegerField(min_value=1, default=8)
-    micro_batch = serializers.IntegerField(min_value=1, default=1)
-    seq_len = serializers.IntegerField(min_value=1, max_value=1_048_576, default=128)
-    max_steps = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None,
-                                         help_text="stop after this many steps; omitted: train until stopped")
+    global_batch = serializers.IntegerField(min_value=1, max_value=inputs.INT32_MAX, default=8)
+    micro_batch = serializers.IntegerField(min_value=1, max_value=inputs.INT32_MAX, default=1)
+    seq_len = serializers.IntegerField(min_value=1, max_value=inputs.MAX_SEQ_LEN, default=128)
+    max_steps = serializers.IntegerField(min_value=1, max_value=inputs.INT32_MAX, required=False, allow_null=True,
+                                         default=None, help_text="stop after this many steps; omitted: train until "
+                                                                 "stopped")
     start = serializers.BooleanField(default=True, help_text="schedule onto free GPUs now (else it stays pending)")
-    checkpoint_interval = serializers.IntegerField(min_value=0, required=False,
+    checkpoint_interval = serializers.IntegerField(min_value=0, max_value=inputs.INT32_MAX, required=False,
                                                    help_text="steps between periodic checkpoints (default 100; 0: off)")
     checkpoint_dir = serializers.CharField(max_length=1000, required=False, default="",
-                                           help_text="absolute path every node sees (shared storage); default "
-                                                     "<var dir>/checkpoints/<name>-<id>")
+                                           help_text="a folder under the checkpoint root (DYNAPLANE_CHECKPOINT_ROOT, "
+                                                     "shared storage every node sees): relative to it, or absolute "
+                                                     "inside it; default <root>/<name>-<id>")
     resume_from = serializers.CharField(max_length=1000, required=False, default="",
-                                        help_text="a complete checkpoint folder (absolute path) the job starts from "
-                                                  "instead of a fresh model, in its own layout (DCP reshards)")
+                                        help_text="a complete checkpoint folder under the checkpoint root the job "
+                                                  "starts from instead of a fresh model, in its own layout (DCP "
+                                                  "reshards)")
 
     def validate(self, attrs: dict) -> dict:
         if ("layout" in attrs) == ("gpus" in attrs):
@@ -67,7 +73,7 @@ class JobCreateSerializer(serializers.Serializer):
 class JobResizeSerializer(serializers.Serializer):
     """Input of POST /api/jobs/{id}/resize: exactly one of `gpus` and `layout`."""
 
-    gpus = serializers.IntegerField(min_value=1, max_value=65536, required=False,
+    gpus = serializers.IntegerField(min_value=1, max_value=inputs.MAX_GPUS, required=False,
                                     help_text="GPUs to use; the control plane picks the layout (docs/elastic.md)")
     layout = serializers.CharField(max_length=500, required=False, help_text="the layout to switch to")
 
@@ -209,10 +215,12 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
     @action(detail=True, methods=["get"])
     def proposals(self, request, pk=None):
         """The feasible layouts for `gpus` GPUs, ranked (read-only; docs/elastic.md)."""
-        gpus = request.query_params.get("gpus", "")
-        if not gpus.isdigit() or not 1 <= int(gpus) <= 65536:
-            raise serializers.ValidationError({"gpus": [f"gpus must be an integer from 1 to 65536, got {gpus!r}"]})
-        return Response(resize_preview.job_proposals(job=self.get_object(), gpus=int(gpus)))
+        text = request.query_params.get("gpus", "")
+        gpus = inputs.whole_number(text, inputs.MAX_PLAN_WORLD)
+        if not gpus:
+            raise serializers.ValidationError({"gpus": [f"gpus must be an integer from 1 to {inputs.MAX_PLAN_WORLD}, "
+                                                        f"got {text[:40]!r}"]})
+        return Response(resize_preview.job_proposals(job=self.get_object(), gpus=gpus))
 
     @extend_schema(parameters=[OpenApiParameter("layout", str, required=True, description="the destination layout")],
                    responses={200: PlanPreviewSerializer})
@@ -242,8 +250,8 @@ class TransitionViewSet(viewsets.ReadOnlyModelViewSet):
         if not job:
             return queryset
         where = Q(job__name=job)
-        if job.isdigit():
-            where |= Q(job_id=int(job))
+        if (job_id := inputs.whole_number(job)) is not None:
+            where |= Q(job_id=job_id)
         return queryset.filter(where)
 
     @extend_schema(responses={200: PlanPreviewSerializer})

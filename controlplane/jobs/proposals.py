@@ -20,13 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 
 from agents.layout.errors import LayoutError
+from agents.layout.job_memory import state_bytes_per_rank
 from agents.layout.placement import Placement, place
-from agents.layout.shards import STATE_CLASS, holder_boxes
 from agents.layout.spec import Layout, ModuleLayout, parse_layout
-from agents.layout.tensors import STATE_BYTES, STATES, Model
+from agents.layout.tensors import Model
 
 RANKING_RULE = ("fits in GPU memory first, then the lower predicted step time (the measured step time "
                 "scaled by work per GPU and by the pipeline bubble), then fewer model-parallel ranks "
@@ -48,23 +47,6 @@ class Proposal:
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name in self.__slots__}
-
-
-def state_bytes_per_rank(placement: Placement) -> np.ndarray:
-    """Bytes of model state (every tensor's param, master, exp_avg, exp_avg_sq box) per rank.
-    Tensors of one geometry on the same stages have the same boxes: each is cut once."""
-    out = np.zeros(placement.world)
-    groups: dict[tuple, list] = {}
-    for tensor in placement.model.tensors:
-        split = tensor.split
-        key = (tensor.shape, split.module, split.tp_dim, split.tp_units, split.ep_dim, placement.tensor_stages(tensor))
-        groups.setdefault(key, [tensor, 0])[1] += 1
-    per_class = {c: sum(STATE_BYTES[s] for s in STATES if STATE_CLASS[s] == c) for c in set(STATE_CLASS.values())}
-    for tensor, count in groups.values():
-        for state_class, nbytes in per_class.items():
-            boxes = holder_boxes(placement, tensor, state_class)
-            np.add.at(out, boxes.rank, boxes.size * float(nbytes * count))
-    return out
 
 
 def _divisors(n: int) -> list[int]:

@@ -24,12 +24,13 @@ from agents import protocol
 from agents.layout.allocate import AllocationError, FreeGpus, allocate
 from agents.layout.catalog import get_model
 from agents.layout.errors import LayoutError
-from agents.layout.placement import Placement, batch_dp
+from agents.layout.placement import Placement, batch_dp, place
 from agents.layout.plan import PlanOptions, plan_routes
 from agents.layout.spec import parse_layout
 from controlplane.cluster.models import Node
 from controlplane.cluster.selectors import gpus_lock_free, gpus_per_node
 from controlplane.cluster.services import gpus_allocate
+from controlplane.common import inputs
 from controlplane.common.errors import Conflict, InvalidInput
 from controlplane.jobs import transitions
 from controlplane.jobs.failures import send_orders_or_fail
@@ -143,6 +144,7 @@ def job_resize(*, job_id: int, gpus: int | None = None, layout: str | None = Non
             raise InvalidInput({"global_batch": [error]})
         if text == job.layout:
             raise Conflict(f"job {job.name!r} already runs {text} on {job.world_size} GPUs; nothing to switch")
+        inputs.plan_world_check(place(get_model(job.model), job.layout), dst, field)
 
         free_rows = gpus_lock_free()
         per_node = gpus_per_node()

@@ -9,9 +9,11 @@ from django.db.models import Min
 
 from agents.layout.catalog import get_model
 from agents.layout.errors import LayoutError
+from agents.layout.placement import place
 from agents.layout.spec import parse_layout
 from controlplane.cluster.models import Gpu
 from controlplane.cluster.selectors import gpus_per_node
+from controlplane.common import inputs
 from controlplane.common.errors import InvalidInput
 from controlplane.jobs.lifecycle import TransitionKind
 from controlplane.jobs.models import Job, MetricSeries, Transition
@@ -61,7 +63,9 @@ def job_plan(*, job: Job, layout: str) -> dict:
     """GET /api/jobs/{id}/plan?layout=L: the switch from the job's layout to L."""
     try:
         text = str(parse_layout(layout))
-        return plan_preview(get_model(job.model), job.layout, text, gpus_per_node=gpus_per_node(),
+        model = get_model(job.model)
+        inputs.plan_world_check(place(model, job.layout), place(model, text))
+        return plan_preview(model, job.layout, text, gpus_per_node=gpus_per_node(),
                             staging_bytes=STAGING_BYTES)
     except LayoutError as exc:
         raise InvalidInput({"layout": [f"the switch {job.layout} -> {layout} cannot be planned: {exc}"]}) from None

@@ -2,19 +2,20 @@
 node agents (start, stop, reports) is in scheduling.py and reports.py."""
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q
 
-from agents.layout.catalog import get_model
 from agents.layout.errors import LayoutError
-from agents.layout.placement import Placement, hetero_refusal, place, replicated_kv_heads
+from agents.layout.placement import Placement, hetero_refusal, replicated_kv_heads
 from agents.layout.spec import parse_layout
 from controlplane.cluster.events import GROUP, STREAM, JobEvent
 from controlplane.cluster.selectors import job_view
 from controlplane.cluster.services import gpus_release
+from controlplane.common import inputs
 from controlplane.common.errors import Conflict, InvalidInput
 from controlplane.common.events import next_seq, publish_on_commit
 from controlplane.jobs.lifecycle import DELETABLE_JOB_STATES
@@ -34,16 +35,30 @@ def layout_for_gpus(*, model: str, gpus: int) -> str:
     return f"dp={gpus}"
 
 
+def _capacity_problems(config, placement: Placement, *, micro_batch: int, seq_len: int,
+                       field: str) -> dict[str, list[str]]:
+    """A job must fit the cluster: no more GPUs than the inventory has, and (estimated, see
+    agents/layout/job_memory.py) no more memory per GPU than its smallest GPU holds. (An
+    empty inventory, before the first agent registers, has nothing to compare with.)"""
+    from agents.layout.job_memory import estimate
+    from controlplane.cluster.selectors import inventory_capacity
+
+    gpus, smallest = inventory_capacity()
+    if gpus and placement.world > gpus:
+        return {field: [f"the layout {placement.layout} spans {placement.world} GPUs; the cluster has {gpus}"]}
+    need = estimate(config, placement, micro_batch, seq_len)
+    if smallest and need.total_bytes > smallest:
+        which = "seq_len" if need.activation_bytes > need.state_bytes else field
+        return {which: [f"predicted {need.total_bytes / 2**30:.1f} GiB per GPU (model state "
+                        f"{need.state_bytes / 2**30:.1f} GiB + activations {need.activation_bytes / 2**30:.1f} GiB at "
+                        f"seq_len={seq_len}, micro_batch={micro_batch}) exceeds the smallest GPU's "
+                        f"{smallest / 2**30:.1f} GiB"]}
+    return {}
+
+
 def layout_check(*, model: str, layout: str) -> Placement:
     """The model's placement under the layout; InvalidInput names the broken rule."""
-    try:
-        spec = get_model(model)
-    except (LayoutError, OSError) as exc:
-        raise InvalidInput({"model": [str(exc)]}) from None
-    try:
-        placement = place(spec, layout)
-    except LayoutError as exc:
-        raise InvalidInput({"layout": [str(exc)]}) from None
+    placement = inputs.placement_of(model, layout)
     refused = replicated_kv_heads(placement)
     if refused is None and len(placement.model.modules) > 1:  # multimodal: the heterogeneous trainer's rules
         refused = hetero_refusal(placement)
@@ -67,22 +82,26 @@ def job_create(
     job writes its own."""
     if (layout is None) == (gpus is None):
         raise InvalidInput({"layout": ["give either a layout or a number of gpus, not both or neither"]})
+    config = inputs.model_config(model)
     if layout is None:
         layout = layout_for_gpus(model=model, gpus=gpus)
     try:
         parsed = parse_layout(layout)
     except LayoutError as exc:
-        raise InvalidInput({"layout": [str(exc)]}) from None
-    if global_batch % micro_batch:
-        raise InvalidInput({"global_batch": [f"global_batch={global_batch} is not a multiple of micro_batch={micro_batch}"]})
-    if checkpoint_dir and not checkpoint_dir.startswith("/"):
-        raise InvalidInput({"checkpoint_dir": [f"{checkpoint_dir!r} is not an absolute path (every node of the job "
-                                               f"must reach it at the same path)"]})
+        raise InvalidInput({"gpus" if gpus is not None else "layout": [str(exc)]}) from None
     if checkpoint_interval is not None and checkpoint_interval < 0:
         raise InvalidInput({"checkpoint_interval": [f"{checkpoint_interval} is negative (0 turns checkpoints off)"]})
+    checkpoint_dir = inputs.checkpoint_folder(checkpoint_dir, "checkpoint_dir") if checkpoint_dir else ""
+    resume_from = inputs.checkpoint_folder(resume_from, "resume_from") if resume_from else ""
     placement = layout_check(model=model, layout=str(parsed))
     if gpus is not None and placement.world != gpus:
         raise InvalidInput({"gpus": [f"layout {parsed} spans {placement.world} GPUs, not {gpus}"]})
+    problems = inputs.training_problems(config, placement, global_batch=global_batch, micro_batch=micro_batch,
+                                        seq_len=seq_len)
+    problems.update(_capacity_problems(config, placement, micro_batch=micro_batch, seq_len=seq_len,
+                                       field="gpus" if gpus is not None else "layout"))
+    if problems:
+        raise InvalidInput(problems)
     resumed = checkpoint_info(path=resume_from, model=model) if resume_from else None
     if resumed and max_steps is not None and max_steps <= resumed["step"]:
         raise InvalidInput({"max_steps": [f"max_steps={max_steps} is not after the checkpoint's step "
@@ -98,7 +117,7 @@ def job_create(
             checkpoint_step=resumed["step"] if resumed else None, checkpoint_path=resume_from if resumed else "",
         )
         if not job.checkpoint_dir:
-            job.checkpoint_dir = str(settings.VAR_DIR / "checkpoints" / f"{job.name}-{job.pk}")
+            job.checkpoint_dir = os.path.join(settings.DYNAPLANE_CHECKPOINT_ROOT, f"{job.name}-{job.pk}")
             job.save(update_fields=["checkpoint_dir"])
         publish_job(job, "upsert")
     return job

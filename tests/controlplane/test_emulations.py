@@ -59,7 +59,7 @@ def test_posting_configurations_stores_and_queues_one_run_each(token_client, emu
 @pytest.mark.parametrize("changes,field,message", [
     ({"gpus": 6}, "configs[0]", "needs 8 GPUs, not 6"),
     ({"layout": "tp=3,dp=2"}, "configs[0]", "tp=3 does not divide 4 attention heads"),
-    ({"global_batch": 10}, "configs[0]", "global_batch: 10 is not a multiple of micro_batch 2 x dp 2 = 4"),
+    ({"global_batch": 10}, "configs[0]", "global_batch: global_batch=10 is not a multiple of micro_batch=2 x dp=2"),
     ({"gpu_type": "tpu"}, "configs", "is not a valid choice"),
     ({"model": "no-such-model"}, "configs[0]", "no-such-model"),
 ])

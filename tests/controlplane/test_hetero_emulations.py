@@ -25,7 +25,7 @@ def test_heterogeneous_layouts_are_queued(token_client, emulate_queue) -> None: 
     ("vision:dp=2;llm:dp=2", "has modules ['encoder', 'llm']"),
     ("encoder:dp=2,ranks=0-1;llm:tp=2,ranks=2-4", "ranks=2-4 holds 3 ranks but tp*pp*dp*cp=2"),
     ("encoder:dp=2,ranks=0-1;llm:dp=3,ranks=2-4", "needs 5 GPUs, not 4"),
-    ("encoder:dp=1,ranks=0-0;llm:dp=3,ranks=1-3", "is not a multiple of micro_batch 1 x dp 3"),
+    ("encoder:dp=1,ranks=0-0;llm:dp=3,ranks=1-3", "is not a multiple of micro_batch=1 x dp=3"),
 ])
 def test_a_bad_heterogeneous_configuration_is_named(token_client, layout, message) -> None:
     response = token_client.post("/api/emulations", {"configs": [{**CONFIG, "layout": layout}]}, format="json")

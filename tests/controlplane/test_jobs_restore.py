@@ -9,6 +9,7 @@ replaced, by a recorder, since no agent runs here.
 """
 from __future__ import annotations
 
+import os
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -89,13 +90,16 @@ def test_checkpoint_settings_reach_the_orders_and_reports_keep_the_latest(two_no
 
 def test_checkpoint_fields_are_checked(two_nodes, token_client, run) -> None:
     bad = run(token_client.post, "/api/jobs", {"name": "j", "model": "tiny-gpt", "gpus": 1,
-                                               "checkpoint_dir": "relative/dir"}, format="json")
-    assert bad.status_code == 400 and "is not an absolute path" in bad.json()["checkpoint_dir"][0]
+                                               "checkpoint_dir": "/shared/ckpt"}, format="json")
+    assert bad.status_code == 400 and "outside the checkpoint root" in bad.json()["checkpoint_dir"][0]
     bad = run(token_client.post, "/api/jobs", {"name": "j", "model": "tiny-gpt", "gpus": 1,
                                                "checkpoint_interval": -1}, format="json")
     assert bad.status_code == 400 and "checkpoint_interval" in bad.json()
-    off = started_job(run, token_client, "off", gpus=1, checkpoint_interval=0, checkpoint_dir="/shared/ckpt")
-    assert (off.checkpoint_interval, off.checkpoint_dir) == (0, "/shared/ckpt")
+    root = os.path.realpath(settings.DYNAPLANE_CHECKPOINT_ROOT)
+    off = started_job(run, token_client, "off", gpus=1, checkpoint_interval=0, checkpoint_dir="shared/ckpt")
+    assert (off.checkpoint_interval, off.checkpoint_dir) == (0, os.path.join(root, "shared", "ckpt"))
+    inside = started_job(run, token_client, "inside", gpus=1, checkpoint_dir=os.path.join(root, "abs"))
+    assert inside.checkpoint_dir == os.path.join(root, "abs")
 
 
 # --- node loss --------------------------------------------------------------------------------

@@ -21,6 +21,12 @@ from controlplane.jobs.reports import job_record_report
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def checkpoint_root(settings, tmp_path):
+    """The checkpoints these tests write lie under the checkpoint root, as every job's must."""
+    settings.DYNAPLANE_CHECKPOINT_ROOT = str(tmp_path)
+
+
 def _checkpoint(root, step: int, layout: str, model: str = "tiny-gpt") -> str:
     path = step_dir(root, step)
     path.mkdir(parents=True)
@@ -61,8 +67,11 @@ def test_a_job_resumes_from_a_checkpoint_on_another_gpu_count(two_nodes, token_c
 
 
 def test_resume_from_is_checked(two_nodes, token_client, run, tmp_path) -> None:
-    bad = _post(run, token_client, gpus=1, resume_from="relative/step-1")
-    assert bad.status_code == 400 and "is not an absolute path" in bad.json()["resume_from"][0]
+    bad = _post(run, token_client, gpus=1, resume_from="/elsewhere/step-1")
+    assert bad.status_code == 400 and "outside the checkpoint root" in bad.json()["resume_from"][0]
+    bad = _post(run, token_client, gpus=1, resume_from="relative/step-1")  # taken from the root
+    assert bad.status_code == 400 and bad.json()["resume_from"] == [
+        f"{tmp_path / 'relative' / 'step-1'} is not a complete checkpoint (no complete.json)"]
     bad = _post(run, token_client, gpus=1, resume_from=str(tmp_path))
     assert bad.status_code == 400 and bad.json()["resume_from"] == [
         f"{tmp_path} is not a complete checkpoint (no complete.json)"]

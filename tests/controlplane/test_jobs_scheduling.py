@@ -84,10 +84,16 @@ def test_tensor_parallel_groups_stay_inside_a_node(two_nodes, token_client, sent
 
 def test_not_enough_gpus_is_a_conflict_and_leaves_nothing_behind(two_nodes, token_client, sent_tasks, run) -> None:
     response = run(token_client.post, "/api/jobs", {"name": "big", "model": "tiny-gpt", "gpus": 8}, format="json")
-    assert response.status_code == 409
-    assert "cannot be placed" in response.json()["detail"] and "4 free in all" in response.json()["detail"]
-    assert not Job.objects.exists() and not sent_tasks
-    assert {state for state, _ in _gpus().values()} == {"free"}
+    assert response.status_code == 400  # more than the cluster has: no state of it could ever hold the job
+    assert response.json()["gpus"] == ["the layout dp=8 spans 8 GPUs; the cluster has 4"]
+    small = run(token_client.post, "/api/jobs", {"name": "small", "model": "tiny-gpt", "gpus": 2}, format="json")
+    assert small.status_code == 201
+    sent_tasks.clear()
+    response = run(token_client.post, "/api/jobs", {"name": "big", "model": "tiny-gpt", "gpus": 4}, format="json")
+    assert response.status_code == 409  # the cluster could hold it, its free GPUs cannot now
+    assert "cannot be placed" in response.json()["detail"] and "2 free in all" in response.json()["detail"]
+    assert list(Job.objects.values_list("name", flat=True)) == ["small"] and not sent_tasks
+    assert sorted(state for state, _ in _gpus().values()) == ["allocated"] * 2 + ["free"] * 2
 
 
 def test_lost_nodes_gpus_are_not_allocated(two_nodes, token_client, sent_tasks, run) -> None:

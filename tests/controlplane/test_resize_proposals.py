@@ -17,7 +17,8 @@ from agents.layout.plan import PlanOptions, plan_routes
 from agents.layout.shards import STATE_CLASS, full_box, holder_boxes
 from agents.layout.tensors import STATE_BYTES, STATES
 from controlplane.jobs.plan_preview import plan_preview, route_matrix
-from controlplane.jobs.proposals import propose, state_bytes_per_rank
+from agents.layout.job_memory import state_bytes_per_rank
+from controlplane.jobs.proposals import propose
 
 TINY = get_model("tiny-gpt")
 

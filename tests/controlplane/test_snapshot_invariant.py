@@ -14,6 +14,7 @@ from controlplane.cluster.models import Node
 from controlplane.cluster.selectors import cluster_snapshot
 from controlplane.common.models import EventStream
 from controlplane.jobs.models import Job
+from controlplane.common.errors import InvalidInput
 from controlplane.jobs.services import job_create, job_delete
 from tests.controlplane.conftest import heartbeat
 
@@ -50,7 +51,10 @@ def test_snapshot_plus_events_is_later_snapshot(before_ops, ops, django_capture_
         elif kind == "sweep":
             services.nodes_mark_lost(silent_for=timedelta(seconds=30), now=clock["now"])
         elif kind == "create" and not Job.objects.filter(name=name).exists():
-            job_create(name=name, model="tiny-gpt", layout=f"dp={n}")
+            try:
+                job_create(name=name, model="tiny-gpt", layout=f"dp={n}")
+            except InvalidInput:  # more GPUs than the inventory, or a batch dp does not split: nothing published
+                pass
         elif kind == "delete" and Job.objects.filter(name=name).exists():
             job_delete(job_id=Job.objects.get(name=name).pk)
 

@@ -288,31 +288,31 @@ def test_a_switch_under_a_device_map_renumbers_the_ranks_and_trains_as_an_unswit
     failures: list = []
     node1 = JobRunner(failures.append, "node-1", "cpu", url, tmp_path / "n1")
     node2 = JobRunner(failures.append, "node-2", "cpu", url, tmp_path / "n2")
-    start = start_order(41, 4, [0, 1], free_loopback_port(), layout="pp=2,dp=2").model_copy(
+    start = start_order(61, 4, [0, 1], free_loopback_port(), layout="pp=2,dp=2").model_copy(
         update={"global_batch": 6})
     try:
         node1.start(start)
         node2.start(start.model_copy(update={"ranks": (protocol.RankSlot(rank=2, gpu=0),
                                                        protocol.RankSlot(rank=3, gpu=1))}))
-        wait_until(lambda: [r for r in reports_of_job(client, 41) if r["kind"] == "step"][1:], 120, "two steps")
-        shrink = _switch(41, 1, "pp=2,dp=2", 4, "pp=2", 2, [(0, 0), (1, 1)]).model_copy(
+        wait_until(lambda: [r for r in reports_of_job(client, 61) if r["kind"] == "step"][1:], 120, "two steps")
+        shrink = _switch(61, 1, "pp=2,dp=2", 4, "pp=2", 2, [(0, 0), (1, 1)]).model_copy(
             update={"process_of": (0, 2)})
         node1.switch(shrink)
         node2.switch(shrink.model_copy(update={"ranks": (protocol.RankSlot(rank=2, gpu=0),
                                                          protocol.RankSlot(rank=3, gpu=1))}))
-        (done,) = wait_until(lambda: [t for t in _transitions(client, 41) if t["state"] == "committed"], 180,
+        (done,) = wait_until(lambda: [t for t in _transitions(client, 61) if t["state"] == "committed"], 180,
                              "the switch to commit")
         assert done["verified"] is True and done["network_bytes"] == 0
-        wait_until(lambda: node1.running().get(41) == [0] and node2.running().get(41) == [1], 60,
+        wait_until(lambda: node1.running().get(61) == [0] and node2.running().get(61) == [1], 60,
                    "processes 1 and 3 to leave and process 2 to be rank 1")
-        first_after = max(r["step"] for r in reports_of_job(client, 41) if r["kind"] == "step")
-        wait_until(lambda: max(r["step"] for r in reports_of_job(client, 41) if r["kind"] == "step")
+        first_after = max(r["step"] for r in reports_of_job(client, 61) if r["kind"] == "step")
+        wait_until(lambda: max(r["step"] for r in reports_of_job(client, 61) if r["kind"] == "step")
                    >= first_after + 2, 60, "two steps after the switch")
         for runner in (node1, node2):
-            runner.stop(protocol.JobStopOrder(job_id=41))
+            runner.stop(protocol.JobStopOrder(job_id=61))
         wait_until(lambda: not node1.running() and not node2.running(), 60, "every rank to exit")
         assert failures == []
-        steps = [r for r in reports_of_job(client, 41) if r["kind"] == "step"]
+        steps = [r for r in reports_of_job(client, 61) if r["kind"] == "step"]
         assert [r["step"] for r in steps] == list(range(1, len(steps) + 1))
         assert {r["layout"] for r in steps} == {"pp=2,dp=2", "pp=2"}
     finally:
@@ -321,7 +321,7 @@ def test_a_switch_under_a_device_map_renumbers_the_ranks_and_trains_as_an_unswit
 
     reference = JobRunner(failures.append, "node-1", "cpu", url, tmp_path / "ref")
     try:
-        for job_id, layout, world in ((42, "pp=2,dp=2", 4), (43, "pp=2", 2)):
+        for job_id, layout, world in ((62, "pp=2,dp=2", 4), (63, "pp=2", 2)):
             reference.start(start.model_copy(update={
                 "job_id": job_id, "max_steps": len(steps), "layout": layout, "world": world,
                 "ranks": tuple(protocol.RankSlot(rank=r, gpu=r) for r in range(world)),
@@ -329,7 +329,7 @@ def test_a_switch_under_a_device_map_renumbers_the_ranks_and_trains_as_an_unswit
             wait_until(lambda: not reference.running(), 180, f"the unswitched run on {layout}")
     finally:
         reference.shutdown()
-    before, after = ([r["loss"] for r in reports_of_job(client, job_id) if r["kind"] == "step"] for job_id in (42, 43))
+    before, after = ([r["loss"] for r in reports_of_job(client, job_id) if r["kind"] == "step"] for job_id in (62, 63))
     assert len(before) == len(after) == len(steps)
     noise = max(abs(a - b) for a, b in zip(before, after))
     assert noise < 0.1, noise  # reduction order only, small against the loss (about 6)
