@@ -230,11 +230,10 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticatedOrReadOnly"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "controlplane.common.api_inputs.BoundedPagination",
-    "DEFAULT_PARSER_CLASSES": [
-        "controlplane.common.api_inputs.BoundedJSONParser",
-        "rest_framework.parsers.FormParser",
-        "rest_framework.parsers.MultiPartParser",
-    ],
+    # The API speaks JSON only (the pages post JSON too); a form body is a 415. (Twisted, under
+    # daphne, answers a malformed multipart body with an empty 400 before any view sees it.)
+    "DEFAULT_PARSER_CLASSES": ["controlplane.common.api_inputs.BoundedJSONParser"],
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
     "PAGE_SIZE": 200,
     "EXCEPTION_HANDLER": "controlplane.common.errors.api_exception_handler",
 }
@@ -243,6 +242,8 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "GPU inventory, training jobs, layout history and emulation runs.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "controlplane.common.schema_errors.add_error_responses"],
 }
 
 LOGGING = {

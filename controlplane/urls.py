@@ -1,4 +1,6 @@
 from django.contrib import admin
+from django.http import JsonResponse
+from django.views.defaults import page_not_found
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import DefaultRouter
@@ -14,6 +16,16 @@ router.register("gpus", GpuViewSet, basename="gpu")
 router.register("jobs", JobViewSet, basename="job")
 router.register("transitions", TransitionViewSet, basename="transition")
 router.register("emulations", EmulationRunViewSet, basename="emulation")
+
+def not_found(request, exception=None):
+    """A path under /api/ that names no route (e.g. /api/jobs/0.5) answers as the API does:
+    JSON {"detail": ...}; other paths get Django's page."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": f"no API route at {request.path[:200]}"}, status=404)
+    return page_not_found(request, exception)
+
+
+handler404 = not_found
 
 urlpatterns = [
     path("api/health", HealthView.as_view(), name="health"),

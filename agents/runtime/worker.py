@@ -103,6 +103,13 @@ class Reporter:
             job_id=self.job_id, transition_id=transition_id, node=self.node, state=state, sent_at=_now(), **fields))
 
 
+def faults() -> list[str]:
+    """Fault injection for the tests: DYNAPLANE_FAULT, comma-separated: `exit-in-transfer:R`,
+    `hold-in-transfer:R:SECONDS` (a joining rank R), `exit-after-step:R:S` (rank R exits
+    once step S is done, before the step boundary: its peers all fail after that step)."""
+    return [item.strip() for item in os.environ.get("DYNAPLANE_FAULT", "").split(",") if item.strip()]
+
+
 def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.timezone.utc)
 
@@ -424,11 +431,11 @@ def _join(order: protocol.JobSwitchOrder, rank: int, settings: JobSettings, run_
     store.add("joined", 1)
     _join_union(order, store, rank, settings.timeout_seconds)
     (run_dir / transferring_marker(order.transition_id, rank)).touch()  # a death now rolls the switch back
-    fault = os.environ.get("DYNAPLANE_FAULT", "")
-    if fault == f"exit-in-transfer:{rank}":  # fault injection for the tests
-        os._exit(17)
-    if fault.startswith(f"hold-in-transfer:{rank}:"):  # hold the union world in the transfer (tests kill a node then)
-        time.sleep(float(fault.rsplit(":", 1)[1]))
+    for fault in faults():
+        if fault == f"exit-in-transfer:{rank}":
+            os._exit(17)
+        if fault.startswith(f"hold-in-transfer:{rank}:"):  # hold the union world in the transfer (tests kill a node)
+            time.sleep(float(fault.rsplit(":", 1)[1]))
     new, scalars, report = switch_state(spec, {}, TrainScalars(), order.src_layout, order.layout, rank,
                                         staging_bytes=order.staging_bytes, gpus_per_node=order.gpus_per_node,
                                         prepared=prepared, process_of=order.process_of)
@@ -481,6 +488,8 @@ def _train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: R
                 reporter.job("step", step=result.step, loss=result.loss, step_seconds=result.seconds,
                              tokens_per_second=result.tokens / result.seconds, layout=str(trainer.placement.layout))
         committed = None
+        if f"exit-after-step:{rank}:{trainer.scalars.step}" in faults():
+            os._exit(17)
         if ckpt.due(trainer.scalars.step):
             trainer, path, seconds = ckpt.save(trainer, settings.config(str(trainer.placement.layout)))
             if rank == 0:
