@@ -54,6 +54,8 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus-per-agent", type=int, default=2)
     p.add_argument("--var-dir", default=None, help="local state (database, logs); default ./var or $DYNAPLANE_VAR_DIR")
     p.add_argument("--no-demo", action="store_true", help="do not create the demo job")
+    p.add_argument("--no-agent-restart", action="store_true",
+                   help="leave an agent that exits dead (its node is marked lost); web and worker are still restarted")
     p.add_argument("--verbose", action="store_true", help="stream every process's log to the console")
     p.set_defaults(func=_run_up)
 

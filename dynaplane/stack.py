@@ -3,6 +3,11 @@
 Order: var dir -> broker (embedded Valkey unless REDIS_URL) -> database migrations and
 bootstrap (admin user, API token, demo job) -> web (daphne, ASGI) -> control-plane worker
 (Celery + beat) -> agents. Ctrl-C stops agents, then worker and web, then the broker.
+
+Once the stack is up the launcher supervises it: a web, worker or agent process that exits
+is started again (after 1, 2, 4 ... 30 s while it keeps exiting), and the stack stays up.
+The embedded broker is not restarted (every process holds its address): its exit stops the
+stack. `--no-agent-restart` leaves dead agents dead (their nodes are then marked lost).
 """
 from __future__ import annotations
 
@@ -22,6 +27,8 @@ from pathlib import Path
 from agents.processes import Child, stop_in_tiers
 
 READY_TIMEOUT_SECONDS = 90.0
+RESTART_BACKOFF_SECONDS = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+STABLE_SECONDS = 60.0  # a process that ran this long starts its backoff from the beginning again
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -49,6 +56,7 @@ class StackOptions:
     var_dir: Path
     demo: bool
     verbose: bool
+    restart_agents: bool = True
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> StackOptions:
@@ -64,7 +72,8 @@ class StackOptions:
         elif not _port_free(args.host, port):
             raise ValueError(f"port {port} on {args.host} is in use; pass --port N (or --port 0 for any free port)")
         var_dir = Path(args.var_dir or os.environ.get("DYNAPLANE_VAR_DIR") or "var").resolve()
-        return cls(args.host, port, args.agents, args.gpus_per_agent, var_dir, not args.no_demo, args.verbose)
+        return cls(args.host, port, args.agents, args.gpus_per_agent, var_dir, not args.no_demo, args.verbose,
+                   not getattr(args, "no_agent_restart", False))
 
     @property
     def url(self) -> str:
@@ -90,6 +99,7 @@ class Stack:
         self.agents: list[Child] = []
         self.credentials: dict = {}
         self.started = time.monotonic()
+        self.restarts: dict[str, dict] = {}  # child name -> {count, due, since}
 
     # --- output --------------------------------------------------------------------
     def say(self, message: str) -> None:
@@ -170,8 +180,8 @@ class Stack:
             time.sleep(0.25)
         raise StackError(f"not healthy after {READY_TIMEOUT_SECONDS:.0f} s; last /api/health: {health}; logs in {self.logs}")
 
-    def check_children(self) -> None:
-        for child in self.broker + self.services + self.agents:
+    def check_children(self, children: list[Child] | None = None) -> None:
+        for child in self.broker + self.services + self.agents if children is None else children:
             code = child.poll()
             if code is None or getattr(child, "reported", False):
                 continue
@@ -179,6 +189,36 @@ class Stack:
             if child.critical:
                 raise StackError(f"{child.name} exited with code {code}; last lines of {child.log_path}:\n{child.log_tail()}")
             self.say(f"{child.name} exited with code {code} (its GPUs will be marked lost); log: {child.log_path}")
+
+    def supervise(self) -> None:
+        """After start-up: start again a web, worker or agent process that exited, with
+        backoff; the broker's exit stops the stack (StackError)."""
+        now = time.monotonic()
+        for child in self.broker:
+            code = child.poll()
+            if code is not None:
+                raise StackError(f"{child.name} exited with code {code}; every process holds its address, so the "
+                                 f"stack stops; last lines of {child.log_path}:\n{child.log_tail()}")
+        for child in self.services + (self.agents if self.options.restart_agents else []):
+            state = self.restarts.setdefault(child.name, {"count": 0, "due": None, "since": now})
+            code = child.poll()
+            if code is None:
+                if state["count"] and now - state["since"] > STABLE_SECONDS:
+                    state["count"] = 0
+                continue
+            if state["due"] is None:
+                delay = RESTART_BACKOFF_SECONDS[min(state["count"], len(RESTART_BACKOFF_SECONDS) - 1)]
+                state["due"] = now + delay
+                self.say(f"{child.name} exited with code {code}; starting it again in {delay:.0f} s "
+                         f"(log: {child.log_path})")
+            elif now >= state["due"]:
+                child.kill_group()  # whatever it left in its process group; closes its log
+                child.start(self.env, stdout=None if not self.options.verbose else sys.stdout.buffer)
+                state.update(count=state["count"] + 1, due=None, since=now)
+                self.say(f"{child.name} started again (pid {child.pid}, restart {state['count']})")
+                self.write_state()
+        if not self.options.restart_agents:
+            self.check_children(self.agents)
 
     def write_state(self) -> None:
         state = {
@@ -227,7 +267,7 @@ def run_stack(options: StackOptions) -> int:
             f"    Ctrl-C stops everything."
         )
         while True:
-            stack.check_children()
+            stack.supervise()
             time.sleep(0.5)
     except KeyboardInterrupt:
         stack.say("stopping ...")

@@ -8,6 +8,7 @@ L=10, pp=4, vpp=1 -> chunk sizes 3,3,2,2 -> layers 0-2 on stage 0, 3-5 on 1, 6-7
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -122,3 +123,14 @@ def place(model: Model, layout: Layout | str) -> Placement:
     for module in model.modules:
         _check_module(module, modules[module.name])
     return Placement(model, parsed, modules)
+
+
+def tp_block(placement: Placement) -> int:
+    """Ranks that must share a node: every module's TP groups (tp consecutive ranks from its
+    offset) fit in aligned blocks of lcm(tp), e.g. encoder tp=2 + llm tp=4 -> blocks of 4.
+    When a module's offset breaks the alignment, the whole world is one block."""
+    modules = placement.modules.values()
+    block = math.lcm(*(ml.tp for ml in modules))
+    if placement.world % block or any(ml.offset % ml.tp for ml in modules):
+        return placement.world
+    return block

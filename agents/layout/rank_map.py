@@ -34,11 +34,10 @@ each tensor. The plan reports it as min_network_bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import lcm
 
 import numpy as np
 
-from agents.layout.placement import Placement
+from agents.layout.placement import Placement, tp_block
 from agents.layout.shards import OPTIM, PARAM, STATE_CLASS, HolderBoxes, holder_boxes
 from agents.layout.tensors import STATE_BYTES, STATES, Model, TensorSpec
 
@@ -49,16 +48,6 @@ def geometry(tensor: TensorSpec, src: Placement, dst: Placement) -> tuple:
     split = tensor.split
     return (tensor.shape, split.module, split.tp_dim, split.tp_units, split.ep_dim, split.place,
             src.tensor_stages(tensor), dst.tensor_stages(tensor))
-
-
-def map_block(dst: Placement) -> int:
-    """Ranks that move together: every module's TP groups fit in aligned blocks of lcm(tp);
-    a module whose offset breaks the alignment ties the whole world together."""
-    modules = dst.modules.values()
-    block = lcm(*(ml.tp for ml in modules))
-    if dst.world % block or any(ml.offset % ml.tp for ml in modules):
-        return dst.world
-    return block
 
 
 def relabel(boxes: HolderBoxes, process_of: np.ndarray | None) -> HolderBoxes:
@@ -116,7 +105,7 @@ MAX_BLOCKS = 1024  # per side of the assignment: coarser blocks beyond it (still
 def _block_size(src: Placement, dst: Placement) -> int:
     """The destination's TP block, doubled while there would be more than MAX_BLOCKS blocks
     (a dp=1024, tp=1 world is mapped in blocks of 8: 1024 x 1024, not 8192 x 8192)."""
-    block = map_block(dst)
+    block = tp_block(dst)
     while dst.world // block > MAX_BLOCKS and dst.world % (2 * block) == 0:
         block *= 2
     return block

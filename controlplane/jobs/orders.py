@@ -6,8 +6,8 @@ job goes through failures.py, which builds on this module.
 from __future__ import annotations
 
 import logging
+import socket
 from collections import defaultdict
-from math import lcm
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -15,7 +15,6 @@ from django.db import transaction
 from kombu.exceptions import OperationalError
 
 from agents import protocol
-from agents.layout.placement import Placement
 from controlplane.celery import app
 from controlplane.common.errors import Conflict
 from controlplane.jobs.lifecycle import LIVE_JOB_STATES, TERMINAL_TRANSITION_STATES
@@ -40,10 +39,34 @@ def rendezvous_ports() -> range:
     return ports
 
 
-def free_port() -> int:
+def _local(host: str) -> bool:
+    """Is `host` this machine? (Where the control plane can see whether a port is taken.)"""
+    if host in ("localhost", "127.0.0.1", "::1", "[::1]", socket.gethostname(), socket.getfqdn()):
+        return True
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except (OSError, UnicodeError):
+        return False
+    return any(a.startswith("127.") or a == "::1" for a in addresses)
+
+
+def port_taken_here(port: int) -> bool:
+    """Does a process of this machine hold `port`? (A bind on every interface fails, as rank
+    0's TCPStore would.)"""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError:
+            return True
+    return False
+
+
+def free_port(host: str | None = None) -> int:
     """The lowest port of the range that no live job uses and no active transition (a
-    resize's union world) uses. Called with the free GPU rows locked, so two schedulers
-    never read the same set (and unique constraints back this up within each table).
+    resize's union world) uses, and, when rank 0's `host` is this machine, that no other
+    process here holds (a second stack on the same machine made every job fail to
+    rendezvous). Called with the free GPU rows locked, so two schedulers never read the same
+    set (and unique constraints back this up within each table).
 
     A live job keeps every port it has had: its rank 0 process served the start store and
     each switch's union store, and torch keeps a store's socket open as long as anything in
@@ -56,27 +79,17 @@ def free_port() -> int:
                 .filter(rendezvous_port__isnull=False).values_list("rendezvous_port", flat=True))
     used |= set(Transition.objects.filter(job__state__in=LIVE_JOB_STATES, rendezvous_port__isnull=False)
                 .values_list("rendezvous_port", flat=True))
+    here = host is not None and _local(host)
     for port in ports:
-        if port not in used:
+        if port not in used and not (here and port_taken_here(port)):
             return port
     raise Conflict(f"all {len(ports)} rendezvous ports {ports.start}-{ports.stop - 1} are used by live jobs "
-                   f"and active transitions")
+                   f"and active transitions" + (" or by other processes on this machine" if here else ""))
 
 
 def rendezvous_address(host: str, port: int) -> str:
     """host:port, an IPv6 host in brackets."""
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
-
-
-def tp_block(placement: Placement) -> int:
-    """Ranks that must share a node: every module's TP groups (tp consecutive ranks from its
-    offset) fit in aligned blocks of lcm(tp). E.g. encoder tp=2 + llm tp=4 -> blocks of 4.
-    When a module's offset breaks the alignment, the whole job goes on one node."""
-    modules = placement.modules.values()
-    block = lcm(*(ml.tp for ml in modules))
-    if placement.world % block or any(ml.offset % ml.tp for ml in modules):
-        return placement.world
-    return block
 
 
 def start_orders(job: Job) -> dict[str, protocol.JobStartOrder]:

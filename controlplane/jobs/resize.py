@@ -24,7 +24,7 @@ from agents import protocol
 from agents.layout.allocate import AllocationError, FreeGpus, allocate
 from agents.layout.catalog import get_model
 from agents.layout.errors import LayoutError
-from agents.layout.placement import Placement, batch_dp, place
+from agents.layout.placement import Placement, batch_dp, place, tp_block
 from agents.layout.plan import PlanOptions, plan_routes
 from agents.layout.spec import parse_layout
 from controlplane.cluster.models import Node
@@ -37,7 +37,7 @@ from controlplane.jobs.failures import send_orders_or_fail
 from controlplane.jobs.layouts import STAGING_BYTES, batch_error, layout_for_resize
 from controlplane.jobs.lifecycle import JobState, JobTrigger, TransitionState, job_next_state
 from controlplane.jobs.models import Job, Transition
-from controlplane.jobs.orders import free_port, rendezvous_address, tp_block
+from controlplane.jobs.orders import free_port, rendezvous_address
 from controlplane.jobs.services import layout_check, publish_job
 
 log = logging.getLogger(__name__)
@@ -160,9 +160,9 @@ def job_resize(*, job_id: int, gpus: int | None = None, layout: str | None = Non
         joining = place_joining(job, dst, free, process_of)
         rows = {(gpu.node.name, gpu.index): gpu for gpu in free_rows}
         gpus_allocate(gpus=[rows[(slot["node"], slot["gpu"])] for slot in joining], job=job)
-        port = free_port()
         rank0 = next(slot for slot in job.placement if slot["rank"] == 0)
         host = Node.objects.get(name=rank0["node"]).host
+        port = free_port(host)
         old = sorted(job.placement, key=lambda s: s["rank"])
         who = f" by {requested_by}" if requested_by is not None and getattr(requested_by, "pk", None) else ""
         summary = plan.summary()

@@ -33,6 +33,7 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError
 
 from agents import protocol
+from agents.layout.placement import tp_block
 from agents.layout.allocate import AllocationError, FreeGpus, allocate
 from agents.layout.recovery import CHECKPOINT, FAIL, SURVIVORS, Recovery, recovery_rule, survivors_cover
 from controlplane.cluster.lifecycle import GpuState, NodeState
@@ -46,7 +47,7 @@ from controlplane.jobs.layouts import layout_for_resize
 from controlplane.jobs.lifecycle import (JobState, JobTrigger, TransitionKind, TransitionState, job_next_state,
                                         restore_next_state)
 from controlplane.jobs.models import Job, Transition
-from controlplane.jobs.orders import free_port, rendezvous_address, start_orders, stop_on_commit, tp_block
+from controlplane.jobs.orders import free_port, rendezvous_address, start_orders, stop_on_commit
 from controlplane.jobs.services import layout_check, publish_job
 from controlplane.jobs.survivors import survivors_switch
 
@@ -227,7 +228,7 @@ def job_restore(*, job_id: int, early: bool = False) -> Transition | None:
                     by_node[gpu.node.name].append(gpu.index)
                 slots = allocate(placement.world, tp_block(placement),
                                  [FreeGpus(node, tuple(ix)) for node, ix in by_node.items()])
-                port = free_port()
+                port = free_port(next(g.node.host for g in alive if g.node.name == slots[0].node))
             except (AllocationError, Conflict, Exception) as exc:  # InvalidInput names the broken rule
                 failure = f"{len(alive)} surviving GPUs cannot run the job ({layout}): {exc}"
         if failure is not None:

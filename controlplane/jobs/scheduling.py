@@ -12,7 +12,7 @@ from collections import defaultdict
 from django.db import transaction
 
 from agents.layout.allocate import AllocationError, FreeGpus, allocate
-from agents.layout.placement import batch_dp
+from agents.layout.placement import batch_dp, tp_block
 from controlplane.cluster.selectors import gpus_lock_free
 from controlplane.cluster.services import gpus_allocate
 from controlplane.common.errors import Conflict, InvalidInput
@@ -20,7 +20,7 @@ from controlplane.jobs import transitions
 from controlplane.jobs.failures import job_finish, send_starts_on_commit
 from controlplane.jobs.lifecycle import LIVE_JOB_STATES, JobState, JobTrigger, job_next_state
 from controlplane.jobs.models import Job
-from controlplane.jobs.orders import free_port, rendezvous_address, start_orders, stop_on_commit, tp_block
+from controlplane.jobs.orders import free_port, rendezvous_address, start_orders, stop_on_commit
 from controlplane.jobs.resume import is_resume, resume_row
 from controlplane.jobs.services import job_create, layout_check, publish_job
 
@@ -57,7 +57,7 @@ def job_start(*, job_id: int) -> Job:
             raise Conflict(f"job {job.name!r} ({job.layout}) cannot be placed: {exc}") from None
         gpus = {(gpu.node.name, gpu.index): gpu for gpu in free}
         gpus_allocate(gpus=[gpus[(slot.node, slot.gpu)] for slot in slots], job=job)
-        port = free_port()
+        port = free_port(gpus[(slots[0].node, slots[0].gpu)].node.host)
         job.placement = [{"rank": s.rank, "node": s.node, "gpu": s.gpu} for s in slots]
         job.rendezvous = rendezvous_address(gpus[(slots[0].node, slots[0].gpu)].node.host, port)
         job.rendezvous_port = port

@@ -22,7 +22,7 @@ from django.utils import timezone
 from agents import protocol
 from agents.layout.catalog import get_model
 from agents.layout.errors import LayoutError
-from agents.layout.placement import batch_dp
+from agents.layout.placement import batch_dp, tp_block
 from agents.layout.plan import PlanOptions, plan_routes
 from agents.layout.recovery import SurvivorWorld
 from controlplane.cluster.models import Gpu, Node
@@ -34,7 +34,7 @@ from controlplane.jobs.failures import send_orders_or_fail
 from controlplane.jobs.layouts import STAGING_BYTES, batch_error, layout_for_resize
 from controlplane.jobs.lifecycle import JobState, JobTrigger, TransitionKind, job_next_state
 from controlplane.jobs.models import Job, Transition
-from controlplane.jobs.orders import free_port, rendezvous_address, stop_on_commit, tp_block
+from controlplane.jobs.orders import free_port, rendezvous_address, stop_on_commit
 from controlplane.jobs.services import layout_check, publish_job
 
 log = logging.getLogger(__name__)
@@ -96,11 +96,11 @@ def survivors_switch(job: Job, world: SurvivorWorld, *, step: int, cause: str) -
     placement = [{**union[d if process_of is None else process_of[d]], "rank": d} for d in range(target_world)]
     # The engine's union world: the source's ranks and the target's; other survivors leave.
     moves = [(old, new) for old, new in world.ranks if new < max(world.source_world, target_world)]
+    host = Node.objects.get(name=placement[0]["node"]).host
     try:
-        port = free_port()
+        port = free_port(host)
     except Conflict as exc:
         return str(exc)
-    host = Node.objects.get(name=placement[0]["node"]).host
     rendezvous = rendezvous_address(host, port)
     kept = {(s["node"], s["gpu"]) for s in placement}
     gpus_release(gpus=Gpu.objects.filter(job=job).exclude(

@@ -353,3 +353,29 @@ async def test_metrics_reach_the_job_socket(user, two_nodes, sent_tasks) -> None
     assert (event.type, event.op, event.seq, event.job, event.step, event.loss) == ("metrics", "append",
                                                                                      hello.seq + 1, job.pk, 7, 2.5)
     await communicator.disconnect()
+
+
+def test_a_rendezvous_port_another_process_of_this_machine_holds_is_skipped(token_client, sent_tasks, run,
+                                                                            settings) -> None:
+    """Issue 11, item 4: a second stack on the same machine held the ports the database
+    thought free, and every job failed to rendezvous. For a node on this machine, a port some
+    process holds is skipped; a node elsewhere cannot be probed from here."""
+    import socket
+
+    from controlplane.cluster import services as cluster
+    from tests.controlplane.conftest import heartbeat
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        settings.DYNAPLANE_RENDEZVOUS_PORTS = f"{port}-{port + 50}"
+        cluster.node_record_heartbeat(report=heartbeat("local", gpus=1, host="127.0.0.1"))
+        cluster.node_record_heartbeat(report=heartbeat("remote", gpus=1, host="host-far-away"))
+        here = run(token_client.post, "/api/jobs", {"name": "here", "model": "tiny-gpt", "layout": "dp=1"},
+                   format="json").json()
+        assert here["placement"][0]["node"] == "local"
+        assert here["rendezvous"].startswith("127.0.0.1:") and int(here["rendezvous"].rsplit(":", 1)[1]) > port
+        far = run(token_client.post, "/api/jobs", {"name": "far", "model": "tiny-gpt", "layout": "dp=1"},
+                  format="json").json()
+        assert far["rendezvous"] == f"host-far-away:{port}"  # not probed: the database's view alone

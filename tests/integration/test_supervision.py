@@ -1,0 +1,52 @@
+"""Issue 11, item 2: SIGKILL of the control-plane worker took the whole stack down (the
+launcher stopped everything). The launcher now starts a dead worker, web or agent again
+and the stack stays up; a job goes on training across the worker's restart."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from tests.support.stack import StackProcess, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+
+def test_the_launcher_starts_a_killed_worker_and_agent_again(tmp_path) -> None:
+    stack = StackProcess(tmp_path / "stack", agents=1, gpus_per_agent=1, env={"DATABASE_URL": None, "REDIS_URL": None},
+                         restart_agents=True)
+    stack.start()
+    try:
+        stack.wait_ready(timeout=120)
+        job = stack.post("api/jobs", {"name": "goes-on", "model": "tiny-gpt", "gpus": 1, "global_batch": 4,
+                                      "seq_len": 16, "checkpoint_interval": 0})
+
+        def steps() -> int:
+            return len(stack.get(f"api/jobs/{job['id']}/live", token=True)["metrics"].get("loss", {}).get("x", []))
+
+        wait_for(lambda: steps() >= 2, timeout=120)
+
+        def pids() -> dict:
+            return json.loads((stack.var_dir / "stack.json").read_text())["pids"]
+
+        worker = pids()["worker"]
+        os.kill(worker, signal.SIGKILL)
+        wait_for(lambda: pids()["worker"] != worker, timeout=30)
+        assert stack.process.poll() is None  # the launcher is still up
+        before = steps()
+        wait_for(lambda: steps() >= before + 2, timeout=90)  # reports flow through the new worker
+        assert stack.get("api/health")["status"] == "ok"
+        assert stack.get(f"api/jobs/{job['id']}", token=True)["state"] == "running"
+
+        agent = pids()["agent-node-1"]
+        stack.post(f"api/jobs/{job['id']}/stop", {})
+        wait_for(lambda: stack.get(f"api/jobs/{job['id']}", token=True)["state"] == "stopped", timeout=60)
+        os.kill(agent, signal.SIGKILL)
+        wait_for(lambda: pids()["agent-node-1"] != agent, timeout=30)
+        node = wait_for(lambda: (n := stack.get("api/nodes/node-1")) and n["agent_pid"] != agent and n, timeout=60)[0]
+        assert node["state"] == "healthy"
+        assert "started again" in stack.output()
+    finally:
+        stack.stop()
