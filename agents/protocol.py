@@ -24,6 +24,8 @@ CONTROL_INGEST_EVENTS = "control.ingest_events"  # a ReportBatch: rank 0's job r
 CONTROL_TRANSITION_REPORT = "control.transition_report"
 CONTROL_JOB_RESTORE = "control.job_restore"  # (the control plane queues it for itself)
 CONTROL_SWEEP_STUCK_TRANSITIONS = "control.sweep_stuck_transitions"  # (beat)
+CONTROL_SWEEP_RECONCILE = "control.sweep_reconcile"  # (beat) settle the jobs no agent runs any more
+CONTROL_SWEEP_EMULATIONS = "control.sweep_emulations"  # (beat) fail the emulation runs no agent works on
 # Tasks one agent runs (queue "node.<name>").
 NODE_PING = "node.ping"
 NODE_JOB_START = "node.job_start"
@@ -77,9 +79,18 @@ class GpuReport(_Message):
     uuid: str = Field(default="", max_length=128)
 
 
+class RunningJob(_Message):
+    """A job's rank processes alive on a node (or about to start there)."""
+
+    job_id: int = Field(gt=0)
+    ranks: tuple[Annotated[int, Field(ge=0)], ...] = Field(max_length=65536)
+
+
 class AgentHeartbeat(_Message):
     """Sent by every agent every HEARTBEAT_SECONDS; carries its full inventory so that a
-    control plane that lost its database relearns the cluster from heartbeats alone."""
+    control plane that lost its database relearns the cluster from heartbeats alone, and
+    what the node runs (`jobs`: its live rank processes; `emulations`: the emulation runs it
+    is working on), the observed state the control plane settles its records against."""
 
     version: Literal[1] = PROTOCOL_VERSION
     node: str
@@ -90,6 +101,8 @@ class AgentHeartbeat(_Message):
     sent_at: datetime
     interval_seconds: float = Field(gt=0, le=60)
     gpus: tuple[GpuReport, ...]
+    jobs: tuple[RunningJob, ...] = Field(default=(), max_length=4096)
+    emulations: tuple[Annotated[int, Field(gt=0)], ...] = Field(default=(), max_length=4096)
 
     @field_validator("node")
     @classmethod

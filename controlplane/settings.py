@@ -204,6 +204,16 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 5.0,
         "options": {"expires": 10.0},
     },
+    "sweep-reconcile": {  # controlplane/jobs/reconcile.py
+        "task": protocol.CONTROL_SWEEP_RECONCILE,
+        "schedule": 5.0,
+        "options": {"expires": 10.0},
+    },
+    "sweep-emulations": {  # controlplane/emulation/services.py, emulations_reconcile
+        "task": protocol.CONTROL_SWEEP_EMULATIONS,
+        "schedule": 5.0,
+        "options": {"expires": 10.0},
+    },
 }
 
 # A node whose last heartbeat is older than this is lost (heartbeats come every

@@ -38,25 +38,35 @@ def build_app(config: AgentConfig) -> tuple[Celery, HeartbeatSender]:
         app.send_task(task, args=[report.model_dump(mode="json")], queue=protocol.CONTROL_QUEUE)
 
     runner = JobRunner(send_report, config.name, config.device, config.broker_url, _run_root(config))
+    emulating: set[int] = set()  # emulation runs this agent is working on
+    heartbeats.live = lambda: (runner.running(), tuple(emulating))
+
+    def working_on(order: dict, run) -> None:
+        run_id = int(order.get("run_id", 0))
+        emulating.add(run_id)
+        try:
+            run(app, config.name, order)
+        finally:
+            emulating.discard(run_id)
 
     @app.task(name=protocol.NODE_PING)
     def ping() -> dict:
         """Answer with the node's current report (used to check a node end to end)."""
         from agents.node.heartbeat import build_heartbeat
 
-        return build_heartbeat(config, gpus).model_dump(mode="json")
+        return build_heartbeat(config, gpus, heartbeats.live).model_dump(mode="json")
 
     @app.task(name=protocol.EMULATE_RUN)
     def emulate_run(order: dict) -> None:
         """Emulate one configuration (agents/emulator) and report progress and the result to
         the control plane. Tracing runs in child processes; this thread only waits."""
-        run_emulation(app, config.name, order)
+        working_on(order, run_emulation)
 
     @app.task(name=protocol.EMULATE_SEARCH)
     def emulate_search(order: dict) -> None:
         """Rank the layouts worth emulating for one setting (the compare page's "top K
         from search") and report them as the run's result."""
-        run_search(app, config.name, order)
+        working_on(order, run_search)
 
     @app.task(name=protocol.NODE_JOB_START)
     def job_start(order: dict) -> None:

@@ -14,7 +14,9 @@ from agents.node.config import AgentConfig
 log = logging.getLogger(__name__)
 
 
-def build_heartbeat(config: AgentConfig, gpus: tuple[protocol.GpuReport, ...]) -> protocol.AgentHeartbeat:
+def build_heartbeat(config: AgentConfig, gpus: tuple[protocol.GpuReport, ...], live=None) -> protocol.AgentHeartbeat:
+    """`live()`: (running jobs {job id: ranks}, emulation run ids) on this node."""
+    jobs, emulations = live() if live is not None else ({}, ())
     return protocol.AgentHeartbeat(
         node=config.name,
         host=config.host,
@@ -24,6 +26,8 @@ def build_heartbeat(config: AgentConfig, gpus: tuple[protocol.GpuReport, ...]) -
         sent_at=datetime.now(timezone.utc),
         interval_seconds=config.heartbeat_seconds,
         gpus=gpus,
+        jobs=tuple(protocol.RunningJob(job_id=job, ranks=tuple(ranks)) for job, ranks in sorted(jobs.items())),
+        emulations=tuple(sorted(emulations)),
     )
 
 
@@ -38,6 +42,7 @@ class HeartbeatSender:
         self._app = app
         self._config = config
         self._gpus = gpus
+        self.live = None  # () -> (jobs, emulations): what the node runs (set by the agent's app)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{config.name}", daemon=True)
         self.sent = 0
@@ -51,7 +56,7 @@ class HeartbeatSender:
             self._thread.join(timeout)
 
     def beat(self) -> None:
-        report = build_heartbeat(self._config, self._gpus)
+        report = build_heartbeat(self._config, self._gpus, self.live)
         self._app.send_task(
             protocol.CONTROL_AGENT_HEARTBEAT,
             kwargs={"report": report.model_dump(mode="json")},

@@ -27,7 +27,7 @@ class NodeSerializer(serializers.ModelSerializer):
     class Meta:
         model = Node
         fields = ["name", "host", "device", "state", "last_heartbeat", "agent_pid", "agent_started_at",
-                  "registered_at", "gpu_count", "gpu_memory_bytes", "gpus"]
+                  "registered_at", "gpu_count", "gpu_memory_bytes", "running_jobs", "running_emulations", "gpus"]
 
 
 class NodeViewSet(viewsets.ReadOnlyModelViewSet):

@@ -18,6 +18,10 @@ class Node(models.Model):
     # Capacity as last reported.
     gpu_count = models.PositiveIntegerField(default=0)
     gpu_memory_bytes = models.BigIntegerField(default=0, help_text="sum over the node's GPUs")
+    # What the node runs, as its last heartbeat said (the observed state).
+    running_jobs = models.JSONField(default=dict, blank=True,
+                                    help_text="job id -> the ranks whose processes are alive on the node")
+    running_emulations = models.JSONField(default=list, blank=True, help_text="emulation run ids the agent works on")
 
     class Meta:
         ordering = ["name"]

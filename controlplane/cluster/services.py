@@ -61,6 +61,8 @@ def node_record_heartbeat(*, report: AgentHeartbeat, received_at: datetime | Non
         node.agent_pid, node.agent_started_at = report.pid, report.started_at
         node.gpu_count = len(report.gpus)
         node.gpu_memory_bytes = sum(g.memory_bytes for g in report.gpus)
+        node.running_jobs = {str(job.job_id): list(job.ranks) for job in report.jobs}
+        node.running_emulations = list(report.emulations)
         node.save()
         if created or was != (node.state, node.host, node.device, node.gpu_count, node.gpu_memory_bytes):
             _emit_node(node)

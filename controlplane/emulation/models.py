@@ -37,6 +37,7 @@ class EmulationRun(models.Model):
     message = models.CharField(max_length=500, blank=True, help_text="the latest progress line")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True, help_text="the last change: a progress report, the end")
     finished_at = models.DateTimeField(null=True, blank=True)
     wall_seconds = models.FloatField(null=True, blank=True)
 

@@ -1,10 +1,14 @@
 """Emulation runs: create and dispatch to the agents' `emulate` queue, record progress."""
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.db import transaction
 from django.utils import timezone
 
 from agents import protocol
+from controlplane.cluster.lifecycle import NodeState
+from controlplane.cluster.models import Node
 from controlplane.common import inputs
 from controlplane.common.errors import InvalidInput
 from controlplane.common.events import next_seq, publish_on_commit
@@ -116,3 +120,33 @@ def emulation_record_progress(*, progress: protocol.EmulationProgress) -> Emulat
         run.save()
         _emit(run)
     return run
+
+
+def emulations_reconcile(*, grace: timedelta = timedelta(seconds=10)) -> list[int]:
+    """The beat's sweep: fail the `running` runs that no healthy agent reports working on
+    (their agent died or restarted), once every agent has reported `grace` after the run's
+    last change (an agent reports what it works on from the moment it takes a run up);
+    returns their ids. (Jobs: controlplane/jobs/reconcile.py.)"""
+    seen = Node.objects.filter(state=NodeState.HEALTHY)
+    working = {int(run) for node in seen for run in (node.running_emulations or [])}
+    oldest_report = min((n.last_heartbeat for n in seen if n.last_heartbeat), default=None)
+    if oldest_report is None:
+        return []
+    return emulation_fail_unseen(working=working, before=oldest_report - grace,
+                                 why="no agent works on it any more (its agent stopped or restarted)")
+
+
+def emulation_fail_unseen(*, working: set[int], before, why: str) -> list[int]:
+    """Fail the `running` runs unchanged since before `before` that no agent reports working
+    on; returns their ids. A finished one is left alone."""
+    failed = []
+    with transaction.atomic():
+        stale = (EmulationRun.objects.select_for_update().filter(state=EmulationRun.State.RUNNING,
+                                                                 updated_at__lt=before)
+                 .exclude(pk__in=working))
+        for run in stale:
+            run.state, run.error, run.finished_at = EmulationRun.State.FAILED, why, timezone.now()
+            run.save(update_fields=["state", "error", "finished_at", "updated_at"])
+            _emit(run)
+            failed.append(run.pk)
+    return failed

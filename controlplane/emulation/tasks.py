@@ -12,6 +12,12 @@ from controlplane.emulation import services
 log = logging.getLogger(__name__)
 
 
+@shared_task(name=protocol.CONTROL_SWEEP_EMULATIONS)
+def sweep_emulations() -> list[int]:
+    """Beat: fail the running emulation runs no agent works on any more."""
+    return services.emulations_reconcile()
+
+
 @shared_task(name=protocol.CONTROL_EMULATION_PROGRESS)
 def emulation_progress(report: dict) -> None:
     try:

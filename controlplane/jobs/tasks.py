@@ -9,7 +9,7 @@ from django.conf import settings
 from pydantic import ValidationError
 
 from agents import protocol
-from controlplane.jobs import ingest, node_loss, reports, restore, timeouts
+from controlplane.jobs import ingest, node_loss, reconcile, reports, restore, timeouts
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,12 @@ def job_restore(job_id: int, early: bool = False) -> None:
 def sweep_lost_nodes() -> list[str]:
     """Beat: mark silent nodes lost and act on the jobs that ran there (node_loss.py)."""
     return node_loss.nodes_lost_sweep(silent_for=timedelta(seconds=settings.DYNAPLANE_NODE_LOST_AFTER_SECONDS))
+
+
+@shared_task(name=protocol.CONTROL_SWEEP_RECONCILE)
+def sweep_reconcile() -> list:
+    """Beat: settle the jobs that no agent runs any more (reconcile.py)."""
+    return reconcile.reconcile_sweep()
 
 
 @shared_task(name=protocol.CONTROL_SWEEP_STUCK_TRANSITIONS)

@@ -75,3 +75,14 @@ def test_parse_nvidia_smi() -> None:
 def test_started_at_is_aware() -> None:
     assert _config().started_at.tzinfo is not None
     assert _config().started_at <= datetime.now(timezone.utc)
+
+
+def test_a_heartbeat_says_what_the_node_runs() -> None:
+    config = AgentConfig(name="node-1", device="cpu", gpus=2, broker_url="redis://x")
+    beat = build_heartbeat(config, virtual_gpus(2, memory_bytes=2**30), lambda: ({7: [1, 0], 3: [2]}, (12, 5)))
+    assert [(j.job_id, j.ranks) for j in beat.jobs] == [(3, (2,)), (7, (1, 0))]
+    assert beat.emulations == (5, 12)
+    assert protocol.AgentHeartbeat.model_validate_json(beat.model_dump_json()) == beat
+    assert build_heartbeat(config, virtual_gpus(2, memory_bytes=2**30)).jobs == ()
+    with pytest.raises(ValueError):
+        protocol.RunningJob(job_id=1, ranks=(-1,))

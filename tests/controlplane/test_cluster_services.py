@@ -6,6 +6,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from agents import protocol
 from controlplane.cluster import services
 from controlplane.cluster.events import GpuEvent, NodeEvent
 from controlplane.cluster.models import Gpu, Node
@@ -104,3 +105,13 @@ def test_a_second_agent_with_the_same_name_is_reported(caplog) -> None:
     services.node_record_heartbeat(report=heartbeat("node-1", pid=200, host="host-b"))
     assert "node node-1: heartbeat from agent pid 200 on host-b, previous one from pid 100 on host-a" in caplog.text
     assert Node.objects.get(name="node-1").host == "host-b"
+
+
+def test_a_heartbeat_records_what_the_node_runs(client) -> None:
+    services.node_record_heartbeat(report=heartbeat("node-1", gpus=2, jobs=(
+        protocol.RunningJob(job_id=4, ranks=(0, 1)),), emulations=(9,)))
+    node = client.get("/api/nodes/node-1").json()
+    assert (node["running_jobs"], node["running_emulations"]) == ({"4": [0, 1]}, [9])
+    services.node_record_heartbeat(report=heartbeat("node-1", gpus=2))  # its ranks exited
+    node = client.get("/api/nodes/node-1").json()
+    assert (node["running_jobs"], node["running_emulations"]) == ({}, [])

@@ -94,11 +94,18 @@ def test_a_job_trains_on_the_agents_and_stops_on_request(stack) -> None:
                                           .get("loss", {}).get("y", [])) >= 3 and m, timeout=60)
         assert metrics["loss"]["x"][:3] == [1, 2, 3] and all(5 < v < 8 for v in metrics["loss"]["y"][:3])
         assert all(v > 0 for v in metrics["tokens_per_second"]["y"])
+        # The agents report the job's live rank processes in their heartbeats (the observed state).
+        where = {p["node"]: sorted(s["rank"] for s in job["placement"] if s["node"] == p["node"])
+                 for p in job["placement"]}
+        for name, ranks in where.items():
+            wait_for(lambda: node_of(stack, name)["running_jobs"].get(str(job["id"])) == ranks, timeout=10)
         print(f"job running with step metrics {time.monotonic() - started:.1f} s after POST /api/jobs")
         stack.post(f"api/jobs/{job['id']}/stop", {})
         stopped, seconds = wait_for(lambda: (j := read())["state"] == "stopped" and j, timeout=60)
         assert stopped["gpus"] == []
         assert stack.get("api/health")["gpus"]["free"] == 4
+        for name in where:
+            wait_for(lambda: str(job["id"]) not in node_of(stack, name)["running_jobs"], timeout=10)
         print(f"job stopped {seconds:.1f} s after POST stop")
     finally:
         wait_stopped(stack, job, read)
