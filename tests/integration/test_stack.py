@@ -22,6 +22,12 @@ def node_of(stack, name: str) -> dict:
     return stack.get(f"api/nodes/{name}")
 
 
+def job_reads(stack, job: dict):
+    """(read, live): GET the job, GET its live metrics."""
+    return (lambda: stack.get(f"api/jobs/{job['id']}", token=True),
+            lambda: stack.get(f"api/jobs/{job['id']}/live", token=True))
+
+
 def test_health_and_inventory(stack) -> None:
     health = stack.get("api/health")
     assert health["status"] == "ok"
@@ -119,11 +125,7 @@ def test_a_job_resizes_online_from_two_to_four_and_back_to_three_gpus(stack) -> 
     job = stack.post("api/jobs", {"name": "elastic", "model": "tiny-gpt", "gpus": 2, "global_batch": 12,
                                   "seq_len": 16})
 
-    def read() -> dict:
-        return stack.get(f"api/jobs/{job['id']}", token=True)
-
-    def live() -> dict:
-        return stack.get(f"api/jobs/{job['id']}/live", token=True)
+    read, live = job_reads(stack, job)
 
     try:
         _resize_two_to_four_to_three(stack, job, read, live)
@@ -187,11 +189,7 @@ def test_a_resize_under_a_device_map_renumbers_ranks_and_keeps_training(stack) -
     job = stack.post("api/jobs", {"name": "mapped", "model": "tiny-gpt", "layout": "pp=2,dp=2", "global_batch": 12,
                                   "seq_len": 16})
 
-    def read() -> dict:
-        return stack.get(f"api/jobs/{job['id']}", token=True)
-
-    def live() -> dict:
-        return stack.get(f"api/jobs/{job['id']}/live", token=True)
+    read, live = job_reads(stack, job)
 
     try:
         wait_for(lambda: read()["state"] == "running", timeout=90)

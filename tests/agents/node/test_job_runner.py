@@ -199,6 +199,26 @@ def _switch(job_id: int, tid: int, src: str, src_world: int, dst: str, world: in
                                    ranks=[protocol.RankSlot(rank=r, gpu=g) for r, g in ranks])
 
 
+def unswitched_losses(client, url: str, tmp_path, start: protocol.JobStartOrder, steps: int,
+                      runs: tuple[tuple[int, str, int], ...]) -> list[list[float]]:
+    """The losses of the same job trained `steps` steps without a switch, on each (job id,
+    layout, world) of `runs`, one after the other on one runner: the reference a switched
+    run is compared with."""
+    failed: list = []
+    reference = JobRunner(failed.append, "node-1", "cpu", url, tmp_path / "ref")
+    try:
+        for job_id, layout, world in runs:
+            reference.start(start.model_copy(update={
+                "job_id": job_id, "max_steps": steps, "layout": layout, "world": world,
+                "ranks": tuple(protocol.RankSlot(rank=r, gpu=r) for r in range(world)),
+                "rendezvous": f"127.0.0.1:{free_loopback_port()}"}))
+            wait_until(lambda: not reference.running(), 180, f"the unswitched run on {layout}")
+    finally:
+        reference.shutdown()
+    assert failed == []
+    return [[r["loss"] for r in reports_of_job(client, job_id) if r["kind"] == "step"] for job_id, _, _ in runs]
+
+
 @pytest.mark.timeout(420)
 def test_a_job_grows_from_two_to_four_ranks_and_shrinks_to_three_while_training(broker, tmp_path):
     """The issue's resize: 2 -> 4 -> 3 ranks over two agents, online. Each switch is
@@ -258,18 +278,8 @@ def test_a_job_grows_from_two_to_four_ranks_and_shrinks_to_three_while_training(
         node1.shutdown()
         node2.shutdown()
 
-    reference = JobRunner(failures.append, "node-1", "cpu", url, tmp_path / "ref")
-    try:
-        for job_id, layout, world in ((22, "dp=2", 2), (23, "dp=3", 3), (24, "tp=2,dp=2", 4)):
-            reference.start(start.model_copy(update={
-                "job_id": job_id, "max_steps": len(steps), "layout": layout, "world": world,
-                "ranks": tuple(protocol.RankSlot(rank=r, gpu=r) for r in range(world)),
-                "rendezvous": f"127.0.0.1:{free_loopback_port()}"}))
-            wait_until(lambda: not reference.running(), 180, f"the unswitched run on {layout}")
-    finally:
-        reference.shutdown()
-    unswitched, *others = ([r["loss"] for r in reports_of_job(client, job_id) if r["kind"] == "step"]
-                           for job_id in (22, 23, 24))
+    unswitched, *others = unswitched_losses(client, url, tmp_path, start, len(steps),
+                                            ((22, "dp=2", 2), (23, "dp=3", 3), (24, "tp=2,dp=2", 4)))
     assert all(len(run) == len(steps) for run in (unswitched, *others))
     runs = [unswitched, *others]
     noise = max(abs(a - b) for i, x in enumerate(runs) for y in runs[i + 1:] for a, b in zip(x, y))
@@ -319,17 +329,8 @@ def test_a_switch_under_a_device_map_renumbers_the_ranks_and_trains_as_an_unswit
         node1.shutdown()
         node2.shutdown()
 
-    reference = JobRunner(failures.append, "node-1", "cpu", url, tmp_path / "ref")
-    try:
-        for job_id, layout, world in ((62, "pp=2,dp=2", 4), (63, "pp=2", 2)):
-            reference.start(start.model_copy(update={
-                "job_id": job_id, "max_steps": len(steps), "layout": layout, "world": world,
-                "ranks": tuple(protocol.RankSlot(rank=r, gpu=r) for r in range(world)),
-                "rendezvous": f"127.0.0.1:{free_loopback_port()}"}))
-            wait_until(lambda: not reference.running(), 180, f"the unswitched run on {layout}")
-    finally:
-        reference.shutdown()
-    before, after = ([r["loss"] for r in reports_of_job(client, job_id) if r["kind"] == "step"] for job_id in (62, 63))
+    before, after = unswitched_losses(client, url, tmp_path, start, len(steps),
+                                      ((62, "pp=2,dp=2", 4), (63, "pp=2", 2)))
     assert len(before) == len(after) == len(steps)
     noise = max(abs(a - b) for a, b in zip(before, after))
     assert noise < 0.1, noise  # reduction order only, small against the loss (about 6)
@@ -421,7 +422,8 @@ def test_a_joining_rank_lost_during_the_transfer_rolls_the_job_back_to_its_old_l
 
     # The rolled-back job's losses are the unswitched job's, step for step, to the bit: same
     # layout, same state (kept until the commit point), same data.
-    reference = JobRunner([].append, "node-1", "cpu", url, tmp_path / "ref")
+    failed: list = []
+    reference = JobRunner(failed.append, "node-1", "cpu", url, tmp_path / "ref")
     try:
         reference.start(start.model_copy(update={"job_id": 42, "max_steps": len(steps),
                                                  "rendezvous": f"127.0.0.1:{free_loopback_port()}"}))
