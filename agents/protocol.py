@@ -454,7 +454,7 @@ class TransitionReport(_Message):
     error: str = Field(default="", max_length=4000)
     progress: TransferProgress | None = None
     tensors: list[TensorCheck] | None = None  # the verification per logical tensor
-    # committed: where rank 0's pause went, seconds per phase in order (hand_over, host_copy,
+    # committed: where rank 0's pause went, seconds per phase in order (hand_over, kept_state,
     # union, plan, digest_before, transfer, digest_after, trainer, ...)
     phases: dict[Annotated[str, Field(max_length=32)], Annotated[float, Field(ge=0)]] | None = Field(
         default=None, max_length=16)

@@ -219,6 +219,11 @@ CELERY_BEAT_SCHEDULE = {
 # A node whose last heartbeat is older than this is lost (heartbeats come every
 # protocol.HEARTBEAT_SECONDS; the sweep runs every second).
 DYNAPLANE_NODE_LOST_AFTER_SECONDS = float(os.environ.get("DYNAPLANE_NODE_LOST_AFTER_SECONDS", "6.0"))
+# Reconciliation (controlplane/jobs/reconcile.py, emulation/services.emulations_reconcile):
+# a job or emulation run no agent reports is settled only once every agent concerned has
+# reported this long after the record last changed (orders still on their way, processes
+# still starting are not lost ones).
+DYNAPLANE_RECONCILE_GRACE_SECONDS = float(os.environ.get("DYNAPLANE_RECONCILE_GRACE_SECONDS", "15"))
 # A resize that no report has moved for this long is ended by the control plane
 # (controlplane/jobs/timeouts.py): above the ranks' own timeouts (a joining rank's 120 s to
 # get ready, then the union world's 120 s rendezvous), since they end most stuck switches

@@ -175,7 +175,9 @@ class Stack:
         while time.monotonic() < deadline:
             self.check_children()
             health = self.health()
-            if health and health.get("status") == "ok" and health["agents"]["healthy"] >= self.options.agents:
+            # (a node of an earlier run may still be lost: "degraded" with every service up is ready)
+            if health and health["database"]["ok"] and health["broker"]["ok"] \
+                    and health["agents"]["healthy"] >= self.options.agents:
                 return health
             time.sleep(0.25)
         raise StackError(f"not healthy after {READY_TIMEOUT_SECONDS:.0f} s; last /api/health: {health}; logs in {self.logs}")

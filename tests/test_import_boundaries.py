@@ -48,7 +48,7 @@ JOBS_ORDER = [
     # pure previews of a resize
     "plan_preview", "proposals", "resize_preview",
     # actions
-    "resize", "survivors", "restore", "node_loss", "reconcile", "timeouts", "scheduling", "reports", "ingest",
+    "resize", "survivors", "restore", "node_loss", "timeouts", "reconcile", "scheduling", "reports", "ingest",
     # entry points
     "tasks", "api", "consumers", "admin", "apps",
 ]

@@ -34,7 +34,10 @@ peer is lost while training: then it keeps its state and waits for a recovery or
 from __future__ import annotations
 
 import datetime
+import faulthandler
+import functools
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -103,11 +106,13 @@ class Reporter:
             job_id=self.job_id, transition_id=transition_id, node=self.node, state=state, sent_at=_now(), **fields))
 
 
-def faults() -> list[str]:
+@functools.cache
+def faults() -> frozenset[str]:
     """Fault injection for the tests: DYNAPLANE_FAULT, comma-separated: `exit-in-transfer:R`,
     `hold-in-transfer:R:SECONDS` (a joining rank R), `exit-after-step:R:S` (rank R exits
-    once step S is done, before the step boundary: its peers all fail after that step)."""
-    return [item.strip() for item in os.environ.get("DYNAPLANE_FAULT", "").split(",") if item.strip()]
+    once step S is done, before the step boundary: its peers all fail after that step).
+    Read once per process (the step loop asks after every step)."""
+    return frozenset(item.strip() for item in os.environ.get("DYNAPLANE_FAULT", "").split(",") if item.strip())
 
 
 def _now() -> datetime.datetime:
@@ -285,14 +290,15 @@ class Boundary:
 
 
 class RolledBack(Exception):
-    """The switch failed after the old layout was left; this rank is back on it."""
+    """The switch failed after the old layout was left; this rank is back on it. `checks`:
+    the digest rows when the failure was a verification mismatch."""
 
-    def __init__(self, trainer, reason: str) -> None:
+    def __init__(self, trainer, reason: str, checks: list[dict] | None = None) -> None:
         super().__init__(reason)
-        self.trainer, self.reason = trainer, reason
+        self.trainer, self.reason, self.checks = trainer, reason, checks
 
 
-def _host_copy(shards: dict, untouched: set) -> dict:
+def _kept_state(shards: dict, untouched: set) -> dict:
     """The old state, kept until the commit point. The engine never writes into a source
     shard (it reads them, and frees each after its last read), so a shard is kept by
     reference: its memory then stays until the commit instead of being freed during the
@@ -339,12 +345,13 @@ def _switch_old_rank(trainer, order: protocol.JobSwitchOrder, settings: JobSetti
     lap("hand_over")
     new_boxes = prepared.program.new_boxes if prepared is not None else {}
     untouched = {key for key, box in new_boxes.items() if key in shards and shards[key].box == box}
-    kept = _host_copy(shards, untouched)
-    lap("host_copy")
+    kept = _kept_state(shards, untouched)
+    lap("kept_state")
     store = boundary.store if rank == 0 else _store(order, master=False, timeout=settings.timeout_seconds)
     dist.destroy_process_group()
     boundary.done_switches.add(order.transition_id)
     boundary.pending = None
+    failure = None
     try:
         _join_union(order, store, rank, settings.timeout_seconds)
         lap("union")
@@ -376,8 +383,13 @@ def _switch_old_rank(trainer, order: protocol.JobSwitchOrder, settings: JobSetti
         trainer = _trainer(settings, order.layout, new_rank, new, new_scalars, new_ckpt)
         lap("trainer")
     except Exception as exc:  # EngineError (digests, a dead peer), a gloo error, a timeout
-        reason = f"{type(exc).__name__}: {exc}"[:1500]
-        raise RolledBack(_back_to_old_layout(order, store, rank, src, kept, scalars, settings, ckpt), reason) from exc
+        failure = (f"{type(exc).__name__}: {exc}"[:1500], getattr(exc, "checks", None))
+    if failure is not None:
+        # Rolled back outside the except clause: the exception's frames hold the union
+        # world, and until it is freed this rank's connections stay open, so a peer waiting
+        # on this rank in a collective would wait for the whole time-out instead of failing
+        # at once and rolling back too (a lost joining node froze the old ranks 120 s).
+        raise RolledBack(_back_to_old_layout(order, store, rank, src, kept, scalars, settings, ckpt), *failure)
     if report.renumbered:
         (boundary.run_dir / renumbered_marker(switch_file(order.transition_id))).touch()
     return (trainer if trainer.active else None), report, phases, new_ckpt
@@ -407,10 +419,13 @@ def _back_to_old_layout(order: protocol.JobSwitchOrder, store, rank: int, src: s
     """The old ranks leave the broken union world and form the old one again on rank 0's
     store, with the state they kept. (If an old rank is the one lost, this cannot work and
     times out; the control plane then restores the job from its latest checkpoint.)"""
+    import gc
+
     import torch.distributed as dist
 
     if dist.is_initialized():
         dist.destroy_process_group()
+    gc.collect()  # the broken world's last references (cycles of its failed calls' frames): its connections close
     join_world(store, f"rollback-{order.transition_id}", rank, order.src_world, settings.timeout_seconds)
     return _trainer(settings, src, rank, kept, scalars, ckpt)
 
@@ -515,7 +530,7 @@ def _train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: R
                     reporter.transition(order.transition_id, "rolled_back", step=trainer.scalars.step,
                                         pause_seconds=time.perf_counter() - paused_at,
                                         error=f"switch failed, back on {trainer.placement.layout}: {back.reason}",
-                                        tensors=getattr(back.__cause__, "checks", None))  # a digest mismatch
+                                        tensors=back.checks)  # a digest mismatch
                 continue
             if trainer is None:  # this rank is not in the new layout: its state has been handed over
                 if dist.is_initialized():
@@ -605,6 +620,7 @@ def main(argv: list[str]) -> int:
         return 2
     path, rank = Path(args[0]), int(args[1])
     started = time.perf_counter()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack to the rank log
     import torch
 
     torch.set_num_threads(int(os.environ.get("DYNAPLANE_RANK_THREADS", "1")))

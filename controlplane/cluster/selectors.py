@@ -51,6 +51,11 @@ def inventory_counts() -> dict:
     return {"agents": nodes, "gpus": gpus}
 
 
+def lost_nodes() -> list[tuple[str, object]]:
+    """(name, last heartbeat or None) of every node marked lost, by name."""
+    return list(Node.objects.filter(state=NodeState.LOST).order_by("name").values_list("name", "last_heartbeat"))
+
+
 def inventory_capacity() -> tuple[int, int | None]:
     """(GPUs in the inventory, whatever their state; the smallest GPU's memory in bytes, None
     without GPUs): what a job may ask for at most."""

@@ -1,4 +1,6 @@
-"""Health: is the database reachable, the broker answering, and how many agents live."""
+"""Health: is the database reachable, the broker answering, and how many agents live.
+"degraded" with 503 when the database or the broker does not answer (the control plane
+cannot act); "degraded" with 200 when it works but a node is lost (`warnings` names it)."""
 from __future__ import annotations
 
 import redis
@@ -9,7 +11,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from controlplane.cluster.selectors import inventory_counts
+from controlplane.cluster.selectors import inventory_counts, lost_nodes
 
 
 def _redacted(url: str) -> str:
@@ -41,9 +43,15 @@ class HealthView(APIView):
             client.close()
         except (redis.RedisError, OSError) as exc:
             broker.update(ok=False, error=str(exc))
-        body = {"status": "ok" if database["ok"] and broker["ok"] else "degraded", "database": database, "broker": broker}
+        working = database["ok"] and broker["ok"]
+        warnings = [f"{name}: {what} unreachable" for name, what in (("database", database), ("broker", broker))
+                    if not what["ok"]]
+        body = {"database": database, "broker": broker}
         if database["ok"]:
             body.update(inventory_counts())
+            warnings += [f"node {name} lost: no heartbeat since {seen.isoformat(timespec='seconds') if seen else 'never'}"
+                         for name, seen in lost_nodes()]
         else:
             body.update(agents={"healthy": 0, "lost": 0}, gpus={"total": 0})
-        return Response(body, status=200 if body["status"] == "ok" else 503)
+        body.update(status="degraded" if warnings else "ok", warnings=warnings)
+        return Response(body, status=200 if working else 503)

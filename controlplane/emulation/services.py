@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -122,11 +123,12 @@ def emulation_record_progress(*, progress: protocol.EmulationProgress) -> Emulat
     return run
 
 
-def emulations_reconcile(*, grace: timedelta = timedelta(seconds=10)) -> list[int]:
+def emulations_reconcile(*, grace: timedelta | None = None) -> list[int]:
     """The beat's sweep: fail the `running` runs that no healthy agent reports working on
     (their agent died or restarted), once every agent has reported `grace` after the run's
     last change (an agent reports what it works on from the moment it takes a run up);
     returns their ids. (Jobs: controlplane/jobs/reconcile.py.)"""
+    grace = timedelta(seconds=settings.DYNAPLANE_RECONCILE_GRACE_SECONDS) if grace is None else grace
     seen = Node.objects.filter(state=NodeState.HEALTHY)
     working = {int(run) for node in seen for run in (node.running_emulations or [])}
     oldest_report = min((n.last_heartbeat for n in seen if n.last_heartbeat), default=None)

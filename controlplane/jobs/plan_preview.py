@@ -51,10 +51,11 @@ def plan_preview_data(plan: RoutingPlan) -> dict:
 
 
 def plan_preview(model: Model, src: str, dst: str, *, gpus_per_node: int, staging_bytes: int,
-                 process_of: list[int] | None = None) -> dict:
+                 map_ranks: bool = True, process_of: list[int] | None = None) -> dict:
     """Plan src -> dst (LayoutError when either layout breaks a rule) and reduce it: with
-    the best device map, as a resize plans it, or with the map `process_of` a transition
-    ran (None there: its ranks kept their numbers)."""
-    options = PlanOptions(gpus_per_node=gpus_per_node, staging_bytes=staging_bytes, map_ranks=process_of is None)
+    the best device map (`map_ranks`), as a resize plans it, or with the map `process_of` a
+    transition ran (None: its ranks kept their numbers)."""
+    options = PlanOptions(gpus_per_node=gpus_per_node, staging_bytes=staging_bytes,
+                          map_ranks=map_ranks and process_of is None)
     plan = plan_routes(model, src, dst, options, process_of=process_of)
     return plan_preview_data(plan)

@@ -9,9 +9,12 @@ settled only once every node concerned is healthy and has reported at least GRAC
 record last changed, so that orders still on their way and processes still starting are
 never mistaken for lost ones:
 - a `stopping` job none of whose nodes runs a rank of it: stopped, its GPUs free;
-- a `starting` or `running` job none of whose nodes runs a rank of it: restored from its
+- a `starting`, `running` or `switching` job none of whose nodes (the joining ranks' ones
+  included) runs a rank of it: its resize aborted with the reason, the job restored from its
   latest checkpoint where it has one (restore.py), else failed with the reason, GPUs free.
-  (Jobs in a transition or a restore are left to their own timeouts.)
+  (A resize's own timeout, controlplane/jobs/timeouts.py, waits minutes for reports: after a
+  restart of the whole stack none will come, and this settles the job within seconds.)
+  (A `restoring` job is left to its restore task.)
 (The emulation runs are settled the same way: controlplane/emulation/services.py,
 emulations_reconcile.)
 """
@@ -21,6 +24,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import transaction
 
 from controlplane.cluster.lifecycle import NodeState
@@ -29,10 +33,13 @@ from controlplane.jobs.failures import job_fail, job_finish
 from controlplane.jobs.lifecycle import JobState, JobTrigger, job_next_state
 from controlplane.jobs.models import Job
 from controlplane.jobs.restore import restore_begin
+from controlplane.jobs.timeouts import last_moved
+from controlplane.jobs.transitions import active_transition, job_nodes
 
 log = logging.getLogger(__name__)
 
-GRACE = timedelta(seconds=15)  # a job settled within GRACE + a sweep (5 s) + a heartbeat (2 s) of its last change
+# A job is settled within the grace + a sweep (5 s) + a heartbeat (2 s) of its last change.
+GRACE = timedelta(seconds=settings.DYNAPLANE_RECONCILE_GRACE_SECONDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,13 +76,14 @@ def jobs_reconcile(*, grace: timedelta = GRACE) -> list[tuple[int, str]]:
     """The beat's sweep over live jobs; returns (job id, what it became) for each one settled."""
     seen = observed()
     settled = []
-    for job in Job.objects.filter(state__in=[JobState.STARTING, JobState.RUNNING, JobState.STOPPING]):
-        nodes = sorted({slot["node"] for slot in job.placement})
-        if not unseen(nodes, job.updated_at, job.pk, seen, grace):
+    for job in Job.objects.filter(state__in=[JobState.STARTING, JobState.RUNNING, JobState.SWITCHING,
+                                             JobState.STOPPING]):
+        nodes = sorted(job_nodes(job))
+        if not unseen(nodes, _changed_at(job), job.pk, seen, grace):
             continue
         with transaction.atomic():
             locked = Job.objects.select_for_update().get(pk=job.pk)
-            if locked.state != job.state or locked.updated_at != job.updated_at:
+            if locked.state != job.state or _changed_at(locked) != _changed_at(job):
                 continue  # it moved meanwhile: look again next sweep
             where = ", ".join(nodes)
             if locked.state == JobState.STOPPING:
@@ -92,6 +100,12 @@ def jobs_reconcile(*, grace: timedelta = GRACE) -> list[tuple[int, str]]:
     for job_id, became in settled:
         log.warning("job %s: settled as %s (its agents report no rank of it)", job_id, became)
     return settled
+
+
+def _changed_at(job: Job) -> datetime:
+    """When the job's record or its active transition last changed."""
+    active = active_transition(job)
+    return job.updated_at if active is None else max(job.updated_at, last_moved(active))
 
 
 def reconcile_sweep() -> list[tuple[int, str]]:

@@ -80,4 +80,4 @@ def transition_plan(*, transition: Transition) -> dict:
     return plan_preview(get_model(transition.job.model), transition.source_layout, transition.destination_layout,
                         gpus_per_node=transition.gpus_per_node or 1,
                         staging_bytes=transition.staging_bytes or STAGING_BYTES,
-                        process_of=transition.process_of or list(range(transition.destination_world or 0)) or None)
+                        map_ranks=False, process_of=transition.process_of or None)

@@ -107,3 +107,34 @@ def test_an_emulation_run_no_agent_works_on_fails(two_nodes, run) -> None:
     states = dict(EmulationRun.objects.values_list("pk", "state"))
     assert (states[mine.pk], states[other.pk], states[queued.pk]) == ("running", "failed", "queued")
     assert "no agent works on it" in EmulationRun.objects.get(pk=other.pk).error
+
+
+def test_a_resizing_job_whose_ranks_are_all_gone_is_settled_without_waiting_for_the_resize_timeout(
+        two_nodes, token_client, sent_tasks, run) -> None:
+    """The whole stack restarted during a resize: no report will ever come for it, so the
+    resize's own timeout (minutes) would leave the job `switching`. The reconciliation
+    aborts the resize with the reason and restores the job from its checkpoint; while any
+    of its nodes, the joining one included, still runs a rank, nothing happens."""
+    from controlplane.jobs.models import Transition
+    from controlplane.jobs.timeouts import last_moved
+
+    job = _running(run, token_client, "resizing", checkpoint_interval=5)  # node-1
+    run(job_record_report, report=make_report(job, "checkpoint", node="node-1", step=5,
+                                              checkpoint_path="/ckpt/step-00000005", seconds=0.1))
+    response = run(token_client.post, f"/api/jobs/{job.pk}/resize", {"gpus": 4}, format="json")
+    assert response.status_code == 202, response.content
+    resize = Transition.objects.get(pk=response.json()["id"])
+    job.refresh_from_db()
+    assert job.state == "switching" and {s["node"] for s in resize.destination_placement} == {"node-1", "node-2"}
+    later = max(job.updated_at, last_moved(resize)) + GRACE + timedelta(seconds=1)
+    _beat("node-1", None, later)
+    _beat("node-2", job, later)  # a joining rank still runs on node-2
+    assert run(reconcile.jobs_reconcile) == []
+    _beat("node-2", None, later + timedelta(seconds=2))
+    assert run(reconcile.jobs_reconcile) == [(job.pk, "restoring")]
+    job.refresh_from_db()
+    resize.refresh_from_db()
+    assert job.state == "restoring" and "restoring from checkpoint step 5" in job.error
+    assert resize.state == "aborted"
+    assert "; ranks lost while the resize was planned: no rank process of the job runs on " \
+           "its nodes (node-1, node-2) any more" in resize.reason

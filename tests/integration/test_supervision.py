@@ -52,12 +52,14 @@ def test_the_launcher_starts_a_killed_worker_and_agent_again(tmp_path) -> None:
         stack.stop()
 
 
-def test_after_ctrl_c_and_up_again_a_job_is_settled_not_shown_running(tmp_path) -> None:
+@pytest.mark.parametrize("how", ["ctrl-c", "sigkill"])
+def test_after_ctrl_c_and_up_again_a_job_is_settled_not_shown_running(tmp_path, how) -> None:
     """Issue 11, item 1: after Ctrl-C and `dynaplane up` again, a job that trained showed
     `running` at its old step with no rank process anywhere and kept its GPUs. Now within 30 s
     of the restart it is settled (no checkpoint here: failed, with the reason) and its GPUs
     are free: by the node-loss sweep when the new agent registers late, else by the
-    reconciliation of what the agents report they run (controlplane/jobs/reconcile.py)."""
+    reconciliation of what the agents report they run (controlplane/jobs/reconcile.py).
+    The same when every process of the stack is SIGKILLed at once instead."""
     var = tmp_path / "stack"
     first = StackProcess(var, agents=1, gpus_per_agent=2, env={"DATABASE_URL": None, "REDIS_URL": None})
     first.start()
@@ -67,6 +69,8 @@ def test_after_ctrl_c_and_up_again_a_job_is_settled_not_shown_running(tmp_path) 
                                       "seq_len": 16, "checkpoint_interval": 0})
         wait_for(lambda: len(first.get(f"api/jobs/{job['id']}/live", token=True)["metrics"]
                              .get("loss", {}).get("x", [])) >= 2, timeout=120)
+        if how == "sigkill":
+            first.kill()
     finally:
         first.stop()
     again = StackProcess(var, agents=1, gpus_per_agent=2, env={"DATABASE_URL": None, "REDIS_URL": None})
@@ -78,5 +82,81 @@ def test_after_ctrl_c_and_up_again_a_job_is_settled_not_shown_running(tmp_path) 
         assert settled["state"] == "failed" and settled["error"], settled
         assert settled["gpus"] == [] and again.get("api/health")["gpus"]["free"] == 2
         print(f"settled {settled['state']} {seconds:.1f} s after the stack was up again: {settled['error'][:120]}")
+    finally:
+        again.stop()
+
+
+def _steps(stack, job: dict) -> list[int]:
+    return stack.get(f"api/jobs/{job['id']}/live", token=True)["metrics"].get("loss", {}).get("x", [])
+
+
+def _transition(stack, transition: dict) -> dict:
+    return stack.get(f"api/transitions/{transition['id']}", token=True)
+
+
+def test_a_worker_killed_mid_resize_is_restarted_and_the_resize_commits(tmp_path) -> None:
+    """Issue 11: SIGKILL of the control-plane worker while a resize is being prepared. The
+    ranks' reports wait in the broker; the launcher starts the worker again and the resize
+    ends committed, the job training on the new layout."""
+    stack = StackProcess(tmp_path / "stack", agents=1, gpus_per_agent=2, env={"DATABASE_URL": None, "REDIS_URL": None})
+    stack.start()
+    try:
+        stack.wait_ready(timeout=120)
+        job = stack.post("api/jobs", {"name": "resized", "model": "tiny-gpt", "gpus": 1, "global_batch": 4,
+                                      "seq_len": 16, "checkpoint_interval": 0})
+        wait_for(lambda: len(_steps(stack, job)) >= 2, timeout=120)
+        transition = stack.post(f"api/jobs/{job['id']}/resize", {"gpus": 2})
+        wait_for(lambda: _transition(stack, transition)["state"] != "planned", timeout=30)
+        worker = json.loads((stack.var_dir / "stack.json").read_text())["pids"]["worker"]
+        os.kill(worker, signal.SIGKILL)
+        done, seconds = wait_for(lambda: (t := _transition(stack, transition))["state"]
+                                 in ("committed", "aborted", "rolled_back") and t, timeout=60)
+        assert done["state"] == "committed" and done["verification"]["verified"] is True, done
+        after = stack.get(f"api/jobs/{job['id']}", token=True)
+        assert (after["state"], after["layout"]) == ("running", "dp=2")
+        seen = len(_steps(stack, job))
+        wait_for(lambda: len(_steps(stack, job)) >= seen + 2, timeout=30)
+        print(f"resize committed {seconds:.1f} s after the worker was killed")
+    finally:
+        stack.stop()
+
+
+def test_after_the_whole_stack_stops_mid_resize_the_job_trains_again_from_its_checkpoint(tmp_path) -> None:
+    """Issue 11: the whole stack stopped (Ctrl-C) while a job resizes, then `dynaplane up`
+    again. No rank survives and no report of the resize will ever come; within 30 s of the
+    stack being up the resize is aborted with the reason and the job trains again from its
+    latest checkpoint, its loaded state verified equal to the saved one (no checkpointed
+    step lost), on its GPUs alone."""
+    var = tmp_path / "stack"
+    first = StackProcess(var, agents=1, gpus_per_agent=2, env={"DATABASE_URL": None, "REDIS_URL": None})
+    first.start()
+    try:
+        first.wait_ready(timeout=120)
+        job = first.post("api/jobs", {"name": "resumed", "model": "tiny-gpt", "gpus": 1, "global_batch": 4,
+                                      "seq_len": 16, "checkpoint_interval": 3})
+        wait_for(lambda: first.get(f"api/jobs/{job['id']}", token=True)["checkpoint_step"] is not None, timeout=120)
+        transition = first.post(f"api/jobs/{job['id']}/resize", {"gpus": 2})
+        wait_for(lambda: _transition(first, transition)["state"] != "planned", timeout=30)
+    finally:
+        first.stop()
+    again = StackProcess(var, agents=1, gpus_per_agent=2, env={"DATABASE_URL": None, "REDIS_URL": None})
+    again.start()
+    try:
+        again.wait_ready(timeout=120)
+        first_checkpoint = again.get(f"api/jobs/{job['id']}", token=True)["checkpoint_step"]
+        restore, seconds = wait_for(lambda: next((t for t in again.get(f"api/transitions?job={job['id']}",
+                                                                         token=True)["results"]
+                                                  if t["kind"] == "restore" and t["state"] == "committed"), None),
+                                    timeout=30)
+        resize = _transition(again, transition)
+        assert resize["state"] == "aborted" and "ranks lost while the resize was" in resize["reason"], resize
+        assert restore["verification"]["verified"] is True and restore["step"] >= first_checkpoint
+        checkpoint = restore["step"]
+        running = again.get(f"api/jobs/{job['id']}", token=True)
+        assert running["state"] == "running" and running["world_size"] == len(running["gpus"]), running
+        wait_for(lambda: any(step > checkpoint for step in _steps(again, job)), timeout=30)
+        assert again.get("api/health")["gpus"]["free"] == 2 - running["world_size"]
+        print(f"resize aborted and the job restored from checkpoint step {checkpoint} {seconds:.1f} s after "
+              f"the stack was up again")
     finally:
         again.stop()

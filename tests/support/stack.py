@@ -75,8 +75,11 @@ class StackProcess:
                 except ValueError:
                     time.sleep(0.1)
                     continue
+                if self.state.get("launcher_pid") != self.process.pid:  # a killed stack's file, not yet replaced
+                    time.sleep(0.1)
+                    continue
                 health = self.get("api/health")
-                if health.get("status") == "ok":
+                if health.get("database", {}).get("ok") and health.get("broker", {}).get("ok"):
                     return time.monotonic() - self.started_at
             time.sleep(0.1)
         raise AssertionError(f"stack not ready after {timeout} s:\n{self.output()}")
@@ -104,6 +107,18 @@ class StackProcess:
 
     def child_pids(self) -> dict[str, int]:
         return dict(self.state.get("pids", {}))
+
+    def kill(self) -> None:
+        """SIGKILL the launcher and every process it started, at once (the stack's host
+        losing them all); their rank processes get their parent-death signal."""
+        if self.process is None:
+            return
+        for group in [self.process.pid, *self.child_pids().values()]:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.process.wait(timeout=10)
 
     def stop(self, timeout: float = 30.0) -> list[int]:
         """Ctrl-C the launcher; return the pids still alive in any child's process group."""
