@@ -73,18 +73,26 @@ class StepWatch(threading.Thread):
             time.sleep(POLL / 2)
         raise SystemExit(f"job {self.job_id}: {what} not reached within {timeout:.0f} s (last: {self.job})")
 
-    def step_seconds(self, step: int) -> float:
+    def steps_seconds(self, first: int, last: int) -> float:
+        """The trained seconds of steps first..last (the job's step_seconds series)."""
         live = self.stack.get(f"api/jobs/{self.job_id}/live", token=True)["metrics"]["step_seconds"]
-        return dict(zip(live["x"], live["y"]))[float(step)]
+        seconds = dict(zip(live["x"], live["y"]))
+        return sum(seconds.get(float(step), float("nan")) for step in range(first, last + 1))
 
 
 def observed_pause(old: StepWatch, new: StepWatch, last_old_step: int) -> float:
-    """From outside: start of the first new step (seen - its step_seconds) minus the time the
-    last old step was seen."""
+    """From outside: start of the first new step minus the end of the last old one. A step
+    shorter than the polling interval may never be seen: the first new step's start is then
+    the first step seen after it less the steps trained up to it, and the last old step's
+    end the last step seen before it plus the steps trained since."""
     first = last_old_step + 1
-    if first not in new.seen or last_old_step not in old.seen:  # a step shorter than the polling interval
+    after = min((step for step in new.seen if step >= first), default=None)
+    before = max((step for step in old.seen if step <= last_old_step), default=None)
+    if after is None or before is None:
         return float("nan")
-    return new.seen[first] - new.step_seconds(first) - old.seen[last_old_step]
+    started = new.seen[after] - new.steps_seconds(first, after)
+    ended = old.seen[before] + (old.steps_seconds(before + 1, last_old_step) if before < last_old_step else 0.0)
+    return started - ended
 
 
 def create(stack: StackProcess, **body) -> StepWatch:
