@@ -120,6 +120,10 @@ def test_job_page_resizes_by_clicking_through_to_committed(stack, browser) -> No
                                timeout=30_000)
         assert page.evaluate("window.__sameDocument") is True, "the page reloaded"
         page.screenshot(path=str(shots / "job-resized.png"), full_page=True)
+        shown = page.locator("#resize-result").inner_text()
+        assert "pause " in shown, shown
+        print(f"resized by clicking, committed {committed_after:.1f} s after the click; the page says: "
+              f"{shown.split('pause ', 1)[1].split(',', 1)[0]} pause")
 
         # The page's store after all those events equals a fresh snapshot at the same seq.
         live = page.evaluate("window.dynaplane.live")
