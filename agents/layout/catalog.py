@@ -244,6 +244,11 @@ def _build_cached(config: ModelConfig) -> Model:
     return build_model(config)  # models are immutable, and the big ones take ~10 ms to build
 
 
+def model_from_config(config: ModelConfig) -> Model:
+    """The model (tensors) of a resolved config, built once per config."""
+    return _build_cached(config)
+
+
 def get_model(name_or_path: str, *, paths: bool = True) -> Model:
     """A catalog model by name, a stored config's model, or (`paths`) the model a Hugging
     Face config.json (file or its directory) describes."""

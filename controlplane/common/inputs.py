@@ -18,11 +18,12 @@ import os
 
 from django.conf import settings
 
-from agents.layout.catalog import get_config, get_model
+from agents.layout.catalog import get_config, model_from_config
 from agents.layout.errors import LayoutError
 from agents.layout.model_config import ModelConfig
 from agents.layout.placement import Placement, batch_dp, place
 from agents.layout.spec import MAX_WORLD
+from agents.layout.tensors import Model
 from controlplane.common.errors import InvalidInput
 from controlplane.common.limits import INT32_MAX, MAX_PLAN_WORLD, MAX_SEQ_LEN  # noqa: F401 (the API's bounds, here)
 
@@ -46,11 +47,17 @@ def model_config(name: str) -> ModelConfig:
         raise InvalidInput({"model": [str(exc)]}) from None
 
 
-def placement_of(model: str, layout: str, field: str = "layout") -> Placement:
+def model_of(name: str) -> Model:
+    """The model named by an API input (or stored with a job), resolved once: a request
+    resolves it at its entry and passes the value down, so that every check and plan of the
+    request sees the same config (a stored config.json may be replaced meanwhile)."""
+    return model_from_config(model_config(name))
+
+
+def placement_of(model: Model, layout: str, field: str = "layout") -> Placement:
     """The model's placement under a layout string (parsed within MAX_WORLD)."""
-    model_config(model)
     try:
-        return place(get_model(model, paths=False), layout)
+        return place(model, layout)
     except LayoutError as exc:
         raise InvalidInput({field: [str(exc)]}) from None
 

@@ -8,6 +8,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agents import protocol
+from agents.layout.catalog import model_from_config
 from controlplane.cluster.lifecycle import NodeState
 from controlplane.cluster.models import Node
 from controlplane.common import inputs
@@ -34,7 +35,7 @@ def check_config(config: dict) -> list[str]:
     are the mistakes worth a 400 before queueing."""
     try:
         model = inputs.model_config(config["model"])
-        placement = inputs.placement_of(config["model"], config["layout"])
+        placement = inputs.placement_of(model_from_config(model), config["layout"])
     except InvalidInput as exc:
         return [f"{field}: {' '.join(messages)}" for field, messages in exc.errors.items()]
     problems = []

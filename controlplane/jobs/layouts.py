@@ -7,6 +7,7 @@ import dataclasses
 from agents.layout.errors import LayoutError
 from agents.layout.placement import batch_dp
 from agents.layout.spec import Layout, ModuleLayout, parse_layout
+from agents.layout.tensors import Model
 from controlplane.common.errors import InvalidInput
 from controlplane.jobs.models import Job
 from controlplane.jobs.services import layout_check
@@ -22,7 +23,7 @@ def batch_error(job: Job, layout: str, dp: int) -> str | None:
     return None
 
 
-def layout_for_resize(job: Job, gpus: int) -> str:
+def layout_for_resize(job: Job, gpus: int, model: Model) -> str:
     """The layout for `gpus` GPUs: the job's layout with only dp changed, if N allows it
     (every other degree kept: tp, pp, vpp, cp, ep, zero); else its tp and pp with dp=N/(tp*pp);
     else dp=N, the job-creation rule. "Allows" means: N is a multiple of the kept degrees,
@@ -47,7 +48,7 @@ def layout_for_resize(job: Job, gpus: int) -> str:
     fallback = f"dp={gpus}"
     for text in dict.fromkeys([*candidates, fallback]):
         try:
-            placement = layout_check(model=job.model, layout=text)
+            placement = layout_check(model=model, layout=text)
         except InvalidInput:
             continue
         if placement.world == gpus and batch_error(job, text, batch_dp(placement)) is None:

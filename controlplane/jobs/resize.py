@@ -22,7 +22,6 @@ from django.db import transaction
 
 from agents import protocol
 from agents.layout.allocate import AllocationError, FreeGpus, allocate
-from agents.layout.catalog import get_model
 from agents.layout.errors import LayoutError
 from agents.layout.placement import Placement, batch_dp, place, tp_block
 from agents.layout.plan import PlanOptions, plan_routes
@@ -130,13 +129,14 @@ def job_resize(*, job_id: int, gpus: int | None = None, layout: str | None = Non
         if job.state != JobState.RUNNING:
             raise Conflict(f"job {job.name!r} is {job.state}; only a running job can be resized")
         field = "layout" if layout is not None else "gpus"
+        model = inputs.model_of(job.model)  # resolved once for every check and the plan below
         if layout is None:
-            layout = layout_for_resize(job, gpus)
+            layout = layout_for_resize(job, gpus, model)
         try:
             text = str(parse_layout(layout))
         except LayoutError as exc:
             raise InvalidInput({"layout": [str(exc)]}) from None
-        dst = layout_check(model=job.model, layout=text)
+        dst = layout_check(model=model, layout=text)
         if gpus is not None and dst.world != gpus:
             raise InvalidInput({"gpus": [f"layout {text} spans {dst.world} GPUs, not {gpus}"]})
         error = batch_error(job, text, batch_dp(dst))
@@ -144,12 +144,12 @@ def job_resize(*, job_id: int, gpus: int | None = None, layout: str | None = Non
             raise InvalidInput({"global_batch": [error]})
         if text == job.layout:
             raise Conflict(f"job {job.name!r} already runs {text} on {job.world_size} GPUs; nothing to switch")
-        inputs.plan_world_check(place(get_model(job.model), job.layout), dst, field)
+        inputs.plan_world_check(place(model, job.layout), dst, field)
 
         free_rows = gpus_lock_free()
         per_node = gpus_per_node()
         try:
-            plan = plan_routes(get_model(job.model), job.layout, text,
+            plan = plan_routes(model, job.layout, text,
                                PlanOptions(gpus_per_node=per_node, staging_bytes=STAGING_BYTES, map_ranks=True))
         except LayoutError as exc:
             raise InvalidInput({"layout": [f"the switch {job.layout} -> {text} cannot be planned: {exc}"]}) from None

@@ -7,7 +7,6 @@ import statistics
 
 from django.db.models import Min
 
-from agents.layout.catalog import get_model
 from agents.layout.errors import LayoutError
 from agents.layout.placement import place
 from agents.layout.spec import parse_layout
@@ -43,8 +42,9 @@ def job_proposals(*, job: Job, gpus: int) -> dict:
     """GET /api/jobs/{id}/proposals?gpus=N."""
     step = recent_step_seconds(job)
     capacity = gpu_capacity_bytes()
+    model = inputs.model_of(job.model)
     try:
-        ranked = propose(get_model(job.model), current_layout=job.layout, gpus=gpus, global_batch=job.global_batch,
+        ranked = propose(model, current_layout=job.layout, gpus=gpus, global_batch=job.global_batch,
                          micro_batch=job.micro_batch, seq_len=job.seq_len, capacity_bytes=capacity, step_seconds=step)
     except LayoutError as exc:
         raise InvalidInput({"gpus": [str(exc)]}) from None
@@ -54,7 +54,7 @@ def job_proposals(*, job: Job, gpus: int) -> dict:
             f"micro_batch={job.micro_batch} x dp"]})
     return {
         "job": job.pk, "gpus": gpus, "current_layout": job.layout, "current_world": job.world_size,
-        "measured_step_seconds": step, "capacity_bytes": capacity, "default_layout": layout_for_resize(job, gpus),
+        "measured_step_seconds": step, "capacity_bytes": capacity, "default_layout": layout_for_resize(job, gpus, model),
         "predictor": "rule", "ranking": RANKING_RULE, "proposals": [p.as_dict() for p in ranked],
     }
 
@@ -63,7 +63,7 @@ def job_plan(*, job: Job, layout: str) -> dict:
     """GET /api/jobs/{id}/plan?layout=L: the switch from the job's layout to L."""
     try:
         text = str(parse_layout(layout))
-        model = get_model(job.model)
+        model = inputs.model_of(job.model)
         inputs.plan_world_check(place(model, job.layout), place(model, text))
         return plan_preview(model, job.layout, text, gpus_per_node=gpus_per_node(),
                             staging_bytes=STAGING_BYTES)
@@ -77,7 +77,7 @@ def transition_plan(*, transition: Transition) -> dict:
     if transition.kind == TransitionKind.RESTORE:
         raise InvalidInput({"transition": [f"transition {transition.pk} is a restore from a checkpoint: "
                                            "no routing plan ran"]})
-    return plan_preview(get_model(transition.job.model), transition.source_layout, transition.destination_layout,
+    return plan_preview(inputs.model_of(transition.job.model), transition.source_layout, transition.destination_layout,
                         gpus_per_node=transition.gpus_per_node or 1,
                         staging_bytes=transition.staging_bytes or STAGING_BYTES,
                         map_ranks=False, process_of=transition.process_of or None)

@@ -40,6 +40,7 @@ from controlplane.cluster.lifecycle import GpuState, NodeState
 from controlplane.cluster.models import Gpu
 from controlplane.celery import app
 from controlplane.cluster.services import gpus_release
+from controlplane.common import inputs
 from controlplane.common.errors import Conflict
 from controlplane.jobs import transitions
 from controlplane.jobs.failures import job_fail, send_starts_on_commit
@@ -75,7 +76,7 @@ def survivors_note(job: Job, alive: set[tuple[str, int]]) -> str:
     """Whether the job's old ranks on the surviving GPUs still held every state element of
     its layout (agents.layout.survivors), said in a checkpoint restore's row."""
     ranks = {slot["rank"] for slot in job.placement if (slot["node"], slot["gpu"]) in alive}
-    missing = survivors_cover(layout_check(model=job.model, layout=job.layout), ranks)
+    missing = survivors_cover(layout_check(model=inputs.model_of(job.model), layout=job.layout), ranks)
     return missing or f"the surviving ranks ({len(ranks)} of {job.world_size}) still held a full replica of the state"
 
 
@@ -98,7 +99,7 @@ def restore_begin(job: Job, *, cause: str, known_lost: bool, lost_nodes: set[str
     # counts as lost, so none will (a silent node's peers hang until the process group's
     # timeout): decide now, as without survivors.
     possible = eligible and not known_lost and not survivors_cover(
-        layout_check(model=job.model, layout=job.layout), _ranks_off(job, lost_nodes or set()))
+        layout_check(model=inputs.model_of(job.model), layout=job.layout), _ranks_off(job, lost_nodes or set()))
     if no_restore_reason(job) is not None and not possible:
         return False
     if no_restore_reason(job) is None:
@@ -195,7 +196,8 @@ def job_restore(*, job_id: int, early: bool = False) -> Transition | None:
         alive = [g for g in held if g.node.state == NodeState.HEALTHY and g.state == GpuState.ALLOCATED]
         old_nodes = list(dict.fromkeys([*job.nodes, *(g.node.name for g in held)]))
         orphans = _live_orphans(job, alive)
-        rule = recovery_rule(layout_check(model=job.model, layout=job.layout), orphans,
+        model = inputs.model_of(job.model)
+        rule = recovery_rule(layout_check(model=model, layout=job.layout), orphans,
                              transition_active=not recovery.get("eligible", False), no_checkpoint=no_restore_reason(job))
         if early and rule.action != SURVIVORS:
             log.info("job %s: not on the survivors yet (%s); deciding once lost nodes are known", job.name, rule.why)
@@ -216,13 +218,13 @@ def job_restore(*, job_id: int, early: bool = False) -> Transition | None:
                      notify=[n for n in old_nodes if n not in failed])
             return None
         failure = None
-        layout = layout_for_resize(job, len(alive)) if alive else ""
+        layout = layout_for_resize(job, len(alive), model) if alive else ""
         slots = []
         if not alive:
             failure = "no GPU of the job is left on a healthy node"
         else:
             try:
-                placement = layout_check(model=job.model, layout=layout)
+                placement = layout_check(model=model, layout=layout)
                 by_node: dict[str, list[int]] = defaultdict(list)
                 for gpu in alive:
                     by_node[gpu.node.name].append(gpu.index)

@@ -15,14 +15,15 @@ from pathlib import Path
 
 from django.utils import timezone
 
-from agents.layout.catalog import get_model
+from agents.layout.tensors import Model
 from agents.protocol import CHECKPOINT_COMPLETE_MARKER as COMPLETE
+from controlplane.common import inputs
 from controlplane.common.errors import InvalidInput
 from controlplane.jobs.lifecycle import TransitionKind
 from controlplane.jobs.models import Job, Transition
 
 
-def checkpoint_info(*, path: str, model: str) -> dict:
+def checkpoint_info(*, path: str, model: Model) -> dict:
     """complete.json of the checkpoint at `path` ({step, layout, model, ...}); InvalidInput
     (field `resume_from`) when it is not an absolute path to a complete checkpoint of `model`."""
     if not path.startswith("/"):
@@ -37,7 +38,7 @@ def checkpoint_info(*, path: str, model: str) -> dict:
         raise InvalidInput({"resume_from": [f"{marker} cannot be read: {exc}"]}) from None
     if not isinstance(meta, dict) or not isinstance(meta.get("step"), int) or "layout" not in meta:
         raise InvalidInput({"resume_from": [f"{marker} has no step and layout"]})
-    wanted = get_model(model).name
+    wanted = model.name
     if meta.get("model") != wanted:
         raise InvalidInput({"resume_from": [f"{path} is a checkpoint of model {meta.get('model')!r}, "
                                              f"not of {wanted!r}"]})
@@ -52,7 +53,7 @@ def is_resume(job: Job) -> bool:
 def resume_row(job: Job) -> Transition:
     """The `restore` row of a resumed job's first start (job locked, placement and
     rendezvous set): its ranks load `job.checkpoint_path`; their `restored` report commits it."""
-    meta = checkpoint_info(path=job.checkpoint_path, model=job.model)
+    meta = checkpoint_info(path=job.checkpoint_path, model=inputs.model_of(job.model))
     return Transition.objects.create(
         job=job, kind=TransitionKind.RESTORE, source_layout=meta["layout"], destination_layout=job.layout,
         source_world=None, destination_world=job.world_size, destination_placement=job.placement,

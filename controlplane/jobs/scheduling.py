@@ -15,6 +15,7 @@ from agents.layout.allocate import AllocationError, FreeGpus, allocate
 from agents.layout.placement import batch_dp, tp_block
 from controlplane.cluster.selectors import gpus_lock_free
 from controlplane.cluster.services import gpus_allocate
+from controlplane.common import inputs
 from controlplane.common.errors import Conflict, InvalidInput
 from controlplane.jobs import transitions
 from controlplane.jobs.failures import job_finish, send_starts_on_commit
@@ -41,7 +42,7 @@ def job_start(*, job_id: int) -> Job:
         job = Job.objects.select_for_update().get(pk=job_id)
         if job.state != JobState.PENDING:
             raise Conflict(f"job {job.name!r} is {job.state}; only a pending job can be started")
-        placement = layout_check(model=job.model, layout=job.layout)
+        placement = layout_check(model=inputs.model_of(job.model), layout=job.layout)
         dp = batch_dp(placement)
         if job.global_batch % (job.micro_batch * dp):
             raise InvalidInput({"global_batch": [

@@ -9,9 +9,11 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q
 
+from agents.layout.catalog import model_from_config
 from agents.layout.errors import LayoutError
 from agents.layout.placement import Placement, hetero_refusal, replicated_kv_heads
 from agents.layout.spec import parse_layout
+from agents.layout.tensors import Model
 from controlplane.cluster.events import GROUP, STREAM, JobEvent
 from controlplane.cluster.selectors import job_view
 from controlplane.cluster.services import gpus_release
@@ -56,7 +58,7 @@ def _capacity_problems(config, placement: Placement, *, micro_batch: int, seq_le
     return {}
 
 
-def layout_check(*, model: str, layout: str) -> Placement:
+def layout_check(*, model: Model, layout: str) -> Placement:
     """The model's placement under the layout; InvalidInput names the broken rule."""
     placement = inputs.placement_of(model, layout)
     refused = replicated_kv_heads(placement)
@@ -83,6 +85,7 @@ def job_create(
     if (layout is None) == (gpus is None):
         raise InvalidInput({"layout": ["give either a layout or a number of gpus, not both or neither"]})
     config = inputs.model_config(model)
+    spec = model_from_config(config)  # resolved once: every check below sees this config
     if layout is None:
         layout = layout_for_gpus(model=model, gpus=gpus)
     try:
@@ -93,7 +96,7 @@ def job_create(
         raise InvalidInput({"checkpoint_interval": [f"{checkpoint_interval} is negative (0 turns checkpoints off)"]})
     checkpoint_dir = inputs.checkpoint_folder(checkpoint_dir, "checkpoint_dir") if checkpoint_dir else ""
     resume_from = inputs.checkpoint_folder(resume_from, "resume_from") if resume_from else ""
-    placement = layout_check(model=model, layout=str(parsed))
+    placement = layout_check(model=spec, layout=str(parsed))
     if gpus is not None and placement.world != gpus:
         raise InvalidInput({"gpus": [f"layout {parsed} spans {placement.world} GPUs, not {gpus}"]})
     problems = inputs.training_problems(config, placement, global_batch=global_batch, micro_batch=micro_batch,
@@ -102,7 +105,7 @@ def job_create(
                                        field="gpus" if gpus is not None else "layout"))
     if problems:
         raise InvalidInput(problems)
-    resumed = checkpoint_info(path=resume_from, model=model) if resume_from else None
+    resumed = checkpoint_info(path=resume_from, model=spec) if resume_from else None
     if resumed and max_steps is not None and max_steps <= resumed["step"]:
         raise InvalidInput({"max_steps": [f"max_steps={max_steps} is not after the checkpoint's step "
                                           f"{resumed['step']} (steps count from 0 across the resume)"]})

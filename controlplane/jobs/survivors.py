@@ -20,7 +20,6 @@ from django.db import transaction
 from django.utils import timezone
 
 from agents import protocol
-from agents.layout.catalog import get_model
 from agents.layout.errors import LayoutError
 from agents.layout.placement import batch_dp, tp_block
 from agents.layout.plan import PlanOptions, plan_routes
@@ -28,6 +27,7 @@ from agents.layout.recovery import SurvivorWorld
 from controlplane.cluster.models import Gpu, Node
 from controlplane.cluster.selectors import gpus_per_node
 from controlplane.cluster.services import gpus_release
+from controlplane.common import inputs
 from controlplane.common.errors import Conflict, InvalidInput
 from controlplane.jobs import transitions
 from controlplane.jobs.failures import send_orders_or_fail
@@ -52,10 +52,10 @@ def _target(job: Job, world: SurvivorWorld, nodes: list[str]) -> tuple[str, obje
     each renumbered survivor runs. The plan has the best device map whose tensor-parallel
     blocks sit on one node each, else the survivors' own order."""
     why = []
-    model = get_model(job.model)
-    for text in dict.fromkeys([layout_for_resize(job, len(nodes)), world.source_layout]):
+    model = inputs.model_of(job.model)
+    for text in dict.fromkeys([layout_for_resize(job, len(nodes), model), world.source_layout]):
         try:
-            placement = layout_check(model=job.model, layout=text)
+            placement = layout_check(model=model, layout=text)
         except InvalidInput as exc:
             why.append(f"{text}: {exc}")
             continue

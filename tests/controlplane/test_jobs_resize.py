@@ -15,6 +15,7 @@ from django.core.management import call_command
 from django.utils import timezone as dj_timezone
 
 from agents import protocol
+from agents.layout.catalog import get_model
 from controlplane.cluster import services as cluster
 from controlplane.cluster.events import JobEvent
 from controlplane.cluster.models import Gpu
@@ -182,14 +183,15 @@ def test_gpus_grow_picks_dp_and_the_most_free_node(two_nodes, token_client, sent
 
 def test_the_gpus_rule_keeps_tp_and_pp_when_it_can() -> None:
     job = Job(name="r", model="tiny-gpt", layout="tp=2,dp=1", world_size=2, global_batch=12, micro_batch=1)
-    assert layout_for_resize(job, 4) == "tp=2,dp=2"
-    assert layout_for_resize(job, 6) == "tp=2,dp=3"
-    assert layout_for_resize(job, 3) == "dp=3"  # 3 GPUs cannot keep tp=2
+    tiny = get_model("tiny-gpt")
+    assert layout_for_resize(job, 4, tiny) == "tp=2,dp=2"
+    assert layout_for_resize(job, 6, tiny) == "tp=2,dp=3"
+    assert layout_for_resize(job, 3, tiny) == "dp=3"  # 3 GPUs cannot keep tp=2
     job.global_batch = 8
-    assert layout_for_resize(job, 6) == "dp=6"  # dp=3 breaks the batch rule; dp=6 does too, and says so later
+    assert layout_for_resize(job, 6, tiny) == "dp=6"  # dp=3 breaks the batch rule; dp=6 does too, and says so later
     job.layout = "tp=2,pp=2,dp=1,zero=1"
     job.global_batch = 12
-    assert layout_for_resize(job, 8) == "tp=2,pp=2,dp=2,zero=1"
+    assert layout_for_resize(job, 8, tiny) == "tp=2,pp=2,dp=2,zero=1"
 
 
 # --- shrink ---------------------------------------------------------------------------------
