@@ -12,6 +12,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.distributed.device_mesh import DeviceMesh
@@ -26,7 +27,10 @@ class FullyShardedState:
     materializes it from the given masters and runs AdamW on the shards."""
 
     def __init__(self, stage: nn.Module, dp_mesh: DeviceMesh, device: torch.device, state: dict[str, State], *,
-                 lr: float, weight_decay: float, step: int, rank: int) -> None:
+                 lr: float, weight_decay: float, step: int, rank: int, tie: tuple[str, object] | None = None) -> None:
+        """`tie`: (parameter name, group) of a weight whose copies on other ranks take the sum
+        of their gradients (ShardedAdamW's); the copies hold the same dp shard."""
+        self.tie = tie
         # FSDP2 warns when a wrapped module returns a view (the TP head's replicated logits):
         # harmless here, nothing modifies a stage's output in place.
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
@@ -62,6 +66,12 @@ class FullyShardedState:
     def step(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        if self.tie is not None:
+            name, tie_group = self.tie
+            p = self.params[name]
+            if p.grad is None:
+                p.grad = _like(p, torch.zeros_like(p.to_local()))
+            dist.all_reduce(p.grad.to_local(), group=tie_group)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 

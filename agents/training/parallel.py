@@ -42,6 +42,9 @@ from agents.training.fsdp import FullyShardedState, State
 from agents.training.zero import ParamSlot, ShardedAdamW, chunk_rows
 
 
+TIED_WEIGHT = "llm.embed.weight"  # a tied model's embedding, also its output head
+
+
 class TrainingError(ValueError):
     """A layout or run setting the trainer cannot train, with the reason."""
 
@@ -106,8 +109,6 @@ def check_trainable(config: TrainConfig, placement: Placement) -> None:
     refused = replicated_kv_heads(placement)
     if refused:
         raise TrainingError(refused)
-    if c.tied and (ml.tp > 1 or ml.pp > 1):
-        raise TrainingError(f"{config.model} ties its embedding and head: train it with tp=1 and pp=1")
     if c.experts and ml.tp > 1:
         raise TrainingError(f"{config.model} has MoE layers: the trainer supports them with tp=1 only")
     if config.sequence_parallel and ml.tp > 1:
@@ -130,17 +131,30 @@ class LayoutMeshes:
     dp: DeviceMesh
     pp: DeviceMesh
     everyone: object  # ProcessGroup over ranks 0..world-1
+    # A tied embedding and head with pp > 1: this rank and its peer on the other end stage
+    # (the same dp and tp coordinates), which sum their gradients of the shared weight
+    # (Megatron-LM's embedding group). None elsewhere.
+    embedding: object | None = None
 
     @classmethod
     def build(cls, placement: Placement) -> LayoutMeshes:
         """Collective over the default group: every process builds it, member of the layout or not."""
         ml = next(iter(placement.modules.values()))
-        mesh = DeviceMesh(device_type(), torch.arange(ml.world).view(ml.pp, ml.dp, ml.tp),
-                          mesh_dim_names=("pp", "dp", "tp"))
+        tied = any(t.split.place == "first+last" for t in placement.model.tensors)  # held by both end stages
+        ranks = torch.arange(ml.world).view(ml.pp, ml.dp, ml.tp)
+        mesh = DeviceMesh(device_type(), ranks, mesh_dim_names=("pp", "dp", "tp"))
         everyone = dist.new_group(ranks=list(range(ml.world)))
+        embedding = None
+        if tied and ml.pp > 1:
+            me = dist.get_rank()
+            for d in range(ml.dp):  # every process makes every group, in the same order
+                for t in range(ml.tp):
+                    pair = [int(ranks[0, d, t]), int(ranks[-1, d, t])]
+                    group = dist.new_group(ranks=pair)
+                    embedding = group if me in pair else embedding
         if mesh.get_coordinate() is None:
             return cls(mesh, mesh, mesh, mesh, everyone)
-        return cls(mesh, mesh["tp"], mesh["dp"], mesh["pp"], everyone)
+        return cls(mesh, mesh["tp"], mesh["dp"], mesh["pp"], everyone, embedding)
 
 
 def device_type() -> str:
@@ -154,6 +168,8 @@ def tp_plan(stage: DecoderStage, sequence_parallel: bool = False) -> dict:
     reduce-scatters its output (RowwiseParallel to Shard(1)), as Megatron-LM does."""
     seq = Shard(1) if sequence_parallel else Replicate()
     plan: dict = {}
+    if stage.tied and stage.last and not stage.first:  # the head's copy of a tied embedding: vocab rows split
+        plan["llm.embed"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
     if stage.first:
         if stage.llm.seq_scatter is not None:  # learned positions: all-reduce, add them, then split
             plan["llm.embed"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
@@ -238,10 +254,12 @@ class ParallelTrainer:
         if self.ml.tp > 1:
             parallelize_module(self.stage, self.meshes.tp, tp_plan(self.stage, sequence_parallel))
         state = self._states_by_name(shards)
+        # The shared weight's two copies (first and last stage) take the sum of both gradients.
+        self.tie = (TIED_WEIGHT, self.meshes.embedding) if self.meshes.embedding is not None else None
         if self.ml.zero == 3:
             self.optimizer = FullyShardedState(self.stage, self.meshes.dp, torch.device(device_type()), state,
                                                lr=config.lr, weight_decay=config.weight_decay,
-                                               step=self.scalars.step, rank=rank)
+                                               step=self.scalars.step, rank=rank, tie=self.tie)
         else:
             self._adopt(state)
         self.pipeline = self._build_pipeline() if self.ml.pp > 1 else None
@@ -279,7 +297,7 @@ class ParallelTrainer:
             moments[name] = (exp_avg, exp_avg_sq)
         self.optimizer = ShardedAdamW(slots, self.meshes.dp.get_group() if self.ml.dp > 1 else None, self.ml.dp,
                                       lr=self.config.lr, weight_decay=self.config.weight_decay, moments=moments,
-                                      step=self.scalars.step)
+                                      step=self.scalars.step, tie=self.tie)
         by_name = {s.name: s for s in slots}
         for name, p in self.stage.named_parameters():
             p.register_post_accumulate_grad_hook(self._grad_hook(by_name[name]))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor, Replicate
 
 from agents.layout.placement import layer_stages
 from agents.training.layers import rope_cos_sin
@@ -33,14 +34,14 @@ class DecoderStage(nn.Module):
         super().__init__()
         self.sequence_shards = sequence_shards
         llm = model.llm
-        if llm.head is None and stages > 1:
-            raise ValueError(f"{model.config.name}: tied embeddings across {stages} pipeline stages are not "
-                             "supported by the trainer; use pp=1")
         self.first, self.last = stage == 0, stage == stages - 1
+        self.tied = llm.head is None
         self.config, self.rope_theta, self.gpt = llm.config, llm.rope_theta, llm.gpt
         mine = [i for i, s in enumerate(layer_stages(len(llm.layers), stages)) if s == stage]
         self.llm = nn.Module()
-        self.llm.embed = llm.embed if self.first else None
+        # Tied: the last stage holds its own copy of the embedding as its head (same name, same
+        # values; the trainer sums both copies' gradients, agents/training/parallel.py).
+        self.llm.embed = llm.embed if self.first or (self.last and self.tied) else None
         self.llm.pos_embed = llm.pos_embed if self.first else None
         # A ModuleDict keyed by the global index keeps every layer's catalog name.
         self.llm.layers = nn.ModuleDict({str(i): llm.layers[i] for i in mine})
@@ -50,7 +51,6 @@ class DecoderStage(nn.Module):
         self.llm.seq_scatter = nn.Identity() if self.first and self.gpt and sequence_shards > 1 else None
         self.llm.final_norm = llm.final_norm if self.last else None
         self.llm.head = llm.head if self.last else None
-        self.tied = llm.head is None
 
     def forward(self, x: Tensor) -> Tensor:
         if self.first:
@@ -59,8 +59,7 @@ class DecoderStage(nn.Module):
         if not self.last:
             return x
         x = self.llm.final_norm(x)
-        head = self.llm.embed if self.tied else self.llm.head
-        return head(x) if not self.tied else torch.nn.functional.linear(x, head.weight)
+        return tied_logits(x, self.llm.embed.weight) if self.tied else self.llm.head(x)
 
     def run_layers(self, x: Tensor) -> Tensor:
         """Hidden states [B, T(/tp), H] through this stage's layers (learned positions added
@@ -77,3 +76,18 @@ class DecoderStage(nn.Module):
         for layer in self.llm.layers.values():
             x = layer(x, rope)
         return x
+
+
+def tied_logits(x: Tensor, weight: Tensor) -> Tensor:
+    """The output head of a tied model: hidden states times the embedding's transpose. Under
+    tensor parallelism the weight is the vocab-parallel embedding's DTensor (rows split over
+    tp, as the untied head's): the hidden states (replicated, or split over the sequence)
+    are gathered, each rank computes its vocabulary slice and the logits are gathered, as
+    the untied head's ColwiseParallel plan does."""
+    if not isinstance(weight, DTensor):
+        return torch.nn.functional.linear(x, weight)
+    mesh = weight.device_mesh
+    if not isinstance(x, DTensor):
+        x = DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+    logits = torch.nn.functional.linear(x.redistribute(mesh, [Replicate()]), weight)
+    return logits.redistribute(mesh, [Replicate()]).to_local()

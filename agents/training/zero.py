@@ -43,12 +43,14 @@ def chunk_rows(n: int, parts: int, index: int) -> tuple[int, int]:
 
 class ShardedAdamW:
     """AdamW over the masters of `slots`; `group` is the data-parallel process group (or
-    None when dp == 1)."""
+    None when dp == 1). `tie`: (parameter name, group): a weight whose copies on other
+    ranks (a tied embedding's, on the other end stage of the pipeline) take the sum of their
+    gradients before the data-parallel average."""
 
     def __init__(self, slots: list[ParamSlot], group, dp: int, *, lr: float, betas=(0.9, 0.95), eps: float = 1e-8,
                  weight_decay: float = 0.0, moments: dict[str, tuple[Tensor, Tensor]] | None = None,
-                 step: int = 0) -> None:
-        self.slots, self.group, self.dp = slots, group, dp
+                 step: int = 0, tie: tuple[str, object] | None = None) -> None:
+        self.slots, self.group, self.dp, self.tie = slots, group, dp, tie
         self.updating = False
         decay = [s.master for s in slots if s.master.dim() >= 2]
         no_decay = [s.master for s in slots if s.master.dim() < 2]
@@ -81,7 +83,13 @@ class ShardedAdamW:
     def step(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        grads = [s.grad if s.grad is not None else torch.zeros(s.local.shape) for s in self.slots]
+        for s in self.slots:
+            if s.grad is None:
+                s.grad = torch.zeros(s.local.shape)
+        if self.tie is not None:
+            name, tie_group = self.tie
+            dist.all_reduce(next(s.grad for s in self.slots if s.name == name), group=tie_group)
+        grads = [s.grad for s in self.slots]
         flat = torch.cat([g.reshape(-1) for g in grads])
         if self.dp > 1:
             dist.all_reduce(flat, group=self.group)
