@@ -1,4 +1,4 @@
-"""What both traced programs share (the trainers' own and the heterogeneous one's): the
+"""What the two traced programs (trace_parallel.py, trace_modules.py) share: the
 request, fake shards of a rank's contract boxes, the trainer's static bytes, a traced
 stage's memory, the symmetry classes of pipeline stages, and a StageTrace built from a
 recorder's records."""

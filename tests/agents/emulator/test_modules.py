@@ -43,6 +43,29 @@ def test_colocated_step_is_the_sum_of_the_module_phases() -> None:
     assert result.chunks == 1
 
 
+@pytest.mark.parametrize("colocated", [True, False])
+def test_an_input_module_that_costs_nothing_leaves_the_pipeline_alone(colocated: bool) -> None:
+    """A decoder-only model is the one-module case: an empty encoder (no ops, no bytes, no
+    boundary) adds nothing to the step, its breakdown or the per-stage memory."""
+    llm = uniform_trace(pp=2, m=4, forward=1.0, backward=2.0)
+    plain = simulate(llm, PROFILE)
+    result = simulate(hetero(colocated, (), (), llm, enc_memory=StageMemory(0, 0, 0, 0, 0)), PROFILE)
+    assert result.step_seconds == pytest.approx(plain.step_seconds)
+    assert result.breakdown == pytest.approx(plain.breakdown)
+    assert [s.peak for s in result.per_stage] == [s.peak for s in plain.per_stage]
+    assert result.peak_bytes == plain.peak_bytes
+    assert (plain.phases, plain.chunks, plain.input_memory) == ({}, 1, {})
+
+
+def test_one_trace_format_holds_the_input_modules() -> None:
+    trace = hetero(False, 1.0, 2.0, uniform_trace(pp=2, m=4),
+                   boundary=(((CommOp("boundary_send", "send", 1e6, 2, 1, "pp"),),), ()))
+    assert Trace.from_json(trace.to_json()) == trace
+    data = uniform_trace(pp=2, m=4).to_dict()
+    del data["inputs"]  # a decoder-only trace written before the field existed
+    assert Trace.from_dict(data) == uniform_trace(pp=2, m=4)
+
+
 def test_colocated_memory_holds_both_modules() -> None:
     llm = uniform_trace(pp=2, m=4)
     trace = hetero(True, 1.0, 1.0, llm, enc_memory=StageMemory(1000, 2000, 3000, 400, 500))
