@@ -4,7 +4,7 @@
 
 MODEL: internvit300m-llama3-8b, internvit6b-llama3-70b (default: both).
 
-For each model at 256 and 1,024 H100s (8 per node): `search` (search.search_multimodal)
+For each model at 256 and 1,024 H100s (8 per node): `search` (search.search)
 over homogeneous, colocated and non-colocated candidates, narrowed to keep the tracing
 affordable on a 2-core machine: LLM tp 4 or 8, pp 1 (8B) or 4 (70B), micro-batch 1,
 zero=1, the encoder at tp=1 when colocated and on N/16 GPUs when non-colocated, at most
@@ -33,13 +33,12 @@ PAPER = {"colocated": "up to +49.3% TFLOP/s per GPU", "non-colocated": "up to +1
 
 
 def run(model: str, gpus: int, max_candidates: int) -> dict:
-    from agents.emulator.search import search_multimodal
-    from agents.emulator.search import SearchRequest
+    from agents.emulator.search import SearchRequest, search
 
     request = SearchRequest(model, gpus=gpus, gpu="h100", global_batch=int(BATCH_PER_GPU * gpus), seq=SEQ,
                             top=10, recompute="full", micro_batches=(1,), zero=(1,), max_candidates=max_candidates)
     started = time.perf_counter()
-    result = search_multimodal(request, progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True),
+    result = search(request, progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True),
                                encoder_tp=(1,), shares=(16,), llm_tp=(4, 8), llm_pp=LLM_PP[model])
     result["wall_seconds"] = time.perf_counter() - started
     return result

@@ -14,7 +14,7 @@ import math
 
 from agents.emulator.devices import DeviceProfile
 from agents.emulator.errors import require
-from agents.emulator.simulate import RECOMPUTE, recomputed_ops
+from agents.emulator.stage_cost import RECOMPUTE, recomputed_ops
 from agents.emulator.trace import ComputeOp, Trace
 
 
@@ -64,6 +64,21 @@ def hardware_tflops_per_gpu(trace: Trace, step_seconds: float, recompute: str = 
     _positive(step_seconds, "step_seconds")
     per_rank = stage_flops(trace, recompute)
     return sum(per_rank) / len(per_rank) / step_seconds / 1e12
+
+
+def _ops_flops(ops) -> float:
+    return sum(op.flops for op in ops if isinstance(op, ComputeOp))
+
+
+def module_flops(trace: Trace, recompute: str = "none") -> dict[str, float]:
+    """FLOPs the traced ops run in a step, all ranks of each module together ("llm": the
+    pipeline; an input module's forward is run twice under full recompute)."""
+    out = {"llm": sum(stage_flops(trace, recompute)) * trace.tp * trace.dp}
+    for item in trace.inputs:
+        e = item.stage
+        out[item.module] = (_ops_flops(e.forward) * (2 if recompute == "full" else 1) + _ops_flops(e.backward)
+                            + _ops_flops(e.optimizer)) * item.world
+    return out
 
 
 def mfu(model_tflops: float, profile: DeviceProfile, dtype: str = "bf16") -> float:

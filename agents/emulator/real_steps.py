@@ -52,7 +52,7 @@ def time_steps(model: str, layout: str, rank: int, global_batch: int, micro_batc
     import torch.distributed as dist
 
     from agents.emulator.recorder import OpRecorder
-    from agents.emulator.tracer import trainer_static_bytes
+    from agents.emulator.trace_build import trainer_static_bytes
 
     trainer, zero = prepared_trainer(model, layout, rank, global_batch, micro_batch, seq, warmup + measured + 1)
     state = trainer_static_bytes(trainer, zero)

@@ -37,13 +37,17 @@ def compare(requests: list[EmulateRequest], progress=None) -> list[dict]:
     return out
 
 
-def search(request: SearchRequest, progress=None) -> dict:
+def search(request: SearchRequest, progress=None, **narrow) -> dict:
+    """The best layouts of any model. `narrow`: for a model with an encoder,
+    multimodal_candidates' keyword arguments (default: the full bounded set)."""
     try:
         multimodal = get_config(request.model).encoder is not None
     except LayoutError as exc:
         raise EmulatorError(str(exc)) from exc
-    if multimodal:  # homogeneous, colocated and non-colocated candidates
-        return search_multimodal(request, progress)
+    if multimodal:  # homogeneous, colocated and non-colocated candidates, ranked per placement
+        return search_multimodal(request, progress, **narrow)
+    if narrow:
+        raise EmulatorError(f"{request.model} has no encoder: {sorted(narrow)} narrow a multimodal search only")
     profile = load_profile(request.profile) if request.profile else get_profile(request.gpu)
     candidates = candidate_layouts(request)
     if not candidates:

@@ -32,21 +32,38 @@ recompute and optimizer), tp_comm (inline TP/CP/EP collectives), dp_comm (gather
 exposed gradient sync, inline DP and step syncs), pp_comm (waits while an input was in
 flight, inline pp ops), bubble (every other idle moment, incl. waiting for the slowest
 rank). The result's breakdown is the busiest rank's (least bubble).
+
+A trace with an input module (`Trace.inputs`: a multimodal model's encoder, trace.py) adds
+it to the step. Its rank's traced step (forward over its whole share, backward, gradient
+reduction, optimizer) is costed like a stage (stage_cost.py); the boundary's exchanges take,
+on each rank, max(its sends, its recvs), and the slowest rank's. Where it runs is data:
+- **colocated** (on the pipeline's ranks, as HeteroTrainer runs it): input forward for the
+  batch, boundary forward, the pipeline's step, boundary backward, input backward, its
+  gradient reduction and optimizer, one after the other on every rank: the step is their
+  sum. Memory: both modules' state plus the input's activations of the whole share (held
+  while the pipeline runs) on every rank, over the pipeline's per-stage peak.
+- **non-colocated** (on ranks of its own): the input module streams its share in `chunks`
+  pieces (one per micro-batch when the batch divides, else fewer): piece i's forward ends
+  at (i+1) F/c, its tokens reach the first stage bf/c later and feed the micro-batches that
+  hold those samples (`input_ready`); piece i's backward runs when the first stage's
+  backward of its last micro-batch plus bb/c has arrived, after all input forwards. The
+  step is the critical path of the two: max(pipeline step, input end). Memory per module on
+  its own ranks. `chunks=1` is what HeteroTrainer runs today (whole batch, then the LLM,
+  then the encoder backward). A piece costs 1/c of the whole share's traced time (kernel
+  efficiency at 1/c of the rows is not re-evaluated).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from agents.emulator.costs import op_seconds
 from agents.emulator.devices import DeviceProfile
 from agents.emulator.errors import require
 from agents.emulator.schedule import rank_orders
-from agents.emulator.trace import CommOp, ComputeOp, Op, StageTrace, Trace
+from agents.emulator.stage_cost import BREAKDOWN, PARTS, RECOMPUTE, StageCost, stage_cost
+from agents.emulator.trace import InputTrace, Trace
 
-RECOMPUTE = ("none", "selective", "full")
-PARTS = ("compute", "tp_comm", "dp_comm", "pp_comm")
-BREAKDOWN = PARTS + ("bubble",)
-_CATEGORY = {"tp": "tp_comm", "cp": "tp_comm", "ep": "tp_comm", "dp": "dp_comm", "pp": "pp_comm"}
+PIPELINE = "llm"  # the pipelined module's name: a model's last module
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,10 +92,15 @@ class StageResult:
     in_flight: int       # most micro-batch forwards (per chunk) held at once
     breakdown: dict[str, float]
     end_seconds: float
+    inputs: int = 0      # bytes colocated input modules hold on this rank (in `peak`)
 
 
 @dataclass(frozen=True)
 class SimResult:
+    """With input modules: `breakdown` is the critical module's busiest rank's (both
+    modules' when colocated), `phases` the input module's step and the pipeline's
+    (seconds), `input_memory` an input module's rank ({module: bytes by kind, peak})."""
+
     step_seconds: float
     breakdown: dict[str, float]
     per_stage: tuple[StageResult, ...]
@@ -86,6 +108,10 @@ class SimResult:
     peak_bytes: int
     hbm_bytes: int
     events: tuple[Event, ...] = field(default=())
+    phases: dict[str, float] = field(default_factory=dict)
+    chunks: int = 1
+    critical_module: str = PIPELINE
+    input_memory: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def fits(self) -> bool:
@@ -97,59 +123,6 @@ class SimResult:
         return out
 
 
-# --- per-stage costs ----------------------------------------------------------------
-def _is_p2p(op: Op) -> bool:
-    return isinstance(op, CommOp) and op.dim == "pp" and op.kind in ("send", "recv")
-
-
-def _category(op: Op) -> str:
-    return "compute" if isinstance(op, ComputeOp) else _CATEGORY[op.dim]
-
-
-def recomputed_ops(stage: StageTrace, recompute: str) -> tuple[Op, ...]:
-    """The forward ops a backward re-runs under a recompute mode."""
-    require(recompute in RECOMPUTE, f"recompute={recompute!r} not in {RECOMPUTE}")
-    if recompute == "full":
-        return tuple(op for op in stage.forward if not _is_p2p(op))
-    if recompute == "selective":
-        return tuple(op for op in stage.forward if isinstance(op, ComputeOp) and op.kind == "attention")
-    return ()
-
-
-@dataclass
-class _Phase:
-    seconds: float
-    parts: dict[str, float]
-    op_end: list[float]  # offset at which each op ends
-
-
-def _run_phase(timed: list[tuple[float, str]], gathers: list[tuple[int, float, str]],
-               overlap: float = 1.0) -> _Phase:
-    """Ops back to back; gather j must end before op gathers[j][0] starts; gather j+1 is
-    issued when gather j is consumed (one ahead), gather 0 at the phase start. While an op
-    runs, the gather in flight advances `overlap` seconds per second (the profile's
-    comm_overlap); while the rank waits for it, at full speed."""
-    t, parts, ends = 0.0, dict.fromkeys(PARTS, 0.0), []
-    j, left = 0, (gathers[0][1] if gathers else 0.0)  # left: the in-flight gather's remaining seconds
-
-    def consume(index: int) -> None:
-        nonlocal t, j, left
-        while j < len(gathers) and gathers[j][0] <= index:
-            parts[gathers[j][2]] += left
-            t += left
-            j += 1
-            left = gathers[j][1] if j < len(gathers) else 0.0
-
-    for i, (seconds, category) in enumerate(timed):
-        consume(i)
-        t += seconds
-        left = max(0.0, left - overlap * seconds)
-        parts[category] += seconds
-        ends.append(t)
-    consume(len(timed))
-    return _Phase(t, parts, ends)
-
-
 def _overlapped_end(begin: float, seconds: float, compute_end: float, overlap: float) -> float:
     """When a collective issued at `begin` ends if the rank computes until `compute_end`:
     it advances `overlap` seconds per second of that compute, then at full speed."""
@@ -159,115 +132,29 @@ def _overlapped_end(begin: float, seconds: float, compute_end: float, overlap: f
     return max(begin, compute_end) + seconds - overlap * window
 
 
-@dataclass
-class StageCost:
-    forward: _Phase
-    backward: _Phase
-    grad_ready: list[float]            # offset in the backward at which each bucket is issued
-    grad_buckets: list[tuple[float, str]]
-    f_send: float
-    f_recv: float
-    b_send: float
-    b_recv: float
-    optimizer: dict[str, float]
-    step_syncs: list[tuple[float, str]]
-    activations: int
-
-
-def stage_cost(stage: StageTrace, profile: DeviceProfile, gpn: int, recompute: str) -> StageCost:
-    cache: dict[int, float] = {}
-
-    def seconds(op: Op) -> float:
-        key = id(op)
-        if key not in cache:
-            cache[key] = op_seconds(op, profile, gpn)
-        return cache[key]
-
-    def timed(ops) -> list[tuple[float, str]]:
-        return [(seconds(op), _category(op)) for op in ops if not _is_p2p(op)]
-
-    def p2p(ops, kind: str) -> float:
-        return sum(seconds(op) for op in ops if _is_p2p(op) and op.kind == kind)
-
-    def gathers(phase: str, shift: int = 0) -> list[tuple[int, float, str]]:
-        return [(at + shift, seconds(op), _category(op)) for at, op in stage.gathers(phase)]
-
-    # p2p ops are not on the stream, so gather positions count the remaining ops only
-    fwd_index = _index_without_p2p(stage.forward)
-    bwd_index = _index_without_p2p(stage.backward)
-    rec = timed(recomputed_ops(stage, recompute))
-    fwd_gathers, bwd_gathers = gathers("forward"), gathers("backward")
-    # Without comm streams (a CPU) a gather never advances while the rank computes: each one
-    # runs where the program waits for it, in series.
-    overlap = profile.comm_overlap if profile.comm_streams else 0.0
-    forward = _run_phase(timed(stage.forward), [(fwd_index[a], s, c) for a, s, c in fwd_gathers], overlap)
-    backward = _run_phase(rec + timed(stage.backward),
-                          [(bwd_index[a] + len(rec), s, c) for a, s, c in bwd_gathers], overlap)
-    # Host work on the compute thread around the side-stream collectives (a phase's gathers
-    # every micro-batch; the gradient buckets in every backward when they sync each
-    # micro-batch, else once, before the optimizer) and around each pipeline send/recv
-    # (p2p ops are the ones _index_without_p2p leaves out).
-    host = profile.collective_host_seconds
-    buckets = len(stage.grad_sync) * host
-    forward = _with_host(forward, len(fwd_gathers) * host)
-    backward = _with_host(backward, len(bwd_gathers) * host + (buckets if stage.grad_sync_each_microbatch else 0.0))
-    forward = _with_host(forward, (len(stage.forward) - fwd_index[-1]) * profile.p2p_host_seconds, "pp_comm")
-    backward = _with_host(backward, (len(stage.backward) - bwd_index[-1]) * profile.p2p_host_seconds, "pp_comm")
-    ready = []
-    for after in stage.grad_ready_after():
-        i = len(rec) + bwd_index[after]
-        ready.append(backward.op_end[i - 1] if i > 0 else 0.0)
-    optimizer = dict.fromkeys(PARTS, 0.0)
-    for s, c in timed(stage.optimizer):
-        optimizer[c] += s
-    if not stage.grad_sync_each_microbatch:
-        optimizer["dp_comm"] += buckets
-    optimizer["dp_comm"] += sum(p == "step" for p in stage.phases()) * host
-    steps = [(seconds(op), _category(op)) for op, p in zip(stage.param_sync, stage.phases()) if p == "step"]
-    grad_buckets = [(seconds(op), _category(op)) for op in stage.grad_sync]
-    if not profile.comm_streams:  # the buckets block the thread that issues them: in series, no DP stream
-        blocking = sum(s for s, _ in grad_buckets)
-        if stage.grad_sync_each_microbatch:
-            backward = _with_host(backward, blocking)
-        else:
-            optimizer["dp_comm"] += blocking
-        ready, grad_buckets = [], []
-    return StageCost(forward, backward, ready, grad_buckets,
-                      p2p(stage.forward, "send"), p2p(stage.forward, "recv"),
-                      p2p(stage.backward, "send"), p2p(stage.backward, "recv"),
-                      optimizer, steps, stage.memory.activations(recompute))
-
-
-def _with_host(phase: _Phase, seconds: float, category: str = "dp_comm") -> _Phase:
-    """The phase with `seconds` more on its thread at its end: host work for its
-    communication, or collectives that block the thread (no comm streams)."""
-    if not seconds:
-        return phase
-    parts = dict(phase.parts)
-    parts[category] += seconds
-    return _Phase(phase.seconds + seconds, parts, phase.op_end)
-
-
-def _index_without_p2p(ops: tuple[Op, ...]) -> list[int]:
-    """index[i] = how many non-p2p ops precede position i (i in 0..len)."""
-    out, n = [], 0
-    for op in ops:
-        out.append(n)
-        n += not _is_p2p(op)
-    out.append(n)
-    return out
-
 
 # --- the step -------------------------------------------------------------------------
 def simulate(trace: Trace, profile: DeviceProfile, gpus_per_node: int = 8, recompute: str = "none",
-             record_events: bool = False, input_ready: tuple[float, ...] | None = None) -> SimResult:
-    """`input_ready[i]`: when micro-batch i's input reaches the first stage (default 0: all at
-    the start); a heterogeneous layout's encoder feeds the LLM this way (hetero_sim.py)."""
+             record_events: bool = False, input_ready: tuple[float, ...] | None = None,
+             chunks: int | None = None) -> SimResult:
+    """The step of any model's trace. `input_ready[i]`: when micro-batch i's input reaches
+    the first stage (default 0: all at the start; without input modules only). `chunks`:
+    pieces a non-colocated input module streams its share in (default: input_chunks)."""
     require(isinstance(trace, Trace), f"trace must be a Trace, got {type(trace).__name__}")
     require(isinstance(profile, DeviceProfile), f"profile must be a DeviceProfile, got {type(profile).__name__}")
     require(isinstance(gpus_per_node, int) and gpus_per_node >= 1,
             f"gpus_per_node={gpus_per_node!r} must be a positive integer")
     require(recompute in RECOMPUTE, f"recompute={recompute!r} not in {RECOMPUTE}")
+    if not trace.inputs:
+        require(chunks in (None, 1), f"chunks={chunks!r}: the trace has no input module to stream")
+        return _pipeline(trace, profile, gpus_per_node, recompute, record_events, input_ready)
+    require(input_ready is None, "input_ready is derived from the trace's input module")
+    require(len(trace.inputs) == 1, f"{len(trace.inputs)} input modules: one (the encoder) is modelled")
+    return _with_input(trace, trace.inputs[0], profile, gpus_per_node, recompute, record_events, chunks)
+
+
+def _pipeline(trace: Trace, profile: DeviceProfile, gpus_per_node: int, recompute: str, record_events: bool,
+              input_ready: tuple[float, ...] | None) -> SimResult:
     pp, vpp, m = trace.pp, trace.vpp, trace.micro_batches
     require(input_ready is None or (len(input_ready) == m and all(t >= 0 for t in input_ready)),
             f"input_ready must hold {m} times >= 0, one per micro-batch")
@@ -368,3 +255,90 @@ def _memory(trace: Trace, r: int, order, costs: list[StageCost], breakdown: dict
     temporary = max(s.memory.temporary for s in chunks)
     return StageResult(r, params, grads, optimizer, peak_held, temporary,
                        params + grads + optimizer + peak_held + temporary, peak_count, breakdown, end_seconds)
+
+
+# --- input modules --------------------------------------------------------------------
+def boundary_seconds(ranks, profile: DeviceProfile, gpus_per_node: int) -> float:
+    """The exchange ends when the slowest rank's does; a rank sends and receives at once."""
+    worst = 0.0
+    for ops in ranks:
+        sends = sum(op_seconds(op, profile, gpus_per_node) for op in ops if op.kind == "send")
+        recvs = sum(op_seconds(op, profile, gpus_per_node) for op in ops if op.kind == "recv")
+        worst = max(worst, sends, recvs)
+    return worst
+
+
+def input_chunks(samples: int, micro_batches: int, colocated: bool) -> int:
+    """Pieces a non-colocated input module streams its share in: the largest divisor of the
+    pipeline's micro-batch count that divides the share (1 when colocated)."""
+    if colocated or samples == 0:
+        return 1
+    return max(c for c in range(1, micro_batches + 1) if micro_batches % c == 0 and samples % c == 0)
+
+
+def input_memory(item: InputTrace, recompute: str) -> dict[str, int]:
+    """Bytes one rank of an input module holds: its state, the activations of its whole
+    share, its temporary; and their peak."""
+    mem = item.stage.memory
+    out = {"params": mem.params, "grads": mem.grads, "optimizer": mem.optimizer,
+           "activations": mem.activations(recompute), "temporary": mem.temporary}
+    out["peak"] = sum(out.values())
+    return out
+
+
+def _with_input(trace: Trace, item: InputTrace, profile: DeviceProfile, gpus_per_node: int, recompute: str,
+                record_events: bool, chunks: int | None) -> SimResult:
+    m = trace.micro_batches
+    c = chunks if chunks is not None else input_chunks(item.samples, m, item.colocated)
+    require(isinstance(c, int) and c >= 1 and m % c == 0, f"chunks={c!r} must be a positive divisor of {m} micro-batches")
+    require(c == 1 or not item.colocated, f"a colocated {item.module} runs its share in one piece (chunks=1)")
+    name = item.module
+    enc = stage_cost(item.stage, profile, gpus_per_node, recompute)
+    bf = boundary_seconds(item.boundary_forward, profile, gpus_per_node)
+    bb = boundary_seconds(item.boundary_backward, profile, gpus_per_node)
+    sync = sum(s for s, _ in enc.grad_buckets)
+    optimizer = sum(enc.optimizer.values()) + sum(s for s, _ in enc.step_syncs)
+    phases = {f"{name}_forward": enc.forward.seconds, "boundary_forward": bf, f"{name}_backward": enc.backward.seconds,
+              "boundary_backward": bb, f"{name}_grad_sync": sync, f"{name}_optimizer": optimizer}
+    enc_parts = dict.fromkeys(PARTS, 0.0)
+    for part in (enc.forward.parts, enc.backward.parts, enc.optimizer):
+        for key, value in part.items():
+            enc_parts[key] += value
+    enc_parts["dp_comm"] += sync + sum(s for s, cat in enc.step_syncs if cat == "dp_comm")
+    enc_parts["pp_comm"] += bf + bb  # the boundary's transfers
+
+    if item.colocated:
+        llm = _pipeline(trace, profile, gpus_per_node, recompute, record_events, None)
+        step = llm.step_seconds + sum(phases.values())
+        breakdown = {k: llm.breakdown[k] + enc_parts.get(k, 0.0) for k in BREAKDOWN}
+        critical = f"{PIPELINE}+{name}"
+    else:
+        f, b = enc.forward.seconds / c, enc.backward.seconds / c
+        ready = [(j * c // m + 1) * f + bf / c for j in range(m)]
+        llm = _pipeline(trace, profile, gpus_per_node, recompute, True, tuple(ready))
+        first_b = {e.micro_batch: e.end for e in llm.events if e.kind == "backward" and e.stage == 0}
+        t = c * f
+        for i in range(c):
+            grads_back = max(first_b[j] for j in range(m) if j * c // m == i) + bb / c
+            t = max(t, grads_back) + b
+        encoder_end = t + sync + optimizer
+        step = max(llm.step_seconds, encoder_end)
+        phases[f"{PIPELINE}_step"] = llm.step_seconds
+        phases[f"{name}_end"] = encoder_end
+        llm_parts = dict(llm.breakdown)
+        llm_parts["bubble"] += step - llm.step_seconds
+        enc_parts["bubble"] = max(0.0, step - sum(enc_parts.values()))
+        # the module on the critical path: the one that ends the step
+        breakdown, critical = ((llm_parts, PIPELINE) if llm.step_seconds >= encoder_end
+                               else ({k: enc_parts[k] for k in BREAKDOWN}, name))
+    phases[f"{PIPELINE}_step"] = llm.step_seconds
+    memory = input_memory(item, recompute)
+    stages = llm.per_stage
+    if item.colocated:  # both modules' state and the input's activations; the larger temporary
+        held = memory["peak"] - memory["temporary"]
+        stages = tuple(replace(s, inputs=held, peak=s.peak - s.temporary + held + max(s.temporary, memory["temporary"]))
+                       for s in stages)
+    peak = max([s.peak for s in stages] + ([] if item.colocated else [memory["peak"]]))
+    return replace(llm, step_seconds=step, breakdown=breakdown, per_stage=stages, peak_bytes=peak,
+                   events=llm.events if record_events else (), phases=phases, chunks=c, critical_module=critical,
+                   input_memory={name: memory})

@@ -8,6 +8,11 @@ With the interleaved schedule (vpp > 1) `Trace.stages` holds one `StageTrace` pe
 *virtual* stage (model chunk), pp*vpp of them in model order: virtual stage k lives on
 pipeline rank k % pp (chunk k // pp), as in Megatron and docs/contracts.md section 2. A rank's
 static memory is the sum over its chunks.
+
+A model is its modules: the last one (the LLM) is the pipeline of `Trace.stages`; the ones
+before it (a multimodal model's encoder + projector) are `Trace.inputs`, each an unpipelined
+module whose output feeds the pipeline's first stage across a boundary (`InputTrace`). A
+decoder-only model is the case with no inputs.
 """
 from __future__ import annotations
 
@@ -216,8 +221,70 @@ class StageTrace:
 
 
 @dataclass(frozen=True, slots=True)
+class InputTrace:
+    """A module that runs before the pipeline and feeds its first stage (issue 8: a
+    multimodal model's encoder + projector, unpipelined as the trainer runs it; TP/DP
+    replicas symmetric).
+
+    stage: one traced rank's whole step as a one-stage StageTrace: forward over its
+    dp share of the global batch (`samples`), backward, optimizer, data-parallel gradient
+    reduction. `tokens`: positions one sample becomes at the pipeline's input (image
+    tokens). `colocated`: on the pipeline's own ranks (else on ranks of its own).
+    boundary_forward / boundary_backward: the boundary's point-to-point transfers of the
+    whole batch, one tuple per rank taking part (its sends and recvs). A rank's exchange
+    takes max(its sends, its recvs) (links are full duplex); the exchange ends when the
+    slowest rank's does.
+    """
+
+    module: str
+    stage: StageTrace
+    tp: int
+    dp: int
+    zero: int
+    samples: int
+    tokens: int
+    colocated: bool
+    boundary_forward: tuple[tuple[CommOp, ...], ...] = ()
+    boundary_backward: tuple[tuple[CommOp, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        for key in ("boundary_forward", "boundary_backward"):
+            object.__setattr__(self, key, tuple(tuple(ops) for ops in getattr(self, key)))
+            for ops in getattr(self, key):
+                for op in ops:
+                    require(isinstance(op, CommOp) and op.kind in ("send", "recv"),
+                            f"{self.module} {key}: {op!r} is not a send/recv CommOp")
+        require(isinstance(self.stage, StageTrace), f"{self.module}: stage must be a StageTrace")
+        for key in ("tp", "dp", "tokens"):
+            _positive_int(getattr(self, key), f"{self.module} {key}")
+        require(isinstance(self.samples, int) and self.samples >= 0,
+                f"{self.module} samples={self.samples!r} must be an integer >= 0")
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.dp
+
+    def to_dict(self) -> dict:
+        out = {k: getattr(self, k) for k in ("module", "tp", "dp", "zero", "samples", "tokens", "colocated")}
+        out["stage"] = stage_to_dict(self.stage)
+        for key in ("boundary_forward", "boundary_backward"):
+            out[key] = [[op_to_dict(op) for op in ops] for ops in getattr(self, key)]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "InputTrace":
+        data = dict(data)
+        data["stage"] = stage_from_dict(data["stage"])
+        for key in ("boundary_forward", "boundary_backward"):
+            data[key] = tuple(tuple(op_from_dict(op) for op in ops) for ops in data.get(key, ()))
+        return cls(**data)
+
+
+@dataclass(frozen=True, slots=True)
 class Trace:
-    """A traced step of one configuration: layout, batch shape and its stages."""
+    """A traced step of one configuration: layout, batch shape and its stages; `inputs`:
+    the modules feeding the pipeline (none for a decoder-only model). With inputs, `seq`
+    is the positions the pipeline runs (input tokens + text)."""
 
     model: str
     tp: int
@@ -231,9 +298,13 @@ class Trace:
     cp: int = 1
     ep: int = 1
     zero: int = 0
+    inputs: tuple[InputTrace, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stages", tuple(self.stages))
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        for item in self.inputs:
+            require(isinstance(item, InputTrace), f"inputs: {item!r} is not an InputTrace")
         for key in ("tp", "pp", "vpp", "dp", "cp", "ep", "micro_batches", "micro_batch_size", "seq"):
             _positive_int(getattr(self, key), key)
         require(self.zero in (0, 1, 2, 3), f"zero={self.zero!r} must be 0, 1, 2 or 3")
@@ -247,6 +318,7 @@ class Trace:
 
     @property
     def world(self) -> int:
+        """The pipeline's ranks (an input module on ranks of its own adds its InputTrace.world)."""
         return self.tp * self.pp * self.dp * self.cp
 
     @property
@@ -259,8 +331,9 @@ class Trace:
 
     # --- JSON (the tracer caches traces on disk) ----------------------------------
     def to_dict(self) -> dict:
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "stages"}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("stages", "inputs")}
         out["stages"] = [stage_to_dict(s) for s in self.stages]
+        out["inputs"] = [i.to_dict() for i in self.inputs]
         out["version"] = FORMAT_VERSION
         return out
 
@@ -273,7 +346,8 @@ class Trace:
         version = data.pop("version", FORMAT_VERSION)
         require(version == FORMAT_VERSION, f"trace format version={version!r}, this code reads {FORMAT_VERSION}")
         stages = tuple(stage_from_dict(s) for s in data.pop("stages"))
-        return cls(stages=stages, **data)
+        inputs = tuple(InputTrace.from_dict(i) for i in data.pop("inputs", ()))
+        return cls(stages=stages, inputs=inputs, **data)
 
     @classmethod
     def from_json(cls, text: str) -> "Trace":
@@ -315,4 +389,4 @@ def stage_from_dict(data: dict) -> StageTrace:
     return StageTrace(**data)
 
 
-__all__ = ["ComputeOp", "CommOp", "Op", "StageMemory", "StageTrace", "Trace"]
+__all__ = ["ComputeOp", "CommOp", "InputTrace", "Op", "StageMemory", "StageTrace", "Trace"]

@@ -160,7 +160,7 @@ class HeteroTrainer:
                  check_plan: bool = True) -> None:
         """`meshes`, built by the caller, and `check_plan=False` (no plan fingerprint
         exchange) let the emulator's tracer build one rank of a target world on fake tensors
-        and torch's fake process group (agents/emulator/hetero_tracer.py); the job runner's
+        and torch's fake process group (agents/emulator/trace_modules.py); the job runner's
         checkpoints rebuild a trainer on the meshes of the one they replace."""
         self.config, self.rank = config, rank
         self.spec, self.mc = get_model(config.model), get_config(config.model)

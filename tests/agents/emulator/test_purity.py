@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[3] / "agents" / "emulator"
-PURE = ["__init__", "errors", "trace", "devices", "network", "costs", "schedule", "simulate", "metrics", "hetero_trace",
-        "hetero_sim"]
+PURE = ["__init__", "errors", "trace", "devices", "network", "costs", "schedule", "stage_cost", "simulate", "metrics"]
 ALLOWED = {"__future__", "dataclasses", "json", "math", "pathlib", "typing", "numpy", "agents.emulator"}
 
 

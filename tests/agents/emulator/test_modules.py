@@ -1,6 +1,6 @@
-"""Heterogeneous layouts in the emulator (issue 8): the step of colocated and non-colocated
-layouts on synthetic traces (textbook cases computed by hand), bad layouts, the search's
-candidate set, and one real tiny-vlm trace end to end."""
+"""Models with an input module (a multimodal model's encoder, issue 8) in the emulator: the
+step of colocated and non-colocated layouts on synthetic traces (textbook cases computed by
+hand), bad layouts, the search's candidate set, and one real tiny-vlm trace end to end."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -11,21 +11,21 @@ from agents.emulator.costs import op_seconds
 from agents.emulator.emulate import EmulateRequest, emulate
 from agents.emulator.errors import EmulatorError
 from agents.emulator.search_space import multimodal_candidates, static_bytes
-from agents.emulator.hetero_sim import encoder_chunks, simulate_hetero
-from agents.emulator.hetero_trace import HeteroTrace
 from agents.emulator.search_space import SearchRequest
-from agents.emulator.simulate import simulate
-from agents.emulator.trace import CommOp, StageMemory
+from agents.emulator.simulate import input_chunks, simulate
+from agents.emulator.trace import CommOp, InputTrace, StageMemory, Trace
+from agents.emulator.tracer import TraceRequest, trace as trace_model
 from agents.layout.catalog import get_model
 from tests.agents.emulator.helpers import PROFILE, stage, uniform_trace
 
 
-def hetero(colocated: bool, enc_f: float, enc_b: float, llm, samples: int = 8, boundary=((), ()),
-           enc_memory: StageMemory | None = None) -> HeteroTrace:
+def hetero(colocated: bool, enc_f: float, enc_b: float, llm: Trace, samples: int = 8, boundary=((), ()),
+           enc_memory: StageMemory | None = None) -> Trace:
+    """The LLM's pipeline trace with an encoder feeding it."""
     encoder = stage(0, enc_f, enc_b, memory=enc_memory or StageMemory(1000, 2000, 3000, 400, 50))
-    return HeteroTrace("test", "test", colocated, encoder, encoder_tp=1, encoder_dp=2, encoder_zero=0,
-                       encoder_samples=samples, image_tokens=17, llm=llm,
-                       boundary_forward=boundary[0], boundary_backward=boundary[1])
+    return replace(llm, inputs=(InputTrace("encoder", encoder, tp=1, dp=2, zero=0, samples=samples, tokens=17,
+                                           colocated=colocated, boundary_forward=boundary[0],
+                                           boundary_backward=boundary[1]),))
 
 
 def test_colocated_step_is_the_sum_of_the_module_phases() -> None:
@@ -33,7 +33,7 @@ def test_colocated_step_is_the_sum_of_the_module_phases() -> None:
     send = CommOp("boundary_send", "send", 1e9, 2, 1, "pp")
     recv = CommOp("boundary_recv", "recv", 5e8, 2, 1, "pp")
     trace = hetero(True, 3.0, 5.0, llm, boundary=(((send, send), (recv,)), ((send,),)))
-    result = simulate_hetero(trace, PROFILE)
+    result = simulate(trace, PROFILE)
     s = op_seconds(send, PROFILE)
     assert simulate(llm, PROFILE).step_seconds == pytest.approx(15.0)
     # forward exchange: the sender's two sends (2 s) outlast the receiver's one recv
@@ -43,15 +43,38 @@ def test_colocated_step_is_the_sum_of_the_module_phases() -> None:
     assert result.chunks == 1
 
 
+@pytest.mark.parametrize("colocated", [True, False])
+def test_an_input_module_that_costs_nothing_leaves_the_pipeline_alone(colocated: bool) -> None:
+    """A decoder-only model is the one-module case: an empty encoder (no ops, no bytes, no
+    boundary) adds nothing to the step, its breakdown or the per-stage memory."""
+    llm = uniform_trace(pp=2, m=4, forward=1.0, backward=2.0)
+    plain = simulate(llm, PROFILE)
+    result = simulate(hetero(colocated, (), (), llm, enc_memory=StageMemory(0, 0, 0, 0, 0)), PROFILE)
+    assert result.step_seconds == pytest.approx(plain.step_seconds)
+    assert result.breakdown == pytest.approx(plain.breakdown)
+    assert [s.peak for s in result.per_stage] == [s.peak for s in plain.per_stage]
+    assert result.peak_bytes == plain.peak_bytes
+    assert (plain.phases, plain.chunks, plain.input_memory) == ({}, 1, {})
+
+
+def test_one_trace_format_holds_the_input_modules() -> None:
+    trace = hetero(False, 1.0, 2.0, uniform_trace(pp=2, m=4),
+                   boundary=(((CommOp("boundary_send", "send", 1e6, 2, 1, "pp"),),), ()))
+    assert Trace.from_json(trace.to_json()) == trace
+    data = uniform_trace(pp=2, m=4).to_dict()
+    del data["inputs"]  # a decoder-only trace written before the field existed
+    assert Trace.from_dict(data) == uniform_trace(pp=2, m=4)
+
+
 def test_colocated_memory_holds_both_modules() -> None:
     llm = uniform_trace(pp=2, m=4)
     trace = hetero(True, 1.0, 1.0, llm, enc_memory=StageMemory(1000, 2000, 3000, 400, 500))
-    result = simulate_hetero(trace, PROFILE)
+    result = simulate(trace, PROFILE)
     plain = simulate(llm, PROFILE)
-    for row, s in zip(result.llm_memory, plain.per_stage):
+    for row, s in zip(result.per_stage, plain.per_stage):
         # stage s holds min(pp - s, m) micro-batches of 100 B; temporary: the larger of 7 and 500
-        assert row["peak"] == s.params + s.grads + s.optimizer + s.activations + 1000 + 2000 + 3000 + 400 + 500
-    assert result.peak_bytes == max(r["peak"] for r in result.llm_memory)
+        assert row.peak == s.params + s.grads + s.optimizer + s.activations + 1000 + 2000 + 3000 + 400 + 500
+    assert result.peak_bytes == max(r.peak for r in result.per_stage)
 
 
 def test_non_colocated_step_is_the_critical_path_of_the_two_modules() -> None:
@@ -60,7 +83,7 @@ def test_non_colocated_step_is_the_critical_path_of_the_two_modules() -> None:
     # Encoder backwards (after its last forward, each when its gradient is back): 4-6, 7-9, 10-12, 13-15.
     llm = uniform_trace(pp=1, m=4, forward=1.0, backward=2.0)
     trace = hetero(False, 4.0, 8.0, llm)
-    result = simulate_hetero(trace, PROFILE)
+    result = simulate(trace, PROFILE)
     assert result.chunks == 4
     assert result.phases["llm_step"] == pytest.approx(13.0)
     assert result.phases["encoder_end"] == pytest.approx(15.0)
@@ -68,10 +91,10 @@ def test_non_colocated_step_is_the_critical_path_of_the_two_modules() -> None:
     assert result.critical_module == "encoder"
     assert sum(result.breakdown.values()) == pytest.approx(15.0)
     # The trainer's schedule today (one piece): forward 0-4, LLM 4-16, encoder backward 16-24.
-    assert simulate_hetero(trace, PROFILE, chunks=1).step_seconds == pytest.approx(24.0)
+    assert simulate(trace, PROFILE, chunks=1).step_seconds == pytest.approx(24.0)
     # A fast encoder hides behind the LLM: the LLM waits only for the first chunk (0.1 s), the encoder adds
     # only its last chunk's backward (0.2 s) after the LLM's last backward.
-    fast = simulate_hetero(hetero(False, 0.4, 0.8, llm), PROFILE)
+    fast = simulate(hetero(False, 0.4, 0.8, llm), PROFILE)
     assert fast.phases["llm_step"] == pytest.approx(0.1 + 12.0)
     assert fast.step_seconds == pytest.approx(0.1 + 12.0 + 0.2)
 
@@ -79,19 +102,19 @@ def test_non_colocated_step_is_the_critical_path_of_the_two_modules() -> None:
 def test_non_colocated_memory_is_per_module() -> None:
     llm = uniform_trace(pp=2, m=4)
     trace = hetero(False, 1.0, 1.0, llm, enc_memory=StageMemory(10**6, 0, 0, 10, 0))
-    result = simulate_hetero(trace, PROFILE)
-    assert result.encoder_memory["peak"] == 10**6 + 10
-    assert [r["peak"] for r in result.llm_memory] == [s.peak for s in simulate(llm, PROFILE).per_stage]
+    result = simulate(trace, PROFILE)
+    assert result.input_memory["encoder"]["peak"] == 10**6 + 10
+    assert [r.peak for r in result.per_stage] == [s.peak for s in simulate(llm, PROFILE).per_stage]
     assert result.peak_bytes == 10**6 + 10
 
 
 def test_encoder_chunks_divide_micro_batches_and_the_share() -> None:
-    assert encoder_chunks(8, 4, colocated=False) == 4
-    assert encoder_chunks(6, 4, colocated=False) == 2
-    assert encoder_chunks(5, 4, colocated=False) == 1
-    assert encoder_chunks(8, 4, colocated=True) == 1
+    assert input_chunks(8, 4, colocated=False) == 4
+    assert input_chunks(6, 4, colocated=False) == 2
+    assert input_chunks(5, 4, colocated=False) == 1
+    assert input_chunks(8, 4, colocated=True) == 1
     with pytest.raises(EmulatorError, match="chunks=3"):
-        simulate_hetero(hetero(False, 1.0, 1.0, uniform_trace(pp=1, m=4)), PROFILE, chunks=3)
+        simulate(hetero(False, 1.0, 1.0, uniform_trace(pp=1, m=4)), PROFILE, chunks=3)
 
 
 @pytest.mark.parametrize(("layout", "gpus", "message"), [
@@ -126,12 +149,10 @@ def test_search_candidates_cover_the_three_placements_and_are_bounded() -> None:
 def test_a_traced_rank_with_empty_zero_chunks_traces() -> None:
     """LLM stage 1's first rank (rank 2) is encoder dp rank 2, whose ZeRO chunk of the 1-row
     class token is empty: HeteroTrainer builds it (it raised KeyError before)."""
-    from agents.emulator.hetero_tracer import HeteroTraceRequest, trace_hetero
-
-    request = HeteroTraceRequest("tiny-vlm", "encoder:dp=4,zero=1;llm:tp=2,pp=2", global_batch=8, micro_batch=2,
-                                 seq=16, micro_batches=4)
-    trace, info = trace_hetero(request, use_cache=False)
-    assert (trace.colocated, trace.encoder_dp, trace.encoder_zero, len(trace.llm.stages)) == (True, 4, 1, 2)
+    request = TraceRequest("tiny-vlm", "encoder:dp=4,zero=1;llm:tp=2,pp=2", micro_batch=2, seq=16, micro_batches=4)
+    trace, info = trace_model(request, use_cache=False)
+    (encoder,) = trace.inputs
+    assert (encoder.colocated, encoder.dp, encoder.zero, len(trace.stages)) == (True, 4, 1, 2)
     assert info["stages_traced"] == 3  # the encoder class and both LLM stages
 
 
@@ -146,11 +167,9 @@ def test_static_bytes_of_a_colocated_rank_hold_both_modules() -> None:
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory):
     """One real tiny-vlm trace (HeteroTrainer on fake tensors), non-colocated."""
-    from agents.emulator.hetero_tracer import HeteroTraceRequest, trace_hetero
-
-    request = HeteroTraceRequest("tiny-vlm", "encoder:dp=2,ranks=0-1;llm:tp=2,ranks=2-3", global_batch=8,
-                                 micro_batch=2, seq=16, micro_batches=4)
-    trace, info = trace_hetero(request, use_cache=False)
+    request = TraceRequest("tiny-vlm", "encoder:dp=2,ranks=0-1;llm:tp=2,ranks=2-3", micro_batch=2, seq=16,
+                           micro_batches=4)
+    trace, info = trace_model(request, use_cache=False)
     return trace, info
 
 
@@ -158,28 +177,29 @@ def test_tiny_vlm_trace_end_to_end(traced) -> None:
     trace, info = traced
     model = get_model("tiny-vlm")
     assert info["stages_traced"] == 2  # the encoder class and the one LLM stage, each in its own process
-    assert (trace.colocated, trace.encoder_dp, trace.encoder_samples, trace.image_tokens) == (False, 2, 4, 17)
+    (encoder,) = trace.inputs
+    assert (encoder.colocated, encoder.dp, encoder.samples, encoder.tokens) == (False, 2, 4, 17)
     # traced static memory = the analytic per-module count: encoder tp=1, zero=0: 2 + 4 + 12 B per element;
     # LLM tp=2: tensors with a tp dim are halved
     enc = sum(t.numel for t in model.tensors if t.split.module == "encoder")
     llm = sum(t.numel // (2 if t.split.tp_dim is not None else 1) for t in model.tensors if t.split.module == "llm")
-    assert (trace.encoder.memory.params, trace.encoder.memory.grads, trace.encoder.memory.optimizer) == (
+    assert (encoder.stage.memory.params, encoder.stage.memory.grads, encoder.stage.memory.optimizer) == (
         2 * enc, 4 * enc, 12 * enc)
-    m = trace.llm.stages[0].memory
+    m = trace.stages[0].memory
     assert (m.params, m.grads, m.optimizer) == (2 * llm, 4 * llm, 12 * llm)
     # the boundary (the tracer checked the communicator's recorded messages against these): each encoder rank
     # sends its 4 samples x 17 tokens x 64 hidden (bf16) to both LLM tp ranks; one of them returns its gradient
     box = 4 * 17 * 64 * 2
-    forward = sorted((op.kind, op.bytes) for ops in trace.boundary_forward for op in ops)
+    forward = sorted((op.kind, op.bytes) for ops in encoder.boundary_forward for op in ops)
     assert forward == [("recv", box)] * 4 + [("send", box)] * 4
-    assert [len(ops) for ops in trace.boundary_forward] == [2, 2, 2, 2]
-    backward = sorted((op.kind, op.bytes) for ops in trace.boundary_backward for op in ops)
+    assert [len(ops) for ops in encoder.boundary_forward] == [2, 2, 2, 2]
+    backward = sorted((op.kind, op.bytes) for ops in encoder.boundary_backward for op in ops)
     assert backward == [("recv", box)] * 2 + [("send", box)] * 2
     # the encoder's dp gradient all-reduce, the LLM's tp collectives inline
-    assert [op.kind for op in trace.encoder.grad_sync] == ["all_reduce"]
-    assert any(isinstance(op, CommOp) and op.dim == "tp" for op in trace.llm.stages[0].forward)
+    assert [op.kind for op in encoder.stage.grad_sync] == ["all_reduce"]
+    assert any(isinstance(op, CommOp) and op.dim == "tp" for op in trace.stages[0].forward)
     # the LLM sees image tokens + text
-    assert trace.llm.seq == 17 + 16
-    result = simulate_hetero(trace, replace(PROFILE))
+    assert trace.seq == 17 + 16
+    result = simulate(trace, replace(PROFILE))
     assert result.step_seconds >= max(result.phases["llm_step"], result.phases["encoder_end"]) - 1e-12
-    assert HeteroTrace.from_json(trace.to_json()) == trace
+    assert Trace.from_json(trace.to_json()) == trace
