@@ -44,7 +44,7 @@ def candidate_layouts(request: SearchRequest) -> list[tuple[str, int]]:
         if tp > request.gpus_per_node or c.heads % tp or c.kv_heads % tp or (c.experts and tp > 1):
             continue
         for pp in _divisors(request.gpus // tp):
-            if pp > c.layers or (c.tied and (tp > 1 or pp > 1)):
+            if pp > c.layers:
                 continue
             dp = request.gpus // (tp * pp)
             for zero in request.zero:

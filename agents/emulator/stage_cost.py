@@ -18,7 +18,8 @@ from agents.emulator.trace import CommOp, ComputeOp, Op, StageTrace
 RECOMPUTE = ("none", "selective", "full")
 PARTS = ("compute", "tp_comm", "dp_comm", "pp_comm")
 BREAKDOWN = PARTS + ("bubble",)
-_CATEGORY = {"tp": "tp_comm", "cp": "tp_comm", "ep": "tp_comm", "dp": "dp_comm", "pp": "pp_comm"}
+_CATEGORY = {"tp": "tp_comm", "cp": "tp_comm", "ep": "tp_comm", "dp": "dp_comm", "pp": "pp_comm",
+             "embed": "pp_comm"}  # a tied embedding's gradient sum between the end stages
 
 
 def is_p2p(op: Op) -> bool:

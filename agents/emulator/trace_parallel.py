@@ -116,6 +116,8 @@ def _trace_stage(config: TrainConfig, request: TraceRequest, stage: int) -> Stag
         meshes = LayoutMeshes.build(placement)
         dims = {name: tuple(sorted(dist.get_process_group_ranks(getattr(meshes, name).get_group())))
                 for name in ("tp", "dp", "pp")}
+        if meshes.embedding is not None:  # a tied embedding's end stages (LayoutMeshes.embedding)
+            dims["embed"] = tuple(sorted(dist.get_process_group_ranks(meshes.embedding)))
         with FakeTensorMode(allow_non_fake_inputs=True) as fake_mode:
             try:
                 trainer = ParallelTrainer(config, request.layout, rank, fake_shards(spec, placement, rank),
