@@ -11,7 +11,6 @@ const models = new Map([...JSON.parse($("model-catalog").textContent), ...JSON.p
   .map((m) => [m.name, m]));
 const token = () => document.querySelector("[name=csrfmiddlewaretoken]").value;
 const form = $("new-job-form");
-const touched = new Set();
 let asked = 0; // the latest validation asked; older answers are dropped
 let timer = null;
 
@@ -55,14 +54,12 @@ function setFormError(text) {
   $("new-job-error").hidden = !text;
 }
 
-// Show a 400 body: each field's messages beside it (only fields the user has been to,
-// unless `all`); what names no field of the form above it.
-function showErrors(errors, all) {
+// Show a 400 body: each field's messages beside it (every field starts filled in, so a
+// refusal is about what the user changed, wherever the API places it: a bigger model is
+// refused at `gpus`); what names no field of the form goes above the buttons.
+function showErrors(errors) {
   const rest = [];
-  for (const name of FIELDS) {
-    const shown = all || touched.has(name) ? errors[name] : null;
-    setFieldError(name, shown);
-  }
+  for (const name of FIELDS) setFieldError(name, errors[name]);
   for (const [key, messages] of Object.entries(errors)) {
     if (FIELDS.includes(key)) continue;
     rest.push(key === "detail" || key === "non_field_errors" ? [].concat(messages).join(" ")
@@ -70,7 +67,7 @@ function showErrors(errors, all) {
   }
   setFormError(rest.join(" "));
   const invalid = FIELDS.filter((name) => errors[name]);
-  form.dataset.invalid = invalid.join(" ");
+  form.dataset.invalidFields = invalid.join(" ");
   return invalid;
 }
 
@@ -87,7 +84,7 @@ async function validate() {
   if (mine !== asked) return; // the form changed meanwhile: a newer answer is on its way
   form.dataset.checked = String(mine);
   if (status === 200) {
-    showErrors({}, true);
+    showErrors({});
     $("new-job-preview").textContent = `Runs ${answer.layout} on ${answer.world_size} GPU${answer.world_size === 1 ? "" : "s"}` +
       `, ${answer.max_steps ? `${answer.max_steps} steps` : "until stopped"}` +
       (answer.checkpoint_interval ? `, a checkpoint every ${answer.checkpoint_interval} steps.` : ", no checkpoints.");
@@ -95,7 +92,7 @@ async function validate() {
   } else {
     $("new-job-preview").textContent = "";
     form.dataset.valid = "false";
-    showErrors(answer || { detail: `HTTP ${status}` }, false);
+    showErrors(answer || { detail: `HTTP ${status}` });
   }
 }
 
@@ -105,14 +102,7 @@ function validateSoon() {
   timer = setTimeout(validate, 250);
 }
 
-function fieldOf(target) {
-  if (target.name === "size") return sizeMode();
-  return FIELDS.includes(target.name) ? target.name : null;
-}
-
 form.addEventListener("input", (event) => {
-  const name = fieldOf(event.target);
-  if (name) touched.add(name);
   if (event.target.name === "model") describeModel();
   if (event.target.closest("#upload")) return;
   validateSoon();
@@ -125,8 +115,6 @@ form.addEventListener("change", (event) => {
     setFieldError("layout", null);
   }
   if (event.target.closest("#upload")) return;
-  const name = fieldOf(event.target);
-  if (name) touched.add(name);
   validateSoon();
 });
 
@@ -142,7 +130,7 @@ form.addEventListener("submit", async (event) => {
       return;
     }
     if (status === 400) {
-      const invalid = showErrors(answer || {}, true);
+      const invalid = showErrors(answer || {});
       if (invalid.length) form.elements[invalid[0]].focus();
     } else {
       const detail = answer && answer.detail ? answer.detail : `HTTP ${status}`;
@@ -198,7 +186,6 @@ $("upload-button").addEventListener("click", async () => {
   const option = new Option(answer.name, answer.name);
   $("stored-models").append(option);
   form.elements.model.value = answer.name;
-  touched.add("model");
   describeModel();
   $("upload-status").textContent = `Stored as ${answer.name}: ${answer.params.toLocaleString()} parameters; chosen above.`;
   validateSoon();
