@@ -19,6 +19,11 @@ from agents.layout.hf_config import load_hf_config
 from controlplane.common.errors import InvalidInput
 
 MAX_CONFIG_BYTES = 64 * 1024  # a Hugging Face config.json is 1-5 KiB
+# The counts that size the work of reading and describing a model (a tensor list per layer
+# and expert): far above every published model (Llama 3 405B: 126 layers; 256 experts at
+# most), far below what would keep a request busy for long.
+COUNT_LIMITS = {"num_hidden_layers": 1024, "n_layer": 1024, "num_local_experts": 1024, "num_experts": 1024,
+                "decoder_sparse_step": 1024}
 UPLOAD_PREFIX = ".upload-"
 
 
@@ -59,6 +64,10 @@ def model_store(*, name: str, config: dict) -> dict:
         raise InvalidInput({"name": [f"{name!r} is a catalog model; store the config under another name"]})
     if not isinstance(config, dict):
         raise InvalidInput({"config": [f"a config.json holds a JSON object, not {type(config).__name__}"]})
+    for key, limit in COUNT_LIMITS.items():
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > limit:
+            raise InvalidInput({"config": [f"{key}={value} is more than {limit} (the most a stored model may have)"]})
     text = json.dumps(config, indent=2, allow_nan=False)
     if len(text.encode()) > MAX_CONFIG_BYTES:
         raise InvalidInput({"config": [f"{len(text.encode()):,} bytes is more than a config.json may be "

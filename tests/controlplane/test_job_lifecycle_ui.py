@@ -112,6 +112,7 @@ def test_models_lists_the_catalog_and_uploads_become_models_jobs_name(token_clie
     ({"config": {"model_type": "bert"}}, "config", "unsupported model_type"),
     ({"config": {"model_type": "llama"}}, "config", "missing key"),
     ({"config": [1, 2]}, "config", ""),
+    ({"config": {**TINY_LLAMA, "num_hidden_layers": 10**9}}, "config", "more than 1024"),
     ({"config": {**TINY_LLAMA, "pad": "x" * MAX_CONFIG_BYTES}}, "config", "KiB"),
 ])
 def test_an_upload_is_a_400_naming_the_field_and_the_rule(token_client, models_dir, body, field, words) -> None:
