@@ -1,5 +1,5 @@
 """Issue 28's lifecycle in a real browser, by clicking only (no API call from the test, no
-typing: the New job form starts filled in): sign in, open the New job form, see the API's
+typing after signing in: the New job form starts filled in): open the New job form, see the API's
 refusals beside the fields (a model too big for the GPUs, a layout left empty) and upload a
 config.json as a model, create a job pending, start it from its page, watch steps arrive,
 resize it 2 -> 4 GPUs through proposals, plan and confirmation, stop it, delete it.
@@ -14,13 +14,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser.test_jobs_pages import _sign_in
 from tests.support.stack import wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(300)]
 
 TINY_LLAMA = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
               "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256}
+
+
+def _sign_in(page, stack) -> None:
+    page.goto(stack.url)
+    page.get_by_label("Username").fill(stack.state["username"])  # the login form: the one thing typed
+    page.get_by_label("Password").fill(stack.state["password"])
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_selector("#connection[data-state=live]", timeout=15_000)
 
 
 def _step(page) -> int:
