@@ -7,6 +7,7 @@ from __future__ import annotations
 import redis
 from django.conf import settings
 from django.db import DatabaseError, connection
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status, viewsets
 from rest_framework.permissions import AllowAny
@@ -104,7 +105,8 @@ class ModelViewSet(viewsets.ViewSet):
 
     @extend_schema(request=ModelUploadSerializer, responses={
         201: ModelSummarySerializer,
-        413: OpenApiResponse(description=f"the body is larger than {MAX_UPLOAD_BYTES // 1024} KiB")})
+        413: OpenApiResponse(response=OpenApiTypes.OBJECT,
+                             description=f"the body is larger than {MAX_UPLOAD_BYTES // 1024} KiB: `{{\"detail\": \"...\"}}`")})
     def create(self, request):
         """Store a Hugging Face config.json as a model jobs can name (400 naming the field and
         the rule: a bad name, a name taken, a config the reader refuses or too large)."""
