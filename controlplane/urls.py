@@ -6,7 +6,7 @@ from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import DefaultRouter
 
 from controlplane.cluster.api import ClusterSnapshotView, GpuViewSet, NodeViewSet
-from controlplane.common.api import HealthView
+from controlplane.common.api import HealthView, ModelViewSet
 from controlplane.emulation.api import EmulationRunViewSet
 from controlplane.jobs.api import JobViewSet, TransitionViewSet
 
@@ -16,6 +16,7 @@ router.register("gpus", GpuViewSet, basename="gpu")
 router.register("jobs", JobViewSet, basename="job")
 router.register("transitions", TransitionViewSet, basename="transition")
 router.register("emulations", EmulationRunViewSet, basename="emulation")
+router.register("models", ModelViewSet, basename="model")
 
 def not_found(request, exception=None):
     """A path under /api/ that names no route (e.g. /api/jobs/0.5) answers as the API does:

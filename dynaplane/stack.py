@@ -2,7 +2,8 @@
 
 Order: var dir -> broker (embedded Valkey unless REDIS_URL) -> database migrations and
 bootstrap (admin user, API token, demo job) -> web (daphne, ASGI) -> control-plane worker
-(Celery + beat) -> agents. Ctrl-C stops agents, then worker and web, then the broker.
+(Celery + beat) -> agents -> the demo job started (POST /api/jobs/{id}/start, when it is
+pending; `--no-demo`: no demo job). Ctrl-C stops agents, then worker and web, then the broker.
 
 Once the stack is up the launcher supervises it: a web, worker or agent process that exits
 is started again (after 1, 2, 4 ... 30 s while it keeps exiting), and the stack stays up.
@@ -27,6 +28,7 @@ from pathlib import Path
 from agents.processes import Child, stop_in_tiers
 
 READY_TIMEOUT_SECONDS = 90.0
+DEMO_START_SECONDS = 60.0  # a 409 (its GPUs not registered yet) is retried this long
 RESTART_BACKOFF_SECONDS = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
 STABLE_SECONDS = 60.0  # a process that ran this long starts its backoff from the beginning again
 
@@ -100,6 +102,7 @@ class Stack:
         self.credentials: dict = {}
         self.started = time.monotonic()
         self.restarts: dict[str, dict] = {}  # child name -> {count, due, since}
+        self.demo_deadline: float | None = None  # while the demo job waits to be started
 
     # --- output --------------------------------------------------------------------
     def say(self, message: str) -> None:
@@ -181,6 +184,44 @@ class Stack:
                 return health
             time.sleep(0.25)
         raise StackError(f"not healthy after {READY_TIMEOUT_SECONDS:.0f} s; last /api/health: {health}; logs in {self.logs}")
+
+    def _api_post(self, path: str) -> tuple[int, dict]:
+        request = urllib.request.Request(self.options.url + path, data=b"{}", method="POST", headers={
+            "Content-Type": "application/json", "Authorization": f"Token {self.credentials['token']}"})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            try:
+                return exc.code, json.loads(exc.read())
+            except ValueError:
+                return exc.code, {}
+
+    def start_demo(self) -> None:
+        """Start the demo job when it is pending (a later `up` finds it as it was left: a
+        stopped demo stays stopped). 409 while the agents' GPUs are not all registered: tried
+        again on the next supervision tick, until DEMO_START_SECONDS."""
+        demo = self.credentials.get("demo")
+        if not demo or demo.get("state") != "pending":
+            self.demo_deadline = None
+            return
+        if self.demo_deadline is None:
+            self.demo_deadline = time.monotonic() + DEMO_START_SECONDS
+        try:
+            code, body = self._api_post(f"api/jobs/{demo['id']}/start")
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            code, body = 0, {"detail": str(exc)}
+        if code == 200:
+            self.say(f"demo job started: {body.get('layout')} on {len(body.get('placement') or [])} GPUs "
+                     f"({self.options.url}jobs/{demo['id']}/)")
+            self.demo_deadline = None
+        elif time.monotonic() > self.demo_deadline:
+            self.say(f"demo job not started: {body.get('detail') or body}; start it on {self.options.url}jobs/"
+                     f"{demo['id']}/")
+            self.demo_deadline = None
+        else:
+            return
+        demo["state"] = body.get("state", demo["state"])
 
     def check_children(self, children: list[Child] | None = None) -> None:
         for child in self.broker + self.services + self.agents if children is None else children:
@@ -268,8 +309,11 @@ def run_stack(options: StackOptions) -> int:
             f"    login {c['username']} / {c['password']}   API token {c['token']}\n"
             f"    Ctrl-C stops everything."
         )
+        stack.start_demo()
         while True:
             stack.supervise()
+            if stack.demo_deadline is not None:
+                stack.start_demo()
             time.sleep(0.5)
     except KeyboardInterrupt:
         stack.say("stopping ...")

@@ -9,10 +9,12 @@ from django.shortcuts import get_object_or_404, render
 from agents.protocol import EMULATOR_DEVICES
 from controlplane.cluster.selectors import cluster_snapshot
 from controlplane.common.errors import InvalidInput
+from controlplane.common.model_store import model_list
 from controlplane.jobs.events import METRIC_NAMES
-from controlplane.jobs.lifecycle import LIVE_JOB_STATES, TransitionKind
+from controlplane.jobs.lifecycle import (DELETABLE_JOB_STATES, LIVE_JOB_STATES, RESIZABLE_JOB_STATES,
+                                        STARTABLE_JOB_STATES, STOPPABLE_JOB_STATES, JobState, TransitionKind)
 from controlplane.jobs.metric_codec import unpack
-from controlplane.jobs.models import Job, MetricSeries, Transition
+from controlplane.jobs.models import DEFAULT_CHECKPOINT_INTERVAL, Job, MetricSeries, Transition
 from controlplane.jobs.resize_preview import gpu_capacity_bytes, job_plan, transition_plan
 from controlplane.jobs.selectors import job_live_snapshot
 from frontend.figures import (
@@ -39,9 +41,22 @@ JOB_FIELDS = ("id", "name", "model", "layout", "world_size", "state", "global_ba
               "max_steps", "error", "placement")
 
 
+# The states each of the job page's actions applies in (controlplane/jobs/lifecycle.py): its
+# buttons and resize controls are enabled from these, not from a copy of the rules in JS.
+ACTION_STATES = {action: sorted(s.value for s in states) for action, states in (
+    ("start", STARTABLE_JOB_STATES), ("stop", STOPPABLE_JOB_STATES), ("delete", DELETABLE_JOB_STATES),
+    ("resize", RESIZABLE_JOB_STATES))}
+# Proposals and plan previews (read-only) also while the job starts: it is about to run.
+ACTION_STATES["preview"] = sorted({*ACTION_STATES["resize"], JobState.STARTING.value})
+
+
 def job_data(job: Job) -> dict:
+    """The job's row as its page draws it. Ranks only while the job is live: a stopped or
+    failed job keeps its last placement in the row, but its GPUs are free (or another's)."""
     data = {name: getattr(job, name) for name in JOB_FIELDS}
-    data["ranks"] = rank_coordinates(job.layout, job.placement)
+    data["step"] = job.step
+    data["checkpoint_step"] = job.checkpoint_step
+    data["ranks"] = rank_coordinates(job.layout, job.placement) if job.state in LIVE_JOB_STATES else []
     data["modules"] = module_legend(job.layout)  # heterogeneous layouts: each module's layout and ranks
     return data
 
@@ -88,15 +103,38 @@ def last_losses(job_ids: list[int]) -> dict[int, float]:
     return out
 
 
+def free_name(taken: set[str], stem: str = "job") -> str:
+    """The first of job-1, job-2, ... no job has: the New job form's suggested name."""
+    n = 1
+    while f"{stem}-{n}" in taken:
+        n += 1
+    return f"{stem}-{n}"
+
+
+def new_job_defaults(total_gpus: int) -> dict:
+    """The New job form's starting values: the API's defaults (JobCreateSerializer), on the
+    smallest model, on at most two GPUs."""
+    return {"model": "tiny-gpt", "gpus": max(1, min(2, total_gpus)), "global_batch": 8, "micro_batch": 1,
+            "seq_len": 128, "checkpoint_interval": DEFAULT_CHECKPOINT_INTERVAL}
+
+
 @login_required
 def jobs_list(request: HttpRequest):
     """The jobs, kept live by jobs.js: state, layout and GPUs from the cluster stream, step
-    and loss from each live job's stream."""
+    and loss from each live job's stream; the New job form (job-form.js) above them."""
     jobs = list(Job.objects.prefetch_related("transitions").order_by("-created_at", "-id"))
     losses = last_losses([job.pk for job in jobs])
     for job in jobs:
         job.last_loss = losses.get(job.pk)
-    return render(request, "frontend/jobs.html", {"jobs": jobs, "live_states": sorted(s.value for s in LIVE_JOB_STATES)})
+    total_gpus = len(cluster_snapshot().gpus)
+    models = model_list()
+    return render(request, "frontend/jobs.html", {
+        "jobs": jobs, "live_states": sorted(s.value for s in LIVE_JOB_STATES),
+        "catalog_models": [m for m in models if m["source"] == "catalog"],
+        "stored_models": [m for m in models if m["source"] == "stored" and not m["error"]],
+        "defaults": new_job_defaults(total_gpus), "suggested_name": free_name({job.name for job in jobs}),
+        "total_gpus": total_gpus, "deleted": request.GET.get("deleted", "")[:63],
+    })
 
 
 @login_required
@@ -110,6 +148,7 @@ def job_detail(request: HttpRequest, job_id: int):
     cluster = cluster_snapshot().model_dump(mode="json")
     return render(request, "frontend/job.html", {
         "job": job, "job_data": job_data(job), "live": live, "figures": figures, "cluster": cluster,
+        "action_states": ACTION_STATES,
         "total_gpus": len(cluster["gpus"]), "emulator_devices": EMULATOR_DEVICES,
         "emulator_default": emulator_device([g["model_name"] for g in cluster["gpus"]]),
     })

@@ -32,6 +32,12 @@ class ConflictAPIError(APIException):
     default_code = "conflict"
 
 
+class PayloadTooLarge(APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_detail = "the request body is too large"
+    default_code = "too_large"
+
+
 def api_exception_handler(exc: Exception, context: dict):
     """DRF's handler, plus the domain errors."""
     if isinstance(exc, Conflict):

@@ -70,6 +70,20 @@ class JobCreateSerializer(serializers.Serializer):
         return attrs
 
 
+class JobCheckSerializer(serializers.Serializer):
+    """POST /api/jobs/validate: what POST /api/jobs would create from the same body."""
+
+    name = serializers.CharField()
+    model = serializers.CharField()
+    layout = serializers.CharField(help_text="the layout the job would run (picked from `gpus` when given)")
+    world_size = serializers.IntegerField(help_text="GPUs the layout spans")
+    global_batch = serializers.IntegerField()
+    micro_batch = serializers.IntegerField()
+    seq_len = serializers.IntegerField()
+    max_steps = serializers.IntegerField(allow_null=True)
+    checkpoint_interval = serializers.IntegerField()
+
+
 class JobResizeSerializer(serializers.Serializer):
     """Input of POST /api/jobs/{id}/resize: exactly one of `gpus` and `layout`."""
 
@@ -175,6 +189,18 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
         incoming.is_valid(raise_exception=True)
         job = scheduling.job_submit(**incoming.validated_data, created_by=request.user)
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=JobCreateSerializer, responses={200: JobCheckSerializer})
+    @action(detail=False, methods=["post"])
+    def validate(self, request):
+        """Check a POST /api/jobs body against every rule job creation applies, and create
+        nothing: 200 with the job it would make (its layout and GPU count), or the same 400
+        body (field -> messages) POST /api/jobs would answer. Whether free GPUs can hold it
+        now is not checked (that is the start's 409)."""
+        incoming = JobCreateSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        fields = {k: v for k, v in incoming.validated_data.items() if k != "start"}
+        return Response(JobCheckSerializer(services.job_check(**fields)).data)
 
     @extend_schema(request=None, responses={200: JobSerializer})
     @action(detail=True, methods=["post"])

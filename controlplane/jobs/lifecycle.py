@@ -62,6 +62,11 @@ _LIVE = {JobState.STARTING, JobState.RUNNING, JobState.SWITCHING, JobState.RESTO
 # Live: ranks may be running on nodes (GPUs held, rendezvous port in use).
 LIVE_JOB_STATES = frozenset(_LIVE)
 DELETABLE_JOB_STATES = frozenset({JobState.PENDING, JobState.STOPPED, JobState.FAILED})
+# What each action on a job accepts (scheduling.job_start and job_stop, resize.job_resize,
+# services.job_delete); the job page enables its buttons and resize controls from these.
+STARTABLE_JOB_STATES = frozenset({JobState.PENDING})
+STOPPABLE_JOB_STATES = frozenset(_LIVE | {JobState.PENDING})
+RESIZABLE_JOB_STATES = frozenset({JobState.RUNNING})
 
 
 def job_next_state(state: JobState, trigger: JobTrigger) -> JobState:

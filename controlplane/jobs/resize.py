@@ -34,7 +34,7 @@ from controlplane.common.errors import Conflict, InvalidInput
 from controlplane.jobs import transitions
 from controlplane.jobs.failures import send_orders_or_fail
 from controlplane.jobs.layouts import STAGING_BYTES, batch_error, layout_for_resize
-from controlplane.jobs.lifecycle import JobState, JobTrigger, TransitionState, job_next_state
+from controlplane.jobs.lifecycle import RESIZABLE_JOB_STATES, JobState, JobTrigger, TransitionState, job_next_state
 from controlplane.jobs.models import Job, Transition
 from controlplane.jobs.orders import free_port, rendezvous_address
 from controlplane.jobs.services import layout_check, publish_job
@@ -126,7 +126,7 @@ def job_resize(*, job_id: int, gpus: int | None = None, layout: str | None = Non
         if active is not None:
             raise Conflict(f"a transition is already active: job {job.name!r} is switching {active.source_layout} -> "
                            f"{active.destination_layout} (transition {active.pk}, {active.state})")
-        if job.state != JobState.RUNNING:
+        if job.state not in RESIZABLE_JOB_STATES:
             raise Conflict(f"job {job.name!r} is {job.state}; only a running job can be resized")
         field = "layout" if layout is not None else "gpus"
         model = inputs.model_of(job.model)  # resolved once for every check and the plan below

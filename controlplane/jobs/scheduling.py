@@ -19,7 +19,8 @@ from controlplane.common import inputs
 from controlplane.common.errors import Conflict, InvalidInput
 from controlplane.jobs import transitions
 from controlplane.jobs.failures import job_finish, send_starts_on_commit
-from controlplane.jobs.lifecycle import LIVE_JOB_STATES, JobState, JobTrigger, job_next_state
+from controlplane.jobs.lifecycle import (STARTABLE_JOB_STATES, STOPPABLE_JOB_STATES, JobState, JobTrigger,
+                                        job_next_state)
 from controlplane.jobs.models import Job
 from controlplane.jobs.orders import free_port, rendezvous_address, start_orders, stop_on_commit
 from controlplane.jobs.resume import is_resume, resume_row
@@ -40,7 +41,7 @@ def job_start(*, job_id: int) -> Job:
     send each node its JobStartOrder. Conflict (409) when the GPUs or ports are not there."""
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
-        if job.state != JobState.PENDING:
+        if job.state not in STARTABLE_JOB_STATES:
             raise Conflict(f"job {job.name!r} is {job.state}; only a pending job can be started")
         placement = layout_check(model=inputs.model_of(job.model), layout=job.layout)
         dp = batch_dp(placement)
@@ -86,7 +87,7 @@ def job_stop(*, job_id: int) -> Job:
             stop_on_commit(job, list(dict.fromkeys(nodes)))
             return job
         if state is not JobState.STOPPING:
-            if state is not JobState.PENDING and state not in LIVE_JOB_STATES:
+            if state not in STOPPABLE_JOB_STATES:
                 raise Conflict(f"job {job.name!r} is {job.state}; only a pending or live job can be stopped")
             job.state = job_next_state(state, JobTrigger.STOP)
             job.save(update_fields=["state", "updated_at"])

@@ -69,19 +69,15 @@ def layout_check(*, model: Model, layout: str) -> Placement:
     return placement
 
 
-def job_create(
+def job_check(
     *, name: str, model: str, layout: str | None = None, gpus: int | None = None, global_batch: int = 8,
-    micro_batch: int = 1, seq_len: int = 128, max_steps: int | None = None, created_by=None,
+    micro_batch: int = 1, seq_len: int = 128, max_steps: int | None = None,
     checkpoint_interval: int | None = None, checkpoint_dir: str = "", resume_from: str = "",
-) -> Job:
-    """A new pending job, with either a layout or a GPU count (the layout is then picked,
-    layout_for_gpus). The layout is checked against the model here; scheduling it onto
-    GPUs is scheduling.job_start. Checkpoints: every `checkpoint_interval` steps (default
-    DEFAULT_CHECKPOINT_INTERVAL, 0: none) into `checkpoint_dir` (default
-    <DYNAPLANE_VAR_DIR>/checkpoints/<name>-<id>; on a real cluster it must be shared storage
-    every node mounts at the same path). `resume_from`: a checkpoint folder the job starts
-    from instead of a fresh model (resume.py); it is the job's latest checkpoint until the
-    job writes its own."""
+) -> dict:
+    """Every rule a new job passes, without writing anything: the fields job_create stores
+    (layout resolved from `gpus`, world_size, folders made absolute, checkpoint_step of a
+    resume), or InvalidInput naming the field and the rule. POST /api/jobs/validate answers
+    with this, so the "New job" form shows the API's own refusals before it submits."""
     if (layout is None) == (gpus is None):
         raise InvalidInput({"layout": ["give either a layout or a number of gpus, not both or neither"]})
     config = inputs.model_config(model)
@@ -109,16 +105,31 @@ def job_create(
     if resumed and max_steps is not None and max_steps <= resumed["step"]:
         raise InvalidInput({"max_steps": [f"max_steps={max_steps} is not after the checkpoint's step "
                                           f"{resumed['step']} (steps count from 0 across the resume)"]})
+    if Job.objects.filter(name=name).exists():
+        raise InvalidInput({"name": [f"a job named {name!r} already exists"]})
+    return dict(
+        name=name, model=model, layout=str(parsed), world_size=placement.world, global_batch=global_batch,
+        micro_batch=micro_batch, seq_len=seq_len, max_steps=max_steps,
+        checkpoint_interval=DEFAULT_CHECKPOINT_INTERVAL if checkpoint_interval is None else checkpoint_interval,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_step=resumed["step"] if resumed else None, checkpoint_path=resume_from if resumed else "",
+    )
+
+
+def job_create(*, created_by=None, **fields) -> Job:
+    """A new pending job, with either a layout or a GPU count (the layout is then picked,
+    layout_for_gpus); job_check holds the rules (the layout is checked against the model
+    there). Scheduling it onto GPUs is scheduling.job_start. Checkpoints: every
+    `checkpoint_interval` steps (default DEFAULT_CHECKPOINT_INTERVAL, 0: none) into
+    `checkpoint_dir` (default <DYNAPLANE_VAR_DIR>/checkpoints/<name>-<id>; on a real cluster
+    it must be shared storage every node mounts at the same path). `resume_from`: a
+    checkpoint folder the job starts from instead of a fresh model (resume.py); it is the
+    job's latest checkpoint until the job writes its own."""
+    row = job_check(**fields)
     with transaction.atomic():
-        if Job.objects.filter(name=name).exists():
-            raise InvalidInput({"name": [f"a job named {name!r} already exists"]})
-        job = Job.objects.create(
-            name=name, model=model, layout=str(parsed), world_size=placement.world, global_batch=global_batch,
-            micro_batch=micro_batch, seq_len=seq_len, max_steps=max_steps, created_by=created_by,
-            checkpoint_interval=DEFAULT_CHECKPOINT_INTERVAL if checkpoint_interval is None else checkpoint_interval,
-            checkpoint_dir=checkpoint_dir,
-            checkpoint_step=resumed["step"] if resumed else None, checkpoint_path=resume_from if resumed else "",
-        )
+        if Job.objects.filter(name=row["name"]).exists():  # (again, under the transaction)
+            raise InvalidInput({"name": [f"a job named {row['name']!r} already exists"]})
+        job = Job.objects.create(**row, created_by=created_by)
         if not job.checkpoint_dir:
             job.checkpoint_dir = os.path.join(settings.DYNAPLANE_CHECKPOINT_ROOT, f"{job.name}-{job.pk}")
             job.save(update_fields=["checkpoint_dir"])

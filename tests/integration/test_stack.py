@@ -490,3 +490,30 @@ def test_run_command_on_embedded_defaults_starts_and_stops_cleanly(tmp_path) -> 
     assert process.process.returncode == 0
     assert "stopped" in process.output()
     assert not (tmp_path / "var" / "stack.json").exists()
+
+
+def test_run_command_demo_job_trains_by_itself_within_a_minute(tmp_path) -> None:
+    """`make run` (`dynaplane up` on embedded defaults, demo job on): the demo job is started
+    by the launcher once the agents are up, and reports training steps within 60 s of the
+    command starting; nothing is posted to the API here."""
+    process = StackProcess(tmp_path / "var", env={"REDIS_URL": None, "DATABASE_URL": None}, demo=True)
+    process.start()
+    try:
+        ready = process.wait_ready()
+        (demo,) = [j for j in process.get("api/jobs", token=True)["results"] if j["name"] == "demo"]
+
+        def first_step() -> bool:
+            live = process.get(f"api/jobs/{demo['id']}/live", token=True)
+            return bool(live["metrics"].get("loss", {}).get("x"))
+
+        wait_for(first_step, timeout=max(1.0, 60 - (time.monotonic() - process.started_at)), interval=0.25)
+        training = time.monotonic() - process.started_at
+        job = process.get(f"api/jobs/{demo['id']}", token=True)
+        assert job["state"] == "running" and job["layout"] == "tp=2", job
+        assert "demo job started" in process.output()
+        print(f"`dynaplane up` (demo on, embedded defaults): healthy {ready:.1f} s, demo job's first step "
+              f"{training:.1f} s after the command started")
+    finally:
+        left = process.stop()
+    assert left == [], f"processes left behind: {left}"
+    assert training < 60

@@ -44,13 +44,13 @@ class StackProcess:
     """`dynaplane up --port 0` in a temporary var dir; `state` is its var/stack.json."""
 
     def __init__(self, var_dir: Path, *, agents: int = 2, gpus_per_agent: int = 2, env: dict[str, str | None],
-                 restart_agents: bool = False) -> None:
+                 restart_agents: bool = False, demo: bool = False) -> None:
         self.var_dir = var_dir
         self.env = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
         self.env["PYTHONUNBUFFERED"] = "1"
         self.argv = [sys.executable, "-m", "dynaplane", "up", "--port", "0", "--var-dir", str(var_dir),
-                     "--agents", str(agents), "--gpus-per-agent", str(gpus_per_agent), "--no-demo",
-                     *([] if restart_agents else ["--no-agent-restart"])]
+                     "--agents", str(agents), "--gpus-per-agent", str(gpus_per_agent),
+                     *([] if demo else ["--no-demo"]), *([] if restart_agents else ["--no-agent-restart"])]
         self.process: subprocess.Popen | None = None
         self.state: dict = {}
         self.output_path = var_dir / "launcher.out"

@@ -2,6 +2,7 @@
 // history (bands + table), kept live over /ws/jobs/<id>/ and /ws/cluster/.
 import { applyEvent } from "./cluster-store.js";
 import { applyJobEvent, historyBands, METRIC_NAMES, TERMINAL } from "./job-store.js";
+import { ACTION_STATES, startJobActions } from "./job-actions.js";
 import { startResizeFlow } from "./resize.js";
 import { draw } from "./plots.js";
 
@@ -71,7 +72,13 @@ function pickedCount() {
   return Math.max(count, 1);
 }
 
+let deleted = false;
+let gridPickable = null;
+const shownState = () => (deleted ? "deleted" : job.state);
+const resizable = () => ACTION_STATES.preview.includes(shownState()); // GPUs can be picked for a new count
+
 function togglePick(key) {
+  if (!resizable()) return;
   if (picked.has(key)) picked.delete(key); else picked.add(key);
   document.getElementById("resize-gpus").value = String(pickedCount());
   drawGpus();
@@ -93,6 +100,8 @@ function drawModules() {
 function drawGpus() {
   drawModules();
   const byGpu = new Map(job.ranks.map((r) => [`${r.node}/${r.gpu}`, r]));
+  const canPick = resizable();
+  gridPickable = canPick;
   const grid = document.getElementById("job-gpus");
   const nodes = [...cluster.nodes].sort((a, b) => a.name.localeCompare(b.name, undefined, { numeric: true }));
   grid.replaceChildren(...nodes.map((node) => {
@@ -102,7 +111,9 @@ function drawGpus() {
     row.append(head);
     const gpus = cluster.gpus.filter((g) => g.node === node.name).sort((a, b) => a.index - b.index);
     for (const gpu of gpus) {
-      const mine = byGpu.get(`${gpu.node}/${gpu.index}`);
+      // A rank is drawn only on a GPU the inventory says this job holds (a stopped job's
+      // last placement is not drawn on GPUs that are free again, or another job's).
+      const mine = gpu.job === job.name ? byGpu.get(`${gpu.node}/${gpu.index}`) : undefined;
       const other = gpu.job && gpu.job !== job.name;
       const state = mine ? "mine" : gpu.job === job.name ? "joining" : other ? "other" : gpu.state;
       const label = mine ? `${node.name} GPU ${gpu.index}: rank ${mine.rank}, ${mine.label}`
@@ -114,7 +125,7 @@ function drawGpus() {
         cell.dataset.role = mine.role;  // heterogeneous layouts: coloured by module (jobs.css)
       }
       const key = `${gpu.node}/${gpu.index}`;
-      if (mine || (gpu.state === "free" && !gpu.job)) {
+      if (canPick && (mine || (gpu.state === "free" && !gpu.job))) {
         cell.classList.add("pickable");
         cell.setAttribute("role", "button");
         cell.setAttribute("aria-pressed", String(picked.has(key)));
@@ -154,17 +165,27 @@ function drawHistory() {
 }
 
 function drawHeader() {
-  document.getElementById("job-state").textContent = job.state;
-  document.getElementById("job-state").dataset.state = job.state;
+  const state = shownState();
+  document.getElementById("job-state").textContent = state;
+  document.getElementById("job-state").dataset.state = state;
   document.getElementById("job-layout").textContent = `${job.layout} on ${job.world_size} GPUs`;
+  const step = Math.max(lastStep(), job.step || 0);
+  document.getElementById("job-step").textContent = step ? `step ${step}` : "";
+  document.getElementById("job-step").dataset.step = String(step);
+  document.getElementById("job-error").textContent = job.error || "";
+  document.getElementById("job-error").hidden = !job.error;
   document.body.dataset.jobSeq = String(live.seq);
+  actions.update();
+  resize.update();
+  if (gridPickable !== null && gridPickable !== resizable()) drawGpus(); // GPUs are pickable only where resizing applies
 }
 
 async function refreshJob() {
   const response = await fetch(`/jobs/${job.id}/state.json`, { credentials: "same-origin" });
+  if (response.status === 404) { deleted = true; actions.markDeleted(); drawHeader(); drawGpus(); return; }
   if (response.ok) {
     const next = await response.json();
-    if (next.layout !== job.layout) picked.clear();
+    if (next.layout !== job.layout || !ACTION_STATES.resize.includes(next.state)) picked.clear();
     job = next;
     drawHeader(); drawGpus(); drawBands();
   }
@@ -199,7 +220,11 @@ function onClusterEvent(event) {
   if (result.gap) { fetch("/api/cluster/snapshot", { credentials: "same-origin" }).then((r) => r.json()).then((s) => { cluster = s; drawGpus(); }); return; }
   if (result.snapshot === cluster) return;
   cluster = result.snapshot;
-  if (event.type === "job" && event.job.id === job.id && (event.job.state !== job.state || event.job.layout !== job.layout)) {
+  if (event.type === "job" && event.job.id === job.id && event.op === "remove") {
+    deleted = true; // deleted elsewhere (the API, another tab)
+    actions.markDeleted();
+    drawHeader(); drawGpus();
+  } else if (event.type === "job" && event.job.id === job.id && (event.job.state !== job.state || event.job.layout !== job.layout)) {
     refreshJob();
   } else {
     drawGpus();
@@ -224,11 +249,13 @@ function connect(path, onEvent, badge) {
   open();
 }
 
+const actions = startJobActions({ getJob: () => job, onChanged: () => refreshJob() });
+const resize = startResizeFlow({ getJob: () => job, getLive: () => live, onEvent: (fn) => listeners.push(fn),
+  getState: shownState, states: ACTION_STATES });
 drawHeader();
 drawGpus();
 drawCharts();
 drawHistory();
 connect(`/ws/jobs/${job.id}/`, onJobEvent, document.getElementById("connection"));
 connect("/ws/cluster/", onClusterEvent, null);
-startResizeFlow({ getJob: () => job, getLive: () => live, onEvent: (fn) => listeners.push(fn) });
 window.dynaplane = { get live() { return live; }, get job() { return job; } };

@@ -34,12 +34,57 @@ function fillDl(dl, pairs) {
   dl.replaceChildren(...pairs.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, String(v))]));
 }
 
-export function startResizeFlow({ getJob, getLive, onEvent }) {
+// Where the flow applies (from the page's action states, controlplane/jobs/lifecycle.py):
+// proposals and plan previews while the job starts or runs, the resize itself only while
+// it runs. Elsewhere (pending, switching, stopping, stopped, failed, deleted) the controls
+// are disabled with the reason beside them, and a plan on screen is cleared: it was made
+// for a layout the job no longer runs (after a commit) or cannot leave (stopped).
+function unavailableText(job, state) {
+  if (state === "switching") return "A layout switch is in progress: its progress is below. Resize again once it ends.";
+  if (state === "pending") return `${job.name} is pending: start it first; a running job can be resized.`;
+  if (state === "deleted") return `${job.name} was deleted.`;
+  return `Resize applies to a running job; ${job.name} is ${state}.`;
+}
+
+export function startResizeFlow({ getJob, getLive, onEvent, getState, states }) {
   const input = $("resize-gpus");
   let chosen = null;
   let proposals = null; // the last GET proposals answer
   let runs = {}; // layout -> emulation run
   let tracking = null; // transition id being followed
+
+  let shownFor = null; // the state the controls were last set up for
+
+  function clearPlan() {
+    chosen = null;
+    proposals = null;
+    $("proposals-section").hidden = true;
+    $("plan-section").hidden = true;
+    delete $("plan-section").dataset.layout;
+    $("proposals-body").replaceChildren();
+    $("resize-open").textContent = "Resize…";
+    if ($("resize-dialog").open) $("resize-dialog").close();
+  }
+
+  function update() {
+    const state = getState();
+    if (state === shownFor) return;
+    const wasPreviewable = shownFor !== null && states.preview.includes(shownFor);
+    shownFor = state;
+    const previewable = states.preview.includes(state);
+    const resizable = states.resize.includes(state);
+    for (const control of $("resize-form").elements) control.disabled = !previewable;
+    $("emulate-button").disabled = !previewable;
+    $("resize-open").disabled = !resizable;
+    $("resize-open").title = resizable ? "" : unavailableText(getJob(), state);
+    const note = $("resize-unavailable");
+    note.hidden = previewable && !(state === "starting");
+    note.textContent = state === "starting" ? `${getJob().name} is starting: proposals and plans can be previewed; ` +
+      "the resize itself waits until it runs." : previewable ? "" : unavailableText(getJob(), state);
+    $("resize-card").dataset.state = state;
+    if (!previewable) { clearPlan(); showError(""); }
+    if (previewable && !wasPreviewable) input.value = getJob().world_size;
+  }
 
   const clamp = (n) => Math.max(Number(input.min) || 1, Math.min(Number(input.max) || 65536, n));
   $("resize-minus").addEventListener("click", () => { input.value = clamp(Number(input.value) - 1); });
@@ -48,6 +93,7 @@ export function startResizeFlow({ getJob, getLive, onEvent }) {
   $("resize-form").addEventListener("submit", async (event) => {
     event.preventDefault();
     showError("");
+    if (!states.preview.includes(getState())) return;
     $("plan-section").hidden = true;
     const gpus = Number(input.value);
     const response = await fetch(`/api/jobs/${getJob().id}/proposals?gpus=${gpus}`, { credentials: "same-origin" });
@@ -147,6 +193,7 @@ export function startResizeFlow({ getJob, getLive, onEvent }) {
 
   $("resize-open").addEventListener("click", () => {
     const job = getJob();
+    if (!chosen || !states.resize.includes(getState())) return;
     $("resize-dialog-text").textContent =
       `Switch ${job.name} from ${job.layout} (${job.world_size} GPUs) to ${chosen} while it trains? ` +
       "Training pauses at a step boundary while the state moves; the new layout is verified before it commits.";
@@ -259,4 +306,6 @@ export function startResizeFlow({ getJob, getLive, onEvent }) {
   const active = getLive().transitions.find((t) => !TERMINAL.includes(t.state));
   if (active) { follow(active.id); showProgress(active); }
   input.value = getJob().world_size;
+  update();
+  return { update };
 }

@@ -1,6 +1,8 @@
 """Make a fresh installation usable: an admin user, its API token, optionally the demo job.
 
-Prints one JSON line: {"username", "password", "token", "database"}. The password comes
+Prints one JSON line: {"username", "password", "token", "database", "demo"}; "demo" is the
+demo job's {"id", "state"} with --demo (`dynaplane up` then starts it once the agents are
+up, when it is pending), else null. The password comes
 from $DYNAPLANE_ADMIN_PASSWORD, else is generated once and kept in the var dir (0600).
 """
 from __future__ import annotations
@@ -18,7 +20,9 @@ from rest_framework.authtoken.models import Token
 from controlplane.jobs.models import Job
 from controlplane.jobs.services import job_create
 
-DEMO_JOB = {"name": "demo", "model": "tiny-gpt", "layout": "tp=2,dp=2", "global_batch": 8, "seq_len": 128}
+# Two of the four GPUs of `dynaplane up`'s default cluster: the other two stay free for a job
+# made on the "New job" form, or for resizing the demo to tp=2,dp=2.
+DEMO_JOB = {"name": "demo", "model": "tiny-gpt", "layout": "tp=2", "global_batch": 8, "seq_len": 128}
 
 
 def _stored_password() -> str:
@@ -51,8 +55,10 @@ class Command(BaseCommand):
             user.set_password(password)
             user.save()
         token, _ = Token.objects.get_or_create(user=user)
-        if demo and not Job.objects.filter(name=DEMO_JOB["name"]).exists():
-            job_create(**DEMO_JOB, created_by=user)
+        demo_job = None
+        if demo:
+            demo_job = Job.objects.filter(name=DEMO_JOB["name"]).first() or job_create(**DEMO_JOB, created_by=user)
         database = f"{connection.vendor} {connection.settings_dict['NAME']}"
         self.stdout.write(json.dumps({"username": username, "password": password, "token": token.key,
-                                      "database": database}))
+                                      "database": database,
+                                      "demo": {"id": demo_job.pk, "state": demo_job.state} if demo_job else None}))
