@@ -86,3 +86,23 @@ def run(django_capture_on_commit_callbacks):
         with django_capture_on_commit_callbacks(execute=True):
             return fn(*args, **kwargs)
     return call
+
+
+@pytest.fixture
+def browser_client(user):
+    """A signed-in browser session (the pages' authentication), as opposed to token_client."""
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def embedded_json(html: str, element_id: str):
+    """The JSON a page embeds in <script id=element_id type="application/json">."""
+    import json
+    import re
+
+    found = re.search(rf'<script id="{element_id}" type="application/json">(.*?)</script>', html, re.S)
+    assert found, element_id
+    return json.loads(found.group(1))

@@ -17,6 +17,7 @@ from agents import protocol
 from controlplane.common.model_store import MAX_CONFIG_BYTES
 from controlplane.jobs.models import Job
 from controlplane.jobs.reports import job_record_report
+from tests.controlplane.conftest import embedded_json
 from tests.controlplane.test_hostile_input import SERVER_PATHS, assert_400
 
 pytestmark = pytest.mark.django_db
@@ -31,19 +32,8 @@ def models_dir(tmp_path, monkeypatch):
     return tmp_path / "models"
 
 
-@pytest.fixture
-def browser_client(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
-def _embedded(html: str, element_id: str):
-    import re
-
-    found = re.search(rf'<script id="{element_id}" type="application/json">(.*?)</script>', html, re.S)
-    assert found, element_id
-    return json.loads(found.group(1))
 
 
 # --- POST /api/jobs/validate ----------------------------------------------------------------
@@ -143,7 +133,7 @@ def test_jobs_page_has_the_new_job_form_with_a_free_name_and_the_models(browser_
     html = browser_client.get("/jobs/").content.decode()
     assert 'id="new-job-form"' in html and 'value="job-2"' in html  # job-1 is taken
     assert '<option value="tiny-gpt" selected>' in html and '<option value="tiny-llama">' in html
-    assert [m["name"] for m in _embedded(html, "model-stored")] == ["tiny-llama"]
+    assert [m["name"] for m in embedded_json(html, "model-stored")] == ["tiny-llama"]
     assert "Job gone deleted." in browser_client.get("/jobs/?deleted=gone").content.decode()
 
 
@@ -154,16 +144,16 @@ def test_job_page_embeds_its_action_states_and_draws_no_ranks_once_stopped(brows
     run(job_record_report, report=protocol.JobReport(job_id=job["id"], node="node-1", kind="started",
                                                      sent_at=datetime.now(timezone.utc)))
     html = browser_client.get(f"/jobs/{job['id']}/").content.decode()
-    assert _embedded(html, "action-states") == {
+    assert embedded_json(html, "action-states") == {
         "start": ["pending"], "stop": ["pending", "restoring", "running", "starting", "stopping", "switching"],
         "delete": ["failed", "pending", "stopped"], "resize": ["running"], "preview": ["running", "starting"]}
-    assert len(_embedded(html, "job-data")["ranks"]) == 2
+    assert len(embedded_json(html, "job-data")["ranks"]) == 2
     run(token_client.post, f"/api/jobs/{job['id']}/stop", {}, format="json")
     for node in ("node-1",):
         run(job_record_report, report=protocol.JobReport(job_id=job["id"], node=node, kind="stopped",
                                                          sent_at=datetime.now(timezone.utc)))
     assert token_client.get(f"/api/jobs/{job['id']}").json()["state"] == "stopped"
-    data = _embedded(browser_client.get(f"/jobs/{job['id']}/").content.decode(), "job-data")
+    data = embedded_json(browser_client.get(f"/jobs/{job['id']}/").content.decode(), "job-data")
     assert data["state"] == "stopped" and data["ranks"] == [] and data["placement"]  # the row keeps its placement
 
 

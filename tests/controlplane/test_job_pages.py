@@ -2,8 +2,6 @@
 embedded snapshot and figures, the JSON pieces it fetches, and a transition's page."""
 from __future__ import annotations
 
-import json
-import re
 from datetime import datetime, timezone
 
 import pytest
@@ -11,21 +9,13 @@ from django.test import Client
 
 from agents import protocol
 from controlplane.jobs.reports import job_record_report
+from tests.controlplane.conftest import embedded_json
 
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def browser_client(user) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
-def _embedded(html: str, element_id: str):
-    found = re.search(rf'<script id="{element_id}" type="application/json">(.*?)</script>', html, re.S)
-    assert found, element_id
-    return json.loads(found.group(1))
 
 
 @pytest.fixture
@@ -54,17 +44,17 @@ def test_jobs_list_links_each_job(browser_client, running_job, run) -> None:
                                                          sent_at=datetime.now(timezone.utc)))
     html = browser_client.get("/jobs/").content.decode()
     assert 'data-step="2">2</td>' in html and '<td data-field="loss">4.1250</td>' in html  # the latest
-    assert sorted(_embedded(html, "live-states")) == ["restoring", "running", "starting", "stopping", "switching"]
+    assert sorted(embedded_json(html, "live-states")) == ["restoring", "running", "starting", "stopping", "switching"]
 
 
 def test_job_page_embeds_its_snapshot_layout_and_figures(browser_client, running_job) -> None:
     response = browser_client.get(f"/jobs/{running_job['id']}/")
     assert response.status_code == 200
     html = response.content.decode()
-    job = _embedded(html, "job-data")
+    job = embedded_json(html, "job-data")
     assert job["layout"] == "dp=2" and [r["label"] for r in job["ranks"]] == ["pp0 dp0 tp0", "pp0 dp1 tp0"]
-    assert _embedded(html, "job-live")["transitions"] == []
-    figures = _embedded(html, "job-figures")
+    assert embedded_json(html, "job-live")["transitions"] == []
+    figures = embedded_json(html, "job-figures")
     assert sorted(figures) == ["loss", "step_seconds", "tokens_per_second"]
     assert [a["text"] for a in figures["step_seconds"]["layout"]["annotations"]] == ["dp=2"]
     assert 'max="4"' in html  # the stepper stops at the cluster's GPU count
@@ -86,10 +76,10 @@ def test_transition_page_after_a_resize(run, token_client, browser_client, runni
     assert state["state"] == "switching"
     html = browser_client.get(f"/transitions/{transition['id']}/").content.decode()
     assert "dp=2 → dp=4" in html and 'data-verified="unknown"' in html and "planned" in html
-    figures = _embedded(html, "plan-figures")
+    figures = embedded_json(html, "plan-figures")
     assert figures["summary"]["fingerprint"] == transition["plan_fingerprint"]
     job_page = browser_client.get(f"/jobs/{running_job['id']}/").content.decode()
-    assert _embedded(job_page, "job-live")["transitions"][0]["state"] == "planned"
+    assert embedded_json(job_page, "job-live")["transitions"][0]["state"] == "planned"
 
 
 def _report(transition: dict, state: str, **fields) -> protocol.TransitionReport:

@@ -14,6 +14,14 @@ from tests.support.stack import StackProcess, wait_for
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
+def _embedded_stack(var) -> StackProcess:
+    """`dynaplane up` on the embedded defaults (SQLite, embedded Valkey), one agent with two
+    GPUs, in `var` (started: the caller waits for it and stops it)."""
+    stack = StackProcess(var, agents=1, gpus_per_agent=2, env={"DATABASE_URL": None, "REDIS_URL": None})
+    stack.start()
+    return stack
+
+
 def test_the_launcher_starts_a_killed_worker_and_agent_again(tmp_path) -> None:
     stack = StackProcess(tmp_path / "stack", agents=1, gpus_per_agent=1, env={"DATABASE_URL": None, "REDIS_URL": None},
                          restart_agents=True)
@@ -61,8 +69,7 @@ def test_after_ctrl_c_and_up_again_a_job_is_settled_not_shown_running(tmp_path, 
     reconciliation of what the agents report they run (controlplane/jobs/reconcile.py).
     The same when every process of the stack is SIGKILLed at once instead."""
     var = tmp_path / "stack"
-    first = StackProcess(var, agents=1, gpus_per_agent=2, env={"DATABASE_URL": None, "REDIS_URL": None})
-    first.start()
+    first = _embedded_stack(var)
     try:
         first.wait_ready(timeout=120)
         job = first.post("api/jobs", {"name": "restarted", "model": "tiny-gpt", "gpus": 2, "global_batch": 4,
@@ -73,8 +80,7 @@ def test_after_ctrl_c_and_up_again_a_job_is_settled_not_shown_running(tmp_path, 
             first.kill()
     finally:
         first.stop()
-    again = StackProcess(var, agents=1, gpus_per_agent=2, env={"DATABASE_URL": None, "REDIS_URL": None})
-    again.start()
+    again = _embedded_stack(var)
     try:
         again.wait_ready(timeout=120)
         settled, seconds = wait_for(lambda: (j := again.get(f"api/jobs/{job['id']}", token=True))["state"]
@@ -98,8 +104,7 @@ def test_a_worker_killed_mid_resize_is_restarted_and_the_resize_commits(tmp_path
     """Issue 11: SIGKILL of the control-plane worker while a resize is being prepared. The
     ranks' reports wait in the broker; the launcher starts the worker again and the resize
     ends committed, the job training on the new layout."""
-    stack = StackProcess(tmp_path / "stack", agents=1, gpus_per_agent=2, env={"DATABASE_URL": None, "REDIS_URL": None})
-    stack.start()
+    stack = _embedded_stack(tmp_path / "stack")
     try:
         stack.wait_ready(timeout=120)
         job = stack.post("api/jobs", {"name": "resized", "model": "tiny-gpt", "gpus": 1, "global_batch": 4,
@@ -128,8 +133,7 @@ def test_after_the_whole_stack_stops_mid_resize_the_job_trains_again_from_its_ch
     latest checkpoint, its loaded state verified equal to the saved one (no checkpointed
     step lost), on its GPUs alone."""
     var = tmp_path / "stack"
-    first = StackProcess(var, agents=1, gpus_per_agent=2, env={"DATABASE_URL": None, "REDIS_URL": None})
-    first.start()
+    first = _embedded_stack(var)
     try:
         first.wait_ready(timeout=120)
         job = first.post("api/jobs", {"name": "resumed", "model": "tiny-gpt", "gpus": 1, "global_batch": 4,
@@ -139,8 +143,7 @@ def test_after_the_whole_stack_stops_mid_resize_the_job_trains_again_from_its_ch
         wait_for(lambda: _transition(first, transition)["state"] != "planned", timeout=30)
     finally:
         first.stop()
-    again = StackProcess(var, agents=1, gpus_per_agent=2, env={"DATABASE_URL": None, "REDIS_URL": None})
-    again.start()
+    again = _embedded_stack(var)
     try:
         again.wait_ready(timeout=120)
         first_checkpoint = again.get(f"api/jobs/{job['id']}", token=True)["checkpoint_step"]

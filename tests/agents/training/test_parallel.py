@@ -21,17 +21,15 @@ from __future__ import annotations
 import re
 
 import pytest
-import torch
 
-from agents.engine.checkpoint import checkpoint_switch
 from agents.engine.launch import run_ranks
-from agents.engine.shards import LocalShard, box_shape, rank_boxes
+from agents.engine.shards import box_shape, rank_boxes
 from agents.layout.catalog import get_model
 from agents.layout.placement import place
-from agents.layout.shards import b_dim
 from agents.training.parallel import (ParallelTrainer, TrainConfig, TrainingError, TrainScalars, check_trainable,
                                       initial_shards)
-from agents.training.run import Switch, parse_switch, switch_state, train_rank
+from agents.training.run import Switch, parse_switch, train_rank
+from tests.support.first_step import boxes_off_the_single_rank, switch_against_the_checkpoint_path
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
@@ -54,18 +52,14 @@ def _switched_run(rank: int, world: int, folder: str) -> dict:
     losses, boxes_ok, reports = [], [], []
     for step in range(STEPS):
         if step in pending:
-            src, dst = place(spec, layout), place(spec, pending[step])
+            src = place(spec, layout)
             shards, scalars = trainer.hand_over()
             # The local shards a trainer hands over are exactly the contract's boxes.
             expected = rank_boxes(src, rank) if rank < src.world else {}
             boxes_ok.append(set(shards) == set(expected) and all(
                 tuple(shards[k].data.shape) == box_shape(spec.tensors[k[0]], expected[k]) for k in expected))
-            reference = checkpoint_switch(src, dst, rank, shards, f"{folder}/step{step}")
-            new, scalars, report = switch_state(spec, shards, scalars, layout, pending[step], rank,
-                                                staging_bytes=256 * 1024)
-            assert set(new) == set(reference)
-            for key in reference:
-                assert torch.equal(new[key].data, reference[key].data), (spec.tensors[key[0]].name, key[1], rank)
+            new, scalars, report = switch_against_the_checkpoint_path(spec, shards, scalars, layout, pending[step],
+                                                                      rank, f"{folder}/step{step}")
             reports.append((report.step, report.verified, report.network_bytes, report.rounds))
             layout = pending[step]
             trainer = ParallelTrainer(CONFIG, layout, rank, new, scalars)
@@ -113,34 +107,12 @@ def test_training_across_switches_matches_training_without_them(runs) -> None:
     assert losses[-1] < losses[0] - 0.1  # and it learns
 
 
-def _first_step_moments(rank: int, world: int, layout: str) -> dict:
-    placement = place(get_model(CONFIG.model), layout)
-    trainer = ParallelTrainer(CONFIG, layout, rank, initial_shards(CONFIG.model, placement, rank, CONFIG.seed))
-    trainer.step()
-    shards, _ = trainer.hand_over()
-    return {(k[0], s.box): s.data.float().numpy() for k, s in shards.items() if k[1] == "exp_avg"}
-
-
 def test_tensor_parallel_gradients_match_a_single_rank() -> None:
     """After one step exp_avg = (1 - beta1) * grad: every rank's box of it under tp=2 equals
     the same box of the single-rank run up to bf16 rounding (a wrong shard is off by O(1))."""
-    single = run_ranks(1, _first_step_moments, "tp=1,pp=1,dp=1,zero=0", timeout_s=120)[0]
-    full = {index: value for (index, _), value in single.items()}
-    spec = get_model(CONFIG.model)
-    checked = 0
-    for rank_moments in run_ranks(2, _first_step_moments, "tp=2,pp=1,dp=1,zero=0", timeout_s=120):
-        for (index, box), value in rank_moments.items():
-            region = LocalShard(spec.tensors[index], "exp_avg", _whole_box(spec.tensors[index]),
-                                torch.from_numpy(full[index])).region(box).numpy()
-            scale = abs(region).max() + 1e-12
-            assert abs(value - region).max() / scale < 0.05, spec.tensors[index].name
-            checked += 1
-    assert checked == 2 * len(spec.tensors)
-
-
-def _whole_box(tensor) -> tuple[int, int, int, int]:
-    bd = b_dim(tensor)
-    return (0, tensor.shape[0], 0, tensor.shape[bd] if bd is not None else 0)
+    off, checked = boxes_off_the_single_rank(CONFIG, "tp=2,pp=1,dp=1,zero=0", 2)
+    assert off == []
+    assert len(checked) == 2 * len(get_model(CONFIG.model).tensors)
 
 
 def test_a_switch_that_keeps_tp_keeps_the_numerics() -> None:
