@@ -291,7 +291,7 @@ class JobSwitchOrder(_Message):
     in `ranks` (this node's processes in the union world: staying, joining and leaving
     ones, `rank` = the process number). `process_of[d]` is the process that takes rank d of
     `layout` (the device map: the planner's choice of which GPU takes which rank, so that
-    the fewest bytes move; agents/layout/rank_map.py); None keeps ranks' numbers (process
+    the fewest bytes move; agents/planner/rank_map.py); None keeps ranks' numbers (process
     d takes rank d). Processes that take no rank leave after handing their state over;
     rank 0 is always process 0. Joining processes start at once and get ready (imports,
     model objects, the union world's store at `rendezvous`) while the old ranks keep

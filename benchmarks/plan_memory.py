@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from agents.layout.catalog import get_model
-from agents.layout.plan import plan_routes
+from agents.planner.plan import plan_routes
 from benchmarks.plan_scaling import HEADLINE
 
 MORE = [

@@ -12,7 +12,7 @@ import time
 import tracemalloc
 
 from agents.layout.catalog import get_model
-from agents.layout.plan import PlanOptions, plan_routes
+from agents.planner.plan import PlanOptions, plan_routes
 
 HEADLINE = [
     ("llama3-405b", "tp=8,pp=16,dp=64,zero=1", "tp=8,pp=16,dp=48,zero=1"),

@@ -55,8 +55,8 @@ def _human(n: float) -> str:
 def run_plan(args: argparse.Namespace) -> int:
     from agents.layout.catalog import get_model
     from agents.layout.errors import LayoutError
-    from agents.layout.estimate import Network
-    from agents.layout.plan import PlanOptions, plan_routes
+    from agents.planner.estimate import Network
+    from agents.planner.plan import PlanOptions, plan_routes
 
     try:
         network = Network(**{k: v for k, v in (("intra_gbytes_per_s", args.intra_gbps),

@@ -14,8 +14,12 @@ ROOT = Path(__file__).resolve().parent.parent
 # package -> top-level names (or dotted prefixes) it must not import
 FORBIDDEN = {
     "agents/layout": ["torch", "django", "celery", "channels", "controlplane", "frontend", "dynaplane", "agents.node",
-                      "agents.engine", "agents.training", "agents.emulator", "agents.protocol", "agents.runtime",
+                      "agents.planner", "agents.engine", "agents.training", "agents.emulator", "agents.protocol", "agents.runtime",
                       "agents.processes"],
+    # The planner sits on the layouts: pure as they are, and never the other way round.
+    "agents/planner": ["torch", "django", "celery", "channels", "controlplane", "frontend", "dynaplane", "agents.node",
+                       "agents.engine", "agents.training", "agents.emulator", "agents.protocol", "agents.runtime",
+                       "agents.processes"],
     "agents/protocol.py": ["torch", "django", "controlplane", "frontend", "dynaplane"],
     "agents/processes.py": ["torch", "django", "celery", "controlplane", "frontend", "dynaplane", "agents.node",
                             "agents.engine", "agents.training", "agents.emulator", "agents.runtime"],
@@ -209,7 +213,7 @@ def test_importing_agents_layout_does_not_import_torch_or_django() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, agents.layout.spec, agents.protocol; "
+    code = ("import sys, agents.layout.spec, agents.planner.plan, agents.protocol; "
             "print(sorted(m for m in ('torch', 'django', 'celery') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"

@@ -32,7 +32,7 @@ from agents.emulator.recorder import CommRecord, OpRecorder, ignoring_sharding_p
 from agents.emulator.trace import CommOp, InputTrace, Trace, stage_from_dict, stage_to_dict
 from agents.emulator.trace_build import (TRACER_VERSION, TraceRequest, build_stage_trace, fake_shards, stage_classes,
                                          stage_memory, trainer_static_bytes)
-from agents.layout.activations import ActivationShape, plan_boundary
+from agents.planner.activations import ActivationShape, plan_boundary
 from agents.layout.catalog import get_config, get_model
 from agents.layout.errors import LayoutError
 from agents.layout.placement import Placement, layer_stages, place
@@ -91,7 +91,7 @@ def assemble(request: TraceRequest, parts: dict[tuple, dict]) -> Trace:
 
 def boundary_ops(placement: Placement, batch: int, gpus_per_node: int) -> tuple[tuple, tuple]:
     """Every rank's point-to-point messages of the boundary's forward and backward exchange,
-    from the plan HeteroTrainer's communicator runs (agents/layout/activations.py): one packed
+    from the plan HeteroTrainer's communicator runs (agents/planner/activations.py): one packed
     bf16 message per peer, sends sorted by peer then recvs, as run_exchange posts them. The
     tracer checks the traced ranks' recorded messages against these."""
     mc = get_config(placement.model.name)

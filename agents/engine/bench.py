@@ -21,7 +21,7 @@ from agents.engine.execute import execute_plan, preallocate, prepare, round_mess
 from agents.engine.shards import collective_device
 from agents.engine.state_fill import filled_shards
 from agents.layout.catalog import get_model
-from agents.layout.plan import PlanOptions, plan_routes
+from agents.planner.plan import PlanOptions, plan_routes
 
 P2P_BYTES = 64 * 2**20
 

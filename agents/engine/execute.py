@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from agents.engine.errors import EngineError
 from agents.engine.shards import DTYPES, Box, Key, LocalShard, box_shape, empty_shard, state_device
-from agents.layout.plan import RoutingPlan
+from agents.planner.plan import RoutingPlan
 from agents.layout.shards import b_dim
 
 Sampler = Callable[[str, int], None]  # (label, live bytes)
@@ -198,7 +198,7 @@ def execute_plan(plan: RoutingPlan, rank: int, old: dict[Key, LocalShard], group
     New shards and staging buffers go where the state is (state_device: a GPU's state stays
     on it; NCCL moves device buffers).
 
-    Memory follows the planner's model (agents/layout/schedule.py memory_wave): per round,
+    Memory follows the planner's model (agents/planner/schedule.py memory_wave): per round,
     pack -> free sources read for the last time (unless a local copy still needs them) ->
     local copies slice by slice (destination allocated on first touch, sources freed after
     their last copy) -> receiving boxes and buffers allocated -> exchange -> unpack.

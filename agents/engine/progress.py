@@ -1,5 +1,5 @@
 """A rank's measured progress through a switch: its state bytes in the planner's wave
-shape (agents/layout/plan.py RoutingPlan.waves) and a callback after every round, for the
+shape (agents/planner/plan.py RoutingPlan.waves) and a callback after every round, for the
 live "round k of R" and the measured memory waves on the dashboard; and the throttle that
 keeps rank 0 from sending a report per round.
 

@@ -16,7 +16,7 @@ from agents.engine.digest import compare_digests, owned_keys, state_digests, unc
 from agents.engine.execute import execute_plan, preallocate, prepare
 from agents.engine.progress import WaveRecorder
 from agents.engine.shards import Key, LocalShard
-from agents.layout.plan import PlanOptions, plan_routes
+from agents.planner.plan import PlanOptions, plan_routes
 
 
 @dataclass

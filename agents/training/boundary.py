@@ -1,4 +1,4 @@
-"""The boundary communicator: carries out an activation's BoundaryPlan (agents/layout/activations.py)
+"""The boundary communicator: carries out an activation's BoundaryPlan (agents/planner/activations.py)
 with torch.distributed point-to-point, as an autograd Function.
 
 Forward turns the sender layout's local box (e.g. the encoder's image tokens of its dp
@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from agents.layout.activations import BoundaryPlan, Box, RankExchange
+from agents.planner.activations import BoundaryPlan, Box, RankExchange
 
 
 def _slice(box: Box, piece: Box) -> tuple[slice, slice]:

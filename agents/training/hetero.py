@@ -6,7 +6,7 @@ Each module has its own (pp, dp, tp) mesh in the contract's rank order, its own
 data-parallel optimizer (zero.ShardedAdamW) and its own share of the global batch. The
 encoder's image tokens reach the LLM's first stage through the boundary communicator
 (agents/training/boundary.py), whose plan is the box intersection of the two layouts
-(agents/layout/activations.py); gradients return through it.
+(agents/planner/activations.py); gradients return through it.
 
 Schedule of one step (both placements run the same program; a rank does the parts of the
 modules it belongs to):
@@ -36,7 +36,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from agents.engine.shards import Key, LocalShard, rank_boxes, trainer_states
-from agents.layout.activations import ActivationShape, plan_boundary
+from agents.planner.activations import ActivationShape, plan_boundary
 from agents.layout.catalog import get_config, get_model
 from agents.layout.placement import Placement, hetero_refusal, place
 from agents.layout.shards import chunk

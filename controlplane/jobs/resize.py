@@ -3,7 +3,7 @@ and send every involved node its JobSwitchOrder (agents/protocol.py).
 
 The switch runs on the union world (agents/runtime/worker.py): process p below the old
 world size is the job's rank p on its GPU, processes from the old world size up are new
-ones on newly allocated GPUs. The plan's device map (agents/layout/rank_map.py) chooses
+ones on newly allocated GPUs. The plan's device map (agents/planner/rank_map.py) chooses
 which process takes which new rank so that the fewest bytes cross the network (rank 0
 stays on process 0); processes that take no rank leave after handing their state over.
 So only the joining processes need GPUs, and a tensor-parallel group of the new layout
@@ -24,7 +24,7 @@ from agents import protocol
 from agents.layout.allocate import AllocationError, FreeGpus, allocate
 from agents.layout.errors import LayoutError
 from agents.layout.placement import Placement, batch_dp, place, tp_block
-from agents.layout.plan import PlanOptions, plan_routes
+from agents.planner.plan import PlanOptions, plan_routes
 from agents.layout.spec import parse_layout
 from controlplane.cluster.models import Node
 from controlplane.cluster.selectors import gpus_lock_free, gpus_per_node

@@ -22,7 +22,7 @@ from django.utils import timezone
 from agents import protocol
 from agents.layout.errors import LayoutError
 from agents.layout.placement import batch_dp, tp_block
-from agents.layout.plan import PlanOptions, plan_routes
+from agents.planner.plan import PlanOptions, plan_routes
 from agents.layout.recovery import SurvivorWorld
 from controlplane.cluster.models import Gpu, Node
 from controlplane.cluster.selectors import gpus_per_node

@@ -13,7 +13,7 @@ from agents import protocol
 from agents.layout.catalog import get_model
 from agents.layout.errors import LayoutError
 from agents.layout.placement import place
-from agents.layout.plan import PlanOptions, plan_routes
+from agents.planner.plan import PlanOptions, plan_routes
 from agents.layout.shards import STATE_CLASS, full_box, holder_boxes
 from agents.layout.tensors import STATE_BYTES, STATES
 from controlplane.jobs.plan_preview import plan_preview, route_matrix

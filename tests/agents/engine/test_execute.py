@@ -13,7 +13,7 @@ from agents.engine.launch import run_ranks
 from agents.engine.shards import LocalShard, rank_boxes
 from agents.engine.state_fill import value
 from agents.layout.catalog import get_model
-from agents.layout.plan import PlanOptions, plan_routes
+from agents.planner.plan import PlanOptions, plan_routes
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(240)]
 

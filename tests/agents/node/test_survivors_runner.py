@@ -176,7 +176,7 @@ def test_survivors_switch_under_a_device_map_and_their_agents_renumber_them(brok
     survivor keeps its stage. The ranks form the new world under the new numbers, their
     agents renumber them, and training goes on from the next step, verified."""
     from agents.layout.catalog import get_model
-    from agents.layout.plan import PlanOptions, plan_routes
+    from agents.planner.plan import PlanOptions, plan_routes
 
     url, client = broker
     reports: dict[str, list] = {f"node-{i}": [] for i in (1, 2, 3)}

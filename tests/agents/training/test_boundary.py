@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from agents.engine.launch import run_ranks
-from agents.layout.activations import ActivationShape, plan_boundary
+from agents.planner.activations import ActivationShape, plan_boundary
 from agents.layout.spec import ModuleLayout
 from agents.training.boundary import Boundary
 

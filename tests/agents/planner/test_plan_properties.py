@@ -10,8 +10,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agents.layout.plan import PlanOptions, plan_routes
-from tests.agents.layout.plan_oracle import simulate
+from agents.planner.plan import PlanOptions, plan_routes
+from tests.agents.planner.plan_oracle import simulate
 from tests.agents.layout.strategies import layouts, models
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -84,7 +84,7 @@ def test_plan_and_fingerprint_are_the_same_in_another_process(case) -> None:
     model, src, dst, options = case
     plan = plan_routes(model, src, dst, options)
     code = (
-        "import json, pickle, sys; from agents.layout.plan import plan_routes; "
+        "import json, pickle, sys; from agents.planner.plan import plan_routes; "
         "m, s, d, o = pickle.loads(sys.stdin.buffer.read()); p = plan_routes(m, s, d, o); "
         "print(json.dumps([p.fingerprint, p.dump()]))"
     )

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from agents.layout.errors import require
-from agents.layout.routing import Pieces, route
+from agents.planner.routing import Pieces, route
 from agents.layout.shards import HolderBoxes, chunk
 from agents.layout.spec import ModuleLayout
 

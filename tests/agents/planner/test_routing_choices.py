@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from agents.layout.catalog import get_model
-from agents.layout.plan import PlanOptions, plan_routes
+from agents.planner.plan import PlanOptions, plan_routes
 
 
 def _sent_per_rank(plan) -> np.ndarray:

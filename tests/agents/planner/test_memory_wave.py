@@ -8,10 +8,10 @@ import numpy as np
 from hypothesis import given
 
 from agents.layout.catalog import get_model
-from agents.layout.plan import PlanOptions, RoutingPlan, plan_routes
+from agents.planner.plan import PlanOptions, RoutingPlan, plan_routes
 from agents.layout.tensors import STATE_BYTES, Model, ModuleSpec, TensorSpec, TensorSplit
-from tests.agents.layout.plan_oracle import local_copies_are_scheduled, simulate
-from tests.agents.layout.test_plan_properties import SETTINGS, transitions
+from tests.agents.planner.plan_oracle import local_copies_are_scheduled, simulate
+from tests.agents.planner.test_plan_properties import SETTINGS, transitions
 
 
 def one_at_a_time_peak(plan: RoutingPlan) -> np.ndarray:

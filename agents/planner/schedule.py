@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from agents.layout.errors import LayoutError
-from agents.layout.routing import Route
+from agents.planner.routing import Route
 from agents.layout.shards import chunk
 
 

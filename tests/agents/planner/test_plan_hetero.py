@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from agents.layout.errors import LayoutError
 from agents.layout.placement import place
-from agents.layout.plan import PlanOptions, plan_routes
-from tests.agents.layout.plan_oracle import simulate
+from agents.planner.plan import PlanOptions, plan_routes
+from tests.agents.planner.plan_oracle import simulate
 from tests.agents.layout.strategies import layouts, models, module_layouts
 
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents.layout.activations import ActivationShape, Exchange, activation_holders, plan_boundary
+from agents.planner.activations import ActivationShape, Exchange, activation_holders, plan_boundary
 from agents.layout.errors import LayoutError
 from agents.layout.spec import ModuleLayout
 

@@ -1,4 +1,4 @@
-"""The device-to-rank map (agents/layout/rank_map.py) against brute force: on small cases
+"""The device-to-rank map (agents/planner/rank_map.py) against brute force: on small cases
 every block map (and, for the floor, every bijection of ranks onto processes) is planned
 and its bytes counted by the planner itself."""
 from __future__ import annotations
@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 from agents.layout.catalog import get_model
 from agents.layout.placement import place
-from agents.layout.plan import PlanOptions, plan_routes
-from agents.layout.rank_map import savings
+from agents.planner.plan import PlanOptions, plan_routes
+from agents.planner.rank_map import savings
 from agents.layout.tensors import STATE_BYTES
-from tests.agents.layout.plan_oracle import simulate
+from tests.agents.planner.plan_oracle import simulate
 from tests.agents.layout.strategies import layouts, models
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -137,7 +137,7 @@ def test_llama3_405b_dp64_to_dp48_moves_less_than_its_optimizer_state() -> None:
 @given(small_switches())
 def test_the_sparse_fallback_gives_the_dense_paths_weights(case) -> None:
     """Matrices too big to hold densely go through the sort-based merge: same weights."""
-    from agents.layout import rank_map
+    from agents.planner import rank_map
 
     model, src, dst = case
     s_p, d_p = place(model, src), place(model, dst)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.layout.plan import RoutingPlan
+from agents.planner.plan import RoutingPlan
 from agents.layout.tensors import STATES
 
 STATE_INDEX = {s: i for i, s in enumerate(STATES)}

@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 from agents.layout.catalog import get_model
-from agents.layout.plan import PlanOptions, plan_routes
-from tests.agents.layout.plan_oracle import simulate
+from agents.planner.plan import PlanOptions, plan_routes
+from tests.agents.planner.plan_oracle import simulate
 
 CONTRACT_FIELDS = {"world_src", "world_dst", "state_bytes_dst", "local_bytes", "network_bytes", "min_network_bytes",
                    "transfers", "rounds", "max_rank_send_bytes", "max_rank_recv_bytes", "peak_staging_bytes",

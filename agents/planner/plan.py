@@ -12,11 +12,11 @@ from functools import cached_property
 
 import numpy as np
 
-from agents.layout.estimate import Network, estimate_seconds
+from agents.planner.estimate import Network, estimate_seconds
 from agents.layout.placement import Placement, place
-from agents.layout.rank_map import Savings, best_map, geometry, relabel, savings
-from agents.layout.routing import Route, route
-from agents.layout.schedule import RoundStats, Slice, cut_rounds, memory_wave, round_stats, slice_memory
+from agents.planner.rank_map import Savings, best_map, geometry, relabel, savings
+from agents.planner.routing import Route, route
+from agents.planner.schedule import RoundStats, Slice, cut_rounds, memory_wave, round_stats, slice_memory
 from agents.layout.shards import OPTIM, PARAM, STATE_CLASS, full_box, holder_boxes
 from agents.layout.spec import Layout
 from agents.layout.tensors import STATE_BYTES, STATES, Model, TensorSpec
