@@ -25,10 +25,10 @@ Metrics, each in the paper's definition:
 
 Models not in the catalog (Narayanan et al.'s GPT family) are Hugging Face gpt2-type
 config.json files under benchmarks/published_models/ (vocab 51,200, seq 2048, 4h MLP,
-biases, LayerNorm, GELU, learned positions). They are untied: the trainer cannot trace a
-tied embedding with tp or pp > 1, and Megatron keeps a copy of the word embedding on the
-last stage anyway (the difference is the embedding-gradient all-reduce between first and
-last stage, once per step); their parameter count is the paper's plus V*h for the head.
+biases, LayerNorm, GELU, learned positions), tied as published: Megatron's GPT shares the
+word embedding with the output head, keeps its copy on the last pipeline stage and sums the
+two gradients once per step (the trainer does the same since issue 13, and so the traced
+program); their parameter count is the paper's.
 """
 from __future__ import annotations
 
