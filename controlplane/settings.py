@@ -89,6 +89,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files, served from here: /api/docs/ works offline
     "channels",
     "controlplane.common",
     "controlplane.cluster",
@@ -257,6 +258,9 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "GPU inventory, training jobs, layout history and emulation runs.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
                              "controlplane.common.schema_errors.add_error_responses"],
 }

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.http import JsonResponse
 from django.views.defaults import page_not_found
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from controlplane.cluster.api import ClusterSnapshotView, GpuViewSet, NodeViewSet
@@ -32,6 +32,10 @@ urlpatterns = [
     path("api/health", HealthView.as_view(), name="health"),
     path("api/cluster/snapshot", ClusterSnapshotView.as_view(), name="cluster-snapshot"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    # Interactive docs of the schema above, with drf-spectacular-sidecar's local copies of
+    # Swagger UI and ReDoc (no CDN: they work on a machine without internet).
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),
     path("api/", include(router.urls)),
     path("admin/", admin.site.urls),
     path("", include("frontend.urls")),

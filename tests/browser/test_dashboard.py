@@ -66,3 +66,31 @@ def test_static_plotly_is_local(stack, browser) -> None:  # noqa: F811
     page.get_by_role("button", name="Sign in").click()
     page.wait_for_selector("#gpu-state-chart .main-svg", timeout=10_000)
     assert requests and all(url.startswith(stack.url) or url.startswith("ws://") for url in requests), requests
+
+
+def test_the_api_docs_are_interactive_and_offline(stack, browser) -> None:  # noqa: F811
+    """/api/docs/ (Swagger UI from drf-spectacular-sidecar, no CDN): linked from every page,
+    it draws every operation of the schema with files from this server alone, and a read
+    can be tried from it."""
+    page = browser.new_page()
+    requests: list[str] = []
+    page.on("request", lambda request: requests.append(request.url))
+    page.goto(stack.url + "accounts/login/")
+    page.get_by_label("Username").fill(stack.state["username"])
+    page.get_by_label("Password").fill(stack.state["password"])
+    page.get_by_role("button", name="Sign in").click()
+    page.get_by_role("link", name="API docs").click()
+    page.wait_for_selector(".opblock", timeout=20_000)
+    paths = stack.get("api/schema/?format=json")["paths"]
+    operations = sum(len([m for m in ops if m in ("get", "post", "put", "patch", "delete")]) for ops in paths.values())
+    assert page.locator(".opblock").count() == operations
+    assert requests and all(url.startswith(stack.url) for url in requests), [u for u in requests
+                                                                             if not u.startswith(stack.url)]
+    # Try a read: GET /api/health from the page.
+    health = page.locator(".opblock-get", has=page.locator("[data-path='/api/health']"))
+    health.locator(".opblock-summary").click()
+    health.get_by_role("button", name="Try it out").click()
+    health.get_by_role("button", name="Execute").click()
+    status = health.locator(".live-responses-table tr.response .response-col_status")
+    status.wait_for(timeout=10_000)
+    assert status.inner_text().strip() == "200"

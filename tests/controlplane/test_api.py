@@ -120,3 +120,24 @@ def test_cluster_snapshot_endpoint(token_client) -> None:
     body = token_client.get("/api/cluster/snapshot").json()
     assert body["seq"] == 3
     assert [n["name"] for n in body["nodes"]] == ["node-1"] and len(body["gpus"]) == 2
+
+
+@pytest.mark.parametrize("path", ["/api/docs/", "/api/redoc/"])
+def test_the_interactive_api_docs_load_only_files_of_this_server(path) -> None:
+    """Swagger UI and ReDoc from drf-spectacular-sidecar: every script and stylesheet the page
+    loads is one of this server's static files, and each is there."""
+    import re
+
+    from django.test import Client
+
+    client = Client()
+    response = client.get(path)
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/html")
+    html = response.content.decode()
+    assets = re.findall(r'(?:src|href)="([^"]+\.(?:js|css))"', html)
+    assert assets and all(a.startswith("/static/") for a in assets), assets
+    assert "/api/schema/" in html
+    for asset in assets:
+        served = client.get(asset)
+        assert served.status_code == 200, asset
+        served.close()
