@@ -145,13 +145,9 @@ class LayoutMeshes:
         mesh = DeviceMesh(device_type(), ranks, mesh_dim_names=("pp", "dp", "tp"))
         everyone = dist.new_group(ranks=list(range(ml.world)))
         embedding = None
-        if tied and ml.pp > 1:
-            me = dist.get_rank()
-            for d in range(ml.dp):  # every process makes every group, in the same order
-                for t in range(ml.tp):
-                    pair = [int(ranks[0, d, t]), int(ranks[-1, d, t])]
-                    group = dist.new_group(ranks=pair)
-                    embedding = group if me in pair else embedding
+        if tied and ml.pp > 1:  # the end stages' ranks at each (dp, tp): torch makes every pair, returns ours
+            pairs = [[int(ranks[0, d, t]), int(ranks[-1, d, t])] for d in range(ml.dp) for t in range(ml.tp)]
+            embedding, _ = dist.new_subgroups_by_enumeration(pairs)
         if mesh.get_coordinate() is None:
             return cls(mesh, mesh, mesh, mesh, everyone)
         return cls(mesh, mesh["tp"], mesh["dp"], mesh["pp"], everyone, embedding)

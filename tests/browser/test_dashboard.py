@@ -24,6 +24,14 @@ def sign_in(page, stack) -> None:
     assert page.url == stack.url
 
 
+def sign_in_directly(page, stack) -> None:
+    """The login page, the right password at once."""
+    page.goto(stack.url + "accounts/login/")
+    page.get_by_label("Username").fill(stack.state["username"])
+    page.get_by_label("Password").fill(stack.state["password"])
+    page.get_by_role("button", name="Sign in").click()
+
+
 def test_dashboard_is_live_and_shows_lost_gpus_without_reload(stack, browser) -> None:  # noqa: F811
     page = browser.new_page()
     errors: list[str] = []
@@ -60,10 +68,7 @@ def test_static_plotly_is_local(stack, browser) -> None:  # noqa: F811
     page = browser.new_page()
     requests: list[str] = []
     page.on("request", lambda request: requests.append(request.url))
-    page.goto(stack.url + "accounts/login/")
-    page.get_by_label("Username").fill(stack.state["username"])
-    page.get_by_label("Password").fill(stack.state["password"])
-    page.get_by_role("button", name="Sign in").click()
+    sign_in_directly(page, stack)
     page.wait_for_selector("#gpu-state-chart .main-svg", timeout=10_000)
     assert requests and all(url.startswith(stack.url) or url.startswith("ws://") for url in requests), requests
 
@@ -75,10 +80,7 @@ def test_the_api_docs_are_interactive_and_offline(stack, browser) -> None:  # no
     page = browser.new_page()
     requests: list[str] = []
     page.on("request", lambda request: requests.append(request.url))
-    page.goto(stack.url + "accounts/login/")
-    page.get_by_label("Username").fill(stack.state["username"])
-    page.get_by_label("Password").fill(stack.state["password"])
-    page.get_by_role("button", name="Sign in").click()
+    sign_in_directly(page, stack)
     page.get_by_role("link", name="API docs").click()
     page.wait_for_selector(".opblock", timeout=20_000)
     paths = stack.get("api/schema/?format=json")["paths"]
