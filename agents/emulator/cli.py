@@ -35,12 +35,14 @@ def _run(command: str, args, work):
 
 
 def emulate_main(args) -> int:
-    request = EmulateRequest(model=args.model, layout=args.layout, gpus=args.gpus, gpu=args.gpu,
-                             global_batch=args.global_batch, micro_batch=args.micro_batch, seq=args.seq,
-                             recompute=args.recompute, gpus_per_node=args.gpus_per_node, profile=args.profile,
-                             sequence_parallel=args.sequence_parallel)
-    result, code = _run("emulate", args, lambda progress: emulate(request, use_cache=not args.no_cache,
-                                                                   progress=progress))
+    def work(progress):
+        request = EmulateRequest(model=args.model, layout=args.layout, gpus=args.gpus, gpu=args.gpu,
+                                 global_batch=args.global_batch, micro_batch=args.micro_batch, seq=args.seq,
+                                 recompute=args.recompute, gpus_per_node=args.gpus_per_node, profile=args.profile,
+                                 sequence_parallel=args.sequence_parallel)
+        return emulate(request, use_cache=not args.no_cache, progress=progress)
+
+    result, code = _run("emulate", args, work)
     if result is None:
         return code
     r, m, b = result, result["memory"], result["breakdown"]
@@ -83,11 +85,15 @@ HEADER = ("| layout | micro-batch | step s | tokens/s | model TFLOP/s/GPU | MFU 
 def compare_main(args) -> int:
     from agents.emulator.search import compare
 
-    requests = [EmulateRequest(model=args.model, layout=layout, gpus=args.gpus, gpu=args.gpu,
+    try:  # an unknown model is one error, not one per layout
+        first = EmulateRequest(model=args.model, layout=args.layout[0], gpus=args.gpus, gpu=args.gpu,
                                global_batch=args.global_batch, micro_batch=args.micro_batch, seq=args.seq,
                                recompute=args.recompute, gpus_per_node=args.gpus_per_node, profile=args.profile,
-                             sequence_parallel=args.sequence_parallel)
-                for layout in args.layout]
+                               sequence_parallel=args.sequence_parallel)
+    except EmulatorError as exc:
+        print(f"dynaplane compare: {exc}", file=sys.stderr)
+        return 2
+    requests = [dataclasses.replace(first, layout=layout) for layout in args.layout]
     progress = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
     results = compare(requests, progress=progress)  # a bad layout is a row with its error, not an exception
     if args.json:
@@ -102,11 +108,14 @@ def compare_main(args) -> int:
 def search_main(args) -> int:
     from agents.emulator.search import SearchRequest, search
 
-    request = SearchRequest(model=args.model, gpus=args.gpus, gpu=args.gpu, global_batch=args.global_batch,
-                            seq=args.seq, top=args.top, gpus_per_node=args.gpus_per_node, recompute=args.recompute,
-                            profile=args.profile, max_candidates=args.max_candidates,
-                            sequence_parallel=args.sequence_parallel)
-    result, code = _run("search", args, lambda progress: search(request, progress=progress))
+    def work(progress):
+        request = SearchRequest(model=args.model, gpus=args.gpus, gpu=args.gpu, global_batch=args.global_batch,
+                                seq=args.seq, top=args.top, gpus_per_node=args.gpus_per_node,
+                                recompute=args.recompute, profile=args.profile,
+                                max_candidates=args.max_candidates, sequence_parallel=args.sequence_parallel)
+        return search(request, progress=progress)
+
+    result, code = _run("search", args, work)
     if result is None:
         return code
     print(f"{result['model']} on {result['gpus']} x {result['gpu']}, global batch {result['global_batch']} x seq "

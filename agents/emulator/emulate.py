@@ -25,14 +25,15 @@ from agents.emulator.metrics import (hardware_tflops_per_gpu, mfu, model_flops_p
 from agents.emulator.simulate import RECOMPUTE, SimResult, simulate
 from agents.emulator.trace import Trace
 from agents.emulator.tracer import TraceRequest, trace
-from agents.layout.catalog import get_config, get_model
+from agents.layout.catalog import model_from_config
+from agents.layout.model_request import ModelConfig, NamesAModel, resolved_field
 from agents.layout.errors import LayoutError
 from agents.layout.placement import Placement, place
 from agents.training.parallel import TrainConfig, TrainingError
 
 
 @dataclass(frozen=True)
-class EmulateRequest:
+class EmulateRequest(NamesAModel):
     model: str
     layout: str
     gpus: int
@@ -44,12 +45,14 @@ class EmulateRequest:
     gpus_per_node: int = 8
     profile: str | None = None  # a calibrated profile file instead of the built-in `gpu`
     sequence_parallel: bool = False  # Megatron-style, with tp > 1 (agents/training/parallel.py TrainConfig)
+    model_config: ModelConfig | None = resolved_field()  # `model` resolved once (NamesAModel)
+    model_error = EmulatorError
 
 
-def matmul_params(model_name: str) -> float:
+def matmul_params(model: ModelConfig) -> float:
     """Parameters a token passes through in a matmul: all but the input embedding lookup
     (unless tied to the head), and for MoE layers only the experts a token is routed to."""
-    spec, config = get_model(model_name), get_config(model_name).llm
+    spec, config = model_from_config(model), model.llm
     total = 0.0
     for t in spec.tensors:
         n = float(t.numel)
@@ -63,10 +66,10 @@ def matmul_params(model_name: str) -> float:
     return total
 
 
-def model_flops_per_sample(model: str, seq: int) -> dict[str, float]:
+def model_flops_per_sample(mc: ModelConfig, seq: int) -> dict[str, float]:
     """Model FLOPs of one sample (one image + seq text tokens) of a model with an encoder,
     forward + backward, per module."""
-    mc, spec = get_config(model), get_model(model)
+    spec = model_from_config(mc)
     c, v = mc.llm, mc.encoder
     params = {"llm": 0.0, "head": 0.0, "encoder": 0.0}
     for t in spec.tensors:
@@ -102,7 +105,7 @@ def _checked(request: EmulateRequest) -> tuple[Placement, int]:
         if getattr(request, key) < 1:
             raise EmulatorError(f"--{key.replace('_', '-')} {getattr(request, key)} must be >= 1")
     try:
-        placement = place(get_model(request.model), request.layout)
+        placement = place(request.tensors, request.layout)
     except (LayoutError, KeyError) as exc:
         raise EmulatorError(str(exc)) from exc
     modules = len(placement.model.modules) > 1
@@ -144,10 +147,6 @@ def _check_modules(request: EmulateRequest, placement: Placement) -> None:
 
 def emulate(request: EmulateRequest, *, use_cache: bool = True, progress=None) -> dict:
     started = time.perf_counter()
-    try:
-        get_config(request.model)
-    except LayoutError as exc:
-        raise EmulatorError(str(exc)) from exc
     placement, micro_batches = _checked(request)
     profile = _profile(request)
     traced, info = trace(TraceRequest(request.model, request.layout, request.micro_batch, request.seq,
@@ -157,14 +156,14 @@ def emulate(request: EmulateRequest, *, use_cache: bool = True, progress=None) -
     step = sim.step_seconds
     tokens = tokens_per_second(request.global_batch, request.seq, step)
     if traced.inputs:
-        per_sample = model_flops_per_sample(request.model, request.seq)
+        per_sample = model_flops_per_sample(request.model_config, request.seq)
         model_tflops = request.global_batch * sum(per_sample.values()) / step / request.gpus / 1e12
         hardware = module_flops(traced, request.recompute)
         hardware_tflops = sum(hardware.values()) / step / request.gpus / 1e12
         ranks_traced = info["classes"]
     else:
-        config = get_config(request.model).llm
-        flops_per_token = model_flops_per_token(matmul_params(request.model), config.layers,
+        config = request.model_config.llm
+        flops_per_token = model_flops_per_token(matmul_params(request.model_config), config.layers,
                                                 config.heads * config.head_dim, request.seq)
         model_tflops = model_tflops_per_gpu(flops_per_token, tokens, request.gpus)
         hardware_tflops = hardware_tflops_per_gpu(traced, step, request.recompute)

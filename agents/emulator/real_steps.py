@@ -33,7 +33,7 @@ def prepared_trainer(model: str, layout: str, rank: int, global_batch: int, micr
     ml = next(iter(placement.modules.values()))
     config = TrainConfig(model=model, global_batch=global_batch, seq_len=seq,
                          micro_batches=global_batch // (micro_batch * ml.dp))
-    trainer = ParallelTrainer(config, layout, rank, initial_shards(model, placement, rank, config.seed))
+    trainer = ParallelTrainer(config, layout, rank, initial_shards(placement, rank, config.seed))
     made = {}
     real_batch = trainer.data.batch
     share = global_batch // ml.dp

@@ -3,7 +3,7 @@ setting, run on an agent (task emulate.search), never in the web process (it nee
 tracer's modules, and torch with them).
 
 Only the cheap half of `dynaplane search` runs here: enumerate the layouts the trainer can
-run (search_space.candidate_layouts, the page's micro-batch only) and rank them by the static
+run (search_space.candidates, the page's micro-batch only) and rank them by the static
 state check (search_space.ranked_candidates). The page then emulates the first 3 x K as one
 comparison on the agents and keeps the K fastest that fit (search_space.top_fitting, in JS
 compare-store.js searchTop): emulating them one after another here would take minutes.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from agents.emulator.devices import get_profile
 from agents.emulator.errors import EmulatorError
-from agents.emulator.search_space import SearchRequest, candidate_layouts, ranked_candidates
+from agents.emulator.search_space import SearchRequest, candidates, ranked_candidates
 from agents.layout.errors import LayoutError
 
 TRIED_PER_KEPT = 3  # candidates emulated per layout the page keeps
@@ -26,13 +26,13 @@ def search_candidates(*, model: str, gpus: int, gpu: str, global_batch: int, mic
     query = SearchRequest(model=model, gpus=gpus, gpu=gpu, global_batch=global_batch, seq=seq, top=top,
                           recompute=recompute, gpus_per_node=gpus_per_node, micro_batches=(micro_batch,))
     try:
-        candidates = candidate_layouts(query)
-        feasible, dropped = ranked_candidates(query, candidates, get_profile(gpu).hbm_bytes)
+        found = candidates(query)
+        feasible, dropped = ranked_candidates(query, found, get_profile(gpu).hbm_bytes)
     except LayoutError as exc:
         raise EmulatorError(str(exc)) from exc
     if not feasible:
         reasons = "; ".join(f"{d['layout']}: {d['reason']}" for d in dropped[:4])
         raise EmulatorError(f"no layout of {model} runs on {gpus} GPU{'s' * (gpus != 1)} with global batch "
                             f"{global_batch} and micro-batch {micro_batch}" + (f" ({reasons})" if reasons else ""))
-    return {"top": top, "candidates": len(candidates),
-            "layouts": [layout for _, layout, _ in feasible[:TRIED_PER_KEPT * top]], "dropped": dropped}
+    return {"top": top, "candidates": len(found),
+            "layouts": [c.layout for c in feasible[:TRIED_PER_KEPT * top]], "dropped": dropped}

@@ -8,15 +8,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from agents.emulator.errors import EmulatorError
 from agents.engine.shards import box_shape, rank_boxes
-from agents.layout.catalog import get_config, get_model
 from agents.layout.errors import LayoutError
+from agents.layout.model_request import ModelConfig, NamesAModel, resolved_field
 from agents.layout.placement import place
-from agents.layout.tensors import STATE_BYTES
+from agents.layout.tensors import STATE_BYTES, Model
 
 
 @dataclass(frozen=True)
-class SearchRequest:
+class SearchRequest(NamesAModel):
     model: str
     gpus: int
     gpu: str
@@ -30,6 +31,8 @@ class SearchRequest:
     zero: tuple[int, ...] = (1, 3)
     max_candidates: int = 24
     sequence_parallel: bool = False
+    model_config: ModelConfig | None = resolved_field()  # `model` resolved once (NamesAModel)
+    model_error = EmulatorError
 
 
 def _divisors(n: int) -> list[int]:
@@ -38,7 +41,7 @@ def _divisors(n: int) -> list[int]:
 
 def candidate_layouts(request: SearchRequest) -> list[tuple[str, int]]:
     """(layout, micro-batch size) pairs the trainer can run on exactly `gpus` GPUs."""
-    c = get_config(request.model).llm
+    c = request.model_config.llm
     out = []
     for tp in _divisors(request.gpus):
         if tp > request.gpus_per_node or c.heads % tp or c.kv_heads % tp or (c.experts and tp > 1):
@@ -57,12 +60,12 @@ def candidate_layouts(request: SearchRequest) -> list[tuple[str, int]]:
     return out
 
 
-def static_bytes(model: str, layout: str) -> int:
+def static_bytes(model: Model, layout: str) -> int:
     """The most any rank holds in params + fp32 gradients + optimizer state in the trainer,
     over every module's boxes on it (zero < 3: bf16 box + its fp32 gradient + 12 B per
     master element; zero 3: 16 B per master element), from the contract's boxes; checked
     against the tracer in the tests. The heaviest rank is the first of a pipeline stage."""
-    spec = get_model(model)
+    spec = model
     placement = place(spec, layout)
     zero3 = {name for name, ml in placement.modules.items() if ml.zero == 3}
     ranks = {ml.offset + s * ml.dp * ml.tp for ml in placement.modules.values() for s in range(ml.pp)}
@@ -81,37 +84,61 @@ def static_bytes(model: str, layout: str) -> int:
     return worst
 
 
-def fields_of(layout: str) -> dict[str, int]:
-    """{"tp": 2, "pp": 1, ...} of a one-module layout string."""
-    return {k: int(v) for k, v in (part.split("=") for part in layout.split(","))}
+@dataclass(frozen=True)
+class Candidate:
+    """A layout worth emulating: `kind` is the placement of a model with an encoder
+    (KINDS), None for a decoder-only model; `need` its static bytes (static_bytes)."""
+
+    kind: str | None
+    layout: str
+    micro_batch: int
+    need: int
+
+    @property
+    def tp_pp(self) -> tuple[int, int]:
+        return tp_pp(self.layout)
+
+    def dropped(self, reason: str) -> dict:
+        """The {layout, micro_batch[, placement], reason} row of a candidate left out."""
+        return {"layout": self.layout, "micro_batch": self.micro_batch,
+                **({"placement": self.kind} if self.kind else {}), "reason": reason}
 
 
-def _model_parallel(layout: str) -> int:
-    fields = fields_of(layout)
-    return fields.get("tp", 1) * fields.get("pp", 1)
+def candidates(request: SearchRequest, **narrow) -> list[tuple[str | None, str, int]]:
+    """(placement kind, layout, micro-batch size) of every layout the trainers can run on
+    exactly request.gpus GPUs: the plain layouts of a decoder-only model (kind None), the
+    three placements of a model with an encoder (multimodal_candidates; `narrow` its
+    keyword arguments)."""
+    if request.model_config.encoder is not None:
+        return multimodal_candidates(request, **narrow)
+    if narrow:
+        raise EmulatorError(f"{request.model} has no encoder: {sorted(narrow)} narrow a multimodal search only")
+    return [(None, layout, mb) for layout, mb in candidate_layouts(request)]
 
 
-def ranked_candidates(request: SearchRequest, candidates: list[tuple[str, int]],
-                      capacity_bytes: int) -> tuple[list[tuple[int, str, int]], list[dict]]:
-    """The candidates worth emulating, likeliest fastest first, as (static bytes, layout,
-    micro-batch), and {layout, micro_batch, reason} for those whose static state alone
-    does not fit `capacity_bytes` (or that break a layout rule)."""
+def ranked_candidates(request: SearchRequest, found: list[tuple[str | None, str, int]],
+                      capacity_bytes: int) -> tuple[list[Candidate], list[dict]]:
+    """The candidates worth emulating, likeliest fastest first, and the rows of those whose
+    static state alone does not fit `capacity_bytes` (or that break a layout rule).
+
+    Likeliest fastest first, for every model: the least model parallelism of the LLM (tp *
+    pp: fewer collectives on the critical path, no bubble), then the lesser tp, then the
+    least static memory (ZeRO-3 before ZeRO-1; a non-colocated encoder's share), then the
+    smallest micro-batch. A candidate that does not fit rules out the ones after it that
+    need as much (search's `outgrown`)."""
     feasible, dropped = [], []
-    for layout, mb in candidates:
+    for kind, layout, mb in found:
         try:
-            need = static_bytes(request.model, layout)
+            need = static_bytes(request.tensors, layout)
         except LayoutError as exc:
-            dropped.append({"layout": layout, "micro_batch": mb, "reason": str(exc)})
+            dropped.append(Candidate(kind, layout, mb, 0).dropped(str(exc)))
             continue
+        candidate = Candidate(kind, layout, mb, need)
         if need > capacity_bytes:
-            dropped.append({"layout": layout, "micro_batch": mb,
-                            "reason": f"static state {need / 2**30:.1f} GiB > {capacity_bytes / 2**30:.1f} GiB"})
+            dropped.append(candidate.dropped(f"static state {need / 2**30:.1f} GiB > {capacity_bytes / 2**30:.1f} GiB"))
         else:
-            feasible.append((need, layout, mb))
-    # Likeliest fastest first: the least model parallelism (tp * pp: fewer collectives on the
-    # critical path, no bubble). Within one (tp, pp), the least memory first (ZeRO-3, the
-    # smallest micro-batch): when that does not fit, no variant with more memory is tried.
-    feasible.sort(key=lambda x: (_model_parallel(x[1]), fields_of(x[1])["tp"], -fields_of(x[1]).get("zero", 0), x[2]))
+            feasible.append(candidate)
+    feasible.sort(key=lambda c: (c.tp_pp[0] * c.tp_pp[1], c.tp_pp[0], c.need, c.micro_batch))
     return feasible, dropped
 
 
@@ -131,8 +158,7 @@ def _llm_layouts(request: SearchRequest, gpus: int) -> list[tuple[str, int]]:
     return candidate_layouts(replace(request, gpus=gpus, zero=zero))
 
 
-def _encoder_tps(model: str, gpus: int, gpus_per_node: int, choices=(1, 2)) -> list[int]:
-    heads = get_config(model).encoder.heads
+def _encoder_tps(heads: int, gpus: int, gpus_per_node: int, choices=(1, 2)) -> list[int]:
     return [tp for tp in choices if heads % tp == 0 and gpus % tp == 0 and tp <= gpus_per_node]
 
 
@@ -147,7 +173,7 @@ def multimodal_candidates(request, *, encoder_tp=(1, 2), shares=ENCODER_SHARES, 
                           llm_pp: tuple[int, ...] | None = None) -> list[tuple[str, str, int]]:
     """(placement kind, layout, micro-batch size) for a multimodal model on request.gpus GPUs;
     `llm_tp` / `llm_pp` keep only LLM layouts with those tp / pp (a benchmark's narrower sweep)."""
-    n, gpn, heads = request.gpus, request.gpus_per_node, get_config(request.model).encoder.heads
+    n, gpn, heads = request.gpus, request.gpus_per_node, request.model_config.encoder.heads
 
     def llm_layouts(gpus: int):
         return [(layout, mb) for layout, mb in _llm_layouts(request, gpus)
@@ -158,7 +184,7 @@ def multimodal_candidates(request, *, encoder_tp=(1, 2), shares=ENCODER_SHARES, 
         tp, pp = tp_pp(layout)
         if pp == 1 and heads % tp == 0:
             out.append(("homogeneous", layout, mb))
-        for etp in _encoder_tps(request.model, n, gpn, encoder_tp):
+        for etp in _encoder_tps(heads, n, gpn, encoder_tp):
             if pp == 1 and etp == tp:
                 continue  # the homogeneous layout
             out.append(("colocated", f"encoder:tp={etp},dp={n // etp},zero=1;llm:{layout}", mb))

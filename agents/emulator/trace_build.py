@@ -15,7 +15,7 @@ from agents.emulator.errors import EmulatorError
 from agents.emulator.recorder import CommRecord, ComputeRecord
 from agents.emulator.trace import CommOp, ComputeOp, StageMemory, StageTrace
 from agents.engine.shards import DTYPES, LocalShard, box_shape, rank_boxes
-from agents.layout.catalog import get_model
+from agents.layout.model_request import ModelConfig, NamesAModel, resolved_field
 from agents.layout.placement import layer_stages, place
 
 TRACER_VERSION = 9  # 2: activations_full; vpp traced as pp*vpp flat stages; 3: DTensor dispatch as host ops;
@@ -25,7 +25,7 @@ TRACER_VERSION = 9  # 2: activations_full; vpp traced as pp*vpp flat stages; 3: 
 
 
 @dataclass(frozen=True)
-class TraceRequest:
+class TraceRequest(NamesAModel):
     model: str
     layout: str
     micro_batch: int
@@ -33,12 +33,14 @@ class TraceRequest:
     micro_batches: int
     gpus_per_node: int = 8
     sequence_parallel: bool = False
+    model_config: ModelConfig | None = resolved_field()  # `model` resolved once (NamesAModel)
+    model_error = EmulatorError
 
     def key(self) -> str:
-        spec = get_model(self.model)
+        spec = self.tensors
         text = json.dumps({"v": TRACER_VERSION, "torch": torch.__version__, "model": spec.name,
                            "params": spec.param_count, "layout": str(place(spec, self.layout).layout),
-                           **{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "layout"}},
+                           **{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("layout", "model_config")}},
                           sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 

@@ -33,7 +33,7 @@ from agents.emulator.trace import CommOp, InputTrace, Trace, stage_from_dict, st
 from agents.emulator.trace_build import (TRACER_VERSION, TraceRequest, build_stage_trace, fake_shards, stage_classes,
                                          stage_memory, trainer_static_bytes)
 from agents.planner.activations import ActivationShape, plan_boundary
-from agents.layout.catalog import get_config, get_model
+from agents.layout.model_config import ModelConfig
 from agents.layout.errors import LayoutError
 from agents.layout.placement import Placement, layer_stages, place
 from agents.training.parallel import TrainConfig, TrainingError
@@ -43,27 +43,27 @@ CLASS = "class"  # what tracer.py's progress lines call a class
 
 
 def global_batch(request: TraceRequest) -> int:
-    return request.micro_batch * request.micro_batches * place(get_model(request.model), request.layout).modules["llm"].dp
+    return request.micro_batch * request.micro_batches * place(request.tensors, request.layout).modules["llm"].dp
 
 
 def classes(request: TraceRequest) -> dict[tuple, list[int]]:
     """("encoder",) and the LLM's stage classes, each with the stages it stands for."""
-    llm = place(get_model(request.model), request.layout).modules["llm"]
-    return {("encoder",): [0], **stage_classes(get_config(request.model).llm.layers, llm.pp)}
+    llm = place(request.tensors, request.layout).modules["llm"]
+    return {("encoder",): [0], **stage_classes(request.model_config.llm.layers, llm.pp)}
 
 
 def class_key(request: TraceRequest, role: tuple) -> str:
     """A class's trace depends on its own module's layout only (the boundary's transfers are
     the plan's, derived for every rank by boundary_ops), so candidates of a search that
     share an encoder or LLM layout share its traces."""
-    placement = place(get_model(request.model), request.layout)
+    placement = place(request.tensors, request.layout)
     ml = placement.modules[role[0]]
     own = {k: getattr(ml, k) for k in ("tp", "pp", "dp", "cp", "ep", "vpp", "zero")}
     fields = ({"global_batch": global_batch(request)} if role[0] == "encoder" else
               {"offset": ml.offset, "micro_batch": request.micro_batch, "seq": request.seq,
                "micro_batches": request.micro_batches})
     text = json.dumps({"v": (TRACER_VERSION, MODULES_VERSION), "torch": torch.__version__,
-                       "model": request.model, "params": get_model(request.model).param_count, "role": list(role),
+                       "model": request.model, "params": request.tensors.param_count, "role": list(role),
                        "layout": own, "gpn": request.gpus_per_node, **fields}, sort_keys=True)
     return f"module-{role[0]}-" + hashlib.sha256(text.encode()).hexdigest()[:24]
 
@@ -73,13 +73,13 @@ def label(key: tuple, member: int) -> str:
 
 
 def assemble(request: TraceRequest, parts: dict[tuple, dict]) -> Trace:
-    placement = place(get_model(request.model), request.layout)
+    placement = place(request.tensors, request.layout)
     enc, llm = placement.modules["encoder"], placement.modules["llm"]
-    mc = get_config(request.model)
+    mc = request.model_config
     encoder = parts[("encoder",)]
     llm_stages = {s: dataclasses.replace(stage_from_dict(parts[key]["stage"]), stage=s)
                   for key, members in classes(request).items() if key[0] == "llm" for s in members}
-    forward, backward = boundary_ops(placement, global_batch(request), request.gpus_per_node)
+    forward, backward = boundary_ops(placement, mc, global_batch(request), request.gpus_per_node)
     item = InputTrace(module="encoder", stage=stage_from_dict(encoder["stage"]), tp=enc.tp, dp=enc.dp, zero=enc.zero,
                       samples=encoder["samples"], tokens=mc.encoder.positions, colocated=enc.first_rank is None,
                       boundary_forward=tuple(forward[r] for r in sorted(forward)),
@@ -89,12 +89,11 @@ def assemble(request: TraceRequest, parts: dict[tuple, dict]) -> Trace:
                  zero=llm.zero, stages=tuple(llm_stages[s] for s in range(llm.pp)), inputs=(item,))
 
 
-def boundary_ops(placement: Placement, batch: int, gpus_per_node: int) -> tuple[tuple, tuple]:
+def boundary_ops(placement: Placement, mc: ModelConfig, batch: int, gpus_per_node: int) -> tuple[tuple, tuple]:
     """Every rank's point-to-point messages of the boundary's forward and backward exchange,
     from the plan HeteroTrainer's communicator runs (agents/planner/activations.py): one packed
     bf16 message per peer, sends sorted by peer then recvs, as run_exchange posts them. The
     tracer checks the traced ranks' recorded messages against these."""
-    mc = get_config(placement.model.name)
     shape = ActivationShape(batch, mc.encoder.positions, mc.llm.hidden)
     plan = plan_boundary(placement.modules["encoder"], placement.modules["llm"], shape)
     out = []
@@ -124,7 +123,7 @@ def trace_class(request: TraceRequest, key: tuple, stage: int) -> dict:
 def _check_boundary(request: TraceRequest, rank: int, recorded_forward, recorded_backward) -> None:
     """The communicator's recorded messages must be the plan's (boundary_ops), which the
     emulator uses for every rank."""
-    forward, backward = boundary_ops(place(get_model(request.model), request.layout), global_batch(request),
+    forward, backward = boundary_ops(place(request.tensors, request.layout), request.model_config, global_batch(request),
                                      request.gpus_per_node)
     for name, recorded, planned in (("forward", recorded_forward, forward), ("backward", recorded_backward, backward)):
         if tuple(recorded) != tuple(planned.get(rank, ())):
@@ -141,7 +140,7 @@ def _trace_role(request: TraceRequest, role: str, stage: int) -> dict:
 
     from agents.training.hetero import HeteroMeshes, HeteroTrainer
 
-    spec = get_model(request.model)
+    spec = request.tensors
     placement = place(spec, request.layout)
     enc, llm = placement.modules["encoder"], placement.modules["llm"]
     rank = enc.offset if role == "encoder" else llm.offset + stage * llm.dp * llm.tp

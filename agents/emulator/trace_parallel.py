@@ -31,7 +31,6 @@ from agents.emulator.recorder import OpRecorder, ignoring_sharding_propagation
 from agents.emulator.trace import CommOp, StageTrace, Trace, stage_from_dict, stage_to_dict
 from agents.emulator.trace_build import (TraceRequest, build_stage_trace, fake_shards, positions_between_stages,
                                          stage_classes, stage_memory, trainer_static_bytes)
-from agents.layout.catalog import get_config, get_model
 from agents.layout.placement import layer_stages, place
 from agents.training.parallel import LayoutMeshes, ParallelTrainer, TrainConfig, TrainingError, cross_entropy_loss
 
@@ -40,7 +39,7 @@ CLASS = "stage class"  # what tracer.py's progress lines call a class
 
 def classes(request: TraceRequest) -> dict[tuple, list[int]]:
     """The (virtual) stages' classes, each with the stages it stands for."""
-    spec = get_model(request.model)
+    spec = request.tensors
     ml = place(spec, request.layout).modules["llm"]
     return stage_classes(spec.modules[-1].num_layers, ml.pp * ml.vpp)
 
@@ -56,7 +55,7 @@ def label(key: tuple, member: int) -> str:
 
 def trace_class(request: TraceRequest, key: tuple, stage: int) -> dict:
     """{"stage": the StageTrace's dict} of one class, traced in this (fresh) process."""
-    placement = place(get_model(request.model), request.layout)
+    placement = place(request.tensors, request.layout)
     ml = placement.modules["llm"]
     # The request the stage processes trace: the flat layout when interleaved (see the module doc).
     flat = request if ml.vpp == 1 else dataclasses.replace(request, layout=flat_layout(placement))
@@ -67,7 +66,7 @@ def trace_class(request: TraceRequest, key: tuple, stage: int) -> dict:
 
 
 def assemble(request: TraceRequest, parts: dict[tuple, dict]) -> Trace:
-    ml = place(get_model(request.model), request.layout).modules["llm"]
+    ml = place(request.tensors, request.layout).modules["llm"]
     virtual = ml.pp * ml.vpp
     by_stage = {s: dataclasses.replace(stage_from_dict(parts[key]["stage"]), stage=s)
                 for key, members in classes(request).items() for s in members}
@@ -101,7 +100,7 @@ def _interleaved_p2p(stage: StageTrace, ml, gpn: int) -> StageTrace:
 
 
 def _trace_stage(config: TrainConfig, request: TraceRequest, stage: int) -> StageTrace:
-    spec = get_model(request.model)
+    spec = request.tensors
     placement = place(spec, request.layout)
     ml = next(iter(placement.modules.values()))
     rank = stage * ml.dp * ml.tp  # tp_rank 0, dp_rank 0 of the stage
@@ -131,7 +130,7 @@ def _trace_stage(config: TrainConfig, request: TraceRequest, stage: int) -> Stag
 
 def _run_one_microbatch(trainer: ParallelTrainer, request: TraceRequest, stage: int, ml, dims,
                         fake_mode) -> StageTrace:
-    hidden = get_config(request.model).llm.hidden
+    hidden = request.model_config.llm.hidden
     first, last = stage == 0, stage == ml.pp - 1
     static = trainer_static_bytes(trainer, ml.zero)
     positions = positions_between_stages(request, ml)
@@ -159,7 +158,7 @@ def _run_one_microbatch(trainer: ParallelTrainer, request: TraceRequest, stage: 
     # backward and the head's logits are not added (the trainer cannot run recompute, so
     # this is the formula, not a traced figure). Selective recompute is left unset: this
     # program's attention is fused (flash) and keeps no s x s tensors to drop.
-    layers = layer_stages(get_config(request.model).llm.layers, ml.pp).count(stage)
+    layers = layer_stages(request.model_config.llm.layers, ml.pp).count(stage)
     memory = stage_memory(static, activations, fwd_bwd_peak, recorder.peak, grads_live,
                           layers * request.micro_batch * positions * hidden * 2)
     return build_stage_trace(recorder.records, stage, ml, dims, memory, request, hidden)

@@ -23,14 +23,13 @@ from agents.emulator import trace_modules, trace_parallel
 from agents.emulator.errors import EmulatorError
 from agents.emulator.trace import Trace
 from agents.emulator.trace_build import TRACER_VERSION, TraceRequest
-from agents.layout.catalog import get_model
 
 __all__ = ["TRACER_VERSION", "TraceRequest", "cache_dir", "in_fresh_processes", "program", "trace"]
 
 
-def program(model: str):
-    """The traced program of a model: its trainer's, by the model's modules."""
-    return trace_modules if len(get_model(model).modules) > 1 else trace_parallel
+def program(request: TraceRequest):
+    """The traced program of a request's model: its trainer's, by the model's modules."""
+    return trace_modules if len(request.tensors.modules) > 1 else trace_parallel
 
 
 def cache_dir() -> Path:
@@ -48,7 +47,7 @@ def trace(request: TraceRequest, *, use_cache: bool = True, progress=None) -> tu
     seconds, cache hit: every class from the cache). Runs in this process on torch's fake
     process group."""
     started = time.perf_counter()
-    impl = program(request.model)
+    impl = program(request)
     classes = impl.classes(request)
     parts, missing = {}, {}
     for key, members in classes.items():

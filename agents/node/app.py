@@ -144,11 +144,13 @@ def run_emulation(app: Celery, agent: str, order: dict) -> None:
     report(state="running", message="tracing")
     from agents.emulator.emulate import EmulateRequest, emulate  # torch: loaded only when an emulation runs
 
-    request = EmulateRequest(model=parsed.model, layout=parsed.layout, gpus=parsed.gpus, gpu=parsed.gpu,
-                             global_batch=parsed.global_batch, micro_batch=parsed.micro_batch, seq=parsed.seq,
-                             recompute=parsed.recompute, gpus_per_node=parsed.gpus_per_node)
-    _report_outcome(report, parsed.run_id, started,
-                    lambda: emulate(request, progress=lambda line: report(state="running", message=line[:500])))
+    def work():  # the request resolves its model when made: an unknown one is this run's failure
+        request = EmulateRequest(model=parsed.model, layout=parsed.layout, gpus=parsed.gpus, gpu=parsed.gpu,
+                                 global_batch=parsed.global_batch, micro_batch=parsed.micro_batch, seq=parsed.seq,
+                                 recompute=parsed.recompute, gpus_per_node=parsed.gpus_per_node)
+        return emulate(request, progress=lambda line: report(state="running", message=line[:500]))
+
+    _report_outcome(report, parsed.run_id, started, work)
 
 
 def run_search(app: Celery, agent: str, order: dict) -> None:

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from agents import protocol
+from agents.layout.tensors import Model
 
 COMPLETE = protocol.CHECKPOINT_COMPLETE_MARKER
 SCALARS = "scalars.pt"
@@ -108,7 +109,7 @@ class Checkpointer:
         return trainer, path, time.perf_counter() - started
 
 
-def restore(model: str, layout: str, rank: int, path: str | Path, meshes: dict):
+def restore(model: Model, layout: str, rank: int, path: str | Path, meshes: dict):
     """This rank's shards of `layout` loaded from the checkpoint at `path` (every rank of
     the new world calls it), the scalars, and whether the loaded state's digests equal the
     saved ones. Raises FileNotFoundError naming the folder when it is not a complete checkpoint."""
@@ -118,7 +119,6 @@ def restore(model: str, layout: str, rank: int, path: str | Path, meshes: dict):
     from agents.engine.checkpoint import to_dtensors
     from agents.engine.digest import state_digests
     from agents.engine.shards import empty_shard, rank_boxes
-    from agents.layout.catalog import get_model
     from agents.layout.placement import place
     from agents.training.data import DataPosition
     from agents.training.parallel import TrainScalars
@@ -127,7 +127,7 @@ def restore(model: str, layout: str, rank: int, path: str | Path, meshes: dict):
     if not (path / COMPLETE).exists():
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no {COMPLETE})")
     meta = json.loads((path / COMPLETE).read_text())
-    placement = place(get_model(model), layout)
+    placement = place(model, layout)
     boxes = rank_boxes(placement, rank) if rank < placement.world else {}
     shards = {key: empty_shard(placement.model.tensors[key[0]], key[1], box) for key, box in boxes.items()}
     dcp.load(to_dtensors(placement, rank, shards, meshes), checkpoint_id=str(path))

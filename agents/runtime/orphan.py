@@ -129,7 +129,6 @@ def recover(orphan: Orphan, order: protocol.JobRecoverOrder, settings):
     (`renumbered`: the marker's name, or None)."""
     from agents.engine.digest import shard_digest
     from agents.engine.switch import switch_state
-    from agents.layout.catalog import get_model
     from agents.runtime.worlds import join_world, rendezvous_store, renumbered_marker, renumbered_world
 
     import torch.distributed as dist
@@ -148,7 +147,7 @@ def recover(orphan: Orphan, order: protocol.JobRecoverOrder, settings):
     why = agreement(gathered, order.step, order.src_world)
     if why is not None:
         raise RecoveryError(f"restore {order.restore_id}: {why}")
-    new, scalars, report = switch_state(get_model(settings.model), shards, orphan.scalars, order.src_layout,
+    new, scalars, report = switch_state(settings.tensors, shards, orphan.scalars, order.src_layout,
                                         order.layout, process, staging_bytes=order.staging_bytes,
                                         gpus_per_node=order.gpus_per_node, process_of=order.process_of)
     rank = process

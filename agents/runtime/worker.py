@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agents import protocol
+from agents.layout.model_request import ModelConfig, NamesAModel, resolved_field
 from agents.runtime.worlds import backend, join_world, renumbered_marker, renumbered_world, rendezvous_store
 
 STOP_FILE = "stop"
@@ -96,7 +97,7 @@ class Reporter:
 
     def job(self, kind: str, **fields) -> None:
         if self.batcher is not None:
-            self.batcher.add(protocol.JobReport(job_id=self.job_id, node=self.node, kind=kind, sent_at=_now(),
+            self.batcher.add(protocol.job_report(job_id=self.job_id, node=self.node, kind=kind, sent_at=_now(),
                                                 **{"restore_id": self.restore_id, **fields}))
 
     def transition(self, transition_id: int, state: str, **fields) -> None:
@@ -120,7 +121,7 @@ def _now() -> datetime.datetime:
 
 
 @dataclass(frozen=True)
-class JobSettings:
+class JobSettings(NamesAModel):
     """What every rank of a job trains with, whichever order told it."""
 
     job_id: int
@@ -135,6 +136,7 @@ class JobSettings:
     checkpoint_interval: int = 0
     checkpoint_dir: str = ""
     restore_id: int | None = None
+    model_config: ModelConfig | None = resolved_field()  # `model` resolved once per rank process
 
     @classmethod
     def of(cls, order) -> "JobSettings":
@@ -150,11 +152,10 @@ class JobSettings:
     def config(self, layout: str):
         """TrainConfig for a layout: micro-batches per step follow the data parallelism the
         batch is cut over (a multimodal model's LLM's: the encoder's only splits its own work)."""
-        from agents.layout.catalog import get_model
         from agents.layout.placement import batch_dp, place
         from agents.training.parallel import TrainConfig
 
-        dp = batch_dp(place(get_model(self.model), layout))
+        dp = batch_dp(place(self.tensors, layout))
         return TrainConfig(model=self.model, global_batch=self.global_batch, seq_len=self.seq,
                            micro_batches=self.global_batch // (self.micro_batch * dp), seed=self.seed,
                            total_steps=SCHEDULE_STEPS)
@@ -434,11 +435,10 @@ def _join(order: protocol.JobSwitchOrder, rank: int, settings: JobSettings, run_
     """A joining process (`rank`: its number in the union world): prepare while the old
     ranks train, then take part in the switch. Returns (trainer or None when the process
     takes no rank, the checkpointer of the rank it takes)."""
-    from agents.layout.catalog import get_model
     from agents.training.parallel import TrainScalars
     from agents.engine.switch import prepare_switch, switch_state
 
-    spec = get_model(order.model)
+    spec = settings.tensors
     prepared = prepare_switch(spec, order.src_layout, order.layout, rank, joining=True,
                               staging_bytes=order.staging_bytes, gpus_per_node=order.gpus_per_node,
                               process_of=order.process_of)
@@ -642,7 +642,6 @@ def main(argv: list[str]) -> int:
     else:
         import torch.distributed as dist
 
-        from agents.layout.catalog import get_model
         from agents.layout.placement import place
         from agents.runtime.checkpoints import restore
         from agents.training.parallel import initial_shards
@@ -654,18 +653,18 @@ def main(argv: list[str]) -> int:
         ckpt = settings.checkpointer(rank)
         dist.init_process_group(backend(), init_method=f"tcp://{order.rendezvous}", rank=rank,
                                 world_size=order.world, timeout=datetime.timedelta(seconds=order.timeout_seconds))
-        placement = place(get_model(order.model), order.layout)
+        placement = place(settings.tensors, order.layout)
         if order.restore_from:  # a restart after a failure: the state comes from the checkpoint
             loading = time.perf_counter()
             ckpt.prepare(placement, force=True)
-            shards, scalars, verified = restore(order.model, order.layout, rank, order.restore_from, ckpt.meshes)
+            shards, scalars, verified = restore(settings.tensors, order.layout, rank, order.restore_from, ckpt.meshes)
             # (the meshes just built serve the periodic checkpoints of this world as well)
             trainer = build_trainer(settings.config(order.layout), order.layout, rank, shards, scalars)
             if rank == 0:
                 reporter.job("restored", step=scalars.step, checkpoint_path=order.restore_from, verified=verified,
                              seconds=time.perf_counter() - loading, layout=order.layout)
         else:
-            trainer = _trainer(settings, order.layout, rank, initial_shards(order.model, placement, rank, order.seed),
+            trainer = _trainer(settings, order.layout, rank, initial_shards(placement, rank, order.seed),
                                None, ckpt)
         done = set()
     from agents.runtime.orphan import Orphaned

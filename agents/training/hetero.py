@@ -37,7 +37,6 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 from agents.engine.shards import Key, LocalShard, rank_boxes, trainer_states
 from agents.planner.activations import ActivationShape, plan_boundary
-from agents.layout.catalog import get_config, get_model
 from agents.layout.placement import Placement, hetero_refusal, place
 from agents.layout.shards import chunk
 from agents.layout.spec import ModuleLayout
@@ -52,7 +51,7 @@ from agents.training.zero import ParamSlot, ShardedAdamW, chunk_rows
 
 def check_hetero_trainable(config: TrainConfig, placement: Placement) -> None:
     """Raise TrainingError naming the first setting this trainer cannot train."""
-    mc = get_config(config.model)
+    mc = config.model_config
     if mc.encoder is None:
         raise TrainingError(f"{config.model} has no encoder: train it with the decoder trainer")
     refused = hetero_refusal(placement)
@@ -163,7 +162,7 @@ class HeteroTrainer:
         and torch's fake process group (agents/emulator/trace_modules.py); the job runner's
         checkpoints rebuild a trainer on the meshes of the one they replace."""
         self.config, self.rank = config, rank
-        self.spec, self.mc = get_model(config.model), get_config(config.model)
+        self.spec, self.mc = config.tensors, config.model_config
         self.placement = place(self.spec, layout)
         check_hetero_trainable(config, self.placement)
         self.enc_ml, self.llm_ml = self.placement.modules["encoder"], self.placement.modules["llm"]

@@ -29,7 +29,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                RowwiseParallel, SequenceParallel, parallelize_module)
 
 from agents.engine.shards import DTYPES, Key, LocalShard, box_shape, rank_boxes, trainer_states
-from agents.layout.catalog import get_config, get_model
+from agents.layout.model_request import ModelConfig, NamesAModel, resolved_field
 from agents.layout.placement import Placement, place, replicated_kv_heads
 from agents.layout.shards import b_dim
 from agents.layout.spec import DEFAULT_MODULE
@@ -50,7 +50,7 @@ class TrainingError(ValueError):
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(NamesAModel):
     model: str = "tiny-gpt"
     global_batch: int = 8
     seq_len: int = 32
@@ -65,6 +65,7 @@ class TrainConfig:
     # residual adds run on seq/tp positions; the TP all-reduces become reduce-scatter +
     # all-gather. Same state layout, so switches are unaffected.
     sequence_parallel: bool = False
+    model_config: ModelConfig | None = resolved_field()  # `model` resolved once (NamesAModel)
 
     def lr_at(self, step: int) -> float:
         """Linear warmup, then cosine decay to min_lr_ratio * lr at total_steps: a pure function
@@ -99,7 +100,7 @@ def check_trainable(config: TrainConfig, placement: Placement) -> None:
     if len(layout.modules) != 1 or layout.modules[0].module != DEFAULT_MODULE:
         raise TrainingError(f"{layout}: per-module (heterogeneous) layouts are not trained yet (issue 8)")
     ml = next(iter(placement.modules.values()))
-    mc = get_config(config.model)
+    mc = config.model_config
     c = mc.llm
     for name, value in (("cp", ml.cp), ("ep", ml.ep), ("vpp", ml.vpp)):
         if value != 1:
@@ -201,10 +202,10 @@ def _local(p: Tensor) -> Tensor:
     return p.to_local() if isinstance(p, DTensor) else p
 
 
-def initial_shards(model_name: str, placement: Placement, rank: int, seed: int) -> dict[Key, LocalShard]:
+def initial_shards(placement: Placement, rank: int, seed: int) -> dict[Key, LocalShard]:
     """This rank's boxes of a freshly initialized model (agents/training/init.py values):
     master = the fp32 value, param = its bf16 cast, Adam moments zero."""
-    spec = get_model(model_name)
+    spec = placement.model
     out: dict[Key, LocalShard] = {}
     full: dict[int, Tensor] = {}
     for (index, state), box in rank_boxes(placement, rank).items():
@@ -228,7 +229,7 @@ class ParallelTrainer:
     def __init__(self, config: TrainConfig, layout: str, rank: int, shards: dict[Key, LocalShard],
                  scalars: TrainScalars | None = None, meshes: LayoutMeshes | None = None) -> None:
         self.config, self.rank = config, rank
-        self.spec = get_model(config.model)
+        self.spec = config.tensors
         self.placement = place(self.spec, layout)
         check_trainable(config, self.placement)
         self.ml = next(iter(self.placement.modules.values()))
@@ -239,10 +240,10 @@ class ParallelTrainer:
         if not self.active:
             return
         self.pp_rank, self.dp_rank, self.tp_rank = coordinate
-        self.data = SyntheticTokens(get_config(config.model).llm.vocab, config.seq_len, seed=config.seed)
+        self.data = SyntheticTokens(config.model_config.llm.vocab, config.seq_len, seed=config.seed)
         # zero=3 keeps fp32 parameters (FSDP2's shards are the masters); otherwise the model is bf16.
         dtype = torch.float32 if self.ml.zero == 3 else torch.bfloat16
-        model = build_training_model(get_config(config.model), device="meta", dtype=dtype)
+        model = build_training_model(config.model_config, device="meta", dtype=dtype)
         sequence_parallel = config.sequence_parallel and self.ml.tp > 1
         self.stage = DecoderStage(model, self.pp_rank, self.ml.pp,
                                   sequence_shards=self.ml.tp if sequence_parallel else 1)

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 from agents.engine.shards import Key, LocalShard
 from agents.engine.switch import SwitchReport, switch_state
-from agents.layout.catalog import get_config, get_model
 from agents.layout.placement import place
 from agents.training.hetero import HeteroTrainer, check_hetero_trainable
 from agents.training.parallel import (ParallelTrainer, StepResult, TrainConfig, TrainingError, TrainScalars,
@@ -43,7 +42,7 @@ def parse_switch(text: str) -> Switch:
 
 
 def union_world(config: TrainConfig, layout: str, switches: list[Switch]) -> int:
-    spec = get_model(config.model)
+    spec = config.tensors
     return max(place(spec, lay).world for lay in [layout, *(s.layout for s in switches)])
 
 
@@ -59,8 +58,8 @@ def check_layout(config: TrainConfig, layout: str) -> None:
     """Raise TrainingError (or LayoutError) naming why the model's trainer cannot train
     `layout`: checked for every layout of a schedule before any rank starts, so a switch is
     never refused after the state has left the old layout."""
-    placement = place(get_model(config.model), layout)
-    if get_config(config.model).encoder is not None:
+    placement = place(config.tensors, layout)
+    if config.model_config.encoder is not None:
         check_hetero_trainable(config, placement)
     else:
         check_trainable(config, placement)
@@ -72,7 +71,7 @@ def build_trainer(config: TrainConfig, layout: str, rank: int, shards: dict[Key,
     with an encoder, whatever the layout string (a plain one gives both modules the same
     layout), else ParallelTrainer. Collective: every rank of the default group calls it,
     unless `meshes` (the `meshes` of a trainer of the same layout) are given."""
-    if get_config(config.model).encoder is not None:
+    if config.model_config.encoder is not None:
         return HeteroTrainer(config, layout, rank, shards, scalars, meshes=meshes)
     return ParallelTrainer(config, layout, rank, shards, scalars, meshes=meshes)
 
@@ -94,8 +93,8 @@ def train_rank(rank: int, world: int, config: TrainConfig, layout: str, steps: i
     check_schedule(steps, switches)
     for text in [layout, *(s.layout for s in switches)]:
         check_layout(config, text)
-    placement = place(get_model(config.model), layout)
-    shards = initial_shards(config.model, placement, rank, config.seed) if rank < placement.world else {}
+    placement = place(config.tensors, layout)
+    shards = initial_shards(placement, rank, config.seed) if rank < placement.world else {}
     trainer = build_trainer(config, layout, rank, shards, TrainScalars())
     del shards
     pending = {s.step: s for s in switches}

@@ -17,7 +17,7 @@ from agents.training.parallel import ParallelTrainer, TrainConfig, initial_shard
 def first_step_moments(rank: int, world: int, config: TrainConfig, layout: str) -> dict:
     """{(tensor index, box): exp_avg} of this rank after one step (run_ranks' fn)."""
     placement = place(get_model(config.model), layout)
-    trainer = ParallelTrainer(config, layout, rank, initial_shards(config.model, placement, rank, config.seed))
+    trainer = ParallelTrainer(config, layout, rank, initial_shards(placement, rank, config.seed))
     trainer.step()
     shards, _ = trainer.hand_over()
     return {(k[0], s.box): s.data.float().numpy() for k, s in shards.items() if k[1] == "exp_avg"}

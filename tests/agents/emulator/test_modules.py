@@ -160,8 +160,8 @@ def test_static_bytes_of_a_colocated_rank_hold_both_modules() -> None:
     model = get_model("tiny-vlm")
     enc = sum(t.numel for t in model.tensors if t.split.module == "encoder")
     llm = sum(t.numel for t in model.tensors if t.split.module == "llm")
-    assert static_bytes("tiny-vlm", "encoder:dp=2,ranks=0-1;llm:dp=2,ranks=2-3") == 18 * max(enc, llm)
-    assert static_bytes("tiny-vlm", "dp=4") == 18 * (enc + llm)  # zero=0: 2 + 4 + 12 B per element
+    assert static_bytes(model, "encoder:dp=2,ranks=0-1;llm:dp=2,ranks=2-3") == 18 * max(enc, llm)
+    assert static_bytes(model, "dp=4") == 18 * (enc + llm)  # zero=0: 2 + 4 + 12 B per element
 
 
 @pytest.fixture(scope="module")

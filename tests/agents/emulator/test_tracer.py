@@ -130,7 +130,7 @@ def test_static_bytes_used_to_prune_search_equal_the_traced_static_memory() -> N
 
     for layout in ("tp=2,pp=2,dp=2,zero=1", "tp=1,pp=2,dp=4,zero=3"):
         traced, _ = trace(TraceRequest(MODEL, layout, MB, SEQ, M))
-        assert static_bytes(MODEL, layout) == max(s.memory.static for s in traced.stages)
+        assert static_bytes(get_model(MODEL), layout) == max(s.memory.static for s in traced.stages)
 
 
 def test_search_ranks_feasible_layouts_and_compare_reports_errors_per_layout() -> None:

@@ -43,7 +43,7 @@ def _run(rank: int, world: int, config: TrainConfig, layout: str) -> dict:
     """Two steps, a hand-over (which must leave the empty chunks out) and two more steps on
     a trainer that adopted the handed-over shards."""
     placement = place(get_model(config.model), layout)
-    shards = initial_shards(config.model, placement, rank, config.seed) if rank < placement.world else {}
+    shards = initial_shards(placement, rank, config.seed) if rank < placement.world else {}
     trainer = ParallelTrainer(config, layout, rank, shards)
     losses = [trainer.step().loss for _ in range(2)]
     shards, scalars = trainer.hand_over()

@@ -55,7 +55,7 @@ def _run(rank: int, world: int, layout: str) -> dict:
     """One step, hand over (exp_avg boxes = 0.1 * the step's gradient), adopt the shards in
     a new trainer and go on: so the losses also check that hand-over and adoption are exact."""
     placement = place(get_model(CONFIG.model), layout)
-    shards = initial_shards(CONFIG.model, placement, rank, CONFIG.seed) if rank < placement.world else {}
+    shards = initial_shards(placement, rank, CONFIG.seed) if rank < placement.world else {}
     trainer = HeteroTrainer(CONFIG, layout, rank, shards)
     losses = [trainer.step()]
     shards, scalars = trainer.hand_over()

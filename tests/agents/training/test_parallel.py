@@ -47,7 +47,7 @@ def _switched_run(rank: int, world: int, folder: str) -> dict:
     layout = START
     placement = place(spec, layout)
     trainer = ParallelTrainer(CONFIG, layout, rank,
-                              initial_shards(CONFIG.model, placement, rank, CONFIG.seed) if rank < placement.world else {})
+                              initial_shards(placement, rank, CONFIG.seed) if rank < placement.world else {})
     pending = {s.step: s.layout for s in SWITCHES}
     losses, boxes_ok, reports = [], [], []
     for step in range(STEPS):

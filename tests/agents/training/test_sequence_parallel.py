@@ -29,7 +29,7 @@ SP = dataclasses.replace(CONFIG, sequence_parallel=True)
 
 def _moments_and_losses(rank: int, world: int, config: TrainConfig, layout: str, steps: int) -> dict:
     placement = place(get_model(config.model), layout)
-    trainer = ParallelTrainer(config, layout, rank, initial_shards(config.model, placement, rank, config.seed))
+    trainer = ParallelTrainer(config, layout, rank, initial_shards(placement, rank, config.seed))
     losses = [trainer.step().loss]
     shards, _ = trainer.hand_over()
     moments = {(k[0], s.box): s.data.float().numpy() for k, s in shards.items() if k[1] == "exp_avg"}

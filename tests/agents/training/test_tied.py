@@ -51,7 +51,7 @@ def test_gradients_match_a_single_rank(layout: str, world: int) -> None:
 def _switched_run(rank: int, world: int, folder: str) -> dict:
     spec = get_model(CONFIG.model)
     layout = START
-    trainer = ParallelTrainer(CONFIG, layout, rank, initial_shards(CONFIG.model, place(spec, layout), rank,
+    trainer = ParallelTrainer(CONFIG, layout, rank, initial_shards(place(spec, layout), rank,
                                                                    CONFIG.seed))
     pending = {s.step: s.layout for s in SWITCHES}
     losses, reports = [], []
