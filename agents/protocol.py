@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
 CONTROL_QUEUE = "control"
 EMULATE_QUEUE = "emulate"
@@ -223,36 +223,95 @@ class JobStopOrder(_Message):
     grace_seconds: float = Field(default=30.0, gt=0, le=600)
 
 
-class JobReport(_Message):
-    """Rank 0 or an agent -> control plane (queue "control"): what a job's ranks did.
-
-    started: the world is up and the first step is done (from rank 0);
-    step:    a finished step's metrics (from rank 0, every `report_every` steps);
-    stopped: every rank left cleanly after a stop order or max_steps (from rank 0);
-    failed:  a rank died or raised (from its agent, `ranks` and `error` say which and why);
-    checkpoint: a periodic checkpoint of `step` is complete at `checkpoint_path` (from rank 0,
-             `seconds`: how long training paused for it);
-    restored: a restarted world loaded the checkpoint of `step` (from rank 0; `verified`:
-             the loaded state's digests equal the saved ones);
-    orphaned: `ranks` outlived their world (a peer was lost) after `step` and keep their state,
-             waiting for a JobRecoverOrder (from their agent; `error` says what broke)."""
+class _JobReportBase(_Message):
+    """What every job report carries: the job, the sending node, the layout the ranks train
+    (empty when the sender does not know it) and the world's generation (`restore_id`: the
+    restart after a failure it belongs to; None before the first)."""
 
     version: Literal[1] = PROTOCOL_VERSION
     job_id: int = Field(gt=0)
     node: str = Field(max_length=63)
-    kind: Literal["started", "step", "stopped", "failed", "checkpoint", "restored", "orphaned"]
-    step: int | None = Field(default=None, ge=0)
-    loss: float | None = None
-    step_seconds: float | None = Field(default=None, ge=0)
-    tokens_per_second: float | None = Field(default=None, ge=0)
     layout: str = Field(default="", max_length=500)
-    ranks: tuple[int, ...] = ()
-    error: str = Field(default="", max_length=4000)
-    checkpoint_path: str = Field(default="", max_length=1000)
-    seconds: float | None = Field(default=None, ge=0)
-    verified: bool | None = None
     restore_id: int | None = Field(default=None, gt=0)
     sent_at: datetime
+
+
+class JobStarted(_JobReportBase):
+    """Rank 0: the world is up and its first step is done."""
+
+    kind: Literal["started"]
+    step: int = Field(ge=0)
+
+
+class JobStepped(_JobReportBase):
+    """Rank 0, every `report_every` steps: a finished step's metrics."""
+
+    kind: Literal["step"]
+    step: int = Field(ge=0)
+    loss: float
+    step_seconds: float = Field(ge=0)
+    tokens_per_second: float = Field(ge=0)
+
+
+class JobCheckpointed(_JobReportBase):
+    """Rank 0: a periodic checkpoint of `step` is complete at `checkpoint_path`; `seconds`:
+    how long training paused for it."""
+
+    kind: Literal["checkpoint"]
+    step: int = Field(ge=0)
+    checkpoint_path: str = Field(min_length=1, max_length=1000)
+    seconds: float = Field(ge=0)
+
+
+class JobStopped(_JobReportBase):
+    """Rank 0: every rank left cleanly after a stop order or max_steps (`step`: the last one);
+    or its agent, with no step, when it killed ranks that outlasted the stop's grace period
+    (`error` says so)."""
+
+    kind: Literal["stopped"]
+    step: int | None = Field(default=None, ge=0)
+    error: str = Field(default="", max_length=4000)
+
+
+class JobRestored(_JobReportBase):
+    """Rank 0: a restarted world loaded the checkpoint of `step` from `checkpoint_path` in
+    `seconds`; `verified`: the loaded state's digests equal the saved ones."""
+
+    kind: Literal["restored"]
+    step: int = Field(ge=0)
+    checkpoint_path: str = Field(min_length=1, max_length=1000)
+    verified: bool
+    seconds: float = Field(ge=0)
+
+
+class JobFailed(_JobReportBase):
+    """An agent: its `ranks` died or raised; `error` says why."""
+
+    kind: Literal["failed"]
+    ranks: tuple[int, ...] = ()
+    error: str = Field(default="", max_length=4000)
+
+
+class JobOrphaned(_JobReportBase):
+    """An agent: its `ranks` outlived their world (a peer was lost) after `step` and keep
+    their state, waiting for a JobRecoverOrder; `error` says what broke."""
+
+    kind: Literal["orphaned"]
+    ranks: tuple[int, ...] = Field(min_length=1)
+    step: int = Field(ge=0)
+    error: str = Field(default="", max_length=4000)
+
+
+# Rank 0 or an agent -> control plane (queue "control"): what a job's ranks did, one model
+# per kind (a tagged union on `kind`), so a report of a kind always has that kind's fields.
+JobReport = Annotated[Union[JobStarted, JobStepped, JobCheckpointed, JobStopped, JobRestored, JobFailed,
+                            JobOrphaned], Field(discriminator="kind")]
+JOB_REPORTS: TypeAdapter[JobReport] = TypeAdapter(JobReport)
+
+
+def job_report(**fields) -> JobReport:
+    """The report of `fields["kind"]`, validated (pydantic.ValidationError names the field)."""
+    return JOB_REPORTS.validate_python(fields)
 
 
 REPORT_BATCH_MAX = 500

@@ -183,7 +183,7 @@ class JobRunner:
         if job is None or job.failed:
             error = f"recovery order for restore {order.restore_id}: no waiting ranks of the job here"
             log.error("job %d: %s", order.job_id, error)
-            self._send_report(protocol.JobReport(
+            self._send_report(protocol.job_report(
                 job_id=order.job_id, node=self.node, kind="failed", ranks=tuple(m.new for m in order.ranks),
                 layout=order.layout, error=error, restore_id=order.restore_id,
                 sent_at=datetime.datetime.now(datetime.timezone.utc)))
@@ -217,7 +217,7 @@ class JobRunner:
             by_step.setdefault((int(mark["step"]), str(mark.get("error", ""))[:3000]), []).append(rank)
         for (step, error), ranks in by_step.items():
             log.warning("job %d: ranks %s outlived their world after step %d: %s", job.job_id, ranks, step, error)
-            self._send_report(protocol.JobReport(
+            self._send_report(protocol.job_report(
                 job_id=job.job_id, node=self.node, kind="orphaned", ranks=tuple(ranks), step=step,
                 layout=job.layout, error=error, restore_id=job.restore_id,
                 sent_at=datetime.datetime.now(datetime.timezone.utc)))
@@ -296,7 +296,7 @@ class JobRunner:
                 job.stop_deadline = None
                 self._kill(job)
                 if 0 in job.ranks and not job.failed:  # rank 0 speaks for the job, and it is gone now
-                    self._send_report(protocol.JobReport(
+                    self._send_report(protocol.job_report(
                         job_id=job.job_id, node=self.node, kind="stopped", layout=job.layout,
                         error="killed after the stop order's grace period (a step outlasted it)",
                         restore_id=job.restore_id, sent_at=datetime.datetime.now(datetime.timezone.utc)))
@@ -349,7 +349,7 @@ class JobRunner:
     def _report_failure(self, job: LocalJob, rank: int, code: int, tail: str) -> None:
         error = f"rank {rank} on node {self.node} exited with code {code}: {tail[-3500:]}"
         log.error("job %d: %s", job.job_id, error)
-        self._send_report(protocol.JobReport(
+        self._send_report(protocol.job_report(
             job_id=job.job_id, node=self.node, kind="failed", ranks=(rank,), layout=job.layout,
             error=error, restore_id=job.restore_id, sent_at=datetime.datetime.now(datetime.timezone.utc)))
 

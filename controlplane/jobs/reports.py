@@ -102,39 +102,33 @@ def _to_running(job: Job) -> None:
         publish_job(job, "upsert")
 
 
-def _started(job: Job, report: protocol.JobReport) -> None:
+def _started(job: Job, report: protocol.JobStarted) -> None:
     _to_running(job)
 
 
-def _step(job: Job, report: protocol.JobReport) -> None:
+def _step(job: Job, report: protocol.JobStepped) -> None:
     if steps(job, [report]):
         job.save(update_fields=["step"])
 
 
-def steps(job: Job, reports: list[protocol.JobReport]) -> bool:
+def steps(job: Job, reports: list[protocol.JobStepped]) -> bool:
     """Apply step reports of the (locked) job, in order: one metrics append and one seq
     allocation for all of them, their events sent as one channel-layer message. True when
     job.step moved on (the caller saves it, with whatever else it changes)."""
-    valid = []
-    for report in reports:
-        if report.step is None:
-            log.warning("ignored step report from %s for job %s: no step number", report.node, job.name)
-        else:
-            valid.append(report)
-    if not valid:
+    if not reports:
         return False
     _to_running(job)
-    top = max(report.step for report in valid)
+    top = max(report.step for report in reports)
     moved = job.step is None or top > job.step
     if moved:
         job.step = top
-    values = [{name: getattr(report, name) for name in METRIC_NAMES} for report in valid]
+    values = [{name: getattr(report, name) for name in METRIC_NAMES} for report in reports]
     job_metrics_extend(job=job, units=METRIC_UNITS, rows=[
         (float(report.step), {name: value for name, value in row.items() if value is not None})
-        for report, row in zip(valid, values)])
+        for report, row in zip(reports, values)])
     stream = job_stream(job.pk)
     events = [MetricsEvent(seq=seq, job=job.pk, step=report.step, **row)
-              for seq, report, row in zip(next_seqs(stream, len(valid)), valid, values)]
+              for seq, report, row in zip(next_seqs(stream, len(reports)), reports, values)]
     if len(events) == 1:
         publish_on_commit(stream, events[0])
     else:
@@ -142,18 +136,15 @@ def steps(job: Job, reports: list[protocol.JobReport]) -> bool:
     return moved
 
 
-def _stopped(job: Job, report: protocol.JobReport) -> None:
+def _stopped(job: Job, report: protocol.JobStopped) -> None:
     state = JobState(job.state)
     if state is not JobState.STOPPING:  # max_steps reached, or the order raced the report
         state = job_next_state(state, JobTrigger.STOP)
     job_finish(job, state=job_next_state(state, JobTrigger.STOPPED))
 
 
-def _checkpoint(job: Job, report: protocol.JobReport) -> None:
+def _checkpoint(job: Job, report: protocol.JobCheckpointed) -> None:
     """A periodic checkpoint is complete: the latest one is what a restore loads."""
-    if report.step is None or not report.checkpoint_path:
-        log.warning("ignored checkpoint report from %s for job %s: no step or path", report.node, job.name)
-        return
     if job.checkpoint_step is not None and report.step <= job.checkpoint_step:
         return  # late: a newer one is known
     job.checkpoint_step, job.checkpoint_path = report.step, report.checkpoint_path
@@ -165,11 +156,11 @@ def _checkpoint(job: Job, report: protocol.JobReport) -> None:
                                               path=report.checkpoint_path, seconds=report.seconds))
 
 
-def _restored(job: Job, report: protocol.JobReport) -> None:
+def _restored(job: Job, report: protocol.JobRestored) -> None:
     restore.restore_record_report(job, report)
 
 
-def _failed(job: Job, report: protocol.JobReport) -> None:
+def _failed(job: Job, report: protocol.JobFailed) -> None:
     ranks = ", ".join(map(str, report.ranks)) or "unknown"
     error = f"node {report.node or '?'} ranks {ranks}: {report.error or 'failed without a reason'}"
     if restore.restore_begin(job, cause=f"node {report.node or '?'} ranks {ranks} failed", known_lost=False,

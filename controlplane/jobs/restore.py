@@ -135,13 +135,10 @@ def restore_record_lost(job: Job, nodes: set[str]) -> None:
     job.save(update_fields=["recovery", "updated_at"])
 
 
-def restore_record_orphan(job: Job, report: protocol.JobReport) -> None:
+def restore_record_orphan(job: Job, report: protocol.JobOrphaned) -> None:
     """`orphaned` from an agent (job locked): its ranks outlived their world after `step`
     and wait with their state. The first one starts the recovery (the decision waits until
     a dead node has surely been marked lost)."""
-    if report.step is None or not report.ranks:
-        log.warning("ignored orphaned report from %s for job %s: no step or ranks", report.node, job.name)
-        return
     if job.state == JobState.STOPPING:  # its ranks are leaving anyway
         log.info("ignored orphaned report from %s: job %s is stopping", report.node, job.name)
         return
@@ -271,7 +268,7 @@ def job_restore(*, job_id: int, early: bool = False) -> Transition | None:
     return row
 
 
-def restore_record_report(job: Job, report: protocol.JobReport) -> None:
+def restore_record_report(job: Job, report: protocol.JobRestored) -> None:
     """`restored` from rank 0 of the new world (job locked): the restore row commits with
     what the ranks checked (the loaded state's digests against the saved ones)."""
     row = Transition.objects.select_for_update().filter(pk=report.restore_id, job=job,

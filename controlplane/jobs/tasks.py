@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 @shared_task(name=protocol.CONTROL_JOB_REPORT)
 def job_report(report: dict) -> None:
     try:
-        parsed = protocol.JobReport.model_validate(report)
+        parsed = protocol.JOB_REPORTS.validate_python(report)
     except ValidationError as exc:
         log.error("rejected job report %r from %r: %s", report.get("job_id"), report.get("node"), exc)
         return

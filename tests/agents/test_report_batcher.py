@@ -3,17 +3,16 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import datetime, timezone
 
 import pytest
 
 from agents import protocol
+from tests.support.reports import report_of
 from agents.runtime.batching import ReportBatcher
 
 
 def _report(kind: str = "step", step: int = 1, job_id: int = 3) -> protocol.JobReport:
-    return protocol.JobReport(job_id=job_id, node="node-1", kind=kind, step=step, loss=1.0,
-                              sent_at=datetime.now(timezone.utc))
+    return report_of(job_id, kind, step=step)
 
 
 class Sink:

@@ -62,6 +62,7 @@ async def test_a_batch_of_step_events_reaches_a_job_page_one_message_each(user) 
     from datetime import datetime, timezone
 
     from agents import protocol
+    from tests.support.reports import report_of
     from controlplane.jobs.events import job_event_adapter
     from controlplane.jobs.ingest import batch_ingest
     from controlplane.jobs.models import Job
@@ -77,7 +78,7 @@ async def test_a_batch_of_step_events_reaches_a_job_page_one_message_each(user) 
     now = datetime.now(timezone.utc)
     await database_sync_to_async(batch_ingest)(batch=protocol.ReportBatch(
         job_id=job.pk, node="node-1", stream="s", batch=1, reports=tuple(
-            protocol.JobReport(job_id=job.pk, node="node-1", kind="step", step=s, loss=1.0 / s, sent_at=now)
+            report_of(job.pk, "step", step=s, loss=1.0 / s)
             for s in range(1, 6))))
     events = [job_event_adapter.validate_python(await communicator.receive_json_from(timeout=5)) for _ in range(5)]
     assert [(e.type, e.step, e.seq) for e in events] == [("metrics", s, hello.seq + s) for s in range(1, 6)]

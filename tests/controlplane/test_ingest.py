@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 import random
-from datetime import datetime, timezone
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agents import protocol
+from tests.support.reports import report_of
 from controlplane.jobs.events import CheckpointEvent, MetricsEvent, apply_job_event, job_event_adapter
 from controlplane.jobs.ingest import Outcome, batch_ingest
 from controlplane.jobs.models import Job
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db
 def _report(job_id: int, kind: str = "step", **fields) -> protocol.JobReport:
     if kind == "step":
         fields = {"loss": 10.0 / fields["step"], "step_seconds": 0.5, "tokens_per_second": 2048.0, **fields}
-    return protocol.JobReport(job_id=job_id, node="node-1", kind=kind, sent_at=datetime.now(timezone.utc), **fields)
+    return report_of(job_id, kind, **fields)
 
 
 def _batch(job_id: int, n: int, reports, stream: str = "s1") -> protocol.ReportBatch:
@@ -50,7 +50,7 @@ def test_a_batch_applies_its_reports_in_order_as_one_message_per_run(job, run, s
     many = events.send_many_now
     monkeypatch.setattr(events, "send_many_now", lambda group, batch: (messages.append(group), many(group, batch)))
     before = job_live_snapshot(job_id=job.pk)
-    reports = [_report(job.pk, "started"), *_steps(job.pk, 1, 5),
+    reports = [_report(job.pk, "started", step=0), *_steps(job.pk, 1, 5),
                _report(job.pk, "checkpoint", step=5, checkpoint_path="/ckpt/5", seconds=0.2), *_steps(job.pk, 6, 8)]
     assert run(batch_ingest, batch=_batch(job.pk, 1, reports)) is Outcome.APPLIED
     job.refresh_from_db()

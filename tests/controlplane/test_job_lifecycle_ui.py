@@ -7,13 +7,12 @@ from __future__ import annotations
 import io
 import json
 import os
-from datetime import datetime, timezone
 
 import pytest
 from django.core.management import call_command
 from django.test import Client
 
-from agents import protocol
+from tests.support.reports import report_of
 from controlplane.common.model_store import MAX_CONFIG_BYTES
 from controlplane.jobs.models import Job
 from controlplane.jobs.reports import job_record_report
@@ -141,8 +140,7 @@ def test_job_page_embeds_its_action_states_and_draws_no_ranks_once_stopped(brows
                                                                            run, sent_tasks) -> None:
     job = run(token_client.post, "/api/jobs", {"name": "s", "model": "tiny-gpt", "gpus": 2, "global_batch": 12},
               format="json").json()
-    run(job_record_report, report=protocol.JobReport(job_id=job["id"], node="node-1", kind="started",
-                                                     sent_at=datetime.now(timezone.utc)))
+    run(job_record_report, report=report_of(job["id"], "started", "node-1"))
     html = browser_client.get(f"/jobs/{job['id']}/").content.decode()
     assert embedded_json(html, "action-states") == {
         "start": ["pending"], "stop": ["pending", "restoring", "running", "starting", "stopping", "switching"],
@@ -150,8 +148,7 @@ def test_job_page_embeds_its_action_states_and_draws_no_ranks_once_stopped(brows
     assert len(embedded_json(html, "job-data")["ranks"]) == 2
     run(token_client.post, f"/api/jobs/{job['id']}/stop", {}, format="json")
     for node in ("node-1",):
-        run(job_record_report, report=protocol.JobReport(job_id=job["id"], node=node, kind="stopped",
-                                                         sent_at=datetime.now(timezone.utc)))
+        run(job_record_report, report=report_of(job["id"], "stopped", node))
     assert token_client.get(f"/api/jobs/{job['id']}").json()["state"] == "stopped"
     data = embedded_json(browser_client.get(f"/jobs/{job['id']}/").content.decode(), "job-data")
     assert data["state"] == "stopped" and data["ranks"] == [] and data["placement"]  # the row keeps its placement

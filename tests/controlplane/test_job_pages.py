@@ -8,6 +8,7 @@ import pytest
 from django.test import Client
 
 from agents import protocol
+from tests.support.reports import report_of
 from controlplane.jobs.reports import job_record_report
 from tests.controlplane.conftest import embedded_json
 
@@ -23,8 +24,7 @@ def running_job(run, token_client, two_nodes, sent_tasks) -> dict:
     response = run(token_client.post, "/api/jobs", {"name": "paged", "model": "tiny-gpt", "gpus": 2,
                                                     "global_batch": 12}, format="json")
     job = response.json()
-    run(job_record_report, report=protocol.JobReport(job_id=job["id"], node="node-1", kind="started",
-                                                     sent_at=datetime.now(timezone.utc)))
+    run(job_record_report, report=report_of(job["id"], "started", "node-1"))
     return job
 
 
@@ -39,9 +39,7 @@ def test_jobs_list_links_each_job(browser_client, running_job, run) -> None:
     assert f'href="/jobs/{running_job["id"]}/"' in html and "dp=2" in html
     assert '<td data-field="loss">–</td>' in html  # no step reported yet
     for step, loss in ((1, 5.25), (2, 4.125)):
-        run(job_record_report, report=protocol.JobReport(job_id=running_job["id"], node="node-1", kind="step",
-                                                         step=step, loss=loss, step_seconds=0.5,
-                                                         sent_at=datetime.now(timezone.utc)))
+        run(job_record_report, report=report_of(running_job["id"], "step", step=step, loss=loss, step_seconds=0.5))
     html = browser_client.get("/jobs/").content.decode()
     assert 'data-step="2">2</td>' in html and '<td data-field="loss">4.1250</td>' in html  # the latest
     assert sorted(embedded_json(html, "live-states")) == ["restoring", "running", "starting", "stopping", "switching"]

@@ -15,6 +15,7 @@ from django.core.management import call_command
 from django.utils import timezone as dj_timezone
 
 from agents import protocol
+from tests.support.reports import report_of
 from agents.layout.catalog import get_model
 from controlplane.cluster import services as cluster
 from controlplane.cluster.events import JobEvent
@@ -37,8 +38,7 @@ def running_job(run, token_client, name="j", **body) -> Job:
     response = run(token_client.post, "/api/jobs", body, format="json")
     assert response.status_code == 201, response.content
     job = Job.objects.get(pk=response.json()["id"])
-    run(job_record_report, report=protocol.JobReport(job_id=job.pk, node="node-1", kind="started",
-                                                     sent_at=datetime.now(timezone.utc)))
+    run(job_record_report, report=report_of(job.pk, "started", "node-1"))
     job.refresh_from_db()
     assert job.state == "running"
     return job
@@ -332,8 +332,7 @@ def test_tensor_parallel_blocks_stay_on_one_node(two_nodes, token_client, sent_t
     assert response.status_code == 409
     assert "ranks 0-3 run on nodes node-1, node-2" in response.json()["detail"]
     run(scheduling.job_stop, job_id=wide.pk)
-    run(job_record_report, report=protocol.JobReport(job_id=wide.pk, node="node-1", kind="stopped",
-                                                     sent_at=datetime.now(timezone.utc)))
+    run(job_record_report, report=report_of(wide.pk, "stopped", "node-1"))
 
     one = running_job(run, token_client, "one", layout="dp=1")  # node-1/0
     scheduling.job_submit(name="blocker", model="tiny-gpt", layout="dp=1", global_batch=12)  # node-2/0
@@ -510,7 +509,7 @@ def test_a_failed_rank_while_preparing_aborts_and_stops_the_joining_node(two_nod
     t = Transition.objects.get(pk=resize_job(run, token_client, job, gpus=4).json()["id"])
     run(transition_report, treport(t, "preparing"))
     sent_tasks.clear()
-    run(job_record_report, report=protocol.JobReport(job_id=job.pk, node="node-1", kind="failed", ranks=(1,),
+    run(job_record_report, report=protocol.job_report(job_id=job.pk, node="node-1", kind="failed", ranks=(1,),
                                                      error="rank 1 exited with code 1",
                                                      sent_at=datetime.now(timezone.utc)))
     t.refresh_from_db()
@@ -527,8 +526,7 @@ def test_a_stop_during_a_transition_reaches_the_joining_node(two_nodes, token_cl
     sent_tasks.clear()
     assert run(token_client.post, f"/api/jobs/{job.pk}/stop").json()["state"] == "stopping"
     assert {q for name, _, q in sent_tasks if name == protocol.NODE_JOB_STOP} == {"node.node-1", "node.node-2"}
-    run(job_record_report, report=protocol.JobReport(job_id=job.pk, node="node-1", kind="stopped",
-                                                     sent_at=datetime.now(timezone.utc)))
+    run(job_record_report, report=report_of(job.pk, "stopped", "node-1"))
     t.refresh_from_db()
     assert t.state == "aborted" and "the job stopped while the transition was planned" in t.reason
     assert {state for state, _ in gpu_states().values()} == {"free"}

@@ -17,6 +17,7 @@ from django.conf import settings
 from django.utils import timezone as dj_timezone
 
 from agents import protocol
+from tests.support.reports import report_of
 from controlplane.cluster import services as cluster
 from controlplane.cluster.models import Gpu
 from controlplane.jobs import node_loss, restore
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.django_db
 
 
 def make_report(job: Job, kind: str, node: str = "node-1", **fields) -> protocol.JobReport:
-    return protocol.JobReport(job_id=job.pk, node=node, kind=kind, sent_at=datetime.now(timezone.utc), **fields)
+    return report_of(job.pk, kind, node, **fields)
 
 
 def started_job(run, token_client, name="j", **body) -> Job:

@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 import pytest
 
 from agents import protocol
+from tests.support.reports import report_of
 from agents.runtime.checkpoints import COMPLETE, step_dir
 from controlplane.jobs.models import Job
 from controlplane.jobs.reports import job_record_report
@@ -56,10 +57,9 @@ def test_a_job_resumes_from_a_checkpoint_on_another_gpu_count(two_nodes, token_c
         "restore", "planned", "dp=2", "dp=4", 30, job.restore_id)
     assert row.reason == f"started from checkpoint {path} (step 30, written by dp=2) on 4 GPUs as dp=4"
     now = datetime.now(timezone.utc)
-    run(job_record_report, report=protocol.JobReport(job_id=job.pk, node="node-1", kind="restored", step=30,
-                                                     verified=True, seconds=2.0, restore_id=row.pk, sent_at=now))
-    run(job_record_report, report=protocol.JobReport(job_id=job.pk, node="node-1", kind="step", step=31, loss=3.0,
-                                                     restore_id=row.pk, sent_at=now))
+    run(job_record_report, report=protocol.job_report(job_id=job.pk, node="node-1", kind="restored", step=30,
+                                                     checkpoint_path=str(path), verified=True, seconds=2.0, restore_id=row.pk, sent_at=now))
+    run(job_record_report, report=report_of(job.pk, "step", step=31, loss=3.0, restore_id=row.pk))
     row.refresh_from_db()
     job.refresh_from_db()
     assert (row.state, row.verification["verified"], row.transfer_seconds) == ("committed", True, 2.0)

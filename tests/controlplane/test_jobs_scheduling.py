@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 
 import pytest
 from django.db import connection
 from django.utils import timezone as dj_timezone
 
 from agents import protocol
+from tests.support.reports import report_of
 from controlplane.cluster import services as cluster
 from controlplane.cluster.models import Gpu
 from controlplane.common.errors import Conflict
@@ -33,7 +34,7 @@ def _orders(sent, task=protocol.NODE_JOB_START) -> dict[str, dict]:
 
 
 def _report(job_id: int, kind: str, node: str = "node-1", **fields) -> protocol.JobReport:
-    return protocol.JobReport(job_id=job_id, node=node, kind=kind, sent_at=datetime.now(timezone.utc), **fields)
+    return report_of(job_id, kind, node, **fields)
 
 
 def _gpus() -> dict[str, tuple[str, str | None]]:
@@ -274,8 +275,10 @@ def test_late_and_unknown_reports_are_ignored(two_nodes, token_client, sent_task
     caplog.set_level(logging.INFO)
     job = _started_job(run, token_client, layout="dp=2")
     run(job_record_report, report=_report(job.pk, "stopped"))
-    for kind in ("step", "started", "failed", "stopped"):
-        run(job_report, _report(job.pk, kind, step=9, loss=0.1, error="late").model_dump(mode="json"))
+    late = {"step": {"step": 9, "loss": 0.1}, "started": {"step": 9}, "failed": {"error": "late"},
+            "stopped": {"step": 9, "error": "late"}}
+    for kind, fields in late.items():
+        run(job_report, _report(job.pk, kind, **fields).model_dump(mode="json"))
     job.refresh_from_db()
     assert (job.state, job.error) == ("stopped", "")
     assert not job.metric_series.exists()

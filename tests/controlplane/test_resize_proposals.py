@@ -2,14 +2,13 @@
 the read-only endpoints GET /api/jobs/{id}/proposals and /plan, /api/transitions/{id}/plan."""
 from __future__ import annotations
 
-from datetime import datetime, timezone
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents import protocol
+from tests.support.reports import report_of
 from agents.layout.catalog import get_model
 from agents.layout.errors import LayoutError
 from agents.layout.placement import place
@@ -125,8 +124,7 @@ def _running(run, token_client, **body) -> dict:
                    format="json")
     assert response.status_code == 201, response.content
     job = response.json()
-    run(job_record_report, report=protocol.JobReport(job_id=job["id"], node="node-1", kind="started",
-                                                     sent_at=datetime.now(timezone.utc)))
+    run(job_record_report, report=report_of(job["id"], "started"))
     return job
 
 
