@@ -103,7 +103,7 @@ def typical_seconds(fn, repeats: int, before=None) -> float:
     ops, and a step cannot pick its moments as a best-of-N timing does. On a shared host
     an op's fastest run is one the other guests left the memory bus alone for (DRAM rate
     45-56 GB/s within 20 s here); the sum of per-op minima under-predicted even the
-    fastest real step of every layout of the CPU validation, by 6-17% (docs/benchmarks.md,
+    fastest real step of every layout of the CPU validation, by 6-17% (docs/benchmarks-history.md,
     session 9). The median rather than the mean: one preempted run of five would move a
     mean by its whole stall."""
     fn()

@@ -3,7 +3,8 @@
 `dynaplane calibrate` can time the very GEMMs and fused attentions a trace contains on the
 local device, each with its own operand layout (recorder.matmul_form): on a CPU the same
 GEMM runs at rates up to 9x apart by layout and falls off for narrow or huge operands in
-ways no single efficiency curve captures (docs/benchmarks.md). The profile keeps them as
+ways no single efficiency curve captures (docs/benchmarks-history.md, sessions 5 and 6). The
+profile keeps them as
 
     matmul_table       {dtype: {form: [[batch, m, n, k, flop_per_second], ...]}}
     attention_table    {"forward" | "backward": {dtype: [[batch, heads, seq_q, seq_kv, head_dim,

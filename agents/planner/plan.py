@@ -272,7 +272,7 @@ def transfer_order(model: Model, src: Placement, dst: Placement) -> list[tuple[i
     the layers: first-stage ones (embeddings) first, last-stage ones last.
     The earlier order, whole layers by their position in the stage, let a rank that
     changes stage fill new layers well before it freed old ones (up to 1.27x max(source,
-    destination) + staging; docs/benchmarks.md)."""
+    destination) + staging; docs/benchmarks-history.md, session 2)."""
     position = _stage_fractions(model, src)
     kinds: dict[str, dict[str, int]] = {}
     for t in model.tensors:
