@@ -8,13 +8,14 @@ def range_problems(*, min_gpus: int | None, max_gpus: int | None, world_size: in
                    cluster_gpus: int) -> dict[str, list[str]]:
     """What is wrong with the range [min_gpus, max_gpus] (a bound not set means world_size)
     for a job on `world_size` GPUs in a cluster of `cluster_gpus` (0: no inventory yet,
-    nothing to compare with). Empty: nothing."""
+    nothing to compare with; an unset max_gpus is the job's size, which job creation checks
+    against the cluster under its own field). Empty: nothing."""
     lo = world_size if min_gpus is None else min_gpus
     hi = world_size if max_gpus is None else max_gpus
     problems: dict[str, list[str]] = {}
     if lo > hi:
         problems.setdefault("max_gpus", []).append(f"max_gpus={hi} is below min_gpus={lo}")
-    if cluster_gpus and hi > cluster_gpus:
+    if cluster_gpus and max_gpus is not None and hi > cluster_gpus:  # (world_size has its own check)
         problems.setdefault("max_gpus", []).append(f"max_gpus={hi} exceeds the cluster's {cluster_gpus} GPUs")
     if lo > world_size:
         problems.setdefault("min_gpus", []).append(

@@ -87,5 +87,6 @@ def test_the_schema_shows_the_elastic_settings() -> None:
 
 def test_the_range_rule_without_an_inventory_checks_only_the_job_itself() -> None:
     assert range_problems(min_gpus=None, max_gpus=512, world_size=8, cluster_gpus=0) == {}
-    assert range_problems(min_gpus=None, max_gpus=None, world_size=8, cluster_gpus=4) == {
+    assert range_problems(min_gpus=None, max_gpus=None, world_size=8, cluster_gpus=4) == {}  # gpus' own rule
+    assert range_problems(min_gpus=None, max_gpus=8, world_size=8, cluster_gpus=4) == {
         "max_gpus": ["max_gpus=8 exceeds the cluster's 4 GPUs"]}
