@@ -50,7 +50,7 @@ JOBS_ORDER = [
     # writes every action shares: jobs and metrics, transitions, orders to the agents, failing a job
     "services", "transitions", "orders", "failures", "layouts", "elastic_settings",
     # pure previews of a resize
-    "plan_preview", "proposals", "resize_preview",
+    "plan_preview", "proposals", "elastic_options", "resize_preview",
     # actions
     "resize", "survivors", "restore", "node_loss", "timeouts", "reconcile", "scheduling", "reports", "ingest",
     # entry points
