@@ -15,14 +15,18 @@ from typing import Protocol
 
 from agents.layout.errors import require
 
-# llama-124m, docs/benchmarks.md "Online resize vs stop-checkpoint-restart": dp 2 -> 4 paused
-# 1.46 s, of which 1.24 s moved 2.99 GB to the two joining ranks (1.2 GB/s per joining rank),
-# the rest (0.22 s) is fixed cost; dp 4 -> 2 paused 0.18 s. Restart: 41.79 s (2 -> 4) and
-# 21.08 s (4 -> 2) with 1.74 GB of model state (124M params x 14 bytes).
+# Measured on the 2-core CPU host (docs/benchmarks.md, "Online resize vs stop-checkpoint-restart",
+# session 17). Online, llama-124m: dp 2 -> 4 paused 1.46 s, of which 1.24 s moved 2.99 GB to
+# the two joining ranks (1.2 GB/s per joining rank) and 0.22 s is fixed cost; dp 4 -> 2 paused
+# 0.18 s. Stop-checkpoint-restart: llama-124m (1.74 GB of model state per GPU: 124M params x
+# 14 bytes) 41.79 s growing 2 -> 4, 21.08 s shrinking 4 -> 2; tiny-gpt (next to no state)
+# 6.84 s and 3.44 s: the fixed part (new processes, imports, world and DCP set-up).
 ONLINE_BASE_SECONDS = 0.22
 ONLINE_BYTES_PER_SECOND = 1.2e9
 RESTART_GROW_SECONDS = 41.79
 RESTART_SHRINK_SECONDS = 21.08
+RESTART_GROW_FIXED_SECONDS = 6.84
+RESTART_SHRINK_FIXED_SECONDS = 3.44
 RESTART_REFERENCE_STATE_BYTES = 1.74e9
 
 
@@ -120,16 +124,21 @@ class OnlinePause:
 
 @dataclass(frozen=True, slots=True)
 class RestartPause:
-    """Stop-checkpoint-restart: the measured restart pause (a grow restarts more processes)
-    scaled up by the state each GPU saves and loads, relative to the measured model's."""
+    """Stop-checkpoint-restart: a fixed part plus a part proportional to the model state each
+    GPU saves and loads, both fitted to the two measured models (tiny-gpt: the fixed part;
+    llama-124m: fixed + 1.74 GB per GPU). A grow restarts more processes than a shrink."""
 
     grow_seconds: float = RESTART_GROW_SECONDS
     shrink_seconds: float = RESTART_SHRINK_SECONDS
+    grow_fixed_seconds: float = RESTART_GROW_FIXED_SECONDS
+    shrink_fixed_seconds: float = RESTART_SHRINK_FIXED_SECONDS
     reference_state_bytes: float = RESTART_REFERENCE_STATE_BYTES
 
     def pause_seconds(self, job: ElasticJob, dst: SizeOption) -> float:
-        base = self.grow_seconds if dst.gpus > job.current else self.shrink_seconds
-        return base * max(1.0, dst.state_bytes_per_gpu / self.reference_state_bytes)
+        grow = dst.gpus > job.current
+        fixed = self.grow_fixed_seconds if grow else self.shrink_fixed_seconds
+        measured = self.grow_seconds if grow else self.shrink_seconds
+        return fixed + (measured - fixed) * dst.state_bytes_per_gpu / self.reference_state_bytes
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,11 +7,15 @@ How it decides:
 2. Priorities are served from the highest down. A priority level may use every GPU except
    what the higher levels took and the least the lower levels can shrink to (their
    smallest allowed size: a rigid, busy or recently resized job keeps all it holds). Within
-   that budget the level takes the sizes that use the most GPUs, then change the fewest
-   jobs (a knapsack over the level's jobs, solved exactly by dynamic programming over the
-   budget). So a higher priority is never left short for a lower one, a lower one gives up
-   only what a higher one takes, and a job of the same priority shrinks only when that lets
-   the level use more GPUs in all (a better packing of discrete sizes).
+   that budget the level takes the sizes that use the most GPUs, then leave the fewest
+   arrivals waiting, then change the fewest jobs (a knapsack over the level's jobs, solved
+   exactly by dynamic programming over the budget). So a higher priority is never left short
+   for a lower one, a lower one gives up only what a higher one takes, and a job of the same
+   priority shrinks only when that lets the level use more GPUs in all (a better packing of
+   discrete sizes). While an arrival waits, no lower priority starts a job: a start holds its
+   GPUs until that job ends, so GPUs that come free would be backfilled away from the
+   arrival for good; an elastic grow may still take them, as they come back (a shrink) at
+   the latest one interval later.
 3. The counts are placed: shrinking jobs drop their last ranks; starts and grows, highest
    priority first, put their joining ranks on free GPUs, whole tensor-parallel blocks on one
    node, the node with the most free GPUs first (agents.layout.allocate's rule). A block that
@@ -50,7 +54,8 @@ def check_state(nodes: Sequence[Node], jobs: Sequence[ElasticJob]) -> None:
 
 def level_sizes(level: Sequence[ElasticJob], sizes: dict[int, list[int]], budget: int) -> dict[int, int]:
     """The sizes of one priority level's jobs that use the most GPUs within `budget`, then
-    change the fewest jobs. Ties go to each job's first listed size (its current one)."""
+    leave the fewest arrivals waiting, then change the fewest jobs. Ties go to each job's
+    first listed size (its current one)."""
     k = len(level) + 1
     best = np.full(budget + 1, NEG, dtype=np.int64)
     best[0] = 0
@@ -62,7 +67,8 @@ def level_sizes(level: Sequence[ElasticJob], sizes: dict[int, list[int]], budget
             if size > budget:
                 continue
             shifted = np.full(budget + 1, NEG, dtype=np.int64)
-            shifted[size:] = best[:budget + 1 - size] + size * k - int(size != job.current)
+            score = size * k * k - k * int(waits(job, sizes[job.id], size)) - int(size != job.current)
+            shifted[size:] = best[:budget + 1 - size] + score
             better = shifted > new  # (from an unreachable total it stays below NEG // 2)
             new[better] = shifted[better]
             pick[better] = index
@@ -78,15 +84,24 @@ def level_sizes(level: Sequence[ElasticJob], sizes: dict[int, list[int]], budget
     return out
 
 
+def waits(job: ElasticJob, sizes: list[int], size: int) -> bool:
+    """A pending arrival left waiting: it could start (some allowed size) but gets 0."""
+    return not job.running and size == 0 and any(sizes)
+
+
 def choose_counts(jobs: Sequence[ElasticJob], sizes: dict[int, list[int]], total: int) -> dict[int, int]:
-    """GPUs per job, priority levels served from the highest down (module docstring)."""
+    """GPUs per job, priority levels served from the highest down (module docstring). Once
+    an arrival waits, no lower priority starts a job (no backfill past it)."""
     floors = {j.id: min(sizes[j.id]) for j in jobs}
     counts: dict[int, int] = {}
     taken = 0
+    blocked = False
     for priority in sorted({j.priority for j in jobs}, reverse=True):
         level = sorted((j for j in jobs if j.priority == priority), key=lambda j: j.id)
         lower = sum(floors[j.id] for j in jobs if j.priority < priority)
-        chosen = level_sizes(level, sizes, total - taken - lower)
+        allowed = {j.id: [s for s in sizes[j.id] if not blocked or j.running or s == 0] for j in level}
+        chosen = level_sizes(level, allowed, total - taken - lower)
+        blocked = blocked or any(waits(j, allowed[j.id], chosen[j.id]) for j in level)
         counts.update(chosen)
         taken += sum(chosen.values())
     return counts
@@ -177,6 +192,7 @@ def decide(nodes: Sequence[Node], jobs: Sequence[ElasticJob], settings: ElasticS
             break
         caps[failed[0]] = failed[1]
     by_name = {n.name: n for n in nodes}
+    by_id = {j.id: j for j in jobs}
     gainers = [(j, counts[j.id] - j.current) for j in jobs if counts[j.id] > j.current]
     givers = [(j, j.current - counts[j.id]) for j in jobs if counts[j.id] < j.current]
     changes, waiting = [], []
@@ -186,8 +202,10 @@ def decide(nodes: Sequence[Node], jobs: Sequence[ElasticJob], settings: ElasticS
         if new == job.current:
             if not job.running:
                 smallest = min((s for s in allowed_sizes(job, settings, now) if s), default=job.gpus)
-                waiting.append((job.id, f"waiting: needs {smallest} GPUs at priority {job.priority}; "
-                                        f"{free_after} free after this decision"))
+                first = next((by_id[w] for w, _ in waiting if by_id[w].priority > job.priority), None)
+                why = (f"job {first.name!r} (priority {first.priority}) waits first" if first else
+                       f"{free_after} free after this decision")
+                waiting.append((job.id, f"waiting: needs {smallest} GPUs at priority {job.priority}; {why}"))
             continue
         option = job.option(new)
         pay = payoff(job, option, settings) if option else None
