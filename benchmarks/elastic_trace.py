@@ -2,12 +2,13 @@
 
 The mix, sized to the cluster (GPU counts are fractions of it, in whole nodes):
 - long pre-training runs, elastic, priority 0: two llama3-70b and two llama3-8b running
-  from the start of the day (they do not finish within it), one more of each arriving;
-- fine-tuning runs: elastic llama3-8b, priority 1, about one every two hours, 2-5 hours of
-  work; rigid llama3-8b on 2-8 nodes, priority 1, about one an hour, 1-4 hours;
-- small experiments: rigid llama-124m on one node, priority 1, about two an hour, 20-90 min;
-- priority jobs (an eval, an RL rollout phase): rigid llama3-8b on 1/8 or 1/4 of the
-  cluster, priority 10, about one every three hours, each about an hour.
+  from the start of the day (40-80 hours of work at the size they ask for), one more of
+  each arriving;
+- fine-tuning runs: elastic llama3-8b, priority 1, about one an hour, 2-6 hours of work
+  (range 1/64-1/8); rigid llama3-8b on 1/32 of the cluster, priority 1, 1.5 an hour, 1-4 hours;
+- small experiments: rigid llama-124m on one node, priority 1, four an hour, 20-90 min;
+- priority jobs (an eval, an RL rollout phase): rigid llama3-8b on 1/8 of the cluster,
+  priority 10, one every three hours on average, 45-75 minutes each.
 Step times: the resize proposals' prediction (controlplane/jobs/proposals.py) scaled from
 one reference step time per model (`Template.step_seconds` at `Template.layout`); a job's
 work is its steps, fixed at arrival from its duration at its requested size.

@@ -3,6 +3,8 @@ their rules (400 naming the field and the rule), defaults, and the OpenAPI schem
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from rest_framework.test import APIClient
 
 from controlplane.cluster import services as cluster
@@ -90,3 +92,13 @@ def test_the_range_rule_without_an_inventory_checks_only_the_job_itself() -> Non
     assert range_problems(min_gpus=None, max_gpus=None, world_size=8, cluster_gpus=4) == {}  # gpus' own rule
     assert range_problems(min_gpus=None, max_gpus=8, world_size=8, cluster_gpus=4) == {
         "max_gpus": ["max_gpus=8 exceeds the cluster's 4 GPUs"]}
+
+
+@given(st.one_of(st.none(), st.integers(1, 64)), st.one_of(st.none(), st.integers(1, 64)), st.integers(1, 64),
+       st.sampled_from([0, 16, 64]))
+def test_a_range_passes_exactly_when_it_holds_the_job_and_fits_the_cluster(lo, hi, world, cluster) -> None:
+    low, high = (world if lo is None else lo), (world if hi is None else hi)
+    fits = not cluster or hi is None or hi <= cluster
+    problems = range_problems(min_gpus=lo, max_gpus=hi, world_size=world, cluster_gpus=cluster)
+    assert (problems == {}) == (low <= world <= high and fits)
+    assert set(problems) <= {"min_gpus", "max_gpus"}
