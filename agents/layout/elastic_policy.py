@@ -34,7 +34,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from agents.layout.elastic_inputs import Change, Decision, ElasticJob, ElasticSettings, Node
-from agents.layout.elastic_sizes import allowed_sizes, payoff
+from agents.layout.elastic_sizes import Payoff, allowed_sizes, payoff
 from agents.layout.errors import require
 
 NEG = -(2 ** 60)
@@ -160,14 +160,14 @@ def _names(jobs: Iterable[tuple[ElasticJob, int]], verb: str) -> str:
 
 def _reason(job: ElasticJob, new: int, layout: str, holding: tuple[str, ...], nodes: dict[str, Node],
             gainers: list[tuple[ElasticJob, int]], givers: list[tuple[ElasticJob, int]], settings: ElasticSettings,
-            pay) -> str:
+            pay: Payoff | None) -> str:
     where = f"{new} ({layout})" if layout else f"{new}"
     if not job.running:
         return f"started on {new} GPUs{f' ({layout})' if layout else ''}, priority {job.priority}"
     if new < job.current:
         takers = [(j, n) for j, n in gainers if j.id != job.id and j.priority >= job.priority]
         return f"shrank to {where}: {_names(takers, 'needed') or 'its GPUs are needed'}"
-    if job.current < job.min_gpus and new <= job.min_gpus:
+    if pay is None or (job.current < job.min_gpus and not pay.pays):  # (allowed_sizes: back up to the minimum)
         return f"grew to {where}: back towards its min_gpus={job.min_gpus}"
     since = job.last_resize_at if job.last_resize_at is not None else float("-inf")
     joined = sorted({n for n in holding[job.current:] if nodes[n].joined_at > since})

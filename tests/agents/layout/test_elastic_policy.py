@@ -311,3 +311,13 @@ def test_while_a_priority_arrival_waits_no_lower_job_starts_on_the_gpus_it_gathe
     assert decision.waiting == ((3, "waiting: needs 6 GPUs at priority 10; 4 free after this decision"),
                                 (2, "waiting: needs 2 GPUs at priority 0; job 'eval' (priority 10) waits first"))
     assert [c.job for c in decide(nodes, [rigid, small], SETTINGS, NOW).changes] == ["small"]
+
+
+def test_a_job_below_its_minimum_grows_back_without_the_payoff_test() -> None:
+    """A node loss left it on 1 GPU (min 3, sizes 1, 2, 4): it takes 4, the smallest size
+    >= 3, though nothing was measured to predict a gain; 8 would need the payoff."""
+    options = tuple(SizeOption(g, f"dp={g}") for g in (1, 2, 4, 8))
+    job = ElasticJob(id=1, name="lost", gpus=1, elastic=True, min_gpus=3, max_gpus=8, holding=("n1",),
+                     options=options)
+    change = decide([Node("n1", 8)], [job], SETTINGS, NOW).change_of(1)
+    assert (change.gpus_to, change.reason) == (4, "grew to 4 (dp=4): back towards its min_gpus=3")
