@@ -46,11 +46,11 @@ FORBIDDEN = {
 # The jobs app's modules from the floor up: each imports only modules listed before it.
 JOBS_ORDER = [
     # records and reads
-    "lifecycle", "models", "metric_codec", "events", "selectors", "transfer_progress", "resume",
+    "lifecycle", "models", "metric_codec", "events", "selectors", "transfer_progress", "resume", "elastic_range",
     # writes every action shares: jobs and metrics, transitions, orders to the agents, failing a job
-    "services", "transitions", "orders", "failures", "layouts",
+    "services", "transitions", "orders", "failures", "layouts", "elastic_settings",
     # pure previews of a resize
-    "plan_preview", "proposals", "resize_preview",
+    "plan_preview", "proposals", "elastic_options", "resize_preview",
     # actions
     "resize", "survivors", "restore", "node_loss", "timeouts", "reconcile", "scheduling", "reports", "ingest",
     # entry points

@@ -9,7 +9,7 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from controlplane.common import inputs
-from controlplane.jobs import resize, resize_preview, scheduling, services
+from controlplane.jobs import elastic_settings, resize, resize_preview, scheduling, services
 from controlplane.jobs.models import Job, Transition
 from controlplane.jobs.selectors import job_live_snapshot
 
@@ -29,7 +29,7 @@ class JobSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "model", "layout", "world_size", "state", "global_batch", "micro_batch", "seq_len",
                   "max_steps", "error", "gpus", "placement", "rendezvous", "created_at", "updated_at",
                   "step", "checkpoint_interval", "checkpoint_dir", "checkpoint_step", "checkpoint_path",
-                  "checkpoint_seconds", "checkpoint_at"]
+                  "checkpoint_seconds", "checkpoint_at", "elastic", "min_gpus", "max_gpus", "priority"]
         read_only_fields = ["world_size", "state", "error", "gpus", "placement", "rendezvous", "created_at",
                             "updated_at", "step", "checkpoint_step", "checkpoint_path", "checkpoint_seconds",
                             "checkpoint_at"]
@@ -64,9 +64,40 @@ class JobCreateSerializer(serializers.Serializer):
                                                   "starts from instead of a fresh model, in its own layout (DCP "
                                                   "reshards)")
 
+    elastic = serializers.BooleanField(default=False, help_text="let the elastic scheduler resize the job within "
+                                                               "[min_gpus, max_gpus] (docs/elastic.md)")
+    min_gpus = serializers.IntegerField(min_value=1, max_value=inputs.MAX_GPUS, required=False, allow_null=True,
+                                        default=None, help_text="the fewest GPUs (default: the job's GPU count); "
+                                                                "at most its GPU count")
+    max_gpus = serializers.IntegerField(min_value=1, max_value=inputs.MAX_GPUS, required=False, allow_null=True,
+                                        default=None, help_text="the most GPUs (default: the job's GPU count); "
+                                                                "at least its GPU count and min_gpus, at most the "
+                                                                "cluster's GPUs")
+    priority = serializers.IntegerField(min_value=-inputs.INT32_MAX, max_value=inputs.INT32_MAX, default=0,
+                                        help_text="a higher priority gets GPUs first, from elastic jobs of lower ones")
+
     def validate(self, attrs: dict) -> dict:
         if ("layout" in attrs) == ("gpus" in attrs):
             raise serializers.ValidationError({"layout": ["give either `layout` or `gpus`, not both or neither"]})
+        return attrs
+
+
+class JobElasticSerializer(serializers.Serializer):
+    """Input of PATCH /api/jobs/{id}/elastic: any of the job's elastic settings."""
+
+    elastic = serializers.BooleanField(required=False, help_text="the policy switch: on, the elastic scheduler may "
+                                                                 "resize the job; off, it never does")
+    min_gpus = serializers.IntegerField(min_value=1, max_value=inputs.MAX_GPUS, required=False, allow_null=True,
+                                        help_text="the fewest GPUs (null: the job's world_size); at most world_size")
+    max_gpus = serializers.IntegerField(min_value=1, max_value=inputs.MAX_GPUS, required=False, allow_null=True,
+                                        help_text="the most GPUs (null: the job's world_size); at least world_size "
+                                                  "and min_gpus, at most the cluster's GPUs")
+    priority = serializers.IntegerField(min_value=-inputs.INT32_MAX, max_value=inputs.INT32_MAX, required=False)
+
+    def validate(self, attrs: dict) -> dict:
+        if not attrs:
+            raise serializers.ValidationError({"elastic": ["give at least one of elastic, min_gpus, max_gpus, "
+                                                           "priority"]})
         return attrs
 
 
@@ -82,6 +113,10 @@ class JobCheckSerializer(serializers.Serializer):
     seq_len = serializers.IntegerField()
     max_steps = serializers.IntegerField(allow_null=True)
     checkpoint_interval = serializers.IntegerField()
+    elastic = serializers.BooleanField()
+    min_gpus = serializers.IntegerField(allow_null=True)
+    max_gpus = serializers.IntegerField(allow_null=True)
+    priority = serializers.IntegerField()
 
 
 class JobResizeSerializer(serializers.Serializer):
@@ -229,6 +264,17 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
         transition = resize.job_resize(job_id=self.get_object().pk, requested_by=request.user,
                                        **incoming.validated_data)
         return Response(TransitionSerializer(transition).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=JobElasticSerializer, responses={200: JobSerializer})
+    @action(detail=True, methods=["patch"])
+    def elastic(self, request, pk=None):
+        """Change the job's elastic settings: the policy switch, its GPU range and priority (any
+        state). 400 naming the field when the range would not hold the GPUs the job runs on
+        (world_size), min_gpus > max_gpus, or max_gpus exceeds the cluster's GPUs."""
+        incoming = JobElasticSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        job = elastic_settings.job_elastic_set(job_id=self.get_object().pk, **incoming.validated_data)
+        return Response(JobSerializer(job).data)
 
     @extend_schema(responses={200: JobLiveSerializer})
     @action(detail=True, methods=["get"])

@@ -50,6 +50,13 @@ class Job(models.Model):
     report_stream = models.CharField(max_length=32, blank=True,
                                      help_text="the rank-0 reporter whose batches the job last applied")
     report_batch = models.PositiveIntegerField(default=0, help_text="the last batch of report_stream applied")
+    elastic = models.BooleanField(
+        default=False, help_text="the elastic scheduler may resize the job within [min_gpus, max_gpus]; off: never")
+    min_gpus = models.PositiveIntegerField(null=True, blank=True,
+                                           help_text="elastic range: the fewest GPUs (null: world_size)")
+    max_gpus = models.PositiveIntegerField(null=True, blank=True,
+                                           help_text="elastic range: the most GPUs (null: world_size)")
+    priority = models.IntegerField(default=0, help_text="a higher priority gets GPUs first, from lower ones")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -64,6 +71,11 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} [{self.layout}] {self.state}"
+
+    @property
+    def gpu_range(self) -> tuple[int, int]:
+        """(min_gpus, max_gpus), world_size for a bound not set."""
+        return (self.min_gpus or self.world_size, self.max_gpus or self.world_size)
 
     @property
     def nodes(self) -> list[str]:

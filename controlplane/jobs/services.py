@@ -15,11 +15,12 @@ from agents.layout.placement import Placement, hetero_refusal, replicated_kv_hea
 from agents.layout.spec import parse_layout
 from agents.layout.tensors import Model
 from controlplane.cluster.events import GROUP, STREAM, JobEvent
-from controlplane.cluster.selectors import job_view
+from controlplane.cluster.selectors import inventory_capacity, job_view
 from controlplane.cluster.services import gpus_release
 from controlplane.common import inputs
 from controlplane.common.errors import Conflict, InvalidInput
 from controlplane.common.events import next_seq, publish_on_commit
+from controlplane.jobs.elastic_range import range_problems
 from controlplane.jobs.lifecycle import DELETABLE_JOB_STATES
 from controlplane.jobs.metric_codec import CHUNK_POINTS, pack, unpack
 from controlplane.jobs.models import DEFAULT_CHECKPOINT_INTERVAL, Job, MetricChunk, MetricSeries, Transition
@@ -73,6 +74,7 @@ def job_check(
     *, name: str, model: str, layout: str | None = None, gpus: int | None = None, global_batch: int = 8,
     micro_batch: int = 1, seq_len: int = 128, max_steps: int | None = None,
     checkpoint_interval: int | None = None, checkpoint_dir: str = "", resume_from: str = "",
+    elastic: bool = False, min_gpus: int | None = None, max_gpus: int | None = None, priority: int = 0,
 ) -> dict:
     """Every rule a new job passes, without writing anything: the fields job_create stores
     (layout resolved from `gpus`, world_size, folders made absolute, checkpoint_step of a
@@ -99,6 +101,8 @@ def job_check(
                                         seq_len=seq_len)
     problems.update(_capacity_problems(config, placement, micro_batch=micro_batch, seq_len=seq_len,
                                        field="gpus" if gpus is not None else "layout"))
+    problems.update(range_problems(min_gpus=min_gpus, max_gpus=max_gpus, world_size=placement.world,
+                                   cluster_gpus=inventory_capacity()[0]))
     if problems:
         raise InvalidInput(problems)
     resumed = checkpoint_info(path=resume_from, model=spec) if resume_from else None
@@ -113,6 +117,7 @@ def job_check(
         checkpoint_interval=DEFAULT_CHECKPOINT_INTERVAL if checkpoint_interval is None else checkpoint_interval,
         checkpoint_dir=checkpoint_dir,
         checkpoint_step=resumed["step"] if resumed else None, checkpoint_path=resume_from if resumed else "",
+        elastic=elastic, min_gpus=min_gpus, max_gpus=max_gpus, priority=priority,
     )
 
 
