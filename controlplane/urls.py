@@ -27,6 +27,7 @@ def not_found(request, exception=None):
 
 
 handler404 = not_found
+handler500 = "frontend.error_views.server_error"  # the 500 page with the site's navigation
 
 urlpatterns = [
     path("api/health", HealthView.as_view(), name="health"),

@@ -11,6 +11,9 @@ import csv
 import io
 from collections.abc import Mapping, Sequence
 
+from frontend.figure_style import axis, legend_below, no_data
+from frontend.formatting import binary_bytes, count, duration, percent, sig
+
 BREAKDOWN = ("compute", "tp_comm", "dp_comm", "pp_comm", "bubble")
 BREAKDOWN_LABELS = {"compute": "compute", "tp_comm": "TP comm", "dp_comm": "DP comm", "pp_comm": "PP comm",
                     "bubble": "pipeline bubble"}
@@ -48,15 +51,17 @@ def step_breakdown_figure(runs: Sequence[Mapping]) -> dict:
         y = [r["breakdown"][part] * 1e3 if r else None for r in results]
         data.append({"type": "bar", "name": BREAKDOWN_LABELS[part], "x": labels, "y": y,
                      "marker": {"color": BREAKDOWN_COLORS[part]},
-                     "hovertemplate": "%{x}<br>" + BREAKDOWN_LABELS[part] + ": %{y:.3f} ms<extra></extra>"})
+                     "customdata": [duration(r["breakdown"][part]) if r else "" for r in results],
+                     "hovertemplate": "%{x}<br>" + BREAKDOWN_LABELS[part] + ": %{customdata}<extra></extra>"})
     totals = [r["step_seconds"] * 1e3 if r else None for r in results]
     data.append({"type": "scatter", "mode": "text", "name": "step time", "x": labels, "y": totals,
-                 "text": [f"{t:.3g} ms" if t is not None else "" for t in totals], "textposition": "top center",
-                 "showlegend": False, "hoverinfo": "skip"})
-    return {"data": data, "layout": {
+                 "text": [duration(r["step_seconds"]) if r else "" for r in results], "textposition": "top center",
+                 "showlegend": False, "hoverinfo": "skip", "cliponaxis": False})
+    figure = {"data": data, "layout": {
         "barmode": "stack", "height": 320, "margin": {"l": 60, "r": 10, "t": 20, "b": 60},
-        "yaxis": {"title": {"text": "step time (ms)"}, "rangemode": "tozero"},
-        "legend": {"orientation": "h", "y": -0.25, "traceorder": "normal"}}}
+        "xaxis": axis(), "yaxis": axis(title={"text": "step time (ms)"}, rangemode="tozero"),
+        "legend": legend_below(traceorder="normal")}}
+    return figure if any(results) else no_data(figure)
 
 
 def memory_figure(runs: Sequence[Mapping]) -> dict:
@@ -79,11 +84,13 @@ def memory_figure(runs: Sequence[Mapping]) -> dict:
         if result and result["memory"].get("capacity_bytes"):
             capacities[run["gpu_type"]] = result["memory"]["capacity_bytes"] / GIB
     x = [x_config, x_stage]
+    as_text = lambda values: [binary_bytes(v * GIB) if v is not None else "" for v in values]  # noqa: E731
     data = [{"type": "bar", "name": part, "x": x, "y": parts[part], "marker": {"color": MEMORY_COLORS[part]},
-             "hovertemplate": "%{x}<br>" + part + ": %{y:.3f} GiB<extra></extra>"} for part in MEMORY_PARTS]
+             "customdata": as_text(parts[part]),
+             "hovertemplate": "%{x}<br>" + part + ": %{customdata}<extra></extra>"} for part in MEMORY_PARTS]
     data.append({"type": "scatter", "mode": "markers", "name": "peak", "x": x, "y": peaks,
-                 "marker": {"symbol": "line-ew-open", "size": 18, "color": "#1d2330"},
-                 "hovertemplate": "%{x}<br>peak: %{y:.3f} GiB<extra></extra>"})
+                 "marker": {"symbol": "line-ew-open", "size": 18, "color": "#1d2330"}, "customdata": as_text(peaks),
+                 "hovertemplate": "%{x}<br>peak: %{customdata}<extra></extra>"})
     top = max((p for p in peaks if p is not None), default=0.0)
     # A capacity far above every peak would flatten the bars: the axis then ends above the
     # highest peak and the capacity is written at the top instead of drawn.
@@ -93,21 +100,22 @@ def memory_figure(runs: Sequence[Mapping]) -> dict:
         if off_scale:
             annotations.append({"xref": "paper", "x": 1, "xanchor": "right", "yref": "paper", "y": 1 - 0.08 * n,
                                 "yanchor": "top", "showarrow": False, "font": {"color": "#c0392b"},
-                                "text": f"{gpu_type} capacity {gib:.0f} GiB (above the scale: "
-                                        f"highest peak {100 * top / gib:.2g} % of it)"})
+                                "text": f"{gpu_type} capacity {binary_bytes(gib * GIB)} (above the scale: "
+                                        f"highest peak {sig(100 * top / gib, 2)} % of it)"})
             continue
         shapes.append({"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y", "y0": gib, "y1": gib,
                        "line": {"color": "#c0392b", "dash": "dash", "width": 2}})
         annotations.append({"xref": "paper", "x": 1, "xanchor": "right", "yref": "y", "y": gib, "yanchor": "bottom",
-                            "text": f"{gpu_type} capacity {gib:.0f} GiB", "showarrow": False,
+                            "text": f"{gpu_type} capacity {binary_bytes(gib * GIB)}", "showarrow": False,
                             "font": {"color": "#c0392b"}})
-    yaxis = {"title": {"text": "memory per GPU (GiB)"}, "rangemode": "tozero"}
+    yaxis = axis(title={"text": "memory per GPU (GiB)"}, rangemode="tozero")
     if off_scale:
         yaxis["range"] = [0, top * 1.3]
-    return {"data": data, "layout": {
+    figure = {"data": data, "layout": {
         "barmode": "stack", "height": 340, "margin": {"l": 60, "r": 10, "t": 20, "b": 80},
-        "yaxis": yaxis, "shapes": shapes, "annotations": annotations,
-        "legend": {"orientation": "h", "y": -0.3, "traceorder": "normal"}}}
+        "xaxis": axis(), "yaxis": yaxis, "shapes": shapes, "annotations": annotations,
+        "legend": legend_below(traceorder="normal")}}
+    return figure if any(p is not None for p in peaks) else no_data(figure)
 
 
 def throughput_figure(runs: Sequence[Mapping]) -> dict:
@@ -116,16 +124,19 @@ def throughput_figure(runs: Sequence[Mapping]) -> dict:
     results = [_result(run) for run in runs]
     tokens = [r["tokens_per_second"] if r else None for r in results]
     mfu = [r["mfu"] * 100 if r else None for r in results]
-    return {"data": [
+    figure = {"data": [
         {"type": "bar", "name": "tokens/s", "x": labels, "y": tokens, "xaxis": "x", "yaxis": "y",
-         "marker": {"color": "#2f6fd6"}, "hovertemplate": "%{x}<br>%{y:.4s} tokens/s<extra></extra>"},
+         "marker": {"color": "#2f6fd6"}, "customdata": [f"{count(t)} tokens/s" if t is not None else "" for t in tokens],
+         "hovertemplate": "%{x}<br>%{customdata}<extra></extra>"},
         {"type": "bar", "name": "MFU", "x": labels, "y": mfu, "xaxis": "x2", "yaxis": "y2",
-         "marker": {"color": "#2e9d5b"}, "hovertemplate": "%{x}<br>MFU %{y:.3g} %<extra></extra>"},
+         "marker": {"color": "#2e9d5b"}, "customdata": [percent(r["mfu"]) if r else "" for r in results],
+         "hovertemplate": "%{x}<br>MFU %{customdata}<extra></extra>"},
     ], "layout": {
         "height": 300, "margin": {"l": 60, "r": 10, "t": 30, "b": 60}, "showlegend": False,
-        "xaxis": {"domain": [0, 0.45]}, "xaxis2": {"domain": [0.55, 1], "anchor": "y2"},
-        "yaxis": {"title": {"text": "tokens per second"}, "rangemode": "tozero"},
-        "yaxis2": {"title": {"text": "MFU (%)"}, "rangemode": "tozero", "anchor": "x2"}}}
+        "xaxis": axis(domain=[0, 0.45]), "xaxis2": axis(domain=[0.55, 1], anchor="y2"),
+        "yaxis": axis(title={"text": "tokens per second"}, rangemode="tozero"),
+        "yaxis2": axis(title={"text": "MFU (%)"}, rangemode="tozero", anchor="x2")}}
+    return figure if any(results) else no_data(figure)
 
 
 def settings_table(runs: Sequence[Mapping]) -> list[dict]:

@@ -2,6 +2,8 @@
 and the small JSON pieces those pages fetch (figures built here, by frontend.figures)."""
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, JsonResponse
 from django.shortcuts import get_object_or_404, render
@@ -17,6 +19,7 @@ from controlplane.jobs.metric_codec import unpack
 from controlplane.jobs.models import DEFAULT_CHECKPOINT_INTERVAL, Job, MetricSeries, Transition
 from controlplane.jobs.resize_preview import gpu_capacity_bytes, job_plan, transition_plan
 from controlplane.jobs.selectors import job_live_snapshot
+from frontend import formatting
 from frontend.figures import (
     history_bands,
     memory_wave_figure,
@@ -76,15 +79,16 @@ def plan_figures(plan: dict, *, measured: dict[int, int] | None = None,
 
 
 def summary_rows(summary: dict) -> list[tuple[str, str]]:
-    """The plan summary as (label, text) rows: bytes in MiB, seconds in ms."""
+    """The plan summary as (label, text) rows, through the one formatter: bytes in binary
+    units with the exact count beside them, seconds as a duration."""
     rows = []
     for key, value in summary.items():
         if value is None:
-            text = "–"
+            text = formatting.DASH
         elif key.endswith("bytes"):
-            text = f"{value / 2**20:,.2f} MiB ({value:,} B)"
+            text = formatting.binary_bytes(value) + (f" ({formatting.integer(value)} B)" if value >= 1024 else "")
         elif key.endswith("seconds"):
-            text = f"{value * 1000:.3g} ms"
+            text = formatting.duration(value)
         else:
             text = str(value)
         rows.append((key.replace("_", " "), text))
@@ -143,7 +147,7 @@ def job_detail(request: HttpRequest, job_id: int):
     live = job_live_snapshot(job_id=job.pk).model_dump(mode="json")
     steps = live["metrics"].get("loss", {}).get("x") or [0]
     bands = history_bands(job.layout, live["transitions"], steps[-1])
-    figures = {name: metric_figure(name, live["metrics"].get(name), bands if name == "step_seconds" else ())
+    figures = {name: metric_figure(name, live["metrics"].get(name), bands)
                for name in METRIC_NAMES}
     cluster = cluster_snapshot().model_dump(mode="json")
     return render(request, "frontend/job.html", {
@@ -174,6 +178,24 @@ def job_plan_figures(request: HttpRequest, job_id: int) -> JsonResponse:
     return JsonResponse(plan_figures(plan))
 
 
+def history_offsets(history: list[dict]) -> list[dict]:
+    """The switch's states, each with `since`: seconds after the first state (None where a
+    time cannot be read)."""
+    def parse(at):
+        try:
+            return datetime.fromisoformat(at)
+        except (TypeError, ValueError):
+            return None
+
+    first = parse(history[0].get("at")) if history else None
+    rows = []
+    for i, h in enumerate(history):
+        at = parse(h.get("at"))
+        since = (at - first).total_seconds() if i and at is not None and first is not None else None
+        rows.append({**h, "since": since})
+    return rows
+
+
 @login_required
 def transition_detail(request: HttpRequest, transition_id: int):
     transition = get_object_or_404(Transition.objects.select_related("job"), pk=transition_id)
@@ -195,7 +217,7 @@ def transition_detail(request: HttpRequest, transition_id: int):
         "survivors": (transition.verification or {}).get("survivors") if restore else None,
         "summary_rows": summary_rows(figures["summary"]) if figures else [],
         "timings": timings,
-        "step_before": before, "step_after": after, "history": transition.history,
+        "step_before": before, "step_after": after, "history": history_offsets(transition.history),
         "verification": transition.verification, "tensors": tensors,
         "failed_tensors": sum(1 for row in tensors if not row["match"]), "progress": transition.progress,
     })

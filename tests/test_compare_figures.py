@@ -53,7 +53,7 @@ def test_step_breakdown_stacks_the_five_parts_per_configuration_in_ms() -> None:
     # The stacked parts add up to the step time shown above each bar.
     total = next(t for t in fig["data"] if t["type"] == "scatter")
     assert sum(t["y"][0] for t in bars) == pytest.approx(total["y"][0]) == pytest.approx(20.0)
-    assert total["text"] == ["20 ms", "", "10 ms"]
+    assert total["text"] == ["20.0 ms", "", "10.0 ms"]  # the one formatter (format.js / formatting.py)
 
 
 def test_memory_has_one_bar_per_stage_and_the_capacity_line_per_gpu_type() -> None:
@@ -65,7 +65,7 @@ def test_memory_has_one_bar_per_stage_and_the_capacity_line_per_gpu_type() -> No
     peak = next(t for t in fig["data"] if t["name"] == "peak")
     assert peak["y"] == [3.0, 3.0, 3.0, None]
     assert [s["y0"] for s in fig["layout"]["shapes"]] == [80.0, 80.0]
-    assert [a["text"] for a in fig["layout"]["annotations"]] == ["a100 capacity 80 GiB", "h100 capacity 80 GiB"]
+    assert [a["text"] for a in fig["layout"]["annotations"]] == ["a100 capacity 80.0 GiB", "h100 capacity 80.0 GiB"]
 
 
 def test_a_capacity_far_above_every_peak_is_written_not_drawn() -> None:
@@ -75,7 +75,7 @@ def test_a_capacity_far_above_every_peak_is_written_not_drawn() -> None:
     fig = memory_figure([tiny])
     assert fig["layout"]["shapes"] == []
     assert fig["layout"]["yaxis"]["range"] == pytest.approx([0, 0.013], rel=0.01)
-    assert fig["layout"]["annotations"][0]["text"] == "h100 capacity 80 GiB (above the scale: highest peak 0.012 % of it)"
+    assert fig["layout"]["annotations"][0]["text"] == "h100 capacity 80.0 GiB (above the scale: highest peak 0.012 % of it)"
     assert "range" not in memory_figure([run("dp=4")])["layout"]["yaxis"]  # 3 of 80 GiB: drawn to scale
 
 
@@ -131,3 +131,30 @@ def test_figures_keep_every_configuration_in_place(specs) -> None:
     assert len(memory["x"][0]) == len(memory["y"]) == expected
     assert len(list(csv.DictReader(io.StringIO(compare_csv(runs))))) == len(runs)
     assert set(BREAKDOWN) <= set(CSV_COLUMNS)
+
+
+def test_runs_without_results_say_no_data_yet_instead_of_drawing_axes() -> None:
+    figs = compare_figures([run("dp=4", state="queued"), run("tp=4", state="running")])
+    for key in ("breakdown", "memory", "throughput"):
+        layout = figs[key]["layout"]
+        assert [a["text"] for a in layout["annotations"]] == ["no data yet"], key
+        assert all(layout[k]["visible"] is False for k in layout if k.startswith(("xaxis", "yaxis"))), key
+    done = compare_figures([run("dp=4"), run("tp=4", state="running")])
+    assert done["breakdown"]["layout"]["yaxis"].get("visible", True) is True
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.floats(1e-9, 1e5))
+def test_no_compare_figure_prints_an_exponent(step: float) -> None:
+    """Step times from nanoseconds to a day: texts through the formatter, axes without
+    exponents (exponentformat none), room for rotated labels (automargin)."""
+    import json
+    import re
+
+    figs = compare_figures([run("tp=2,pp=2,dp=1,zero=1", step=step, pp=2), run("dp=4", step=step * 3)])
+    strings = re.findall(r'"((?:[^"\\]|\\.)*)"', json.dumps(figs, ensure_ascii=False))
+    assert not [s for s in strings if re.search(r"\d(\.\d+)?e[+-]?\d", s, re.I) and not s.startswith("#")]
+    assert not [s for s in strings if re.search(r"%\{[^}]*:[^}]*[eg]\}", s)]
+    for key in ("breakdown", "memory", "throughput"):
+        axes = [v for k, v in figs[key]["layout"].items() if k.startswith(("xaxis", "yaxis"))]
+        assert axes and all(a["automargin"] and a["exponentformat"] == "none" for a in axes)

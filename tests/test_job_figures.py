@@ -57,10 +57,16 @@ def test_metric_figure_has_one_extendable_trace_and_the_bands() -> None:
     bands = history_bands("dp=4", [_t(7, "dp=2", "dp=4", "committed", 3)], 5)
     figure = metric_figure("step_seconds", {"x": [1, 2, 3, 4, 5], "y": [.2, .2, .2, .1, .1]}, bands)
     assert len(figure["data"]) == 1 and figure["data"][0]["y"] == [.2, .2, .2, .1, .1]
-    assert [(s["x0"], s["x1"]) for s in figure["layout"]["shapes"]] == [(0.0, 3.0), (3.0, 5.0)]
-    assert [a["text"] for a in figure["layout"]["annotations"]] == ["dp=2", "dp=4"]
+    shapes = figure["layout"]["shapes"]
+    assert [(s["x0"], s["x1"]) for s in shapes if s["type"] == "rect"] == [(0.0, 3.0), (3.0, 5.0)]
+    # A marker (a vertical line) at the switch, and a label per band: the first layout, then the switch.
+    assert [(s["x0"], s["x1"], s["name"]) for s in shapes if s["type"] == "line"] == [(3.0, 3.0, "switch 7")]
+    assert [a["text"] for a in figure["layout"]["annotations"]] == ["dp=2", "#7 → dp=4"]
     empty = metric_figure("loss", None)
     assert empty["data"][0]["x"] == [] and empty["layout"]["shapes"] == []
+    # An empty chart says so instead of drawing made-up axes.
+    assert [a["text"] for a in empty["layout"]["annotations"]] == ["no data yet"]
+    assert empty["layout"]["xaxis"]["visible"] is False and empty["layout"]["yaxis"]["visible"] is False
     shapes, notes = band_shapes([])
     assert shapes == notes == []
 
@@ -129,3 +135,69 @@ def test_measured_waves_drawn_over_the_predicted_ones_as_far_as_the_transfer_got
         assert measured[f"rank {rank} measured"]["line"]["color"] == predicted[f"rank {rank} predicted"]["line"]["color"]
         assert measured[f"rank {rank} measured"]["line"]["dash"] == "dot"
     assert wave_xs(2) == [0.0, 0.5, 1.0, 1.5, 2.0]
+
+
+def _label_boxes(figure: dict, plot_px: float) -> list[tuple[int, float, float]]:
+    """(row, left, right) in x units of each band label, widths as band_label_rows assumes."""
+    from frontend.figures import CHAR_PX, LABEL_ROW_PX
+
+    rects = [s for s in figure["layout"]["shapes"] if s["type"] == "rect"]
+    lo, hi = min(s["x0"] for s in rects), max(s["x1"] for s in rects)
+    per_px = (hi - lo or 1.0) / plot_px
+    return [(round(a["yshift"] / LABEL_ROW_PX), a["x"], a["x"] + (len(a["text"]) * CHAR_PX + 8) * per_px)
+            for a in figure["layout"]["annotations"]]
+
+
+@given(st.lists(st.integers(1, 60), max_size=12), st.integers(0, 200), st.sampled_from([250, 600, 1300]))
+def test_band_labels_never_overlap_and_the_first_rows_fill_first(gaps: list[int], extra: int, plot_px: int) -> None:
+    from frontend.figures import LABEL_ROWS, band_label_rows, band_shapes
+
+    steps, at = [], 0
+    for gap in gaps:
+        at += gap
+        steps.append(at)
+    transitions = [_t(i + 1, f"dp={i + 1}", f"tp={i + 2},dp=1", "committed", s) for i, s in enumerate(steps)]
+    bands = history_bands("dp=1", transitions, at + extra)
+    shapes, notes = band_shapes(bands, plot_px)
+    boxes = _label_boxes({"layout": {"shapes": shapes, "annotations": notes}}, plot_px)
+    for i, (row, left, right) in enumerate(boxes):  # brute force: every pair in the same row
+        assert 0 <= row < LABEL_ROWS
+        for row2, left2, right2 in boxes[i + 1:]:
+            assert row != row2 or right <= left2 or right2 <= left
+    rows = band_label_rows(bands, plot_px)
+    assert rows[0] == 0  # the first layout is always named
+    # A label left out had no room in any row: each row's last label still covers its x0.
+    for i, row in enumerate(rows):
+        if row is None:
+            for r in range(LABEL_ROWS):
+                last = max((b for b, rr in zip(boxes, [x for x in rows if x is not None]) if b[0] == r
+                            and b[1] < bands[i]["x0"]), default=None, key=lambda b: b[1])
+                assert last is not None and last[2] > bands[i]["x0"]
+    assert len([s for s in shapes if s["type"] == "line"]) == len(steps)  # a marker per switch
+
+
+@given(st.floats(min_value=0, max_value=2.0**62))
+def test_byte_ticks_are_binary_units_covering_the_top(top: float) -> None:
+    from frontend.figure_style import byte_ticks
+
+    values, texts = byte_ticks(top)
+    assert values[0] == 0 and values[-1] >= top and 2 <= len(values) <= 12
+    units = {t.split(" ")[1] for t in texts[1:]}
+    assert len(units) == 1 and units <= {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
+    assert all("e" not in t.split(" ")[0] for t in texts)
+
+
+def test_no_figure_prints_an_exponent() -> None:
+    """Hovers and ticks go through the formatter or d3's ~r (never exponents): big and tiny
+    numbers in every job figure leave no "e+"/"e-" format and no number in e-notation."""
+    import json
+    import re
+
+    plan = plan_preview(get_model("tiny-gpt"), "dp=2", "dp=4", gpus_per_node=2, staging_bytes=2**20)
+    figures = [plan_heatmap_figure([[0, 3 * 2**40], [7, 0]]), round_bytes_figure([2**45, 12], [1e-7, 5880.0]),
+               memory_wave_figure(plan["wave_after"], plan["wave_peak"], capacity_bytes=2**24),
+               metric_figure("step_seconds", {"x": [1, 2], "y": [5.88e3, 1e-9]})]
+    text = json.dumps(figures, ensure_ascii=False)
+    strings = re.findall(r'"((?:[^"\\]|\\.)*)"', text)
+    assert not [s for s in strings if re.search(r"\d(\.\d+)?e[+-]?\d", s, re.I) and not s.startswith("#")]
+    assert not [s for s in strings if re.search(r"%\{[^}]*:[^}]*[eg]\}", s)]  # d3 e/g formats print exponents

@@ -124,3 +124,109 @@ def test_js_rank_by_emulation_puts_fitting_fast_layouts_first(tmp_path: Path) ->
     ranked = json.loads(finished.stdout)
     assert [p["layout"] for p in ranked] == ["c", "a", "b", "d"]  # b is fastest but does not fit
     assert ranked[2]["emulated"]["fits"] is False and ranked[3]["emulated"] is None
+
+
+CHARTS = STORE.with_name("metric-charts.js")
+
+
+def _bands_case(rng: random.Random) -> dict:
+    steps, at = [], 0
+    for _ in range(rng.randint(0, 10)):
+        at += rng.randint(1, 80)
+        steps.append(at)
+    transitions = [{"id": i + 1, "source_layout": "x", "destination_layout": rng.choice(["dp=4", "tp=2,pp=2,dp=2"]),
+                    "state": "committed", "step": s, "pause_seconds": rng.choice([None, rng.random()])}
+                   for i, s in enumerate(steps)]
+    return {"bands": history_bands("dp=2", transitions, at + rng.randint(0, 100)),
+            "plot_px": rng.choice([120, 300, 600, 1200]), "transitions": transitions}
+
+
+def test_js_band_shapes_markers_and_label_rows_match_python(tmp_path: Path) -> None:
+    from frontend.figures import band_shapes, top_margin
+
+    cases = [_bands_case(random.Random(seed)) for seed in range(200)]
+    runner = tmp_path / "bands.mjs"
+    runner.write_text(f'import {{ bandShapes, topMargin }} from "{CHARTS.as_uri()}";\n'
+                      "let input = '';\nprocess.stdin.on('data', (d) => { input += d; });\n"
+                      "process.stdin.on('end', () => process.stdout.write(JSON.stringify(JSON.parse(input).map((c) => {"
+                      " const [s, n] = bandShapes(c.bands, c.plot_px); return [s, n, topMargin(n)]; }))));")
+    done = subprocess.run([NODE, str(runner)], input=json.dumps(cases), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    for case, (shapes, notes, margin) in zip(cases, json.loads(done.stdout)):
+        expected_shapes, expected_notes = band_shapes(case["bands"], case["plot_px"])
+        assert json.loads(json.dumps([expected_shapes, expected_notes])) == [shapes, notes], case
+        assert margin == top_margin(expected_notes)
+
+
+def _smooth_oracle(ys: list[float], weight: float) -> list[float]:
+    """TensorBoard's debiased EMA, written out: sum of w^(i-j) (1-w) y_j over 1 - w^(i+1)."""
+    if weight <= 0:
+        return list(ys)
+    return [sum(weight ** (i - j) * (1 - weight) * ys[j] for j in range(i + 1)) / (1 - weight ** (i + 1))
+            for i in range(len(ys))]
+
+
+def _elapsed_oracle(series: dict, transitions: list[dict], xs: list[float]) -> list[float]:
+    points = list(zip(series["x"], series["y"]))
+    return [sum(y for sx, y in points if sx <= x) + sum(t["pause_seconds"] or 0 for t in transitions
+                                                         if t["state"] == "committed" and t["step"] < x) for x in xs]
+
+
+def test_js_smoothing_and_the_time_axis_against_oracles(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    cases = []
+    for _ in range(60):
+        n = rng.randint(0, 40)
+        xs = sorted(rng.sample(range(1, 200), n))
+        series = {"x": xs, "y": [rng.uniform(0.01, 3) for _ in xs]}
+        case = _bands_case(rng)
+        cases.append({"ys": series["y"], "weight": rng.choice([0, 0.3, 0.6, 0.9, 0.99]), "series": series,
+                      "transitions": case["transitions"], "xs": xs[::2]})
+    runner = tmp_path / "smooth.mjs"
+    runner.write_text(f'import {{ smooth, elapsedSeconds }} from "{CHARTS.as_uri()}";\n'
+                      "let input = '';\nprocess.stdin.on('data', (d) => { input += d; });\n"
+                      "process.stdin.on('end', () => process.stdout.write(JSON.stringify(JSON.parse(input).map((c) =>"
+                      " [smooth(c.ys, c.weight), elapsedSeconds(c.series, c.transitions, c.xs)]))));")
+    done = subprocess.run([NODE, str(runner)], input=json.dumps(cases), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    for case, (smoothed, elapsed) in zip(cases, json.loads(done.stdout)):
+        assert smoothed == pytest.approx(_smooth_oracle(case["ys"], case["weight"]), rel=1e-9)
+        assert elapsed == pytest.approx(_elapsed_oracle(case["series"], case["transitions"], case["xs"]), rel=1e-9)
+        if case["ys"]:
+            assert min(case["ys"]) - 1e-9 <= min(smoothed) and max(smoothed) <= max(case["ys"]) + 1e-9
+
+
+def test_js_metric_figure_says_no_data_yet_then_draws_bands_with_the_data(tmp_path: Path) -> None:
+    base = metric_figure_base()
+    live = {"seq": 3, "metrics": {}, "transitions": []}
+    grown = {"seq": 9, "metrics": {"step_seconds": {"x": [1, 2, 3, 4], "y": [.2, .2, .1, .1]},
+                                   "loss": {"x": [1, 2, 3, 4, 5], "y": [4, 3, 2, 1, 1]}},
+             "transitions": [{"id": 5, "source_layout": "dp=2", "destination_layout": "dp=4", "state": "committed",
+                              "step": 2, "pause_seconds": 1.5}]}
+    runner = tmp_path / "figure.mjs"
+    runner.write_text(f'import {{ metricFigure }} from "{CHARTS.as_uri()}";\n'
+                      f"const base = {json.dumps(base)};\n"
+                      f"const out = [metricFigure(base, 'step_seconds', {json.dumps(live)}, 'dp=2'),"
+                      f" metricFigure(base, 'step_seconds', {json.dumps(grown)}, 'dp=4'),"
+                      f" metricFigure(base, 'step_seconds', {json.dumps(grown)}, 'dp=4', {{ smoothing: 0.5, axis: 'time' }})];\n"
+                      "process.stdout.write(JSON.stringify(out));")
+    done = subprocess.run([NODE, str(runner)], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    empty, drawn, timed = json.loads(done.stdout)
+    assert [a["text"] for a in empty["layout"]["annotations"]] == ["no data yet"]
+    assert empty["layout"]["xaxis"]["visible"] is False and empty["layout"]["shapes"] == []
+    # The band reaches the newest step of any metric (loss is at 5): it never lags the data.
+    rects = [s for s in drawn["layout"]["shapes"] if s["type"] == "rect"]
+    assert [(r["x0"], r["x1"]) for r in rects] == [(0, 2), (2, 5)] and drawn["bands"] == 2
+    assert [a["text"] for a in drawn["layout"]["annotations"]] == ["dp=2", "#5 → dp=4"]
+    assert drawn["layout"]["xaxis"]["visible"] is True
+    # Time axis: step 3 ran after 0.2 + 0.2 s of steps and the 1.5 s pause, plus its own 0.1 s.
+    assert timed["data"][0]["x"] == pytest.approx([0.2, 0.4, 2.0, 2.1])
+    assert len(timed["data"]) == 2 and timed["data"][1]["name"] == "step_seconds (smoothed)"
+    assert timed["layout"]["xaxis"]["title"]["text"] == "time since the first step (s)"
+
+
+def metric_figure_base() -> dict:
+    from frontend.figures import metric_figure
+
+    return metric_figure("step_seconds", None)

@@ -1,12 +1,12 @@
 // Cluster page: render the embedded snapshot, then keep it live over /ws/cluster/.
 import { applyEvent, gpuStateCounts, GPU_STATES } from "./cluster-store.js";
 import { draw } from "./plots.js";
+import { bytes } from "./format.js";
 
 const readJson = (id) => JSON.parse(document.getElementById(id).textContent);
 
 let snapshot = readJson("cluster-snapshot");
 const figure = readJson("gpu-figure");
-const gib = (bytes) => `${(bytes / 2 ** 30).toFixed(1)} GiB`;
 const byName = (a, b) => a.name.localeCompare(b.name, undefined, { numeric: true });
 
 function el(tag, attrs = {}, text = "") {
@@ -24,13 +24,13 @@ function renderGrid() {
     ...nodes.map((node) => {
       const row = el("div", { class: "node-row", role: "row", "data-node": node.name, "data-state": node.state });
       const head = el("div", { class: `node-head node-${node.state}`, role: "rowheader",
-        title: `${node.host} · ${node.device} · ${node.gpu_count} GPUs, ${gib(node.gpu_memory_bytes)}` });
+        title: `${node.host} · ${node.device} · ${node.gpu_count} GPUs, ${bytes(node.gpu_memory_bytes)}` });
       head.append(el("strong", {}, node.name), el("span", { class: "node-state" }, node.state));
       row.append(head);
       const gpus = snapshot.gpus.filter((g) => g.node === node.name).sort((a, b) => a.index - b.index);
       for (const gpu of gpus) {
         const label = `${node.name} GPU ${gpu.index}: ${gpu.state}${gpu.job ? ` (job ${gpu.job})` : ""}, ` +
-          `${gpu.model_name}, ${gib(gpu.memory_bytes)}`;
+          `${gpu.model_name}, ${bytes(gpu.memory_bytes)}`;
         const cell = el("div", { class: `gpu gpu-${gpu.state}`, role: "cell", tabindex: "0",
           "data-gpu": `${gpu.node}/${gpu.index}`, "data-state": gpu.state, title: label, "aria-label": label });
         cell.append(el("span", { class: "gpu-index" }, String(gpu.index)), el("span", { class: "gpu-job" }, gpu.job || ""));

@@ -5,6 +5,7 @@ import {
   searchTop,
 } from "./compare-store.js";
 import { draw } from "./plots.js";
+import { bytes, count, duration, percent } from "./format.js";
 
 const initial = JSON.parse(document.getElementById("compare-initial").textContent);
 let snapshot = initial.snapshot;
@@ -49,18 +50,13 @@ function addLayout() {
   input.focus();
 }
 
-const fmt = {
-  ms: (s) => `${(s * 1e3).toPrecision(3)} ms`,
-  tokens: (t) => (t >= 1e6 ? `${(t / 1e6).toPrecision(3)} M` : t >= 1e3 ? `${(t / 1e3).toPrecision(3)} k` : t.toPrecision(3)),
-  pct: (x) => `${(x * 100).toPrecision(3)} %`,
-  gib: (b) => `${(b / 2 ** 30).toPrecision(3)} GiB`,
-};
+const fmt = { ms: duration, tokens: count, pct: percent, gib: bytes };
 
 function runLine(run, i) {
   const li = el("li", { class: `run run-${run.state}`, "data-run": String(run.id), "data-state": run.state });
   const head = el("div", { class: "run-head" });
   head.append(el("strong", {}, `#${i + 1} ${run.layout}`), el("span", { class: `badge state-${run.state}` }, run.state));
-  if (run.wall_seconds != null) head.append(el("span", { class: "hint" }, `${run.wall_seconds.toFixed(1)} s`));
+  if (run.wall_seconds != null) head.append(el("span", { class: "hint" }, duration(run.wall_seconds)));
   li.append(head);
   if (!TERMINAL.has(run.state)) {
     const bar = el("progress", { "aria-label": `Run #${i + 1} ${run.layout}: ${run.state}` });

@@ -3,6 +3,8 @@
 // created), and each refusal is shown beside the field it names; submit posts the same
 // body to POST /api/jobs (session + CSRF, as the resize flow) and opens the new job's page.
 // An uploaded config.json goes to POST /api/models and becomes a choice of the model list.
+import { integer } from "./format.js";
+
 const $ = (id) => document.getElementById(id);
 const FIELDS = ["name", "model", "gpus", "layout", "global_batch", "micro_batch", "seq_len", "max_steps",
   "checkpoint_interval"];
@@ -73,7 +75,7 @@ function showErrors(errors) {
 
 function describeModel() {
   const m = models.get(form.elements.model.value);
-  $("model-facts").textContent = !m ? "" : [m.family, m.params ? `${m.params.toLocaleString()} parameters` : "",
+  $("model-facts").textContent = !m ? "" : [m.family, m.params ? `${integer(m.params)} parameters` : "",
     m.heads ? `${m.heads} heads (${m.kv_heads} KV: tensor parallelism divides them)` : "",
     m.positions ? `${m.positions} learned positions` : ""].filter(Boolean).join(" · ");
 }
@@ -187,7 +189,7 @@ $("upload-button").addEventListener("click", async () => {
   $("stored-models").append(option);
   form.elements.model.value = answer.name;
   describeModel();
-  $("upload-status").textContent = `Stored as ${answer.name}: ${answer.params.toLocaleString()} parameters; chosen above.`;
+  $("upload-status").textContent = `Stored as ${answer.name}: ${integer(answer.params)} parameters; chosen above.`;
   validateSoon();
 });
 

@@ -5,6 +5,9 @@ import { applyJobEvent, historyBands, METRIC_NAMES, TERMINAL } from "./job-store
 import { ACTION_STATES, startJobActions } from "./job-actions.js";
 import { startResizeFlow } from "./resize.js";
 import { draw } from "./plots.js";
+import { metricFigure } from "./metric-charts.js";
+import { liveTimes } from "./format.js";
+import { duration } from "./format.js";
 
 const readJson = (id) => JSON.parse(document.getElementById(id).textContent);
 export const el = (tag, attrs = {}, text = "") => {
@@ -25,40 +28,32 @@ function lastStep() {
   return loss && loss.x.length ? loss.x[loss.x.length - 1] : 0;
 }
 
+// The chart options the page's controls set: smoothing (0: off) and the x axis.
+const chartOptions = () => ({
+  smoothing: Number(document.getElementById("smoothing").value),
+  axis: document.querySelector("input[name=chart-axis]:checked")?.value || "step",
+});
+
+// Each chart is redrawn whole from the live snapshot (Plotly.react only touches what
+// changed): the data, its bands and switch markers always in the same draw, so the layout
+// band never lags the data. Events arriving together are drawn once.
 function drawCharts() {
+  const opts = chartOptions();
   for (const name of METRIC_NAMES) {
-    const figure = figures[name];
-    const series = live.metrics[name] || { x: [], y: [] };
-    figure.data[0].x = [...series.x];
-    figure.data[0].y = [...series.y];
-    draw(`chart-${name}`, figure);
-  }
-  drawBands();
-}
-
-function drawBands() {
-  const bands = historyBands(job.layout, live.transitions, lastStep());
-  const colors = ["#2f6fd6", "#d79a1c"];
-  const shapes = bands.map((b, i) => ({ type: "rect", xref: "x", yref: "paper", x0: b.x0, x1: b.x1, y0: 0, y1: 1,
-    fillcolor: colors[i % 2], opacity: 0.08, line: { width: 0 }, layer: "below" }));
-  const annotations = bands.map((b, i) => ({ xref: "x", yref: "paper", x: b.x0, y: 1, xanchor: "left",
-    yanchor: "bottom", text: b.layout, showarrow: false, font: { size: 11, color: colors[i % 2] } }));
-  window.Plotly.relayout("chart-step_seconds", { shapes, annotations });
-  document.getElementById("chart-step_seconds").dataset.bands = String(bands.length);
-}
-
-// The last band grows with every step: redraw the bands at most once a second, not per step.
-let bandsTimer = null;
-function drawBandsSoon() {
-  if (bandsTimer === null) bandsTimer = setTimeout(() => { bandsTimer = null; drawBands(); }, 1000);
-}
-
-function extendCharts(step, appended) {
-  for (const [name, value] of Object.entries(appended)) {
-    window.Plotly.extendTraces(`chart-${name}`, { x: [[step]], y: [[value]] }, [0]);
     const node = document.getElementById(`chart-${name}`);
-    node.dataset.points = String(live.metrics[name].x.length);
+    const base = figures[name];
+    const plotPx = Math.max(node.clientWidth - base.layout.margin.l - base.layout.margin.r, 100);
+    const figure = metricFigure(base, name, live, job.layout, { ...opts, plotPx });
+    draw(node, figure);
+    node.dataset.points = String((live.metrics[name] || { x: [] }).x.length);
+    node.dataset.bands = String(figure.bands || 0);
+    node.dataset.axis = opts.axis;
   }
+}
+
+let chartsTimer = null;
+function drawChartsSoon() {
+  if (chartsTimer === null) chartsTimer = setTimeout(() => { chartsTimer = null; drawCharts(); }, 16);
 }
 
 // GPUs clicked in the grid: free ones to add, this job's own to remove. Only their count
@@ -144,8 +139,6 @@ function drawGpus() {
   }));
 }
 
-const fmtSeconds = (s) => (s === null || s === undefined ? "–" : s < 1 ? `${(s * 1000).toFixed(0)} ms` : `${s.toFixed(2)} s`);
-
 function drawHistory() {
   const body = document.getElementById("history-body");
   const rows = [...live.transitions].reverse();
@@ -157,7 +150,7 @@ function drawHistory() {
     first.append(link);
     tr.append(first);
     for (const value of [`${t.source_layout} → ${t.destination_layout}`, t.state, t.step ?? "–",
-      fmtSeconds(t.pause_seconds), t.verified === null ? "–" : t.verified ? "verified" : "MISMATCH", t.reason]) {
+      duration(t.pause_seconds), t.verified === null ? "–" : t.verified ? "verified" : "MISMATCH", t.reason]) {
       tr.append(el("td", {}, String(value)));
     }
     return tr;
@@ -187,7 +180,7 @@ async function refreshJob() {
     const next = await response.json();
     if (next.layout !== job.layout || !ACTION_STATES.resize.includes(next.state)) picked.clear();
     job = next;
-    drawHeader(); drawGpus(); drawBands();
+    drawHeader(); drawGpus(); drawChartsSoon();
   }
 }
 
@@ -202,10 +195,7 @@ function onJobEvent(event) {
   if (result.snapshot === live) return;
   const previous = live;
   live = result.snapshot;
-  if (result.appended) {
-    extendCharts(event.step, result.appended);
-    if (live.transitions.some((t) => t.state === "committed")) drawBandsSoon();
-  }
+  if (result.appended || event.type === "transition") drawChartsSoon();
   if (event.type === "transition") {
     drawHistory();
     const before = previous.transitions.find((t) => t.id === event.transition.id);
@@ -256,6 +246,14 @@ drawHeader();
 drawGpus();
 drawCharts();
 drawHistory();
+liveTimes();
+document.getElementById("smoothing").addEventListener("input", (event) => {
+  const value = Number(event.target.value);
+  document.getElementById("smoothing-value").textContent = value > 0 ? value.toFixed(2) : "off";
+  drawChartsSoon();
+});
+for (const radio of document.querySelectorAll("input[name=chart-axis]")) radio.addEventListener("change", drawChartsSoon);
+window.addEventListener("resize", drawChartsSoon); // the label rows depend on the width
 connect(`/ws/jobs/${job.id}/`, onJobEvent, document.getElementById("connection"));
 connect("/ws/cluster/", onClusterEvent, null);
 window.dynaplane = { get live() { return live; }, get job() { return job; } };

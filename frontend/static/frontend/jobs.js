@@ -1,6 +1,8 @@
 // Jobs list, live without reloading: state, layout and GPU count from the cluster stream
 // (/ws/cluster/ `job` events), step and loss from each live job's own stream
 // (/ws/jobs/<id>/ `metrics` events; a socket per live job, closed when the job ends).
+import { liveTimes, timeElement } from "./format.js";
+
 const LIVE = new Set(JSON.parse(document.getElementById("live-states").textContent));
 const $ = (id) => document.getElementById(id);
 const scheme = location.protocol === "https:" ? "wss" : "ws";
@@ -18,13 +20,15 @@ const cell = (tr, field) => tr.querySelector(`[data-field="${field}"]`);
 
 function newRow(job) {
   const tr = el("tr", { "data-job": job.name, "data-id": String(job.id) });
+  const created = el("td");
+  created.append(timeElement(new Date().toISOString()));
   const name = el("td");
   name.append(el("a", { href: `/jobs/${job.id}/` }, job.name));
   const state = el("td");
   state.append(el("span", { class: "job-state", "data-field": "state" }));
   tr.append(name, el("td", {}, job.model), el("td", { "data-field": "layout" }), el("td", { "data-field": "gpus" }), state,
     el("td", { "data-field": "step" }, "–"), el("td", { "data-field": "loss" }, "–"), el("td", {}, "0"),
-    el("td", {}, "just now"));
+    created);
   $("jobs-body").prepend(tr);
   $("jobs-table").hidden = false;
   $("jobs-empty").hidden = true;
@@ -107,3 +111,4 @@ for (const tr of document.querySelectorAll("#jobs-body tr")) {
   follow(Number(tr.dataset.id), cell(tr, "state").dataset.state);
 }
 connect();
+liveTimes();

@@ -7,8 +7,23 @@
 // leaves responsive mode only the width to follow: the card's.
 export const PLOT_CONFIG = { displayModeBar: false, responsive: true };
 
+//
+// A legend below the plot (legend.yref "container") wraps into more rows on a narrow
+// screen; the figure grows by those rows so that the plot keeps its height.
+export function legendRows(figure, widthPx) {
+  const legend = figure.layout && figure.layout.legend;
+  if (!legend || legend.yref !== "container" || figure.layout.showlegend === false) return 1;
+  const entries = figure.data.filter((t) => t.showlegend !== false && t.name).length;
+  return Math.max(1, Math.ceil(entries / Math.max(1, Math.floor(widthPx / 150))));
+}
+
 export function draw(target, figure) {
   const el = typeof target === "string" ? document.getElementById(target) : target;
-  if (figure.layout && figure.layout.height) el.style.height = `${figure.layout.height}px`;
-  return window.Plotly.react(el, figure.data, figure.layout, PLOT_CONFIG);
+  let layout = figure.layout;
+  if (layout && layout.height) {
+    const extra = 20 * (legendRows(figure, el.clientWidth || 600) - legendRows(figure, 1400));
+    if (extra > 0) layout = { ...layout, height: layout.height + extra };
+    el.style.height = `${layout.height}px`;
+  }
+  return window.Plotly.react(el, figure.data, layout, PLOT_CONFIG);
 }

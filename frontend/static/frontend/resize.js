@@ -2,13 +2,11 @@
 // -> confirm dialog -> POST resize -> live progress -> result.
 import { rankByEmulation, stepTimeAround, TERMINAL } from "./job-store.js";
 import { draw } from "./plots.js";
+import { bytes as mib, duration as secs, rate } from "./format.js";
 
 const EMULATE_TOP = 3;
 const STEPS = ["planned", "preparing", "ready", "transferring", "verifying", "committed"];
 const $ = (id) => document.getElementById(id);
-const mib = (b) => (b >= 2 ** 30 ? `${(b / 2 ** 30).toFixed(2)} GiB` : `${(b / 2 ** 20).toFixed(2)} MiB`);
-const secs = (s) => (s === null || s === undefined ? "–" : s < 0.01 ? `${(s * 1000).toPrecision(2)} ms`
-  : s < 1 ? `${(s * 1000).toFixed(0)} ms` : `${s.toFixed(2)} s`);
 
 function el(tag, attrs = {}, text = "") {
   const node = document.createElement(tag);
@@ -120,7 +118,7 @@ export function startResizeFlow({ getJob, getLive, onEvent, getState, states }) 
       const emulated = p.emulated ? `${secs(p.emulated.step_seconds)} · peak ${mib(p.emulated.peak_bytes)}`
         : run ? (run.state === "failed" ? `failed: ${run.error}` : `${run.state}…`) : "–";
       for (const v of [String(i + 1), p.layout + (p.layout === proposals.default_layout ? " (default)" : ""),
-        secs(p.step_seconds), p.tokens_per_second ? Math.round(p.tokens_per_second).toLocaleString() : "–",
+        secs(p.step_seconds), p.tokens_per_second ? rate(p.tokens_per_second, "tokens") : "–",
         `${mib(p.state_bytes_per_gpu)}${cap}`, p.fits ? "fits" : "does not fit", emulated]) tr.append(el("td", {}, v));
       const td = el("td");
       const button = el("button", { type: "button", class: "preview", "aria-label": `Preview the switch to ${p.layout}` },

@@ -1,10 +1,13 @@
 // Transition page: draw the plan's figures (built on the server by frontend/figures.py) and
 // filter the per-tensor verification table by name.
 import { draw } from "./plots.js";
+import { liveTimes } from "./format.js";
 
-const figures = JSON.parse(document.getElementById("plan-figures").textContent);
+liveTimes();
+
+const figures = JSON.parse(document.getElementById("plan-figures")?.textContent || "null");
 for (const [key, id] of [["heatmap", "plan-heatmap"], ["rounds", "plan-rounds"], ["wave", "plan-wave"]]) {
-  draw(id, figures[key]);
+  if (figures) draw(id, figures[key]);
 }
 
 const filter = document.getElementById("tensor-filter");
