@@ -12,7 +12,6 @@ from __future__ import annotations
 import warnings
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.distributed.device_mesh import DeviceMesh

@@ -16,7 +16,6 @@ two sums Megatron-LM does for such heads are explicit:
 """
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
