@@ -61,8 +61,6 @@ def check_hetero_trainable(config: TrainConfig, placement: Placement) -> None:
     if config.sequence_parallel:
         raise TrainingError("sequence parallelism is not supported by the heterogeneous trainer yet")
     llm = placement.modules["llm"]
-    if mc.llm.kv_heads < llm.tp:
-        raise TrainingError(f"llm: tp={llm.tp} exceeds the {mc.llm.kv_heads} kv heads of {config.model}")
     if config.global_batch % (llm.dp * config.micro_batches):
         raise TrainingError(f"global batch {config.global_batch} must divide into llm dp={llm.dp} x "
                             f"{config.micro_batches} micro-batches")
