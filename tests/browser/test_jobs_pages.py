@@ -74,7 +74,7 @@ def test_job_page_resizes_by_clicking_through_to_committed(stack, browser) -> No
         emulated_after = time.monotonic() - emulating
         assert "Ranked by the emulator (cpu) for the top 1" in page.locator("#emulate-status").inner_text()
         cells = page.locator("#proposals-body tr td:nth-child(7)").all_inner_texts()
-        assert "peak" in cells[0] and cells[1:] == ["–"] * 4, cells
+        assert "peak" in cells[0] and cells[1:] == ["–"] * 5, cells
         page.screenshot(path=str(shots / "job-proposals-emulated.png"), full_page=True)
 
         # Live charts extend in place from /ws/jobs/<id>/.
