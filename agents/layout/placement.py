@@ -52,10 +52,6 @@ def hetero_refusal(placement: "Placement") -> str | None:
                         f"so {key} must be 1")
         if ml.zero == 3:
             return f"{name}: zero=3 is not supported by the heterogeneous trainer (use zero <= 2)"
-        kv = next(m for m in placement.model.modules if m.name == name).num_kv_heads
-        if kv < ml.tp:  # the decoder trainer replicates them (agents/training/kv_heads.py), this one does not
-            return (f"{name}: tp={ml.tp} exceeds the {kv} kv heads of {placement.model.name}; the heterogeneous "
-                    f"trainer does not replicate kv heads: use tp <= {kv}")
     encoder = placement.modules.get("encoder")
     if encoder is not None and encoder.pp != 1:
         return f"encoder: pp={encoder.pp}; the encoder runs unpipelined (give it more dp instead)"

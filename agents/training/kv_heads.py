@@ -31,10 +31,10 @@ def is_replicated(tensor: TensorSpec, tp: int) -> bool:
     return tensor.split.tp_units is not None and tensor.split.tp_units < tp
 
 
-def replicated_units(placement: Placement) -> int | None:
-    """The unit count (kv heads) of the decoder's replicated tensors, None when there are none."""
-    ml = next(iter(placement.modules.values()))
-    units = {t.split.tp_units for t in placement.model.tensors if is_replicated(t, ml.tp)}
+def replicated_units(placement: Placement, module: str = "llm") -> int | None:
+    """The unit count (kv heads) of the module's replicated tensors, None when there are none."""
+    tp = placement.modules[module].tp
+    units = {t.split.tp_units for t in placement.model.tensors if t.split.module == module and is_replicated(t, tp)}
     if len(units) > 1:
         raise ValueError(f"{placement.model.name}: replicated tensors with different unit counts {sorted(units)}")
     return units.pop() if units else None
