@@ -11,11 +11,17 @@ unswitched run does.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agents.engine.launch import run_ranks
-from agents.layout.catalog import get_model
+from agents.layout.catalog import get_config, get_model
 from agents.layout.placement import layer_stages, place
+from agents.training.model import build_training_model
+from agents.training.stage import DecoderStage
 from agents.training.parallel import ParallelTrainer, TrainConfig, check_trainable, initial_shards
 from agents.training.run import Switch, train_rank
 from tests.support.first_step import boxes_off_the_single_rank, switch_against_the_checkpoint_path
@@ -26,6 +32,47 @@ CONFIG = TrainConfig(model="tiny-gpt-5l", global_batch=8, seq_len=16, micro_batc
 START = "pp=2,vpp=2,dp=2,zero=1"
 SWITCHES = [Switch(2, "tp=2,pp=2,zero=1"), Switch(4, "pp=2,vpp=2,dp=2,zero=3"), Switch(6, START)]
 STEPS = 8
+
+
+@st.composite
+def _cuts(draw):
+    layers = draw(st.integers(2, 11))
+    pp = draw(st.integers(2, min(4, layers)))
+    return layers, pp, draw(st.integers(1, layers // pp)), draw(st.booleans())
+
+
+@settings(max_examples=40, deadline=None)
+@given(_cuts())
+def test_virtual_stages_are_the_planners_chunks_in_pipeline_order(cut) -> None:
+    """Whatever L, pp and vpp: rank r's chunks r, r+pp, ... hold exactly the rank's layers
+    (placement.layer_stages), each chunk a contiguous run, the chunks in index order are
+    layers 0..L-1 with the planner's sizes (the first L % (pp*vpp) one longer), and the
+    embedding, final norm and head sit on the first and last chunk (the head's tied copy too)."""
+    layers, pp, vpp, tied = cut
+    config = get_config("tiny-gpt")
+    config = replace(config, llm=replace(config.llm, layers=layers, tied=tied))
+    model = build_training_model(config, device="meta")
+    chunks = pp * vpp
+    by_index = {}
+    for rank in range(pp):
+        stage = DecoderStage(model, rank, pp, virtual=vpp)
+        held = sorted(int(i) for i in stage.llm.layers)
+        assert held == [i for i, s in enumerate(layer_stages(layers, pp, vpp)) if s == rank]
+        parts = [stage.chunk(rank + k * pp) for k in range(vpp)]
+        assert sorted(int(i) for p in parts for i in p.llm.layers) == held
+        for part in parts:
+            by_index[part.index] = part
+            assert {id(p) for p in part.parameters()} <= {id(p) for p in stage.parameters()}  # the rank's own modules
+        with pytest.raises(ValueError, match="does not run on pipeline rank"):
+            stage.chunk((rank + 1) % pp)
+    order = [int(i) for c in range(chunks) for i in by_index[c].llm.layers]
+    assert order == list(range(layers))
+    base, extra = divmod(layers, chunks)
+    assert [len(by_index[c].llm.layers) for c in range(chunks)] == [base + (c < extra) for c in range(chunks)]
+    for c, part in by_index.items():
+        assert (part.first, part.last) == (c == 0, c == chunks - 1)
+        assert (part.llm.embed is not None) == (c == 0 or (tied and c == chunks - 1))
+        assert (part.llm.final_norm is not None) == (c == chunks - 1)
 
 
 def _virtual_stages(rank: int, world: int, layout: str) -> dict:
