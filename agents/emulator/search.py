@@ -3,7 +3,7 @@ and the feasible layouts for a GPU count ranked by predicted throughput (what re
 proposals use).
 
 Search enumerates the layouts the trainer can run (search_space.py: tp within a node
-dividing the heads and the kv heads, pp up to the layer count, dp the rest; zero 1 and 3;
+dividing the heads, and dividing the kv heads or a multiple of them, pp up to the layer count, dp the rest; zero 1 and 3;
 micro-batch sizes that divide the per-replica batch; for a model with an encoder also
 colocated and non-colocated placements), drops those whose static state alone does not fit
 the device, emulates the rest, cheapest-looking first, and keeps the K fastest that fit.
@@ -46,8 +46,9 @@ def search(request: SearchRequest, progress=None, **narrow) -> dict:
     if not found:
         raise EmulatorError(f"no layout of {request.model} runs on {request.gpus} GPUs with global batch "
                             f"{request.global_batch}" + ("" if request.model_config.encoder else
-                                                         f" (tp must divide the heads and kv heads, tp <= "
-                                                         f"{request.gpus_per_node} GPUs per node)"))
+                                                         f" (tp must divide the heads, divide the kv heads or "
+                                                         f"be a multiple of them, tp <= {request.gpus_per_node} "
+                                                         f"GPUs per node)"))
     feasible, dropped = ranked_candidates(request, found, profile.hbm_bytes)
     kinds = list(dict.fromkeys(kind for kind, _, _ in found))  # KINDS' order, or [None]
     quota = max(1, request.max_candidates // len(kinds))

@@ -44,7 +44,9 @@ def candidate_layouts(request: SearchRequest) -> list[tuple[str, int]]:
     c = request.model_config.llm
     out = []
     for tp in _divisors(request.gpus):
-        if tp > request.gpus_per_node or c.heads % tp or c.kv_heads % tp or (c.experts and tp > 1):
+        # kv heads fewer than tp are replicated (agents/training/kv_heads.py): tp a multiple of them.
+        kv_fits = c.kv_heads % tp == 0 or tp % c.kv_heads == 0
+        if tp > request.gpus_per_node or c.heads % tp or not kv_fits or (c.experts and tp > 1):
             continue
         for pp in _divisors(request.gpus // tp):
             if pp > c.layers:

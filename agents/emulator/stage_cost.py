@@ -19,7 +19,8 @@ RECOMPUTE = ("none", "selective", "full")
 PARTS = ("compute", "tp_comm", "dp_comm", "pp_comm")
 BREAKDOWN = PARTS + ("bubble",)
 _CATEGORY = {"tp": "tp_comm", "cp": "tp_comm", "ep": "tp_comm", "dp": "dp_comm", "pp": "pp_comm",
-             "embed": "pp_comm"}  # a tied embedding's gradient sum between the end stages
+             "embed": "pp_comm",  # a tied embedding's gradient sum between the end stages
+             "kv": "tp_comm"}  # replicated kv heads' gradient sum inside the TP group
 
 
 def is_p2p(op: Op) -> bool:

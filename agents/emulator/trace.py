@@ -25,7 +25,8 @@ from agents.emulator.errors import EmulatorError, require
 
 COMPUTE_KINDS = ("matmul", "attention", "memory", "host")  # host: a DTensor op's dispatch, no kernel
 COMM_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
-DIMS = ("tp", "dp", "pp", "cp", "ep", "embed")  # embed: a tied embedding's two end stages
+DIMS = ("tp", "dp", "pp", "cp", "ep", "embed", "kv")  # embed: a tied embedding's two end stages;
+# kv: the TP ranks sharing a replicated kv head (kv heads fewer than tp), which sum its gradient
 DTYPES = ("bf16", "fp16", "fp32")
 SYNC_PHASES = ("forward", "backward", "step")
 FORMAT_VERSION = 1
@@ -82,7 +83,7 @@ class CommOp:
     bytes: float
     group_size: int
     nodes: int
-    dim: Literal["tp", "dp", "pp", "cp", "ep", "embed"]
+    dim: Literal["tp", "dp", "pp", "cp", "ep", "embed", "kv"]
 
     def __post_init__(self) -> None:
         require(self.kind in COMM_KINDS, f"comm op {self.name!r}: kind={self.kind!r} not in {COMM_KINDS}")

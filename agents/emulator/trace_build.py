@@ -18,10 +18,11 @@ from agents.engine.shards import DTYPES, LocalShard, box_shape, rank_boxes
 from agents.layout.model_request import ModelConfig, NamesAModel, resolved_field
 from agents.layout.placement import layer_stages, place
 
-TRACER_VERSION = 9  # 2: activations_full; vpp traced as pp*vpp flat stages; 3: DTensor dispatch as host ops;
+TRACER_VERSION = 10  # 2: activations_full; vpp traced as pp*vpp flat stages; 3: DTensor dispatch as host ops;
 # 4: causal attention FLOPs, sequence parallelism; 5: matmul operand forms; 6: reduce-scatter bytes = its input;
 # 7: in-place _foreach_ ops count the lists they write; 8: and those writes are not new memory (7 tracked them);
-# 9: a tied embedding under pp > 1 (its gradient sum between the end stages, dim "embed")
+# 9: a tied embedding under pp > 1 (its gradient sum between the end stages, dim "embed");
+# 10: kv heads replicated over tp (their gradient sum, dim "kv"); the trainer runs tp > kv heads
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ def build_stage_trace(records, stage: int, ml, dims, memory: StageMemory, reques
         assert isinstance(r, CommRecord)
         dim = by_ranks.get(tuple(sorted(r.ranks)))
         if dim is None:
-            raise EmulatorError(f"stage {stage}: a {r.kind} on ranks {r.ranks[:8]}... matches no tp/dp/pp/embed group")
+            raise EmulatorError(f"stage {stage}: a {r.kind} on ranks {r.ranks[:8]}... matches no tp/dp/pp/embed/kv group")
         op = CommOp(r.name, r.kind, r.bytes, len(r.ranks), len({x // gpn for x in r.ranks}), dim)
         if dim != "dp":
             ops.append(op)

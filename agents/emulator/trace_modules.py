@@ -159,7 +159,10 @@ def _trace_role(request: TraceRequest, role: str, stage: int) -> dict:
                 raise EmulatorError(f"cannot trace {request.layout}: {exc}") from exc
             if role == "encoder":
                 return _encoder_part(trainer, request, _group_ranks(meshes.encoder), rank)
-            return _llm_part(trainer, request, stage, _group_ranks(meshes.llm), rank)
+            dims = _group_ranks(meshes.llm)
+            if meshes.kv_heads is not None:  # the TP ranks sharing a replicated kv head
+                dims["kv"] = tuple(sorted(dist.get_process_group_ranks(meshes.kv_heads)))
+            return _llm_part(trainer, request, stage, dims, rank)
     finally:
         dist.destroy_process_group()
 

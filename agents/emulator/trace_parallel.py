@@ -8,8 +8,9 @@ under FakeTensorMode while an OpRecorder writes down every op, collective and li
 Static memory (params, grads, optimizer) is the size of the trainer's real tensors;
 activations are what one micro-batch's forward leaves alive for its backward.
 
-Interleaved layouts (vpp > 1): the trainer does not run them, but a virtual stage is an
-ordinary pipeline stage holding one model chunk. A layout with vpp = v over pp ranks cuts
+Interleaved layouts (vpp > 1): the trainer runs a rank's virtual stages with torch's
+ScheduleInterleaved1F1B, each one an ordinary pipeline stage holding one model chunk
+(DecoderStage.chunk, the same modules a flat stage of that chunk holds). A layout with vpp = v over pp ranks cuts
 the layers into the same pp*v chunks as the plain layout with pp*v stages (placement.py:
 the first L % (pp*v) chunks one layer longer), so the stage classes of that flat layout
 are traced (same tp, dp, zero, micro-batch; a fake world of tp*pp*v*dp ranks) and returned
@@ -117,6 +118,8 @@ def _trace_stage(config: TrainConfig, request: TraceRequest, stage: int) -> Stag
                 for name in ("tp", "dp", "pp")}
         if meshes.embedding is not None:  # a tied embedding's end stages (LayoutMeshes.embedding)
             dims["embed"] = tuple(sorted(dist.get_process_group_ranks(meshes.embedding)))
+        if meshes.kv_heads is not None:  # the TP ranks sharing a replicated kv head (LayoutMeshes.kv_heads)
+            dims["kv"] = tuple(sorted(dist.get_process_group_ranks(meshes.kv_heads)))
         with FakeTensorMode(allow_non_fake_inputs=True) as fake_mode:
             try:
                 trainer = ParallelTrainer(config, request.layout, rank, fake_shards(spec, placement, rank),

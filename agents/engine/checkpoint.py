@@ -6,7 +6,9 @@ reproduce docs/contracts.md section 2 exactly (checked against our shard maps in
 tests/agents/layout/test_shards_vs_dtensor.py): mesh dims (tp, data) with
 (Shard(tp_dim) | Replicate, Shard(0) for ZeRO | Replicate) for dense tensors, and
 (ep, tp, expert-data) with (Shard(0), Shard(tp_dim) | Replicate, Shard(0) | Replicate) for
-experts. Layouts DTensor cannot express (kv heads fewer than tp) are refused.
+experts. Heads fewer than tp (a kv head replicated on tp/units TP ranks) split the tp
+dim in two, (units, tp/units), with (Shard(tp_dim), Replicate): the first shards by head,
+the second replicates each head over the ranks sharing it, as the contract's boxes do.
 """
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ from agents.layout.placement import Placement
 from agents.layout.shards import STATE_CLASS, is_sharded
 
 
-def layout_meshes(placement: Placement, device_type: str = "cpu") -> dict[tuple[str, int, bool], DeviceMesh]:
-    """(module, stage, expert) -> mesh; built by every rank of the world in the same order
+def layout_meshes(placement: Placement, device_type: str = "cpu") -> dict[tuple, DeviceMesh]:
+    """(module, stage, expert) -> mesh, and (module, stage, ("heads", units)) -> the mesh of
+    tensors whose units are fewer than tp; built by every rank of the world in the same order
     (group creation is collective over the default group: build them while every rank of
     it is there, and reuse them). `device_type`: where the state is (cuda: NCCL groups)."""
     meshes = {}
@@ -34,6 +37,10 @@ def layout_meshes(placement: Placement, device_type: str = "cpu") -> dict[tuple[
             grid = ranks.view(data, ml.tp)  # rank = tp_rank + tp * d
             meshes[(module.name, stage, False)] = DeviceMesh(device_type, grid.t().contiguous(),
                                                              mesh_dim_names=("tp", "data"))
+            for units in _replicated_units(placement, module.name):
+                heads = grid.t().reshape(units, ml.tp // units, data)  # tp_rank = head * (tp/units) + copy
+                meshes[(module.name, stage, ("heads", units))] = DeviceMesh(
+                    device_type, heads.contiguous(), mesh_dim_names=("head", "copy", "data"))
             if module.num_experts:
                 # d = ep_rank + ep * edp_rank  ->  dims (ep, tp, edp)
                 experts = grid.view(data // ml.ep, ml.ep, ml.tp).permute(1, 2, 0).contiguous()
@@ -42,21 +49,36 @@ def layout_meshes(placement: Placement, device_type: str = "cpu") -> dict[tuple[
     return meshes
 
 
+def _replicated_units(placement: Placement, module: str) -> list[int]:
+    """The unit counts (kv heads) of the module's tensors that have fewer units than tp."""
+    tp = placement.modules[module].tp
+    return sorted({t.split.tp_units for t in placement.model.tensors
+                   if t.split.module == module and t.split.tp_units is not None and t.split.tp_units < tp})
+
+
+def _mesh_kind(tensor, ml) -> bool | tuple[str, int]:
+    """Which of a stage's meshes holds the tensor: experts (True), replicated heads, dense (False)."""
+    units = tensor.split.tp_units
+    if units is not None and units < ml.tp:
+        if tensor.is_expert:
+            raise EngineError(f"{tensor.name}: expert tensors split by heads are not supported")
+        return ("heads", units)
+    return tensor.is_expert
+
+
 def _placements(tensor, state: str, ml) -> list:
     split = tensor.split
-    if split.tp_units is not None and split.tp_units < ml.tp:
-        raise EngineError(f"{tensor.name}: {split.tp_units} heads replicated over tp={ml.tp} cannot be a DTensor; "
-                          f"the checkpoint baseline needs tp <= kv heads")
     tp = Shard(split.tp_dim) if split.tp_dim is not None else Replicate()
     zero = Shard(0) if is_sharded(STATE_CLASS[state], ml.zero) else Replicate()
+    if split.tp_units is not None and split.tp_units < ml.tp:
+        return [tp, Replicate(), zero]  # mesh (head, copy, data)
     return [Shard(0), tp, zero] if split.ep_dim is not None else [tp, zero]
 
 
 def check_expressible(placement: Placement) -> None:
     """Fail before any work when a layout has boxes DTensor cannot describe."""
     for tensor in placement.model.tensors:
-        for state in ("param", "master"):
-            _placements(tensor, state, placement.modules[tensor.split.module])
+        _mesh_kind(tensor, placement.modules[tensor.split.module])
 
 
 def to_dtensors(placement: Placement, rank: int, shards: dict[Key, LocalShard],
@@ -67,9 +89,10 @@ def to_dtensors(placement: Placement, rank: int, shards: dict[Key, LocalShard],
     for (index, state), shard in sorted(shards.items()):
         tensor = placement.model.tensors[index]
         ml = placement.modules[tensor.split.module]
+        kind = _mesh_kind(tensor, ml)
         stages = [s for s in placement.tensor_stages(tensor)
-                  if (meshes[(tensor.split.module, s, tensor.is_expert)].mesh == rank).any()]
-        mesh = meshes[(tensor.split.module, stages[0], tensor.is_expert)]
+                  if (meshes[(tensor.split.module, s, kind)].mesh == rank).any()]
+        mesh = meshes[(tensor.split.module, stages[0], kind)]
         global_stride = torch.empty(tensor.shape, device="meta").stride()
         out[f"{tensor.name}/{state}"] = DTensor.from_local(
             shard.data, mesh, _placements(tensor, state, ml), run_check=False,

@@ -41,20 +41,6 @@ def _check_module(module: ModuleSpec, ml: ModuleLayout) -> None:
         require(ml.ep == 1, f"ep={ml.ep} but {name} has no experts")
 
 
-def replicated_kv_heads(placement: "Placement") -> str | None:
-    """Why the trainers cannot run this placement's kv-head replication, or None. The
-    contract allows tp > kv_heads (each kv head replicated on tp/kv_heads TP ranks, which
-    the state planner handles), but DTensor cannot express a tensor replicated over part of
-    its mesh dimension, so training refuses it; the control plane refuses such a job or
-    resize up front rather than letting its ranks fail."""
-    for name, ml in placement.modules.items():
-        module = next(m for m in placement.model.modules if m.name == name)
-        if module.num_kv_heads < ml.tp:
-            return (f"tp={ml.tp} exceeds the {module.num_kv_heads} kv heads of {placement.model.name} ({name}): "
-                    "replicated kv heads are not expressible with DTensor; use tp <= kv_heads")
-    return None
-
-
 def hetero_refusal(placement: "Placement") -> str | None:
     """Why the heterogeneous trainer (agents/training/hetero.py) cannot run this placement of
     a multimodal model, or None; one pure rule for the trainer and the control plane, which

@@ -12,12 +12,13 @@ from __future__ import annotations
 import warnings
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
+
+from agents.training.ties import sum_over_groups
 
 State = tuple[Tensor, Tensor, Tensor, Tensor]  # param, master, exp_avg, exp_avg_sq (local boxes)
 
@@ -27,10 +28,13 @@ class FullyShardedState:
     materializes it from the given masters and runs AdamW on the shards."""
 
     def __init__(self, stage: nn.Module, dp_mesh: DeviceMesh, device: torch.device, state: dict[str, State], *,
-                 lr: float, weight_decay: float, step: int, rank: int, tie: tuple[str, object] | None = None) -> None:
-        """`tie`: (parameter name, group) of a weight whose copies on other ranks take the sum
-        of their gradients (ShardedAdamW's); the copies hold the same dp shard."""
-        self.tie = tie
+                 lr: float, weight_decay: float, step: int, rank: int, ties: dict[str, object] | None = None,
+                 roots: list[nn.Module] | None = None) -> None:
+        """`ties`: {parameter name: group} of weights whose copies on the group's other ranks
+        take the sum of their gradients (ShardedAdamW's); the copies hold the same dp shard.
+        `roots`: the modules the pipeline runs, sharded as FSDP roots (an interleaved
+        pipeline's virtual stages), else `stage` itself."""
+        self.ties = ties or {}
         # FSDP2 warns when a wrapped module returns a view (the TP head's replicated logits):
         # harmless here, nothing modifies a stage's output in place.
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
@@ -40,7 +44,8 @@ class FullyShardedState:
         with unset_fake_temporarily():
             for layer in stage.llm.layers.values():
                 fully_shard(layer, mesh=dp_mesh, mp_policy=policy)
-            fully_shard(stage, mesh=dp_mesh, mp_policy=policy)
+            for root in roots or [stage]:
+                fully_shard(root, mesh=dp_mesh, mp_policy=policy)
         stage.to_empty(device=device)
         self.stage = stage
         self.params: dict[str, nn.Parameter] = dict(stage.named_parameters())
@@ -66,12 +71,13 @@ class FullyShardedState:
     def step(self, lr: float) -> None:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        if self.tie is not None:
-            name, tie_group = self.tie
+        tied = []
+        for name, group in self.ties.items():
             p = self.params[name]
             if p.grad is None:
                 p.grad = _like(p, torch.zeros_like(p.to_local()))
-            dist.all_reduce(p.grad.to_local(), group=tie_group)
+            tied.append((p.grad.to_local(), group))
+        sum_over_groups(tied)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 

@@ -44,6 +44,7 @@ from agents.layout.tensors import STATES
 from agents.training.boundary import Boundary
 from agents.training.data import SyntheticImages, SyntheticTokens
 from agents.training.image_text_stage import ImageTextStage, text_loss
+from agents.training.kv_heads import head_groups, is_replicated, replicated_units
 from agents.training.model import build_training_model
 from agents.training.parallel import StepResult, TrainConfig, TrainingError, TrainScalars, device_type, tp_plan
 from agents.training.zero import ParamSlot, ShardedAdamW, chunk_rows
@@ -60,8 +61,6 @@ def check_hetero_trainable(config: TrainConfig, placement: Placement) -> None:
     if config.sequence_parallel:
         raise TrainingError("sequence parallelism is not supported by the heterogeneous trainer yet")
     llm = placement.modules["llm"]
-    if mc.llm.kv_heads < llm.tp:
-        raise TrainingError(f"llm: tp={llm.tp} exceeds the {mc.llm.kv_heads} kv heads of {config.model}")
     if config.global_batch % (llm.dp * config.micro_batches):
         raise TrainingError(f"global batch {config.global_batch} must divide into llm dp={llm.dp} x "
                             f"{config.micro_batches} micro-batches")
@@ -95,12 +94,17 @@ class HeteroMeshes:
     encoder: DeviceMesh
     llm: DeviceMesh
     everyone: object  # ProcessGroup over ranks 0..world-1
+    # The LLM's kv heads fewer than its tp: the TP ranks sharing this rank's head
+    # (agents/training/kv_heads.py), None elsewhere.
+    kv_heads: object | None = None
 
     @classmethod
     def build(cls, placement: Placement) -> HeteroMeshes:
         """Collective over the default group: every process builds it, member of the layout or not."""
-        return cls(_mesh(placement.modules["encoder"]), _mesh(placement.modules["llm"]),
-                   dist.new_group(ranks=list(range(placement.world))))
+        llm, units = placement.modules["llm"], replicated_units(placement)
+        ranks = torch.arange(llm.offset, llm.offset + llm.world).view(llm.pp, llm.dp, llm.tp)
+        return cls(_mesh(placement.modules["encoder"]), _mesh(llm), dist.new_group(ranks=list(range(placement.world))),
+                   head_groups(ranks, units) if units is not None else None)
 
 
 def _local(t: Tensor) -> Tensor:
@@ -108,9 +112,10 @@ def _local(t: Tensor) -> Tensor:
 
 
 def adopt(module: nn.Module, state: dict[str, tuple[Tensor, ...]], *, zero: int, dp: int, dp_rank: int, group,
-          config: TrainConfig, step: int, grad_scale: float = 1.0) -> ShardedAdamW:
+          config: TrainConfig, step: int, grad_scale: float = 1.0, ties: dict[str, object] | None = None) -> ShardedAdamW:
     """Install the rank's bf16 boxes as `module`'s parameters and their fp32 chunks as the
-    optimizer's (no copies); gradients go to the optimizer, times `grad_scale`."""
+    optimizer's (no copies); gradients go to the optimizer, times `grad_scale`. `ties`:
+    ShardedAdamW's (replicated kv heads sum their gradients over the ranks sharing them)."""
     D = dp if zero >= 1 else 1
     slots, moments = [], {}
     for name, p in list(module.named_parameters()):
@@ -125,7 +130,7 @@ def adopt(module: nn.Module, state: dict[str, tuple[Tensor, ...]], *, zero: int,
         slots.append(ParamSlot(name, data, chunk_rows(local_shape[0], D, dp_rank if D > 1 else 0), master))
         moments[name] = (exp_avg, exp_avg_sq)
     optimizer = ShardedAdamW(slots, group if dp > 1 else None, dp, lr=config.lr, weight_decay=config.weight_decay,
-                             moments=moments, step=step)
+                             moments=moments, step=step, ties=ties)
     by_name = {s.name: s for s in slots}
 
     def hook_for(slot: ParamSlot):
@@ -164,6 +169,7 @@ class HeteroTrainer:
         self.config, self.rank = config, rank
         self.spec, self.mc = config.tensors, config.model_config
         self.placement = place(self.spec, layout)
+        self._index = {t.name: i for i, t in enumerate(self.spec.tensors)}
         check_hetero_trainable(config, self.placement)
         self.enc_ml, self.llm_ml = self.placement.modules["encoder"], self.placement.modules["llm"]
         self.scalars = scalars or TrainScalars()
@@ -193,10 +199,15 @@ class HeteroTrainer:
             self.pp_rank, self.llm_dp_rank, self.tp_rank = llm_coord
             self.llm_stage = ImageTextStage(model, self.pp_rank, self.llm_ml.pp)
             if self.llm_ml.tp > 1:
-                parallelize_module(self.llm_stage, llm_mesh["tp"], tp_plan(self.llm_stage))
+                parallelize_module(self.llm_stage, llm_mesh["tp"],
+                                   tp_plan(self.llm_stage, kv_units=replicated_units(self.placement)))
+            ties = {}
+            if self.meshes.kv_heads is not None:
+                ties = {name: self.meshes.kv_heads for name, _ in self.llm_stage.named_parameters()
+                        if is_replicated(self.spec.tensors[self._index[name]], self.llm_ml.tp)}
             self.llm_optimizer = adopt(self.llm_stage, state["llm"], zero=self.llm_ml.zero, dp=self.llm_ml.dp,
                                        dp_rank=self.llm_dp_rank, group=llm_mesh["dp"].get_group(), config=config,
-                                       step=self.scalars.step)
+                                       step=self.scalars.step, ties=ties)
             if self.llm_ml.pp > 1:
                 self.pipeline = self._build_pipeline(llm_mesh["pp"].get_group())
         del model

@@ -30,12 +30,13 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 
 from agents.engine.shards import DTYPES, Key, LocalShard, box_shape, rank_boxes, trainer_states
 from agents.layout.model_request import ModelConfig, NamesAModel, resolved_field
-from agents.layout.placement import Placement, place, replicated_kv_heads
+from agents.layout.placement import Placement, place
 from agents.layout.shards import b_dim
 from agents.layout.spec import DEFAULT_MODULE
 from agents.layout.tensors import STATES
 from agents.training.data import DataPosition, SyntheticTokens
 from agents.training.init import initial_value
+from agents.training.kv_heads import ReplicatedHeadsColwise, head_groups, is_replicated, replicated_units
 from agents.training.model import build_training_model
 from agents.training.stage import DecoderStage
 from agents.training.fsdp import FullyShardedState, State
@@ -102,14 +103,18 @@ def check_trainable(config: TrainConfig, placement: Placement) -> None:
     ml = next(iter(placement.modules.values()))
     mc = config.model_config
     c = mc.llm
-    for name, value in (("cp", ml.cp), ("ep", ml.ep), ("vpp", ml.vpp)):
+    for name, value in (("cp", ml.cp), ("ep", ml.ep)):
         if value != 1:
-            raise TrainingError(f"{name}={value}: the trainer supports tp, pp, dp and zero; {name} must be 1")
+            raise TrainingError(f"{name}={value}: the trainer supports tp, pp (with vpp), dp and zero; "
+                                f"{name} must be 1")
     if mc.encoder is not None:
         raise TrainingError(f"{config.model} is multimodal; the parallel trainer trains decoder-only models")
-    refused = replicated_kv_heads(placement)
-    if refused:
-        raise TrainingError(refused)
+    if ml.vpp > 1:
+        rounds = max(1, config.micro_batches // ml.pp)  # torch's ScheduleInterleaved1F1B rule
+        if config.micro_batches % rounds:
+            raise TrainingError(f"vpp={ml.vpp}: the interleaved schedule runs the {config.micro_batches} micro-batches "
+                                f"in rounds of pp={ml.pp}; micro-batches must be a multiple of {rounds} "
+                                f"(micro-batches // pp)")
     if c.experts and ml.tp > 1:
         raise TrainingError(f"{config.model} has MoE layers: the trainer supports them with tp=1 only")
     if config.sequence_parallel and ml.tp > 1:
@@ -136,6 +141,9 @@ class LayoutMeshes:
     # (the same dp and tp coordinates), which sum their gradients of the shared weight
     # (Megatron-LM's embedding group). None elsewhere.
     embedding: object | None = None
+    # kv heads fewer than tp: the TP ranks holding this rank's kv head, which sum their
+    # gradients of it (agents/training/kv_heads.py). None elsewhere.
+    kv_heads: object | None = None
 
     @classmethod
     def build(cls, placement: Placement) -> LayoutMeshes:
@@ -149,20 +157,25 @@ class LayoutMeshes:
         if tied and ml.pp > 1:  # the end stages' ranks at each (dp, tp): torch makes every pair, returns ours
             pairs = [[int(ranks[0, d, t]), int(ranks[-1, d, t])] for d in range(ml.dp) for t in range(ml.tp)]
             embedding, _ = dist.new_subgroups_by_enumeration(pairs)
+        units = replicated_units(placement)
+        kv_heads = head_groups(ranks, units) if units is not None else None
         if mesh.get_coordinate() is None:
             return cls(mesh, mesh, mesh, mesh, everyone)
-        return cls(mesh, mesh["tp"], mesh["dp"], mesh["pp"], everyone, embedding)
+        return cls(mesh, mesh["tp"], mesh["dp"], mesh["pp"], everyone, embedding, kv_heads)
 
 
 def device_type() -> str:
     return "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
 
 
-def tp_plan(stage: DecoderStage, sequence_parallel: bool = False) -> dict:
+def tp_plan(stage: DecoderStage, sequence_parallel: bool = False, kv_units: int | None = None) -> dict:
     """DTensor's tensor-parallel plan of a stage. With sequence parallelism the residual
     stream between sublayers is the rank's [B, T/tp, H] slice (Shard(1)): norms run on it
     (SequenceParallel), each sublayer all-gathers its input (PrepareModuleInput) and
-    reduce-scatters its output (RowwiseParallel to Shard(1)), as Megatron-LM does."""
+    reduce-scatters its output (RowwiseParallel to Shard(1)), as Megatron-LM does.
+    `kv_units`: the kv heads when fewer than tp: k and v keep the rank's replicated head
+    (ReplicatedHeadsColwise) and the attention input stays a DTensor, so all three
+    projections' input gradients meet in one all-reduce."""
     seq = Shard(1) if sequence_parallel else Replicate()
     plan: dict = {}
     if stage.tied and stage.last and not stage.first:  # the head's copy of a tied embedding: vocab rows split
@@ -188,6 +201,11 @@ def tp_plan(stage: DecoderStage, sequence_parallel: bool = False) -> dict:
                          f"{p}.mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))})
         for proj in ("q", "k", "v"):
             plan[f"{p}.attn.{proj}"] = ColwiseParallel()
+        if kv_units is not None:
+            plan[f"{p}.attn.k"] = plan[f"{p}.attn.v"] = ReplicatedHeadsColwise(kv_units)
+            if not sequence_parallel:
+                plan[f"{p}.attn"] = PrepareModuleInput(input_layouts=(Replicate(), None),
+                                                       desired_input_layouts=(Replicate(), None))
         plan[f"{p}.attn.o"] = RowwiseParallel(output_layouts=seq)
         if getattr(layer, "mlp", None) is not None:
             if hasattr(layer.mlp, "gate"):
@@ -246,20 +264,34 @@ class ParallelTrainer:
         model = build_training_model(config.model_config, device="meta", dtype=dtype)
         sequence_parallel = config.sequence_parallel and self.ml.tp > 1
         self.stage = DecoderStage(model, self.pp_rank, self.ml.pp,
-                                  sequence_shards=self.ml.tp if sequence_parallel else 1)
+                                  sequence_shards=self.ml.tp if sequence_parallel else 1, virtual=self.ml.vpp)
         del model
         if self.ml.tp > 1:
-            parallelize_module(self.stage, self.meshes.tp, tp_plan(self.stage, sequence_parallel))
+            parallelize_module(self.stage, self.meshes.tp,
+                               tp_plan(self.stage, sequence_parallel, replicated_units(self.placement)))
+        # Interleaved: the virtual stages this rank runs, pp_rank + k*pp (built on the stage's own modules).
+        self.chunks = ([self.stage.chunk(self.pp_rank + k * self.ml.pp) for k in range(self.ml.vpp)]
+                       if self.ml.vpp > 1 else [self.stage])
         state = self._states_by_name(shards)
-        # The shared weight's two copies (first and last stage) take the sum of both gradients.
-        self.tie = (TIED_WEIGHT, self.meshes.embedding) if self.meshes.embedding is not None else None
+        self.ties = self._ties()
         if self.ml.zero == 3:
             self.optimizer = FullyShardedState(self.stage, self.meshes.dp, torch.device(device_type()), state,
                                                lr=config.lr, weight_decay=config.weight_decay,
-                                               step=self.scalars.step, rank=rank, tie=self.tie)
+                                               step=self.scalars.step, rank=rank, ties=self.ties, roots=self.chunks)
         else:
             self._adopt(state)
         self.pipeline = self._build_pipeline() if self.ml.pp > 1 else None
+
+    def _ties(self) -> dict[str, object]:
+        """{parameter name: group} of the weights whose copies sum their gradients: a tied
+        embedding's two end stages, the TP ranks sharing a replicated kv head."""
+        ties = {}
+        if self.meshes.embedding is not None:
+            ties[TIED_WEIGHT] = self.meshes.embedding
+        if self.meshes.kv_heads is not None:
+            replicated = {t.name for t in self.spec.tensors if is_replicated(t, self.ml.tp)}
+            ties.update({name: self.meshes.kv_heads for name, _ in self.stage.named_parameters() if name in replicated})
+        return ties
 
     # --- state in and out ---------------------------------------------------------
     def _states_by_name(self, shards: dict[Key, LocalShard]) -> dict[str, State]:
@@ -294,7 +326,7 @@ class ParallelTrainer:
             moments[name] = (exp_avg, exp_avg_sq)
         self.optimizer = ShardedAdamW(slots, self.meshes.dp.get_group() if self.ml.dp > 1 else None, self.ml.dp,
                                       lr=self.config.lr, weight_decay=self.config.weight_decay, moments=moments,
-                                      step=self.scalars.step, tie=self.tie)
+                                      step=self.scalars.step, ties=self.ties)
         by_name = {s.name: s for s in slots}
         for name, p in self.stage.named_parameters():
             p.register_post_accumulate_grad_hook(self._grad_hook(by_name[name]))
@@ -334,21 +366,30 @@ class ParallelTrainer:
                 key = (index, state)
                 if key in boxes:  # an empty chunk is no shard (docs/contracts.md section 3)
                     out[key] = LocalShard(self.spec.tensors[index], state, boxes[key], data.detach())
-        self.optimizer, self.stage, self.pipeline = None, None, None
+        self.optimizer, self.stage, self.pipeline, self.chunks = None, None, None, []
         self.active = False
         return out, self.scalars
 
     # --- training -----------------------------------------------------------------
     def _build_pipeline(self):
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+        """1F1B (GPipe when micro-batches < pp); with vpp > 1, torch's interleaved 1F1B over
+        this rank's virtual stages pp_rank + k*pp of pp*vpp (the same numbering as the
+        planner's chunks: chunk c on pipeline rank c % pp)."""
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-        stage = PipelineStage(self.stage, self.pp_rank, self.ml.pp, torch.device(device_type()),
-                              group=self.meshes.pp.get_group())
-        schedule = Schedule1F1B if self.config.micro_batches >= self.ml.pp else ScheduleGPipe
-        micro = self.config.micro_batches
+        device, group, micro = torch.device(device_type()), self.meshes.pp.get_group(), self.config.micro_batches
         # Each micro-batch's loss is divided here, as the pp=1 loop does: the gradient hooks
         # take every gradient as it is produced, so the schedule's own scale_grads would see none.
-        return schedule(stage, micro, loss_fn=lambda logits, y: cross_entropy_loss(logits, y) / micro, scale_grads=False)
+        def loss_fn(logits, y):
+            return cross_entropy_loss(logits, y) / micro
+
+        if self.ml.vpp > 1:
+            virtual = self.ml.pp * self.ml.vpp
+            stages = [PipelineStage(chunk, chunk.index, virtual, device, group=group) for chunk in self.chunks]
+            return ScheduleInterleaved1F1B(stages, micro, loss_fn=loss_fn, scale_grads=False)
+        stage = PipelineStage(self.stage, self.pp_rank, self.ml.pp, device, group=group)
+        schedule = Schedule1F1B if micro >= self.ml.pp else ScheduleGPipe
+        return schedule(stage, micro, loss_fn=loss_fn, scale_grads=False)
 
     def _local_batch(self) -> tuple[Tensor, Tensor]:
         per_dp = self.config.global_batch // self.ml.dp

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from agents.layout.shards import chunk
+from agents.training.ties import sum_over_groups
 
 
 @dataclass
@@ -43,14 +44,15 @@ def chunk_rows(n: int, parts: int, index: int) -> tuple[int, int]:
 
 class ShardedAdamW:
     """AdamW over the masters of `slots`; `group` is the data-parallel process group (or
-    None when dp == 1). `tie`: (parameter name, group): a weight whose copies on other
-    ranks (a tied embedding's, on the other end stage of the pipeline) take the sum of their
+    None when dp == 1). `ties`: {parameter name: group}: weights whose copies on the
+    group's other ranks (a tied embedding's, on the other end stage of the pipeline; a kv
+    head replicated over TP ranks, agents/training/kv_heads.py) take the sum of their
     gradients before the data-parallel average."""
 
     def __init__(self, slots: list[ParamSlot], group, dp: int, *, lr: float, betas=(0.9, 0.95), eps: float = 1e-8,
                  weight_decay: float = 0.0, moments: dict[str, tuple[Tensor, Tensor]] | None = None,
-                 step: int = 0, tie: tuple[str, object] | None = None) -> None:
-        self.slots, self.group, self.dp, self.tie = slots, group, dp, tie
+                 step: int = 0, ties: dict[str, object] | None = None) -> None:
+        self.slots, self.group, self.dp, self.ties = slots, group, dp, ties or {}
         self.updating = False
         decay = [s.master for s in slots if s.master.dim() >= 2]
         no_decay = [s.master for s in slots if s.master.dim() < 2]
@@ -86,9 +88,8 @@ class ShardedAdamW:
         for s in self.slots:
             if s.grad is None:
                 s.grad = torch.zeros(s.local.shape)
-        if self.tie is not None:
-            name, tie_group = self.tie
-            dist.all_reduce(next(s.grad for s in self.slots if s.name == name), group=tie_group)
+        if self.ties:
+            sum_over_groups([(s.grad, self.ties[s.name]) for s in self.slots if s.name in self.ties])
         grads = [s.grad for s in self.slots]
         flat = torch.cat([g.reshape(-1) for g in grads])
         if self.dp > 1:

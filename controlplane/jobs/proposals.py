@@ -60,8 +60,7 @@ def _bubble(global_batch: int, micro_batch: int, dp: int, pp: int) -> float:
 
 def candidate_layouts(model: Model, gpus: int, current: Layout, global_batch: int, micro_batch: int) -> list[Placement]:
     """Every tp x pp x dp = gpus layout the model, the batch and the training runtime accept
-    (the current zero kept). The runtime's rule: tp <= kv heads of every module (DTensor
-    cannot replicate kv heads, agents/training), stricter than the layout contract."""
+    (the current zero kept); kv heads fewer than tp are replicated (agents/training/kv_heads.py)."""
     if gpus < 1:
         raise LayoutError(f"gpus={gpus} must be >= 1")
     if current.is_heterogeneous or current.modules[0].first_rank is not None:
@@ -71,7 +70,7 @@ def candidate_layouts(model: Model, gpus: int, current: Layout, global_batch: in
     for tp in _divisors(gpus):
         for pp in _divisors(gpus // tp):
             dp = gpus // (tp * pp)
-            if global_batch % (micro_batch * dp) or any(tp > m.num_kv_heads for m in model.modules):
+            if global_batch % (micro_batch * dp):
                 continue
             try:
                 layout = Layout(modules=(ModuleLayout(module=module.module, tp=tp, pp=pp, dp=dp, zero=module.zero),))

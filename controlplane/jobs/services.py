@@ -11,7 +11,7 @@ from django.db.models import Q
 
 from agents.layout.catalog import model_from_config
 from agents.layout.errors import LayoutError
-from agents.layout.placement import Placement, hetero_refusal, replicated_kv_heads
+from agents.layout.placement import Placement, hetero_refusal
 from agents.layout.spec import parse_layout
 from agents.layout.tensors import Model
 from controlplane.cluster.events import GROUP, STREAM, JobEvent
@@ -62,8 +62,8 @@ def _capacity_problems(config, placement: Placement, *, micro_batch: int, seq_le
 def layout_check(*, model: Model, layout: str) -> Placement:
     """The model's placement under the layout; InvalidInput names the broken rule."""
     placement = inputs.placement_of(model, layout)
-    refused = replicated_kv_heads(placement)
-    if refused is None and len(placement.model.modules) > 1:  # multimodal: the heterogeneous trainer's rules
+    refused = None
+    if len(placement.model.modules) > 1:  # multimodal: the heterogeneous trainer's rules
         refused = hetero_refusal(placement)
     if refused:
         raise InvalidInput({"layout": [refused]})

@@ -305,11 +305,10 @@ def test_refusals_say_why(two_nodes, token_client, sent_tasks, run) -> None:
     assert response.status_code == 400 and "tp=3 does not divide" in response.json()["layout"][0]
     response = resize_job(run, token_client, job, layout="tp=two")
     assert response.status_code == 400 and "not a non-negative integer" in response.json()["layout"][0]
-    response = resize_job(run, token_client, job, layout="tp=4")  # valid for the planner, not for the trainers
-    assert response.status_code == 400 and "tp=4 exceeds the 2 kv heads" in response.json()["layout"][0]
-    response = run(token_client.post, "/api/jobs", {"name": "kv", "model": "tiny-gpt", "layout": "tp=4"},
-                   format="json")
-    assert response.status_code == 400 and "replicated kv heads" in response.json()["layout"][0]
+    response = resize_job(run, token_client, job, layout="tp=4")  # 2 kv heads replicated: trainable, but
+    assert response.status_code == 409  # a TP group must share a node and 4 free GPUs span two
+    assert "joining ranks 1-3 must run on node node-1 with ranks 0 of their tensor-parallel block" in \
+        response.json()["detail"]
     response = resize_job(run, token_client, job, gpus=3)
     assert response.status_code == 400
     assert response.json()["global_batch"] == [
@@ -326,7 +325,7 @@ def test_refusals_say_why(two_nodes, token_client, sent_tasks, run) -> None:
 
 
 def test_tensor_parallel_blocks_stay_on_one_node(two_nodes, token_client, sent_tasks, run) -> None:
-    # dp=4 over both nodes; llama-124m's 4 kv heads allow tp=4 (tiny-gpt's 2 do not)
+    # dp=4 over both nodes, llama-124m (4 kv heads)
     wide = running_job(run, token_client, "wide", gpus=4, model="llama-124m")
     response = resize_job(run, token_client, wide, layout="tp=4")
     assert response.status_code == 409

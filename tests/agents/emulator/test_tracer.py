@@ -140,7 +140,7 @@ def test_search_ranks_feasible_layouts_and_compare_reports_errors_per_layout() -
     request = SearchRequest(model=MODEL, gpus=4, gpu="h100", global_batch=8, seq=SEQ, top=2,
                             micro_batches=(2,), zero=(1,), max_candidates=3)
     layouts = candidate_layouts(request)
-    assert ("tp=4,pp=1,dp=1,zero=1", 2) not in layouts  # tiny-gpt has 2 kv heads: tp <= 2
+    assert ("tp=4,pp=1,dp=1,zero=1", 2) in layouts  # tiny-gpt's 2 kv heads, each replicated on 2 TP ranks
     assert all(place(get_model(MODEL), lay).world == 4 for lay, _ in layouts)
     result = search(request)
     top = result["top"]

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
-from torch.distributed.tensor import Shard  # noqa: E402
+from torch.distributed.tensor import Replicate, Shard  # noqa: E402
 from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset  # noqa: E402
 
 from agents.layout.placement import place  # noqa: E402
@@ -89,3 +89,35 @@ def test_expert_boxes_match_dtensor(experts, inner, hidden, tp, dp, zero, data) 
                     continue
                 a0, a1, b0, b1 = ours[rank]
                 assert (offsets[0], lengths[0], offsets[tp_dim], lengths[tp_dim]) == (a0, a1 - a0, b0, b1 - b0)
+
+
+@settings(max_examples=120, deadline=None)
+@given(units=st.sampled_from([1, 2, 3, 4]), share=st.sampled_from([2, 3, 4]), per_unit=st.integers(1, 4),
+       other=st.integers(1, 5), dp=st.integers(1, 4), zero=st.integers(0, 3), data=st.data())
+def test_replicated_unit_boxes_match_dtensor(units, share, per_unit, other, dp, zero, data) -> None:
+    """Units (kv heads) fewer than tp = units * share: DTensor on the tp dim split in two,
+    (head, copy), with Shard(tp_dim) on the first and Replicate on the second (what the
+    checkpoint baseline saves them as) gives every rank exactly our box."""
+    tp = units * share
+    tp_dim = data.draw(st.sampled_from([0, 1]))
+    shape = (units * per_unit, other) if tp_dim == 0 else (other, units * per_unit)
+    tensor = TensorSpec("llm.layers.0.attn.k.weight", shape, TensorSplit("llm", 0, None, tp_dim, units, None))
+    model = Model("m", "llama", (ModuleSpec("llm", 1, tp, units),), (tensor,))
+    placement = place(model, f"tp={tp},dp={dp},zero={zero}")
+    for state_class, sharded in (("param", zero >= 3), ("optim", zero >= 1)):
+        boxes = holder_boxes(placement, tensor, state_class)
+        ours = {int(r): (a0, a1, b0, b1) for r, a0, a1, b0, b1 in zip(boxes.rank, boxes.a0, boxes.a1, boxes.b0, boxes.b1)}
+        mesh = [units, share] + ([dp] if sharded else [])
+        placements = [Shard(tp_dim), Replicate()] + ([Shard(0)] if sharded else [])
+        for d in range(dp):
+            for tp_rank in range(tp):
+                coord = [tp_rank // share, tp_rank % share] + ([d] if sharded else [])
+                lengths, offsets = _compute_local_shape_and_global_offset(shape, mesh, coord, placements)
+                rank = tp_rank + tp * d
+                if 0 in lengths:
+                    assert rank not in ours
+                    continue
+                a0, a1, b0, b1 = ours[rank]
+                assert (offsets[0], lengths[0]) == (a0, a1 - a0)
+                if tp_dim == 1:
+                    assert (offsets[1], lengths[1]) == (b0, b1 - b0)

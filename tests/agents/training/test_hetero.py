@@ -48,6 +48,8 @@ LAYOUTS = {
     "non-colocated": "encoder:dp=2,ranks=0-1;llm:tp=2,ranks=2-3",  # encoder on its own ranks
     # ZeRO-1 over 4 encoder ranks: the class token (1 row) has an empty chunk on ranks 1-3.
     "colocated-zero": "encoder:dp=4,zero=1;llm:tp=2,pp=2",
+    # tp=4 over the LLM's 2 kv heads: each head replicated on 2 TP ranks (issue 29).
+    "colocated-kv-replicated": "encoder:dp=4;llm:tp=4",
 }
 
 
@@ -138,7 +140,6 @@ def test_gradients_match_a_single_rank(runs, name) -> None:
 
 
 @pytest.mark.parametrize("layout,message", [
-    ("encoder:dp=4;llm:tp=4", "llm: tp=4 exceeds the 2 kv heads"),
     ("encoder:pp=2,dp=2;llm:tp=2,dp=2", "encoder: pp=2"),
     ("encoder:dp=4;llm:dp=2,cp=2", "llm: cp=2"),
     ("encoder:dp=4,zero=3;llm:dp=4", "encoder: zero=3"),
