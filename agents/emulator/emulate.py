@@ -203,6 +203,7 @@ def emulate(request: EmulateRequest, *, use_cache: bool = True, progress=None) -
             result["phases"]["trainer_schedule_step_seconds"] = simulate(
                 traced, profile, request.gpus_per_node, request.recompute, chunks=1).step_seconds
     result.update({"ranks_emulated": request.gpus, "ranks_traced": ranks_traced, "trace_cached": info["cached"],
+                   "trace_seconds": info["trace_seconds"],
                    "wall_seconds": time.perf_counter() - started})
     return result
 
