@@ -23,8 +23,9 @@ from agents.layout.placement import layer_stages, place
 from agents.training.model import build_training_model
 from agents.training.stage import DecoderStage
 from agents.training.parallel import ParallelTrainer, TrainConfig, check_trainable, initial_shards
-from agents.training.run import Switch, train_rank
-from tests.support.first_step import boxes_off_the_single_rank, switch_against_the_checkpoint_path
+from agents.training.run import Switch
+from tests.support.switched_training import check_switched_training
+from tests.support.first_step import boxes_off_the_single_rank
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
@@ -117,39 +118,5 @@ def test_micro_batches_the_interleaved_schedule_cannot_split_are_refused() -> No
         check_trainable(config, place(get_model(CONFIG.model), "pp=2,vpp=2"))
 
 
-def _switched_run(rank: int, world: int, folder: str) -> dict:
-    spec = get_model(CONFIG.model)
-    layout = START
-    trainer = ParallelTrainer(CONFIG, layout, rank, initial_shards(place(spec, layout), rank,
-                                                                   CONFIG.seed))
-    pending = {s.step: s.layout for s in SWITCHES}
-    losses, reports = [], []
-    for step in range(STEPS):
-        if step in pending:
-            shards, scalars = trainer.hand_over()
-            new, scalars, report = switch_against_the_checkpoint_path(spec, shards, scalars, layout, pending[step],
-                                                                      rank, f"{folder}/step{step}")
-            reports.append(report.verified)
-            layout = pending[step]
-            trainer = ParallelTrainer(CONFIG, layout, rank, new, scalars)
-        result = trainer.step()
-        losses.append(None if result is None else result.loss)
-    return {"losses": losses, "reports": reports}
-
-
-def _plain_run(rank: int, world: int, layout: str) -> list[float]:
-    return [s.loss for s in train_rank(rank, world, CONFIG, layout, STEPS, []).steps]
-
-
 def test_switches_into_and_out_of_interleaved_pipelines_are_exact_verified_and_train_on(tmp_path) -> None:
-    switched = run_ranks(4, _switched_run, str(tmp_path), timeout_s=280)
-    unswitched = run_ranks(4, _plain_run, START, timeout_s=200)[0]
-    other_layout = run_ranks(1, _plain_run, "tp=1,pp=1,dp=1,zero=0", timeout_s=120)[0]
-    assert all(all(r["reports"]) and len(r["reports"]) == len(SWITCHES) for r in switched)
-    losses = switched[0]["losses"]
-    assert losses[:2] == unswitched[:2]  # before the first switch: the same program
-    noise = max(abs(a - b) for a, b in zip(unswitched, other_layout))
-    assert 0 < noise < 5e-3, noise
-    for step, (a, b) in enumerate(zip(losses, unswitched)):
-        assert abs(a - b) <= (len(SWITCHES) + 1) * noise, (step, a, b, noise)
-    assert losses[-1] < losses[0] - 0.05  # and it learns
+    check_switched_training(CONFIG, START, SWITCHES, STEPS, str(tmp_path))
