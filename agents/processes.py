@@ -93,18 +93,3 @@ def stop_in_tiers(tiers: list[list[Child]], timeout: float = 15.0) -> None:
             time.sleep(0.05)
         for child in tier:
             child.kill_group()
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live processes in a process group (Linux /proc), to prove nothing was left."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members

@@ -37,7 +37,7 @@ NODE_JOB_RECOVER = "node.job_recover"
 EMULATE_RUN = "emulate.run"
 EMULATE_SEARCH = "emulate.search"
 
-# Device profiles the emulator knows (agents/emulator/devices.py; a test keeps them equal).
+# Device profiles the emulator knows (parallelism/emulator/devices.py; a test keeps them equal).
 EMULATOR_DEVICES = ("a100", "h100", "h200", "b200", "cpu")
 RECOMPUTE_MODES = ("none", "selective", "full")
 
@@ -144,7 +144,7 @@ SEARCH_TOP_MAX = 8
 
 class SearchOrder(_EmulationSetting):
     """Control plane -> agent (queue "emulate"): rank the layouts worth emulating for one
-    setting (a stored EmulationRun of kind "search"; agents/emulator/search_candidates.py).
+    setting (a stored EmulationRun of kind "search"; parallelism/emulator/search_candidates.py).
     The result ({"top", "candidates", "layouts", "dropped"}) comes back as EmulationProgress."""
 
     top: int = Field(gt=0, le=SEARCH_TOP_MAX)
@@ -350,7 +350,7 @@ class JobSwitchOrder(_Message):
     in `ranks` (this node's processes in the union world: staying, joining and leaving
     ones, `rank` = the process number). `process_of[d]` is the process that takes rank d of
     `layout` (the device map: the planner's choice of which GPU takes which rank, so that
-    the fewest bytes move; agents/planner/rank_map.py); None keeps ranks' numbers (process
+    the fewest bytes move; parallelism/planner/rank_map.py); None keeps ranks' numbers (process
     d takes rank d). Processes that take no rank leave after handing their state over;
     rank 0 is always process 0. Joining processes start at once and get ready (imports,
     model objects, the union world's store at `rendezvous`) while the old ranks keep

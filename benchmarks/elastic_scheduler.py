@@ -1,6 +1,6 @@
 """Elastic scheduler benchmark (issue 31): a synthetic day of arrivals and departures
 (benchmarks/elastic_trace.py) replayed through the pure scheduler
-(agents/layout/elastic_policy.decide) on a simulated cluster, three ways:
+(parallelism/layout/elastic_policy.decide) on a simulated cluster, three ways:
 
 - static: every job runs on the GPUs it asked for until it ends (queued by priority);
 - restart: the elastic policy, each resize costing a stop-checkpoint-restart pause
@@ -24,8 +24,8 @@ import math
 import time
 from dataclasses import dataclass
 
-from agents.layout.elastic_inputs import ElasticJob, ElasticSettings, Node, OnlinePause, RestartPause
-from agents.layout.elastic_policy import decide
+from parallelism.layout.elastic_inputs import ElasticJob, ElasticSettings, Node, OnlinePause, RestartPause
+from parallelism.layout.elastic_policy import decide
 from benchmarks.elastic_trace import HOUR, Arrival, day_trace
 
 MODES = ("static", "restart", "online")

@@ -19,8 +19,8 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from agents.layout.catalog import get_model
-from agents.layout.elastic_inputs import SizeOption
+from parallelism.layout.catalog import get_model
+from parallelism.layout.elastic_inputs import SizeOption
 from controlplane.jobs.elastic_options import candidate_sizes, size_options
 
 HOUR = 3600.0

@@ -86,7 +86,7 @@ def profiled_rank(rank: int, world: int, layout: str, global_batch: int, seq: in
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
 
-    from agents.emulator.real_steps import prepared_trainer
+    from parallelism.emulator.real_steps import prepared_trainer
 
     trainer, _ = prepared_trainer(MODEL, layout, rank, global_batch, MICRO_BATCH, seq, warmup + steps + 1)
     for _ in range(warmup):
@@ -112,11 +112,11 @@ def profiled_rank(rank: int, world: int, layout: str, global_batch: int, seq: in
 def predicted(profile_path: str, layout: str, global_batch: int, seq: int) -> dict[str, float]:
     """The trace's ops priced one by one (no overlap, no bubble) in the categories of
     phase_seconds, plus its matmuls and attentions alone. Stage 0's ops for a pipeline."""
-    from agents.emulator.costs import op_seconds
-    from agents.emulator.devices import load_profile
-    from agents.emulator.emulate import EmulateRequest, check_request
-    from agents.emulator.trace import CommOp
-    from agents.emulator.tracer import TraceRequest, trace
+    from parallelism.emulator.costs import op_seconds
+    from parallelism.emulator.devices import load_profile
+    from parallelism.emulator.emulate import EmulateRequest, check_request
+    from parallelism.emulator.trace import CommOp
+    from parallelism.emulator.tracer import TraceRequest, trace
 
     profile = load_profile(profile_path)
     micro = check_request(EmulateRequest(MODEL, layout, WORLD, "cpu", global_batch, MICRO_BATCH, seq,
@@ -145,7 +145,7 @@ def predicted(profile_path: str, layout: str, global_batch: int, seq: int) -> di
 
 
 def main(profile_path: str, layout: str, global_batch: int = GLOBAL_BATCH, seq: int = SEQ) -> None:
-    from agents.engine.launch import run_ranks
+    from parallelism.engine.launch import run_ranks
 
     real = run_ranks(WORLD, profiled_rank, layout, global_batch, seq, timeout_s=1800)[0]
     guess = predicted(profile_path, layout, global_batch, seq)

@@ -4,7 +4,7 @@
 
 Every run below is a published measurement with its citation, and the configuration the
 paper (or the authors' own launch script) gives for it. For each run the script calls
-`agents.emulator.emulate.emulate` with the built-in device profile (no constant fitted to
+`parallelism.emulator.emulate.emulate` with the built-in device profile (no constant fitted to
 any of these results), converts the predicted step time into the paper's own metric, and
 prints published vs predicted, the error per run and the mean absolute error per GPU type.
 
@@ -38,7 +38,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from agents.emulator.emulate import EmulateRequest, emulate
+from parallelism.emulator.emulate import EmulateRequest, emulate
 
 NARAYANAN = ("Narayanan et al. 2021, Efficient Large-Scale Language Model Training on GPU Clusters Using "
              "Megatron-LM (SC21, arXiv 2104.04473), Table 1; configuration (MBS, interleaving, recompute) from "

@@ -28,7 +28,7 @@ WARMUP = 2
 
 def train_steps(layout: str, steps: int, global_batch: int, seq: int) -> list[float]:
     """Step seconds `dynaplane train` reports for `layout`, warm-up steps dropped."""
-    from agents.layout.spec import parse_layout
+    from parallelism.layout.spec import parse_layout
 
     dp = parse_layout(layout).modules[0].dp
     command = [sys.executable, "-m", "dynaplane", "train", "--model", MODEL, "--layout", layout,

@@ -50,7 +50,7 @@ WARMUP, MEASURED = 2, 6
 
 
 def real_rank(rank: int, world: int, layout: str, global_batch: int, seq: int) -> dict:
-    from agents.emulator.real_steps import time_steps
+    from parallelism.emulator.real_steps import time_steps
 
     real = time_steps(MODEL, layout, rank, global_batch, MICRO_BATCH, seq, WARMUP, MEASURED)
     return {"step": real.seconds, "fastest": real.fastest, "static": real.static_bytes, "peak": real.peak_bytes,
@@ -91,7 +91,7 @@ def calibrate_now(out: str, global_batch: int, seq: int) -> None:
 
 
 def predicted(profile: str, layout: str, global_batch: int, seq: int) -> dict:
-    from agents.emulator.emulate import EmulateRequest, emulate
+    from parallelism.emulator.emulate import EmulateRequest, emulate
 
     return emulate(EmulateRequest(MODEL, layout, WORLD, "cpu", global_batch, MICRO_BATCH, seq, gpus_per_node=WORLD,
                                   profile=profile))
@@ -99,9 +99,9 @@ def predicted(profile: str, layout: str, global_batch: int, seq: int) -> dict:
 
 def main(profile: str, global_batch: int = GLOBAL_BATCH, seq: int = SEQ, rounds: int = 1,
          calibrate_each_round: bool = False, others: tuple = ()) -> None:
-    from agents.emulator.devices import load_profile, save_profile
-    from agents.emulator.profile_merge import median_profile, quietest_calibration
-    from agents.engine.launch import run_ranks
+    from parallelism.emulator.devices import load_profile, save_profile
+    from parallelism.emulator.profile_merge import median_profile, quietest_calibration
+    from parallelism.engine.launch import run_ranks
 
     runs: dict[str, list] = {layout: [] for layout in LAYOUTS}
     loads: dict[str, list] = {layout: [] for layout in LAYOUTS}

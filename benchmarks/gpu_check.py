@@ -7,8 +7,8 @@ a GPU"): what a device session runs once, with everything it needs prepared here
 
 1. machine: torch, CUDA and NCCL versions, the GPUs.
 2. device work: the pause's work besides moving bytes, on one device, over the model's whole
-   state (one replica): the layout digest (agents/engine/digest.py) and the pack / unpack
-   copies into and out of byte buffers (agents/engine/execute.py), in GB/s.
+   state (one replica): the layout digest (parallelism/engine/digest.py) and the pack / unpack
+   copies into and out of byte buffers (parallelism/engine/execute.py), in GB/s.
 3. engine: `dynaplane bench switch --device cuda` (NCCL, one rank per GPU) growing dp from
    half the GPUs to all of them (at most 8), against DCP checkpoint-restart in the same run;
    skipped, with the reason, on fewer than 2 GPUs (NCCL refuses two ranks on one GPU).
@@ -58,10 +58,10 @@ def device_work(model_name: str, device: str, repeats: int = 3) -> dict:
     (best of `repeats`, after one warm-up)."""
     import torch
 
-    from agents.engine.digest import shard_digest
-    from agents.engine.state_fill import filled_shards
-    from agents.layout.catalog import get_model
-    from agents.layout.placement import place
+    from parallelism.engine.digest import shard_digest
+    from parallelism.engine.state_fill import filled_shards
+    from parallelism.layout.catalog import get_model
+    from parallelism.layout.placement import place
 
     dev = torch.device(device, 0) if device == "cuda" else torch.device("cpu")
     shards = filled_shards(place(get_model(model_name), "dp=1"), 0, dev)

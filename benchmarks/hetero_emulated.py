@@ -33,7 +33,7 @@ PAPER = {"colocated": "up to +49.3% TFLOP/s per GPU", "non-colocated": "up to +1
 
 
 def run(model: str, gpus: int, max_candidates: int) -> dict:
-    from agents.emulator.search import SearchRequest, search
+    from parallelism.emulator.search import SearchRequest, search
 
     request = SearchRequest(model, gpus=gpus, gpu="h100", global_batch=int(BATCH_PER_GPU * gpus), seq=SEQ,
                             top=10, recompute="full", micro_batches=(1,), zero=(1,), max_candidates=max_candidates)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.layout.catalog import get_model
-from agents.planner.plan import plan_routes
+from parallelism.layout.catalog import get_model
+from parallelism.planner.plan import plan_routes
 from benchmarks.plan_scaling import HEADLINE
 
 MORE = [

@@ -11,8 +11,8 @@ import gc
 import time
 import tracemalloc
 
-from agents.layout.catalog import get_model
-from agents.planner.plan import PlanOptions, plan_routes
+from parallelism.layout.catalog import get_model
+from parallelism.planner.plan import PlanOptions, plan_routes
 
 HEADLINE = [
     ("llama3-405b", "tp=8,pp=16,dp=64,zero=1", "tp=8,pp=16,dp=48,zero=1"),

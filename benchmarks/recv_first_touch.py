@@ -1,4 +1,4 @@
-"""Why the engine touches receive buffers before posting them (agents/engine/execute.py
+"""Why the engine touches receive buffers before posting them (parallelism/engine/execute.py
 _prefault): one pair of gloo ranks (of 4) exchanges a buffer both ways, receiving into a
 buffer that is (a) reused, (b) freshly allocated, (c) freshly allocated and touched once
 per page before the timer starts. Prints GB/s per repeat and the cost of the touch.
@@ -13,7 +13,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from agents.engine.launch import run_ranks
+from parallelism.engine.launch import run_ranks
 
 PAGE = 4096
 

@@ -88,9 +88,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 def _run_bench_switch(args: argparse.Namespace) -> int:
     import json
 
-    from agents.engine.bench import bench_rank, summarize
-    from agents.engine.errors import EngineError
-    from agents.engine.launch import run_ranks
+    from parallelism.engine.bench import bench_rank, summarize
+    from parallelism.engine.errors import EngineError
+    from parallelism.engine.launch import run_ranks
 
     try:
         ranks = run_ranks(args.world, bench_rank, args.model, args.src, args.dst, args.staging_mb, timeout_s=600,
@@ -133,7 +133,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    from agents.training.cli import train_main
+    from parallelism.training.cli import train_main
 
     return train_main(args)
 
@@ -208,19 +208,19 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
 
 
 def _emulator_command(name: str):
-    """The agents.emulator.cli function `name`, run after starting the tracer's process server.
+    """The parallelism.emulator.cli function `name`, run after starting the tracer's process server.
 
     A trace forks its stage-class processes from a server that imports torch first (2-4 s);
     started here, before this process imports torch itself, the two imports overlap on two
     cores instead of following each other. With a cached trace the server is never used
     and exits with this process."""
     def run(args: argparse.Namespace) -> int:
-        from agents.engine.launch import rank_context
+        from parallelism.engine.launch import rank_context
 
         rank_context()
-        import agents.emulator.cli
+        import parallelism.emulator.cli
 
-        return getattr(agents.emulator.cli, name)(args)
+        return getattr(parallelism.emulator.cli, name)(args)
 
     return run
 

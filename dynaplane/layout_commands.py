@@ -1,5 +1,5 @@
 """`dynaplane models` and `dynaplane plan` (docs/contracts.md section 3): the pure layout core
-from the command line. Imports only agents.layout (no torch, no Django)."""
+from the command line. Imports only parallelism.layout (no torch, no Django)."""
 from __future__ import annotations
 
 import argparse
@@ -29,7 +29,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def run_models(args: argparse.Namespace) -> int:
-    from agents.layout.catalog import catalog_names, get_model, model_summary
+    from parallelism.layout.catalog import catalog_names, get_model, model_summary
 
     rows = [model_summary(get_model(name)) for name in catalog_names()]
     if args.json:
@@ -53,10 +53,10 @@ def _human(n: float) -> str:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from agents.layout.catalog import get_model
-    from agents.layout.errors import LayoutError
-    from agents.planner.estimate import Network
-    from agents.planner.plan import PlanOptions, plan_routes
+    from parallelism.layout.catalog import get_model
+    from parallelism.layout.errors import LayoutError
+    from parallelism.planner.estimate import Network
+    from parallelism.planner.plan import PlanOptions, plan_routes
 
     try:
         network = Network(**{k: v for k, v in (("intra_gbytes_per_s", args.intra_gbps),

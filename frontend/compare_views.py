@@ -12,7 +12,7 @@ from django.http import HttpResponse, JsonResponse
 from django.shortcuts import render
 
 from agents import protocol
-from agents.layout.catalog import catalog_names
+from parallelism.layout.catalog import catalog_names
 from controlplane.emulation.selectors import emulation_rows, emulation_snapshot
 from frontend.compare_figures import compare_csv, compare_figures
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from agents.layout.spec import parse_layout
+from parallelism.layout.spec import parse_layout
 
 
 def rank_coordinates(layout: str, slots: Iterable[Mapping]) -> list[dict]:

@@ -92,7 +92,7 @@ def test_js_store_matches_python() -> None:
 
 
 def test_js_search_top_keeps_what_the_emulator_search_keeps() -> None:
-    from agents.emulator.search import top_fitting
+    from parallelism.emulator.search import top_fitting
 
     rng = random.Random(7)
     runs = []

@@ -12,34 +12,34 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 # package -> top-level names (or dotted prefixes) it must not import
+# The parallelism library (parallelism/) is what the control plane and the node agents (agents/)
+# build on: it imports neither of them, nor the command (dynaplane/).
+LIBRARY = ["django", "celery", "channels", "rest_framework", "controlplane", "frontend", "dynaplane", "agents"]
+
 FORBIDDEN = {
-    "agents/layout": ["torch", "django", "celery", "channels", "controlplane", "frontend", "dynaplane", "agents.node",
-                      "agents.planner", "agents.engine", "agents.training", "agents.emulator", "agents.protocol", "agents.runtime",
-                      "agents.processes"],
+    "parallelism/layout": [*LIBRARY, "torch", "parallelism.planner", "parallelism.engine", "parallelism.training",
+                           "parallelism.emulator"],
     # The planner sits on the layouts: pure as they are, and never the other way round.
-    "agents/planner": ["torch", "django", "celery", "channels", "controlplane", "frontend", "dynaplane", "agents.node",
-                       "agents.engine", "agents.training", "agents.emulator", "agents.protocol", "agents.runtime",
-                       "agents.processes"],
-    "agents/protocol.py": ["torch", "django", "controlplane", "frontend", "dynaplane"],
-    "agents/processes.py": ["torch", "django", "celery", "controlplane", "frontend", "dynaplane", "agents.node",
-                            "agents.engine", "agents.training", "agents.emulator", "agents.runtime"],
-    "agents/node": ["django", "controlplane", "frontend", "dynaplane", "torch", "channels", "rest_framework"],
+    "parallelism/planner": [*LIBRARY, "torch", "parallelism.engine", "parallelism.training", "parallelism.emulator"],
     # The engine (switch driver included) sits below the trainer, the rank processes and the emulator.
-    "agents/engine": ["django", "celery", "controlplane", "frontend", "dynaplane", "channels", "agents.training",
-                      "agents.runtime", "agents.emulator", "agents.node"],
-    "agents/training": ["django", "celery", "controlplane", "frontend", "dynaplane", "channels"],
+    "parallelism/engine": [*LIBRARY, "parallelism.training", "parallelism.emulator"],
+    "parallelism/training": [*LIBRARY, "parallelism.emulator"],
+    "parallelism/emulator": LIBRARY,
+    "agents/protocol.py": ["torch", "django", "controlplane", "frontend", "dynaplane", "parallelism"],
+    "agents/processes.py": ["torch", "django", "celery", "controlplane", "frontend", "dynaplane", "agents.node",
+                            "parallelism.engine", "parallelism.training", "parallelism.emulator", "agents.runtime"],
+    "agents/node": ["django", "controlplane", "frontend", "dynaplane", "torch", "channels", "rest_framework"],
     # The rank processes: training (torch) plus reports through the broker (celery).
     "agents/runtime": ["django", "controlplane", "frontend", "dynaplane", "channels", "rest_framework"],
-    "agents/emulator": ["django", "celery", "controlplane", "frontend", "dynaplane", "channels"],
-    "controlplane": ["torch", "dynaplane", "agents.engine", "agents.training", "agents.emulator", "agents.node",
-                     "agents.runtime", "agents.processes"],
+    "controlplane": ["torch", "dynaplane", "parallelism.engine", "parallelism.training", "parallelism.emulator",
+                     "agents.node", "agents.runtime", "agents.processes"],
     # The inventory is the jobs app's floor: GPU writes and reads are the cluster app's, and
     # what a lost node means for a job is composed above it (jobs/node_loss.py).
     "controlplane/cluster": ["controlplane.jobs", "controlplane.emulation"],
     "controlplane/common/events.py": ["controlplane.cluster", "controlplane.jobs", "controlplane.emulation"],
     "controlplane/common/errors.py": ["controlplane.cluster", "controlplane.jobs", "controlplane.emulation"],
-    "frontend": ["torch", "dynaplane", "agents.engine", "agents.training", "agents.emulator", "agents.node",
-                 "agents.runtime", "agents.processes"],
+    "frontend": ["torch", "dynaplane", "parallelism.engine", "parallelism.training", "parallelism.emulator",
+                 "agents.node", "agents.runtime", "agents.processes"],
     "dynaplane": ["django", "controlplane", "frontend", "torch"],
 }
 
@@ -57,8 +57,8 @@ JOBS_ORDER = [
     "tasks", "api", "consumers", "admin", "apps",
 ]
 
-PROJECT = ("agents", "controlplane", "frontend", "dynaplane", "benchmarks", "tests")
-SOURCES = ("agents", "controlplane", "frontend", "dynaplane", "benchmarks", "manage.py")
+PROJECT = ("agents", "parallelism", "controlplane", "frontend", "dynaplane", "benchmarks", "tests")
+SOURCES = ("agents", "parallelism", "controlplane", "frontend", "dynaplane", "benchmarks", "manage.py")
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -209,11 +209,11 @@ def test_the_checker_catches_a_violation(tmp_path) -> None:
     assert _violations("pkg", ["django"], root=tmp_path) == ["pkg/m.py:2 imports django.db"]
 
 
-def test_importing_agents_layout_does_not_import_torch_or_django() -> None:
+def test_importing_parallelism_layout_does_not_import_torch_or_django() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, agents.layout.spec, agents.planner.plan, agents.protocol; "
+    code = ("import sys, parallelism.layout.spec, parallelism.planner.plan, agents.protocol; "
             "print(sorted(m for m in ('torch', 'django', 'celery') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agents.layout.catalog import get_model
+from parallelism.layout.catalog import get_model
 from controlplane.jobs.plan_preview import plan_preview
 from frontend.figures import (
     band_shapes,

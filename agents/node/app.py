@@ -58,7 +58,7 @@ def build_app(config: AgentConfig) -> tuple[Celery, HeartbeatSender]:
 
     @app.task(name=protocol.EMULATE_RUN)
     def emulate_run(order: dict) -> None:
-        """Emulate one configuration (agents/emulator) and report progress and the result to
+        """Emulate one configuration (parallelism/emulator) and report progress and the result to
         the control plane. Tracing runs in child processes; this thread only waits."""
         working_on(order, run_emulation)
 
@@ -142,7 +142,7 @@ def run_emulation(app: Celery, agent: str, order: dict) -> None:
     report = _progress_sender(app, agent, parsed.run_id)
     started = time.perf_counter()
     report(state="running", message="tracing")
-    from agents.emulator.emulate import EmulateRequest, emulate  # torch: loaded only when an emulation runs
+    from parallelism.emulator.emulate import EmulateRequest, emulate  # torch: loaded only when an emulation runs
 
     def work():  # the request resolves its model when made: an unknown one is this run's failure
         request = EmulateRequest(model=parsed.model, layout=parsed.layout, gpus=parsed.gpus, gpu=parsed.gpu,
@@ -158,7 +158,7 @@ def run_search(app: Celery, agent: str, order: dict) -> None:
     report = _progress_sender(app, agent, parsed.run_id)
     started = time.perf_counter()
     report(state="running", message=f"ranking the layouts of {parsed.model} on {parsed.gpus} GPUs")
-    from agents.emulator.search_candidates import search_candidates  # torch: loaded only when a search runs
+    from parallelism.emulator.search_candidates import search_candidates  # torch: loaded only when a search runs
 
     _report_outcome(report, parsed.run_id, started, lambda: search_candidates(
         model=parsed.model, gpus=parsed.gpus, gpu=parsed.gpu, global_batch=parsed.global_batch,
@@ -168,7 +168,7 @@ def run_search(app: Celery, agent: str, order: dict) -> None:
 
 def _report_outcome(report, run_id: int, started: float, work) -> None:
     """Run `work` and report its result as done, or its error as failed."""
-    from agents.emulator.errors import EmulatorError
+    from parallelism.emulator.errors import EmulatorError
 
     try:
         result = work()

@@ -24,10 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agents import protocol
-from agents.engine.launch import RANK_MALLOC_ENV
-from agents.runtime.orphan import orphan_marker, recover_file
-from agents.runtime.worker import STOP_FILE, switch_file, switched_marker, transferring_marker
-from agents.runtime.worlds import renumbered_marker
+from parallelism.engine.launch import RANK_MALLOC_ENV
+from agents.runtime.run_files import (STOP_FILE, orphan_marker, recover_file, renumbered_marker, switch_file,
+                                      switched_marker, transferring_marker)
 from agents.processes import Child
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 A checkpoint is the job's whole training state at a step boundary: every rank's boxes of
 params, fp32 masters and Adam moments, written with torch.distributed.checkpoint through
-agents/engine/checkpoint.py (the DTensor view of our shards the checkpoint-restart
+parallelism/engine/checkpoint.py (the DTensor view of our shards the checkpoint-restart
 baseline uses), plus the scalars (step, which is also the LR schedule's position, data
 position, RNG state) and the state's digests. Layout: `<checkpoint_dir>/step-00000040-0/`
 (step, then the restore the writing world came from, 0 for the first: a world restarted
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from agents import protocol
-from agents.layout.tensors import Model
+from parallelism.layout.tensors import Model
 
 COMPLETE = protocol.CHECKPOINT_COMPLETE_MARKER
 SCALARS = "scalars.pt"
@@ -69,7 +69,7 @@ class Checkpointer:
         self.meshes: dict | None = None
 
     def prepare(self, placement, *, force: bool = False) -> None:
-        from agents.engine.checkpoint import layout_meshes
+        from parallelism.engine.checkpoint import layout_meshes
 
         self.meshes = layout_meshes(placement) if (self.interval or force) else None
 
@@ -83,9 +83,9 @@ class Checkpointer:
         import torch
         import torch.distributed.checkpoint as dcp
 
-        from agents.engine.checkpoint import to_dtensors
-        from agents.engine.digest import state_digests
-        from agents.training.run import build_trainer
+        from parallelism.engine.checkpoint import to_dtensors
+        from parallelism.engine.digest import state_digests
+        from parallelism.training.run import build_trainer
 
         started = time.perf_counter()
         placement, meshes, layout = trainer.placement, trainer.meshes, str(trainer.placement.layout)
@@ -116,12 +116,12 @@ def restore(model: Model, layout: str, rank: int, path: str | Path, meshes: dict
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from agents.engine.checkpoint import to_dtensors
-    from agents.engine.digest import state_digests
-    from agents.engine.shards import empty_shard, rank_boxes
-    from agents.layout.placement import place
-    from agents.training.data import DataPosition
-    from agents.training.parallel import TrainScalars
+    from parallelism.engine.checkpoint import to_dtensors
+    from parallelism.engine.digest import state_digests
+    from parallelism.engine.shards import empty_shard, rank_boxes
+    from parallelism.layout.placement import place
+    from parallelism.training.data import DataPosition
+    from parallelism.training.parallel import TrainScalars
 
     path = Path(path)
     if not (path / COMPLETE).exists():

@@ -24,18 +24,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from agents import protocol
+from agents.runtime.run_files import orphan_marker, recover_file, renumbered_marker
 
 # Where gloo's errors come from when a peer's connection closes, resets or times out.
 _GLOO_TRANSPORT = "/gloo/transport/"
 POLL_SECONDS = 0.2
-
-
-def orphan_marker(rank: int) -> str:
-    return f"orphaned-rank-{rank}.json"
-
-
-def recover_file(restore_id: int) -> str:
-    return f"recover-{restore_id}.json"
 
 
 def peer_lost(exc: BaseException) -> bool:
@@ -127,9 +120,9 @@ def recover(orphan: Orphan, order: protocol.JobRecoverOrder, settings):
     Under a device map that renumbers ranks, the new layout's world is formed with the new
     numbers, and the rank leaves its marker for its agent once its trainer is built
     (`renumbered`: the marker's name, or None)."""
-    from agents.engine.digest import shard_digest
-    from agents.engine.switch import switch_state
-    from agents.runtime.worlds import join_world, rendezvous_store, renumbered_marker, renumbered_world
+    from parallelism.engine.digest import shard_digest
+    from parallelism.engine.switch import switch_state
+    from agents.runtime.worlds import join_world, rendezvous_store, renumbered_world
 
     import torch.distributed as dist
 

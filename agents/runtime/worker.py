@@ -20,7 +20,7 @@ A switch, with the joining ranks' start-up hidden behind training:
 2. at the first step boundary where `joined` is complete, the old ranks agree, rank 0
    broadcasts the order, every old rank hands its state over, leaves the old world and
    joins the union world (ranks 0 .. max(old, new) - 1) on that store;
-3. the engine moves the state (agents/engine/switch.py switch_state: plan fingerprints,
+3. the engine moves the state (parallelism/engine/switch.py switch_state: plan fingerprints,
    rounds, digest verification); ranks outside the new layout exit, the others build the
    new layout's trainer and go on. Rank 0 reports `ready`, `transferring` and
    `committed` with the timings (prepare: order seen to all joined, hidden behind
@@ -44,29 +44,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agents import protocol
-from agents.layout.model_request import ModelConfig, NamesAModel, resolved_field
-from agents.runtime.worlds import backend, join_world, renumbered_marker, renumbered_world, rendezvous_store
+from parallelism.layout.model_request import ModelConfig, NamesAModel, resolved_field
+from agents.runtime.run_files import (STOP_FILE, done_switches, renumbered_marker, switch_file, switched_marker,
+                                      transferring_marker)
+from agents.runtime.worlds import backend, join_world, renumbered_world, rendezvous_store
 
-STOP_FILE = "stop"
 # The LR schedule's length. Not max_steps: stopping a job early (or late) must not change
 # what it trains on the steps it does run.
 SCHEDULE_STEPS = 10_000
-
-
-def switch_file(transition_id: int) -> str:
-    return f"switch-{transition_id}.json"
-
-
-def transferring_marker(transition_id: int, rank: int) -> str:
-    """The file a joining rank leaves once it is in the union world: from then on the old
-    ranks roll the switch back if it dies (rank 0 reports it), nobody else has to."""
-    return f"transferring-{transition_id}-rank-{rank}"
-
-
-def switched_marker(transition_id: int, rank: int) -> str:
-    """The file a joining rank leaves in its run folder once the switch has moved its state
-    (its agent then treats its death as the job's failure, no longer as an aborted switch)."""
-    return f"switched-{transition_id}-rank-{rank}"
 
 
 class Reporter:
@@ -152,8 +137,8 @@ class JobSettings(NamesAModel):
     def config(self, layout: str):
         """TrainConfig for a layout: micro-batches per step follow the data parallelism the
         batch is cut over (a multimodal model's LLM's: the encoder's only splits its own work)."""
-        from agents.layout.placement import batch_dp, place
-        from agents.training.parallel import TrainConfig
+        from parallelism.layout.placement import batch_dp, place
+        from parallelism.training.parallel import TrainConfig
 
         dp = batch_dp(place(self.tensors, layout))
         return TrainConfig(model=self.model, global_batch=self.global_batch, seq_len=self.seq,
@@ -165,7 +150,7 @@ def _trainer(settings: JobSettings, layout: str, rank: int, shards: dict, scalar
     """The model's trainer for `layout` (run.build_trainer: HeteroTrainer for a multimodal
     model; collective: every rank of the default group calls it), with the checkpoint
     meshes built alongside while every rank is still there."""
-    from agents.training.run import build_trainer
+    from parallelism.training.run import build_trainer
 
     trainer = build_trainer(settings.config(layout), layout, rank, shards, scalars)
     ckpt.prepare(trainer.placement)
@@ -200,7 +185,7 @@ class Boundary:
         with ranks of the job, so no rank has to be told."""
         from concurrent.futures import ThreadPoolExecutor
 
-        from agents.engine.switch import prepare_switch
+        from parallelism.engine.switch import prepare_switch
 
         for path in self.run_dir.glob("switch-*.json"):
             tid = path.stem.split("-", 1)[1]
@@ -215,7 +200,7 @@ class Boundary:
     def prepared(self, order: protocol.JobSwitchOrder, spec, src: str):
         """The order's PreparedSwitch, planned ahead (waiting for it if it is still being
         planned) or now."""
-        from agents.engine.switch import prepare_switch
+        from parallelism.engine.switch import prepare_switch
 
         future = self.ahead.pop(order.transition_id, None)
         if future is not None:
@@ -308,7 +293,7 @@ def _kept_state(shards: dict, untouched: set) -> dict:
     pause). A device shard that the switch rewrites or frees (not in `untouched`: the same
     box in the new layout, which the engine keeps as it is) is copied to the host, so that
     the device memory it frees serves the new layout."""
-    from agents.engine.shards import LocalShard
+    from parallelism.engine.shards import LocalShard
 
     return {key: s if key in untouched or s.data.device.type == "cpu"
             else LocalShard(s.tensor, s.state, s.box, s.data.detach().to("cpu", copy=True))
@@ -323,7 +308,7 @@ def _switch_old_rank(trainer, order: protocol.JobSwitchOrder, settings: JobSetti
     pause, in order, the checkpointer of the rank the process now is)."""
     import torch.distributed as dist
 
-    from agents.engine.switch import switch_state
+    from parallelism.engine.switch import switch_state
 
     phases: dict[str, float] = {}
     clock = time.perf_counter()
@@ -404,7 +389,7 @@ def _round_reporter(reporter: Reporter, order: protocol.JobSwitchOrder, rank: in
     round reached and its measured wave so far (other ranks send nothing)."""
     if rank != 0:
         return None
-    from agents.engine.progress import Throttle
+    from parallelism.engine.progress import Throttle
 
     throttle = Throttle(PROGRESS_INTERVAL)
 
@@ -435,8 +420,8 @@ def _join(order: protocol.JobSwitchOrder, rank: int, settings: JobSettings, run_
     """A joining process (`rank`: its number in the union world): prepare while the old
     ranks train, then take part in the switch. Returns (trainer or None when the process
     takes no rank, the checkpointer of the rank it takes)."""
-    from agents.training.parallel import TrainScalars
-    from agents.engine.switch import prepare_switch, switch_state
+    from parallelism.training.parallel import TrainScalars
+    from parallelism.engine.switch import prepare_switch, switch_state
 
     spec = settings.tensors
     prepared = prepare_switch(spec, order.src_layout, order.layout, rank, joining=True,
@@ -578,12 +563,6 @@ def _survive(orphan, settings: JobSettings, run_dir: Path, node: str, broker: st
     return trainer, settings, rank, reporter, ckpt, (order.restore_id, report, orphan.lost_at, dict(report.phases))
 
 
-def _done_switches(run_dir: Path) -> set[int]:
-    """Switch orders already in the run folder: all finished (a recovery runs only when no
-    transition was active), so the recovered world's rank 0 must not take them up again."""
-    return {int(p.stem.split("-", 1)[1]) for p in run_dir.glob("switch-*.json") if p.stem.split("-", 1)[1].isdigit()}
-
-
 def signal_abort(order: protocol.JobSwitchOrder, reason: str) -> None:
     """Tell rank 0 (through the union store's `abort` key) that a switch cannot happen."""
     _store(order, master=False, timeout=10).set("abort", reason)
@@ -599,11 +578,11 @@ def _freeze_imports() -> None:
 
     import torch.distributed.pipelining  # noqa: F401 (0.47 s here: in a pause it cost a switch into pp > 1 as much)
 
-    import agents.engine.execute  # noqa: F401
+    import parallelism.engine.execute  # noqa: F401
     import agents.runtime.checkpoints  # noqa: F401
     import agents.runtime.orphan  # noqa: F401
-    import agents.engine.switch  # noqa: F401
-    import agents.training.run  # noqa: F401
+    import parallelism.engine.switch  # noqa: F401
+    import parallelism.training.run  # noqa: F401
 
     gc.collect()
     gc.freeze()
@@ -642,10 +621,10 @@ def main(argv: list[str]) -> int:
     else:
         import torch.distributed as dist
 
-        from agents.layout.placement import place
+        from parallelism.layout.placement import place
         from agents.runtime.checkpoints import restore
-        from agents.training.parallel import initial_shards
-        from agents.training.run import build_trainer
+        from parallelism.training.parallel import initial_shards
+        from parallelism.training.run import build_trainer
 
         order = protocol.JobStartOrder.model_validate_json(path.read_text())
         settings = JobSettings.of(order)
@@ -682,7 +661,7 @@ def main(argv: list[str]) -> int:
             print(f"rank {orphan.rank}: leaves after its world broke", file=sys.stderr)
             return 0
         trainer, settings, rank, reporter, ckpt, committed = resumed
-        done = _done_switches(path.parent)
+        done = done_switches(path.parent)
     print(f"rank {rank}: {steps} steps in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return 0
 

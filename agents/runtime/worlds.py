@@ -47,11 +47,3 @@ def renumbered_world(store, prefix: str, rank: int | None, world: int, timeout: 
         return False
     join_world(store, prefix, rank, world, timeout)
     return True
-
-
-def renumbered_marker(order_file: str) -> str:
-    """The file a rank of the new layout leaves in its run folder once a switch (order file
-    `order_file`: a switch or a recovery order) whose device map gave ranks other processes
-    has built its new trainer, past the switch's last point of rollback: its agent then
-    renumbers the job's processes there by that order's map."""
-    return f"renumbered-{order_file}"

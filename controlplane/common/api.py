@@ -14,7 +14,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agents.layout.hf_config import SUPPORTED_TYPES
+from parallelism.layout.hf_config import SUPPORTED_TYPES
 from controlplane.cluster.selectors import inventory_counts, lost_nodes
 from controlplane.common import inputs
 from controlplane.common.errors import PayloadTooLarge

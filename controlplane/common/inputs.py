@@ -4,7 +4,7 @@ with the same words. Each refusal is an InvalidInput (HTTP 400) naming the field
 rule, never a server path.
 
 - integers stay within the database's column range (INT32_MAX);
-- a layout spans at most agents.layout.spec.MAX_WORLD GPUs (checked while parsing), and a
+- a layout spans at most parallelism.layout.spec.MAX_WORLD GPUs (checked while parsing), and a
   plan computed inside a request at most MAX_PLAN_WORLD ranks;
 - a model is a catalog name or a config stored under the models folder, never a path on
   the server (catalog.get_config(paths=False));
@@ -18,12 +18,12 @@ import os
 
 from django.conf import settings
 
-from agents.layout.catalog import get_config, model_from_config
-from agents.layout.errors import LayoutError
-from agents.layout.model_config import ModelConfig
-from agents.layout.placement import Placement, batch_dp, place
-from agents.layout.spec import MAX_WORLD
-from agents.layout.tensors import Model
+from parallelism.layout.catalog import get_config, model_from_config
+from parallelism.layout.errors import LayoutError
+from parallelism.layout.model_config import ModelConfig
+from parallelism.layout.placement import Placement, batch_dp, place
+from parallelism.layout.spec import MAX_WORLD
+from parallelism.layout.tensors import Model
 from controlplane.common.errors import InvalidInput
 from controlplane.common.limits import INT32_MAX, MAX_PLAN_WORLD, MAX_SEQ_LEN  # noqa: F401 (the API's bounds, here)
 

@@ -1,9 +1,9 @@
 """The models a job or an emulation can name: the catalog, and Hugging Face config.json
-files stored under agents.layout.catalog.models_dir() (<name>/config.json), which every
+files stored under parallelism.layout.catalog.models_dir() (<name>/config.json), which every
 agent of the cluster reads too. An upload is bounded: a JSON object of at most
 MAX_CONFIG_BYTES, stored under a plain name (catalog.MODEL_NAME_RE, never a path) that is
 neither a catalog name nor a stored model already (a stored config is never replaced: a job
-may train from it), and only once agents.layout's reader accepts it. It is written into a
+may train from it), and only once parallelism.layout's reader accepts it. It is written into a
 temporary folder beside its place and renamed there, so a reader never sees half a file."""
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import os
 import shutil
 import tempfile
 
-from agents.layout.catalog import (MODEL_NAME_RE, catalog_names, get_config, get_model, model_summary, models_dir,
+from parallelism.layout.catalog import (MODEL_NAME_RE, catalog_names, get_config, get_model, model_summary, models_dir,
                                    stored_config_path)
-from agents.layout.errors import LayoutError
-from agents.layout.hf_config import load_hf_config
+from parallelism.layout.errors import LayoutError
+from parallelism.layout.hf_config import load_hf_config
 from controlplane.common.errors import InvalidInput
 
 MAX_CONFIG_BYTES = 64 * 1024  # a Hugging Face config.json is 1-5 KiB

@@ -8,7 +8,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agents import protocol
-from agents.layout.catalog import model_from_config
+from parallelism.layout.catalog import model_from_config
 from controlplane.cluster.lifecycle import NodeState
 from controlplane.cluster.models import Node
 from controlplane.common import inputs
@@ -70,7 +70,7 @@ def emulation_create(*, configs: list[dict], created_by=None) -> list[EmulationR
 def emulation_search_create(*, config: dict, top: int, created_by=None) -> EmulationRun:
     """Store a queued search for one setting (`config` without a layout) and send it to the
     `emulate` queue on commit: an agent ranks the layouts worth emulating and reports them
-    as the run's result (agents/emulator/search_candidates.py); the web process never runs
+    as the run's result (parallelism/emulator/search_candidates.py); the web process never runs
     the emulator."""
     problems = {}
     try:

@@ -1,6 +1,6 @@
 """The GPU counts an elastic job may take, each with the layout the resize proposals rank
 first (proposals.RANKING_RULE) and its predicted step time: the elastic scheduler's
-`options` (agents/layout/elastic_inputs.SizeOption). Pure: no database, no emulator.
+`options` (parallelism/layout/elastic_inputs.SizeOption). Pure: no database, no emulator.
 
 Which counts: every count from min_gpus up to one node's GPUs, and above that whole nodes
 only (multiples of gpus_per_node): a job larger than a node takes whole nodes, and ranking
@@ -9,9 +9,9 @@ count no layout fits (memory, batch, heads) is left out.
 """
 from __future__ import annotations
 
-from agents.layout.elastic_inputs import SizeOption
-from agents.layout.errors import LayoutError
-from agents.layout.tensors import Model
+from parallelism.layout.elastic_inputs import SizeOption
+from parallelism.layout.errors import LayoutError
+from parallelism.layout.tensors import Model
 from controlplane.jobs.proposals import propose
 
 

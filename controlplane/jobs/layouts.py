@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from agents.layout.errors import LayoutError
-from agents.layout.placement import batch_dp
-from agents.layout.spec import Layout, ModuleLayout, parse_layout
-from agents.layout.tensors import Model
+from parallelism.layout.errors import LayoutError
+from parallelism.layout.placement import batch_dp
+from parallelism.layout.spec import Layout, ModuleLayout, parse_layout
+from parallelism.layout.tensors import Model
 from controlplane.common.errors import InvalidInput
 from controlplane.jobs.models import Job
 from controlplane.jobs.services import layout_check

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.planner.estimate import estimate_seconds
-from agents.planner.plan import PlanOptions, RoutingPlan, plan_routes
-from agents.layout.tensors import STATE_BYTES, Model
+from parallelism.planner.estimate import estimate_seconds
+from parallelism.planner.plan import PlanOptions, RoutingPlan, plan_routes
+from parallelism.layout.tensors import STATE_BYTES, Model
 
 MAX_MATRIX_WORLD = 512  # beyond this the src x dst matrix is left out (it would be 2 MB+ of JSON)
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-from agents.layout.errors import LayoutError
-from agents.layout.job_memory import state_bytes_per_rank
-from agents.layout.placement import Placement, place
-from agents.layout.spec import Layout, ModuleLayout, parse_layout
-from agents.layout.tensors import Model
+from parallelism.layout.errors import LayoutError
+from parallelism.layout.job_memory import state_bytes_per_rank
+from parallelism.layout.placement import Placement, place
+from parallelism.layout.spec import Layout, ModuleLayout, parse_layout
+from parallelism.layout.tensors import Model
 
 RANKING_RULE = ("fits in GPU memory first, then the lower predicted step time (the measured step time "
                 "scaled by work per GPU and by the pipeline bubble), then fewer model-parallel ranks "
@@ -60,7 +60,7 @@ def _bubble(global_batch: int, micro_batch: int, dp: int, pp: int) -> float:
 
 def candidate_layouts(model: Model, gpus: int, current: Layout, global_batch: int, micro_batch: int) -> list[Placement]:
     """Every tp x pp x dp = gpus layout the model, the batch and the training runtime accept
-    (the current zero kept); kv heads fewer than tp are replicated (agents/training/kv_heads.py)."""
+    (the current zero kept); kv heads fewer than tp are replicated (parallelism/training/kv_heads.py)."""
     if gpus < 1:
         raise LayoutError(f"gpus={gpus} must be >= 1")
     if current.is_heterogeneous or current.modules[0].first_rank is not None:

@@ -3,7 +3,7 @@ and send every involved node its JobSwitchOrder (agents/protocol.py).
 
 The switch runs on the union world (agents/runtime/worker.py): process p below the old
 world size is the job's rank p on its GPU, processes from the old world size up are new
-ones on newly allocated GPUs. The plan's device map (agents/planner/rank_map.py) chooses
+ones on newly allocated GPUs. The plan's device map (parallelism/planner/rank_map.py) chooses
 which process takes which new rank so that the fewest bytes cross the network (rank 0
 stays on process 0); processes that take no rank leave after handing their state over.
 So only the joining processes need GPUs, and a tensor-parallel group of the new layout
@@ -21,11 +21,11 @@ from collections import defaultdict
 from django.db import transaction
 
 from agents import protocol
-from agents.layout.allocate import AllocationError, FreeGpus, allocate
-from agents.layout.errors import LayoutError
-from agents.layout.placement import Placement, batch_dp, place, tp_block
-from agents.planner.plan import PlanOptions, plan_routes
-from agents.layout.spec import parse_layout
+from parallelism.layout.allocate import AllocationError, FreeGpus, allocate
+from parallelism.layout.errors import LayoutError
+from parallelism.layout.placement import Placement, batch_dp, place, tp_block
+from parallelism.planner.plan import PlanOptions, plan_routes
+from parallelism.layout.spec import parse_layout
 from controlplane.cluster.models import Node
 from controlplane.cluster.selectors import gpus_lock_free, gpus_per_node
 from controlplane.cluster.services import gpus_allocate
@@ -53,7 +53,7 @@ def place_joining(job: Job, dst: Placement, free: dict[str, list[int]], process_
     a block on an aligned block of processes. A process block of old processes only must
     already be on one node (processes never move). A block that straddles the old world
     size gets its joining processes on the node of its old ones (that node's free GPUs in
-    index order). The blocks of joining processes only go through agents.layout.allocate,
+    index order). The blocks of joining processes only go through parallelism.layout.allocate,
     which numbers slots from 0: its slot i becomes process first_joining_block + i, so its
     whole-block placement carries over. Conflict otherwise. `free` (node -> free GPU
     indices) loses the GPUs taken."""

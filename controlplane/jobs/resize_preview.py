@@ -7,9 +7,9 @@ import statistics
 
 from django.db.models import Min
 
-from agents.layout.errors import LayoutError
-from agents.layout.placement import place
-from agents.layout.spec import parse_layout
+from parallelism.layout.errors import LayoutError
+from parallelism.layout.placement import place
+from parallelism.layout.spec import parse_layout
 from controlplane.cluster.models import Gpu
 from controlplane.cluster.selectors import gpus_per_node
 from controlplane.common import inputs

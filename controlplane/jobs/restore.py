@@ -12,7 +12,7 @@ sweep marks the dead node lost.
    active resize ends aborted, saying so; a `control.job_restore` task is queued to run
    once a dead node has surely been marked lost (lost-after + 2 heartbeats), soon when the
    loss is already known.
-2. job_restore (that task): agents.layout.recovery decides. Survivors: survivors.py. Else
+2. job_restore (that task): parallelism.layout.recovery decides. Survivors: survivors.py. Else
    the checkpoint: the job's GPUs on healthy nodes are the survivors; the layout
    for their count follows the resize rule (resize.layout_for_resize); the ranks are placed
    on them (TP blocks on one node), a `restore` transition records what happens (reason:
@@ -33,9 +33,9 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError
 
 from agents import protocol
-from agents.layout.placement import tp_block
-from agents.layout.allocate import AllocationError, FreeGpus, allocate
-from agents.layout.recovery import CHECKPOINT, FAIL, SURVIVORS, Recovery, recovery_rule, survivors_cover
+from parallelism.layout.placement import tp_block
+from parallelism.layout.allocate import AllocationError, FreeGpus, allocate
+from parallelism.layout.recovery import CHECKPOINT, FAIL, SURVIVORS, Recovery, recovery_rule, survivors_cover
 from controlplane.cluster.lifecycle import GpuState, NodeState
 from controlplane.cluster.models import Gpu
 from controlplane.celery import app
@@ -74,7 +74,7 @@ def _ranks_off(job: Job, nodes: set[str]) -> set[int]:
 
 def survivors_note(job: Job, alive: set[tuple[str, int]]) -> str:
     """Whether the job's old ranks on the surviving GPUs still held every state element of
-    its layout (agents.layout.survivors), said in a checkpoint restore's row."""
+    its layout (parallelism.layout.survivors), said in a checkpoint restore's row."""
     ranks = {slot["rank"] for slot in job.placement if (slot["node"], slot["gpu"]) in alive}
     missing = survivors_cover(layout_check(model=inputs.model_of(job.model), layout=job.layout), ranks)
     return missing or f"the surviving ranks ({len(ranks)} of {job.world_size}) still held a full replica of the state"
@@ -85,7 +85,7 @@ def restore_begin(job: Job, *, cause: str, known_lost: bool, lost_nodes: set[str
     """The locked live job lost ranks (`cause` says how, `detail` with the error when there
     is one; `lost_nodes`: where, when known).
     It can recover when it has a checkpoint, or when its ranks elsewhere may take over
-    (no transition active and they hold every state element; agents.layout.recovery):
+    (no transition active and they hold every state element; parallelism.layout.recovery):
     -> restoring, the recovery task queued, True. Else False (the caller fails it)."""
     if job.state == JobState.RESTORING:
         if lost_nodes:
@@ -179,7 +179,7 @@ def _live_orphans(job: Job, alive: list[Gpu]) -> dict[int, int]:
 
 
 def job_restore(*, job_id: int, early: bool = False) -> Transition | None:
-    """Recover a restoring job (agents.layout.recovery): on its surviving ranks without a
+    """Recover a restoring job (parallelism.layout.recovery): on its surviving ranks without a
     checkpoint when they may (survivors.py), else restart it from its latest checkpoint on
     its GPUs of healthy nodes, else fail it. Returns the restore transition. `early`: the
     first look, which acts only when the survivors take over (the final one decides)."""

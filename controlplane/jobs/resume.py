@@ -15,7 +15,7 @@ from pathlib import Path
 
 from django.utils import timezone
 
-from agents.layout.tensors import Model
+from parallelism.layout.tensors import Model
 from agents.protocol import CHECKPOINT_COMPLETE_MARKER as COMPLETE
 from controlplane.common import inputs
 from controlplane.common.errors import InvalidInput

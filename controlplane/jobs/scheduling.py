@@ -11,8 +11,8 @@ from collections import defaultdict
 
 from django.db import transaction
 
-from agents.layout.allocate import AllocationError, FreeGpus, allocate
-from agents.layout.placement import batch_dp, tp_block
+from parallelism.layout.allocate import AllocationError, FreeGpus, allocate
+from parallelism.layout.placement import batch_dp, tp_block
 from controlplane.cluster.selectors import gpus_lock_free
 from controlplane.cluster.services import gpus_allocate
 from controlplane.common import inputs

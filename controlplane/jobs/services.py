@@ -9,11 +9,11 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q
 
-from agents.layout.catalog import model_from_config
-from agents.layout.errors import LayoutError
-from agents.layout.placement import Placement, hetero_refusal
-from agents.layout.spec import parse_layout
-from agents.layout.tensors import Model
+from parallelism.layout.catalog import model_from_config
+from parallelism.layout.errors import LayoutError
+from parallelism.layout.placement import Placement, hetero_refusal
+from parallelism.layout.spec import parse_layout
+from parallelism.layout.tensors import Model
 from controlplane.cluster.events import GROUP, STREAM, JobEvent
 from controlplane.cluster.selectors import inventory_capacity, job_view
 from controlplane.cluster.services import gpus_release
@@ -41,9 +41,9 @@ def layout_for_gpus(*, model: str, gpus: int) -> str:
 def _capacity_problems(config, placement: Placement, *, micro_batch: int, seq_len: int,
                        field: str) -> dict[str, list[str]]:
     """A job must fit the cluster: no more GPUs than the inventory has, and (estimated, see
-    agents/layout/job_memory.py) no more memory per GPU than its smallest GPU holds. (An
+    parallelism/layout/job_memory.py) no more memory per GPU than its smallest GPU holds. (An
     empty inventory, before the first agent registers, has nothing to compare with.)"""
-    from agents.layout.job_memory import estimate
+    from parallelism.layout.job_memory import estimate
     from controlplane.cluster.selectors import inventory_capacity
 
     gpus, smallest = inventory_capacity()

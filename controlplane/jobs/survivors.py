@@ -1,5 +1,5 @@
 """Switch a job onto its surviving ranks without a checkpoint (docs/elastic.md, "Failures
-and recovery"): called by restore.job_restore when agents.layout.recovery says they may.
+and recovery"): called by restore.job_restore when parallelism.layout.recovery says they may.
 
 The survivors are processes that outlived their world and keep their state. They meet at
 a fresh rendezvous (the old store may have died with rank 0's node) renumbered 0..n-1
@@ -20,10 +20,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from agents import protocol
-from agents.layout.errors import LayoutError
-from agents.layout.placement import batch_dp, tp_block
-from agents.planner.plan import PlanOptions, plan_routes
-from agents.layout.recovery import SurvivorWorld
+from parallelism.layout.errors import LayoutError
+from parallelism.layout.placement import batch_dp, tp_block
+from parallelism.planner.plan import PlanOptions, plan_routes
+from parallelism.layout.recovery import SurvivorWorld
 from controlplane.cluster.models import Gpu, Node
 from controlplane.cluster.selectors import gpus_per_node
 from controlplane.cluster.services import gpus_release

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from agents.layout.elastic_inputs import SizeOption
+from parallelism.layout.elastic_inputs import SizeOption
 from benchmarks.elastic_scheduler import MODES, replay
 from benchmarks.elastic_trace import HOUR, Arrival, Template, day_trace
 

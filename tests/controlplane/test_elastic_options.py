@@ -4,7 +4,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agents.layout.catalog import get_model
+from parallelism.layout.catalog import get_model
 from controlplane.jobs.elastic_options import candidate_sizes, size_options
 from controlplane.jobs.proposals import propose
 

@@ -108,6 +108,6 @@ def test_a_bad_search_is_refused_with_the_field_and_reason(token_client, changes
 def test_the_web_process_does_not_load_the_emulator_for_a_search() -> None:
     code = ("import django, os, sys; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'controlplane.settings'); "
             "django.setup(); import controlplane.urls, controlplane.emulation.api, frontend.compare_views; "
-            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('agents.emulator')))")
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('parallelism.emulator')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"

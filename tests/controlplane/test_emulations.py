@@ -120,6 +120,6 @@ async def test_emulation_events_reach_a_websocket_client(user, emulate_queue) ->
 
 
 def test_the_protocol_lists_the_emulators_devices() -> None:
-    from agents.emulator.devices import PROFILES
+    from parallelism.emulator.devices import PROFILES
 
     assert set(protocol.EMULATOR_DEVICES) == set(PROFILES)

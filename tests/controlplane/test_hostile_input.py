@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from agents.layout.catalog import catalog_names
+from parallelism.layout.catalog import catalog_names
 from controlplane.common.api_inputs import MAX_JSON_DEPTH, MAX_PAGE
 from controlplane.jobs import scheduling
 from controlplane.jobs.models import Job

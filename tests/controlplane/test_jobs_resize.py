@@ -16,7 +16,7 @@ from django.utils import timezone as dj_timezone
 
 from agents import protocol
 from tests.support.reports import report_of
-from agents.layout.catalog import get_model
+from parallelism.layout.catalog import get_model
 from controlplane.cluster import services as cluster
 from controlplane.cluster.events import JobEvent
 from controlplane.cluster.models import Gpu

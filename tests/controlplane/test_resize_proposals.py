@@ -9,14 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.reports import report_of
-from agents.layout.catalog import get_model
-from agents.layout.errors import LayoutError
-from agents.layout.placement import place
-from agents.planner.plan import PlanOptions, plan_routes
-from agents.layout.shards import STATE_CLASS, full_box, holder_boxes
-from agents.layout.tensors import STATE_BYTES, STATES
+from parallelism.layout.catalog import get_model
+from parallelism.layout.errors import LayoutError
+from parallelism.layout.placement import place
+from parallelism.planner.plan import PlanOptions, plan_routes
+from parallelism.layout.shards import STATE_CLASS, full_box, holder_boxes
+from parallelism.layout.tensors import STATE_BYTES, STATES
 from controlplane.jobs.plan_preview import plan_preview, route_matrix
-from agents.layout.job_memory import state_bytes_per_rank
+from parallelism.layout.job_memory import state_bytes_per_rank
 from controlplane.jobs.proposals import propose
 
 TINY = get_model("tiny-gpt")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.layout.spec import parse_layout
+from parallelism.layout.spec import parse_layout
 from tests.support.stack import wait_for, wait_for_transition_end
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

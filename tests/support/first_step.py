@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import torch
 
-from agents.engine.checkpoint import checkpoint_switch
-from agents.engine.launch import run_ranks
-from agents.engine.shards import LocalShard
-from agents.layout.catalog import get_model
-from agents.layout.placement import place
-from agents.layout.shards import b_dim
-from agents.training.parallel import ParallelTrainer, TrainConfig, initial_shards
+from parallelism.engine.checkpoint import checkpoint_switch
+from parallelism.engine.launch import run_ranks
+from parallelism.engine.shards import LocalShard
+from parallelism.layout.catalog import get_model
+from parallelism.layout.placement import place
+from parallelism.layout.shards import b_dim
+from parallelism.training.parallel import ParallelTrainer, TrainConfig, initial_shards
 
 
 def first_step_moments(rank: int, world: int, config: TrainConfig, layout: str) -> dict:
@@ -49,7 +49,7 @@ def switch_against_the_checkpoint_path(spec, shards: dict, scalars, src: str, ds
     """Switch handed-over `shards` from layout src to dst with the engine and assert every
     new shard equals, bit for bit, what torch.distributed.checkpoint loads into dst from a
     checkpoint of src (the oracle). Returns switch_state's (new shards, scalars, report)."""
-    from agents.training.run import switch_state
+    from parallelism.training.run import switch_state
 
     reference = checkpoint_switch(place(spec, src), place(spec, dst), rank, shards, folder)
     new, scalars, report = switch_state(spec, shards, scalars, src, dst, rank, staging_bytes=256 * 1024)

@@ -13,7 +13,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from agents.processes import group_members
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -218,3 +217,18 @@ class SharedStack(StackProcess):
             except subprocess.TimeoutExpired:
                 os.killpg(agent.pid, signal.SIGKILL)
         return super().stop(timeout)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes in a process group (Linux /proc), to prove nothing was left."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members

@@ -5,10 +5,10 @@ each one bit-exact against the checkpoint path and verified, beside an unswitche
 within (switches + 1) x that noise of the unswitched one, and the model learns."""
 from __future__ import annotations
 
-from agents.engine.launch import run_ranks
-from agents.layout.placement import place
-from agents.training.parallel import ParallelTrainer, TrainConfig, initial_shards
-from agents.training.run import Switch, train_rank
+from parallelism.engine.launch import run_ranks
+from parallelism.layout.placement import place
+from parallelism.training.parallel import ParallelTrainer, TrainConfig, initial_shards
+from parallelism.training.run import Switch, train_rank
 from tests.support.first_step import switch_against_the_checkpoint_path
 
 

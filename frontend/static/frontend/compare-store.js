@@ -58,7 +58,7 @@ export function errorLines(body, prefix = "") {
   return [String(body)];
 }
 
-// The search's choice among finished runs (agents/emulator/search.py top_fitting): the `top`
+// The search's choice among finished runs (parallelism/emulator/search.py top_fitting): the `top`
 // fastest (tokens/s) that fit in memory.
 export function searchTop(runs, top) {
   return runs.filter((r) => r.state === "done" && r.result && r.result.memory && r.result.memory.fits)

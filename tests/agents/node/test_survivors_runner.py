@@ -12,7 +12,7 @@ import signal
 import pytest
 
 from agents import protocol
-from agents.layout.spec import parse_layout
+from parallelism.layout.spec import parse_layout
 from agents.node.jobs import JobRunner
 from tests.agents.node.test_job_runner import (free_loopback_port, reports_of_job, broker_messages, start_order, wait_until,  # noqa: F401
                                                broker)
@@ -175,8 +175,8 @@ def test_survivors_switch_under_a_device_map_and_their_agents_renumber_them(brok
     gives new rank 1 (stage 0) to old rank 1 and new rank 2 (stage 1) to old rank 3: every
     survivor keeps its stage. The ranks form the new world under the new numbers, their
     agents renumber them, and training goes on from the next step, verified."""
-    from agents.layout.catalog import get_model
-    from agents.planner.plan import PlanOptions, plan_routes
+    from parallelism.layout.catalog import get_model
+    from parallelism.planner.plan import PlanOptions, plan_routes
 
     url, client = broker
     reports: dict[str, list] = {f"node-{i}": [] for i in (1, 2, 3)}

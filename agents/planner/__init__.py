@@ -1,2 +1,0 @@
-"""The routing planner: which bytes move where, in which rounds, under which device map, and
-what that costs in time and memory. Pure (stdlib and numpy), like agents/layout below it."""

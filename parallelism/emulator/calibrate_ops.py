@@ -1,0 +1,257 @@
+"""Calibrate the ops of a trace: the GEMMs and fused attentions it holds, timed at their own
+shapes and operand layouts, and the memory-bound ops by size (into op_tables.py's tables).
+
+`op_shapes` reads the distinct shapes out of traces (`shapes_by_residency`: cold or hot,
+by the trace's working set) and `collective_sizes` their collectives' sizes (made in the
+parent process, before the ranks start); the `measure_*` functions run on every rank at
+once, as a training step's ranks share the machine, and return rows for the profile's
+tables.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+from parallelism.emulator.op_tables import gemm_key
+from parallelism.emulator.recorder import causal_fraction
+from parallelism.emulator.trace import CommOp, ComputeOp, Trace
+
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def op_shapes(traces: list[Trace]) -> tuple[list, list]:
+    """(gemms, attentions) in the traces, each distinct once, sorted:
+    gemms (dtype, form, batch, m, n, k); attentions (direction, dtype, batch, heads, seq_q,
+    seq_kv, head_dim)."""
+    gemms, attentions = set(), set()
+    for trace in traces:
+        for stage in trace.stages:
+            for op in (*stage.forward, *stage.backward, *stage.optimizer):
+                if not isinstance(op, ComputeOp):
+                    continue
+                if op.kind == "matmul" and len(op.shape) in (3, 4) and min(op.shape) > 0:
+                    gemms.add((op.dtype, op.form or "nn", *gemm_key(op.shape)))
+                elif op.kind == "attention" and len(op.shape) == 5 and min(op.shape) > 0:
+                    attentions.add(("backward" if "backward" in op.name else "forward", op.dtype, *op.shape))
+    return sorted(gemms), sorted(attentions)
+
+
+def shapes_by_residency(traces: list[Trace], cache_bytes: int) -> dict[str, tuple[list, list]]:
+    """{"cold": op_shapes, "hot": op_shapes}: a trace whose stages hold more static state
+    (parameters, gradients, optimizer state) than the last-level cache meets its GEMMs and
+    attentions with operands from memory, so they are timed after a CacheFlush; a smaller
+    one (calibrate's tiny program model, whose whole state stays cached) hot. A shape of
+    both kinds is timed cold: the table holds one rate per shape."""
+    def held(trace: Trace) -> int:
+        return max(s.memory.static for s in trace.stages)
+
+    big = [t for t in traces if held(t) > cache_bytes]
+    small = [t for t in traces if held(t) <= cache_bytes]
+    cold = op_shapes(big)
+    timed_cold = [set(shapes) for shapes in cold]
+    hot = tuple([x for x in shapes if x not in seen] for shapes, seen in zip(op_shapes(small), timed_cold))
+    return {"cold": cold, "hot": hot}
+
+
+def merge_tables(a: dict, b: dict) -> dict:
+    """Two {key: {key: [rows]}} tables (measure_gemms / measure_attentions) as one."""
+    out = {k: {kk: list(rows) for kk, rows in v.items()} for k, v in a.items()}
+    for k, v in b.items():
+        for kk, rows in v.items():
+            out.setdefault(k, {}).setdefault(kk, []).extend(rows)
+    return out
+
+
+TABLE_KINDS = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+def collective_sizes(traces: list[Trace], world: int, tolerance: float = 0.02) -> dict[str, list[float]]:
+    """{kind: [bytes, ...]} of the traces' all-reduces, all-gathers and reduce-scatters over
+    `world` ranks inside one node: the collectives calibrate can time on this machine's
+    ranks at their own sizes. Sizes within `tolerance` of a smaller one are that one (a
+    table point stands for its neighbours), ascending.
+
+    Why at their own sizes: a measured ladder extrapolated past its largest point misses
+    what only large buffers do on a CPU (a 250 MB gloo all-gather took 0.4-1.5 s here, three
+    to ten times the ladder's extrapolation, docs/benchmarks-history.md session 7)."""
+    found: dict[str, set[float]] = {}
+    for trace in traces:
+        for stage in trace.stages:
+            for op in (*stage.forward, *stage.backward, *stage.optimizer, *stage.grad_sync, *stage.param_sync):
+                if (isinstance(op, CommOp) and op.kind in TABLE_KINDS and op.group_size == world
+                        and op.nodes == 1 and op.bytes > 0):
+                    found.setdefault(op.kind, set()).add(float(op.bytes))
+    out = {}
+    for kind, sizes in found.items():
+        kept: list[float] = []
+        for size in sorted(sizes):
+            if not kept or size > kept[-1] * (1 + tolerance):
+                kept.append(size)
+        out[kind] = kept
+    return out
+
+
+def typical_seconds(fn, repeats: int, before=None) -> float:
+    """The median of `repeats` runs after one warm-up. `before`, if given, runs untimed
+    ahead of every run (e.g. a CacheFlush).
+
+    The median, not the fastest: the emulator sums these times over a step's thousands of
+    ops, and a step cannot pick its moments as a best-of-N timing does. On a shared host
+    an op's fastest run is one the other guests left the memory bus alone for (DRAM rate
+    45-56 GB/s within 20 s here); the sum of per-op minima under-predicted even the
+    fastest real step of every layout of the CPU validation, by 6-17% (docs/benchmarks-history.md,
+    session 9). The median rather than the mean: one preempted run of five would move a
+    mean by its whole stall."""
+    fn()
+    samples = []
+    for _ in range(repeats):
+        if before is not None:
+            before()
+        started = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
+
+
+def last_level_cache_bytes(default: int = 32 * 2**20) -> int:
+    """The largest CPU cache of this machine (sysfs), `default` where it cannot be read."""
+    from pathlib import Path
+
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = path.read_text().strip().upper()
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes, default=default)
+
+
+class CacheFlush:
+    """Writes a buffer twice the size of the last-level cache, so that the op timed next
+    reads its operands from memory, as a training step does: each weight is used once per
+    pass and the step's working set (weights, saved activations, optimizer state) is many
+    times the cache. Timed hot, the GEMMs of a 124M-parameter step ran 15-50% faster than
+    inside the step (docs/benchmarks-history.md, session 8). triton.testing.do_bench clears the
+    GPU's L2 before each run for the same reason."""
+
+    def __init__(self, cache_bytes: int | None = None) -> None:
+        self.buffer = torch.empty(2 * (cache_bytes or last_level_cache_bytes()) // 4, dtype=torch.float32)
+
+    def __call__(self) -> None:
+        self.buffer.fill_(1.0)
+
+
+def _operand(rows: int, cols: int, letter: str, batch: int, dtype: torch.dtype) -> torch.Tensor:
+    """A (batch x) rows x cols matrix stored row by row ('n') or column by column ('t')."""
+    lead = (batch,) if batch > 1 else ()
+    if letter == "t":
+        return torch.randn(*lead, cols, rows, dtype=dtype).transpose(-2, -1)
+    return torch.randn(*lead, rows, cols, dtype=dtype)
+
+
+def _no_sync() -> None:
+    return None
+
+
+class ColdOperands:
+    """Copies of one operand, together at least `cold_bytes` (and at least two), handed out
+    in turn: timed with the next copy each run, an op reads that operand from memory while
+    the other one stays where the previous run left it."""
+
+    def __init__(self, make, operand_bytes: int, cold_bytes: int) -> None:
+        self.copies = [make() for _ in range(max(2, -(-cold_bytes // max(operand_bytes, 1)) + 1))]
+        self.index = 0
+
+    def current(self) -> torch.Tensor:
+        return self.copies[self.index]
+
+    def advance(self) -> None:
+        self.index = (self.index + 1) % len(self.copies)
+
+
+def measure_gemms(gemms: list, repeats: int = 3, sync=_no_sync, cold_bytes: int = 0) -> dict:
+    """{dtype: {form: [[batch, m, n, k, flop_per_second], ...]}} for each GEMM. With
+    `cold_bytes` (twice the last-level cache) the right operand is cold in every run and
+    the left one hot (ColdOperands), as in a step: a linear layer's forward x @ W^T and
+    input gradient g @ W read the weight from memory (each is used once per pass, and the
+    step's state is many times the cache) and the activation or gradient the op before just
+    wrote; its weight gradient g^T @ x reads the activation saved in the forward. Flushing
+    every operand (session 8) read the layer GEMMs up to 24% slower than this (a 768x768
+    weight's forward 1.04 against 0.84 ms), and their sum 17-21% above the real step's
+    matmul kernels (docs/benchmarks-history.md, session 9); 0 times them hot. `sync` (the
+    ranks' barrier) runs before each shape, so that every rank times the same GEMM at the
+    same moment, as a training step's ranks run theirs: a rank timing alone while its peer
+    waits has the shared cache and memory bandwidth to itself (on this 2-core machine the
+    same GEMM's rate moved by 25% between unsynchronized calibrations)."""
+    table: dict = {}
+    for dtype, form, batch, m, n, k in gemms:
+        sync()
+        a = _operand(m, k, form[0], batch, TORCH_DTYPES[dtype])
+        if cold_bytes:
+            b_bytes = batch * k * n * TORCH_DTYPES[dtype].itemsize
+            pool = ColdOperands(lambda: _operand(k, n, form[1], batch, TORCH_DTYPES[dtype]), b_bytes, cold_bytes)
+            seconds = typical_seconds(lambda: torch.matmul(a, pool.current()), repeats, pool.advance)
+            del pool
+        else:
+            b = _operand(k, n, form[1], batch, TORCH_DTYPES[dtype])
+            seconds = typical_seconds(lambda: torch.matmul(a, b), repeats)
+        table.setdefault(dtype, {}).setdefault(form, []).append(
+            [batch, m, n, k, 2.0 * batch * m * n * k / max(seconds, 1e-9)])
+    return table
+
+
+def measure_attentions(attentions: list, repeats: int = 3, sync=_no_sync, flush=None) -> dict:
+    """{direction: {dtype: [[batch, heads, seq_q, seq_kv, head_dim, flop_per_second], ...]}},
+    causal (the program's decoders are; an encoder's full attention runs at a similar rate
+    per FLOP), FLOPs counted as the recorder counts them. The backward is timed as forward
+    + backward minus the forward; every run after `flush` as in measure_gemms."""
+    table: dict = {}
+    for direction, dtype, batch, heads, seq_q, seq_kv, head_dim in attentions:
+        sync()
+        causal = seq_q == seq_kv
+        q = torch.randn(batch, heads, seq_q, head_dim, dtype=TORCH_DTYPES[dtype], requires_grad=True)
+        k = torch.randn(batch, heads, seq_kv, head_dim, dtype=TORCH_DTYPES[dtype], requires_grad=True)
+        v = torch.randn_like(k, requires_grad=True)
+        share = causal_fraction(seq_q, seq_kv) if causal else 1.0
+        forward = typical_seconds(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), repeats, flush)
+        if direction == "forward":
+            flops, seconds = sdpa_flop_count(q.shape, k.shape, v.shape) * share, forward
+        else:
+            grad = torch.randn(batch, heads, seq_q, head_dim, dtype=TORCH_DTYPES[dtype])
+
+            def both() -> None:
+                F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(grad)
+
+            flops = sdpa_backward_flop_count(grad.shape, q.shape, k.shape, v.shape) * share
+            seconds = max(typical_seconds(both, repeats, flush) - forward, forward / 4)
+        table.setdefault(direction, {}).setdefault(dtype, []).append(
+            [batch, heads, seq_q, seq_kv, head_dim, flops / max(seconds, 1e-9)])
+    return table
+
+
+# Elements per tensor of the size ladder: 16 KiB (in the L1/L2 caches) to 16 MiB (DRAM).
+SIZE_LADDER = (1 << 12, 1 << 16, 1 << 20, 1 << 22)
+
+
+def measure_op_bandwidths(cases_at, tensors: int = 16, repeats: int = 3, ladder=SIZE_LADDER, sync=_no_sync) -> dict:
+    """{op: [[bytes, bytes_per_second], ...]} with bytes per op call as the recorder counts
+    them (inputs + outputs), from `cases_at(elements, tensors) -> {op: (work, bytes per
+    call, calls per work)}`. Each rate is net of the per-call host cost, measured on
+    one-element tensors, which the cost model charges separately (launch_seconds).
+    `sync` runs before each op at each size, as in measure_gemms: two ranks share the
+    memory bus, and a step's ranks run their optimizers at the same time (unsynchronized,
+    two calibrations minutes apart read the DRAM-sized ops at 26-29 and 16-19 GB/s)."""
+    tiny = {name: typical_seconds(work, repeats) / calls for name, (work, _, calls) in cases_at(1, tensors).items()}
+    table: dict = {}
+    for elements in ladder:
+        for name, (work, nbytes, calls) in cases_at(elements, tensors).items():
+            sync()
+            seconds = typical_seconds(work, repeats) / calls - tiny[name]
+            rate = nbytes / max(seconds, nbytes / 1e12)
+            table.setdefault(name, []).append([float(nbytes), rate])
+    return table

@@ -1,0 +1,222 @@
+"""`dynaplane emulate`: trace the real program for a configuration, simulate its step on a
+device profile, report docs/contracts.md section 4's object.
+
+Any model goes through the same check, trace and simulation; a model with an encoder (its
+modules: encoder + LLM, HeteroTrainer's program) adds its per-module fields to the object:
+`placement`, `image_tokens`, `llm_tokens_per_second`, `phases`, `encoder_chunks`,
+`critical_module`, `per_module`, and a `module` on each memory row.
+
+Throughput: `tokens_per_second` counts text tokens (global batch x seq, as the trainers'
+steps report); `llm_tokens_per_second` counts every position the LLM runs (image tokens +
+text). Model FLOPs (PaLM appendix B convention, metrics.py): a decoder-only model's 6N +
+12 L d s per token; with an encoder both modules: the LLM's 6N + 12 L d s per position (the
+head only on text positions, the only ones it runs on) and the encoder's 6N + 12 L d P per
+image token (bidirectional attention; the position table and class token are lookups).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from parallelism.emulator.devices import DeviceProfile, get_profile, load_profile
+from parallelism.emulator.errors import EmulatorError
+from parallelism.emulator.metrics import (hardware_tflops_per_gpu, mfu, model_flops_per_token, model_tflops_per_gpu,
+                                     module_flops, tokens_per_second)
+from parallelism.emulator.simulate import RECOMPUTE, SimResult, simulate
+from parallelism.emulator.trace import Trace
+from parallelism.emulator.tracer import TraceRequest, trace
+from parallelism.layout.catalog import model_from_config
+from parallelism.layout.model_request import ModelConfig, NamesAModel, resolved_field
+from parallelism.layout.errors import LayoutError
+from parallelism.layout.placement import Placement, place
+from parallelism.training.parallel import TrainConfig, TrainingError
+
+
+@dataclass(frozen=True)
+class EmulateRequest(NamesAModel):
+    model: str
+    layout: str
+    gpus: int
+    gpu: str
+    global_batch: int
+    micro_batch: int
+    seq: int
+    recompute: str = "none"
+    gpus_per_node: int = 8
+    profile: str | None = None  # a calibrated profile file instead of the built-in `gpu`
+    sequence_parallel: bool = False  # Megatron-style, with tp > 1 (parallelism/training/parallel.py TrainConfig)
+    model_config: ModelConfig | None = resolved_field()  # `model` resolved once (NamesAModel)
+    model_error = EmulatorError
+
+
+def matmul_params(model: ModelConfig) -> float:
+    """Parameters a token passes through in a matmul: all but the input embedding lookup
+    (unless tied to the head), and for MoE layers only the experts a token is routed to."""
+    spec, config = model_from_config(model), model.llm
+    total = 0.0
+    for t in spec.tensors:
+        n = float(t.numel)
+        if t.name == "llm.embed.weight" and not config.tied:
+            continue
+        if t.split.module != "llm":
+            continue  # an encoder's tokens are not the LLM's tokens
+        if ".moe.experts." in t.name:
+            n *= config.top_k / config.experts
+        total += n
+    return total
+
+
+def model_flops_per_sample(mc: ModelConfig, seq: int) -> dict[str, float]:
+    """Model FLOPs of one sample (one image + seq text tokens) of a model with an encoder,
+    forward + backward, per module."""
+    spec = model_from_config(mc)
+    c, v = mc.llm, mc.encoder
+    params = {"llm": 0.0, "head": 0.0, "encoder": 0.0}
+    for t in spec.tensors:
+        if t.name == "llm.embed.weight" or t.name in ("encoder.pos_embed.weight", "encoder.cls_token"):
+            continue
+        key = "head" if t.name == "llm.head.weight" else t.split.module
+        params[key] += float(t.numel)
+    positions = v.positions + seq
+    llm = (6 * params["llm"] + 12 * c.layers * c.heads * c.head_dim * positions) * positions + 6 * params["head"] * seq
+    encoder = (6 * params["encoder"] + 12 * v.layers * v.hidden * v.positions) * v.positions
+    return {"llm": llm, "encoder": encoder}
+
+
+def placement_kind(placement: Placement) -> str:
+    if not placement.layout.is_heterogeneous:
+        return "homogeneous"
+    return "colocated" if placement.modules["encoder"].first_rank is None else "non-colocated"
+
+
+def _profile(request: EmulateRequest) -> DeviceProfile:
+    return load_profile(request.profile) if request.profile else get_profile(request.gpu)
+
+
+def check_request(request: EmulateRequest) -> int:
+    """Validate; returns the number of micro-batches. EmulatorError names what is wrong."""
+    return _checked(request)[1]
+
+
+def _checked(request: EmulateRequest) -> tuple[Placement, int]:
+    if request.recompute not in RECOMPUTE:
+        raise EmulatorError(f"--recompute {request.recompute!r} not in {RECOMPUTE}")
+    for key in ("gpus", "global_batch", "micro_batch", "seq", "gpus_per_node"):
+        if getattr(request, key) < 1:
+            raise EmulatorError(f"--{key.replace('_', '-')} {getattr(request, key)} must be >= 1")
+    try:
+        placement = place(request.tensors, request.layout)
+    except (LayoutError, KeyError) as exc:
+        raise EmulatorError(str(exc)) from exc
+    modules = len(placement.model.modules) > 1
+    ml = placement.modules["llm"]
+    if modules:
+        _check_modules(request, placement)
+    elif placement.world != request.gpus:
+        raise EmulatorError(f"layout {request.layout} needs {placement.world} GPUs "
+                            f"(tp*pp*dp*cp = {ml.tp}*{ml.pp}*{ml.dp}*{ml.cp}); --gpus is {request.gpus}")
+    per_replica = request.micro_batch * ml.dp
+    if request.global_batch % per_replica:
+        raise EmulatorError(f"global batch {request.global_batch} is not a multiple of micro-batch "
+                            f"{request.micro_batch} x {'llm ' if modules else ''}dp {ml.dp} = {per_replica}")
+    micro_batches = request.global_batch // per_replica
+    if modules:  # HeteroTrainer's rules (placement.hetero_refusal and the batch's)
+        from parallelism.training.hetero import check_hetero_trainable
+
+        try:
+            check_hetero_trainable(TrainConfig(model=request.model, global_batch=request.global_batch,
+                                               seq_len=request.seq, micro_batches=micro_batches), placement)
+        except TrainingError as exc:
+            raise EmulatorError(f"layout {request.layout}: {exc}") from exc
+    return placement, micro_batches
+
+
+def _check_modules(request: EmulateRequest, placement: Placement) -> None:
+    """A per-module layout's ranks: every rank of --gpus belongs to a module."""
+    enc, llm = placement.modules["encoder"], placement.modules["llm"]
+    if placement.world != request.gpus:
+        raise EmulatorError(f"layout {request.layout} spans ranks 0-{placement.world - 1} ({placement.world} GPUs); "
+                            f"--gpus is {request.gpus}")
+    if enc.first_rank is not None and enc.world + llm.world != placement.world:
+        used = sorted([(enc.offset, enc.last_rank), (llm.offset, llm.last_rank)])
+        raise EmulatorError(f"layout {request.layout}: ranks between {used[0][1]} and {used[1][0]} belong to no "
+                            f"module (encoder ranks={enc.offset}-{enc.last_rank}, llm ranks={llm.offset}-{llm.last_rank})")
+    if request.sequence_parallel:
+        raise EmulatorError("sequence parallelism is not supported by the heterogeneous trainer yet")
+
+
+def emulate(request: EmulateRequest, *, use_cache: bool = True, progress=None) -> dict:
+    started = time.perf_counter()
+    placement, micro_batches = _checked(request)
+    profile = _profile(request)
+    traced, info = trace(TraceRequest(request.model, request.layout, request.micro_batch, request.seq,
+                                      micro_batches, request.gpus_per_node, request.sequence_parallel),
+                         use_cache=use_cache, progress=progress)
+    sim = simulate(traced, profile, request.gpus_per_node, request.recompute)
+    step = sim.step_seconds
+    tokens = tokens_per_second(request.global_batch, request.seq, step)
+    if traced.inputs:
+        per_sample = model_flops_per_sample(request.model_config, request.seq)
+        model_tflops = request.global_batch * sum(per_sample.values()) / step / request.gpus / 1e12
+        hardware = module_flops(traced, request.recompute)
+        hardware_tflops = sum(hardware.values()) / step / request.gpus / 1e12
+        ranks_traced = info["classes"]
+    else:
+        config = request.model_config.llm
+        flops_per_token = model_flops_per_token(matmul_params(request.model_config), config.layers,
+                                                config.heads * config.head_dim, request.seq)
+        model_tflops = model_tflops_per_gpu(flops_per_token, tokens, request.gpus)
+        hardware_tflops = hardware_tflops_per_gpu(traced, step, request.recompute)
+        ranks_traced = len({(s.memory, len(s.forward), len(s.backward)) for s in traced.stages})
+    inputs = traced.inputs
+    rows = memory_rows(sim, traced)
+    result = {
+        "model": request.model, "layout": request.layout,
+        **({"placement": placement_kind(placement)} if inputs else {}),
+        "gpus": request.gpus, "gpu": profile.name,
+        "global_batch": request.global_batch, "micro_batch": request.micro_batch, "micro_batches": micro_batches,
+        "seq": request.seq, **{"image_tokens": i.tokens for i in inputs},
+        "recompute": request.recompute, "sequence_parallel": request.sequence_parallel,
+        "step_seconds": step, "tokens_per_second": tokens,
+        **({"llm_tokens_per_second": request.global_batch * (request.seq + sum(i.tokens for i in inputs)) / step}
+           if inputs else {}),
+        "model_tflops_per_gpu": model_tflops,
+        "hardware_tflops_per_gpu": hardware_tflops,
+        "mfu": mfu(model_tflops, profile),
+        "memory": {"peak_bytes": sim.peak_bytes, "capacity_bytes": sim.hbm_bytes, "fits": sim.fits,
+                   "per_stage": rows},
+        "breakdown": dict(sim.breakdown),
+    }
+    for item in inputs:  # an encoder's modules: the step's split between them
+        result.update({
+            "phases": dict(sim.phases), "encoder_chunks": sim.chunks, "critical_module": sim.critical_module,
+            "per_module": {
+                item.module: {"ranks": item.world, "samples_per_rank": item.samples,
+                              "model_tflop_per_step": request.global_batch * per_sample[item.module] / 1e12,
+                              "hardware_tflop_per_step": hardware[item.module] / 1e12,
+                              "memory": sim.input_memory[item.module]},
+                "llm": {"ranks": traced.world, "model_tflop_per_step": request.global_batch * per_sample["llm"] / 1e12,
+                        "hardware_tflop_per_step": hardware["llm"] / 1e12,
+                        "memory": [{k: v for k, v in r.items() if k != "module"} for r in rows if r["module"] == "llm"]},
+            }})
+        if not item.colocated and sim.chunks > 1:  # what HeteroTrainer runs today: the whole batch at once
+            result["phases"]["trainer_schedule_step_seconds"] = simulate(
+                traced, profile, request.gpus_per_node, request.recompute, chunks=1).step_seconds
+    result.update({"ranks_emulated": request.gpus, "ranks_traced": ranks_traced, "trace_cached": info["cached"],
+                   "trace_seconds": info["trace_seconds"],
+                   "wall_seconds": time.perf_counter() - started})
+    return result
+
+
+def memory_rows(sim: SimResult, traced: Trace) -> list[dict]:
+    """One row per pipeline stage (the LLM's, with the bytes a colocated encoder adds), one
+    per input module on ranks of its own; with input modules each row names its module."""
+    rows = []
+    for s in sim.per_stage:
+        row = {"stage": s.stage, "params": s.params, "grads": s.grads, "optimizer": s.optimizer,
+               "activations": s.activations, "temporary": s.temporary, "peak": s.peak}
+        if traced.inputs:
+            row = {"module": "llm", **row, **{i.module: s.inputs for i in traced.inputs if i.colocated}}
+        rows.append(row)
+    return rows + [{"module": i.module, "stage": 0, **sim.input_memory[i.module]} for i in traced.inputs
+                   if not i.colocated]

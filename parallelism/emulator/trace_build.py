@@ -1,0 +1,143 @@
+"""What the two traced programs (trace_parallel.py, trace_modules.py) share: the
+request, fake shards of a rank's contract boxes, the trainer's static bytes, a traced
+stage's memory, the symmetry classes of pipeline stages, and a StageTrace built from a
+recorder's records."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+
+import torch
+
+from parallelism.emulator.errors import EmulatorError
+from parallelism.emulator.recorder import CommRecord, ComputeRecord
+from parallelism.emulator.trace import CommOp, ComputeOp, StageMemory, StageTrace
+from parallelism.engine.shards import DTYPES, LocalShard, box_shape, rank_boxes
+from parallelism.layout.model_request import ModelConfig, NamesAModel, resolved_field
+from parallelism.layout.placement import layer_stages, place
+
+TRACER_VERSION = 10  # 2: activations_full; vpp traced as pp*vpp flat stages; 3: DTensor dispatch as host ops;
+# 4: causal attention FLOPs, sequence parallelism; 5: matmul operand forms; 6: reduce-scatter bytes = its input;
+# 7: in-place _foreach_ ops count the lists they write; 8: and those writes are not new memory (7 tracked them);
+# 9: a tied embedding under pp > 1 (its gradient sum between the end stages, dim "embed");
+# 10: kv heads replicated over tp (their gradient sum, dim "kv"); the trainer runs tp > kv heads
+
+
+@dataclass(frozen=True)
+class TraceRequest(NamesAModel):
+    model: str
+    layout: str
+    micro_batch: int
+    seq: int
+    micro_batches: int
+    gpus_per_node: int = 8
+    sequence_parallel: bool = False
+    model_config: ModelConfig | None = resolved_field()  # `model` resolved once (NamesAModel)
+    model_error = EmulatorError
+
+    def key(self) -> str:
+        spec = self.tensors
+        text = json.dumps({"v": TRACER_VERSION, "torch": torch.__version__, "model": spec.name,
+                           "params": spec.param_count, "layout": str(place(spec, self.layout).layout),
+                           **{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("layout", "model_config")}},
+                          sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def stage_classes(layers: int, stages: int) -> dict[tuple, list[int]]:
+    """Symmetry classes of a pipeline's stages: ("llm", first, last, layers), each with the
+    stages it stands for (data- and tensor-parallel replicas are symmetric)."""
+    per = layer_stages(layers, stages)
+    out: dict[tuple, list[int]] = {}
+    for s in range(stages):
+        out.setdefault(("llm", s == 0, s == stages - 1, per.count(s)), []).append(s)
+    return out
+
+
+def fake_shards(spec, placement, rank: int) -> dict:
+    return {key: LocalShard(spec.tensors[key[0]], key[1], box,
+                            torch.empty(box_shape(spec.tensors[key[0]], box), dtype=DTYPES[key[1]]))
+            for key, box in rank_boxes(placement, rank).items()}
+
+
+def trainer_static_bytes(trainer, zero: int) -> dict[str, int]:
+    """Bytes of the trainer's own state tensors (exact: their sizes)."""
+    def nbytes(t) -> int:
+        local = t.to_local() if hasattr(t, "to_local") else t
+        return local.numel() * local.element_size()
+
+    opt = trainer.optimizer
+    if zero == 3:
+        params = sum(nbytes(p) for p in opt.params.values())  # fp32 shards = masters
+        optimizer = sum(nbytes(s["exp_avg"]) + nbytes(s["exp_avg_sq"]) for s in opt.optimizer.state.values())
+        grads = params  # FSDP2 reduce-scatters fp32 gradients into shards like the parameters
+    else:
+        params = sum(nbytes(s.local) for s in opt.slots)
+        optimizer = sum(nbytes(s.master) + sum(nbytes(m) for m in opt.moments(s)) for s in opt.slots)
+        grads = sum(s.local.numel() * 4 for s in opt.slots)  # the fp32 accumulation buffers
+    return {"params": int(params), "grads": int(grads), "optimizer": int(optimizer)}
+
+
+def stage_memory(static: dict, activations: int, fwd_bwd_peak: int, step_peak: int, grads_live: int,
+                 full: int) -> StageMemory:
+    """A traced rank's memory: its static state, the activations one micro-batch keeps, the
+    temporary above them at the peak; `full`: the activations under full recompute (capped
+    at the traced ones)."""
+    grads = static["grads"]
+    temporary = max(0, max(fwd_bwd_peak, step_peak) - activations - max(grads, grads_live))
+    return StageMemory(params=static["params"], grads=grads, optimizer=static["optimizer"],
+                       activations_per_microbatch=int(activations), temporary=int(temporary),
+                       activations_full=int(min(activations, full)))
+
+
+def positions_between_stages(request: TraceRequest, ml) -> int:
+    """Sequence positions a rank's hidden states hold between layers and stages."""
+    return request.seq // ml.tp if request.sequence_parallel and ml.tp > 1 else request.seq
+
+
+def build_stage_trace(records, stage: int, ml, dims, memory: StageMemory, request: TraceRequest, hidden: int,
+                      offset: int = 0) -> StageTrace:
+    """A stage's ops from its recorded program (`dims`: the tp/dp/pp groups' ranks), with the
+    pipeline sends to its neighbours (the module's ranks start at `offset`)."""
+    by_ranks = {ranks: dim for dim, ranks in dims.items()}
+    gpn = request.gpus_per_node
+    phases: dict[str, list] = {"forward": [], "backward": [], "step": []}
+    grad_sync, grad_after, param_sync, param_phase, param_at = [], [], [], [], []
+    for r in records:
+        ops = phases[r.phase]
+        if isinstance(r, ComputeRecord):
+            ops.append(ComputeOp(r.name, r.kind, r.flops, r.bytes, r.shape, r.dtype, r.form))
+            continue
+        assert isinstance(r, CommRecord)
+        dim = by_ranks.get(tuple(sorted(r.ranks)))
+        if dim is None:
+            raise EmulatorError(f"stage {stage}: a {r.kind} on ranks {r.ranks[:8]}... matches no tp/dp/pp/embed/kv group")
+        op = CommOp(r.name, r.kind, r.bytes, len(r.ranks), len({x // gpn for x in r.ranks}), dim)
+        if dim != "dp":
+            ops.append(op)
+        elif r.kind in ("all_reduce", "reduce_scatter"):
+            grad_sync.append(op)
+            grad_after.append(len(phases["backward"]) if r.phase == "backward" else -1)
+        else:
+            param_sync.append(op)
+            param_phase.append(r.phase)
+            param_at.append(len(ops) if r.phase != "step" else 0)
+    n_back = len(phases["backward"])
+    grad_after = [n_back if a < 0 else a for a in grad_after]
+    # bf16 hidden states between stages (the rank's seq/tp slice under sequence parallelism)
+    activation = float(request.micro_batch * positions_between_stages(request, ml) * hidden * 2)
+    rank = offset + stage * ml.dp * ml.tp
+    stride = ml.dp * ml.tp
+    if stage < ml.pp - 1:
+        phases["forward"].append(CommOp("pp_send_activations", "send", activation, 2,
+                                        len({rank // gpn, (rank + stride) // gpn}), "pp"))
+    if stage > 0:
+        phases["backward"].append(CommOp("pp_send_gradients", "send", activation, 2,
+                                         len({rank // gpn, (rank - stride) // gpn}), "pp"))
+    return StageTrace(stage=stage, forward=tuple(phases["forward"]), backward=tuple(phases["backward"]),
+                      optimizer=tuple(phases["step"]), grad_sync=tuple(grad_sync), param_sync=tuple(param_sync),
+                      memory=memory, grad_sync_after=tuple(grad_after),
+                      grad_sync_each_microbatch=ml.zero == 3,
+                      param_sync_phase=tuple(param_phase), param_sync_at=tuple(param_at))

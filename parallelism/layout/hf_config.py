@@ -1,0 +1,125 @@
+"""Read a Hugging Face config.json into a catalog ModelConfig (llama, qwen2/3, qwen3_moe, mixtral, gpt2)."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from parallelism.layout.errors import LayoutError
+from parallelism.layout.model_config import DecoderConfig, ModelConfig
+
+SUPPORTED_TYPES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt2")
+# transformers' per-class defaults for keys a config.json may leave out (shape keys have none: they are required).
+_TIED_DEFAULT = {"gpt2": True}  # every other supported class defaults to untied
+_HEAD_DIM_DEFAULT = {"qwen3": 128, "qwen3_moe": 128}  # others: hidden // heads
+_TOP_K_DEFAULT = {"mixtral": 2, "qwen3_moe": 8}
+
+
+class _Reader:
+    """Typed access to one config dict; every error names the key, the model_type and the file."""
+
+    def __init__(self, raw: dict[str, Any], path: str, model_type: str) -> None:
+        self.raw, self.path, self.model_type = raw, path, model_type
+
+    def fail(self, message: str) -> LayoutError:
+        return LayoutError(f"{self.path}: {message} (model_type {self.model_type!r})")
+
+    def get_int(self, *keys: str, default: int | None = None, minimum: int = 1) -> int:
+        # Several keys: the spellings one value has across classes (n_embd / hidden_size); None counts as absent.
+        key = next((k for k in keys if self.raw.get(k) is not None), None)
+        if key is None:
+            if default is None:
+                raise self.fail(f"missing key {' or '.join(map(repr, keys))}")
+            return default
+        value = self.raw[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise self.fail(f"{key}={value!r} must be an integer >= {minimum}")
+        return value
+
+    def get_bool(self, key: str, default: bool) -> bool:
+        value = self.raw.get(key, default)
+        if not isinstance(value, bool):
+            raise self.fail(f"{key}={value!r} must be true or false")
+        return value
+
+    def int_list(self, key: str) -> list[int]:
+        value = self.raw.get(key) or []
+        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise self.fail(f"{key}={value!r} must be a list of layer indices")
+        return value
+
+
+def load_hf_config(path: str) -> ModelConfig:
+    """The ModelConfig a config.json describes; named by `_name_or_path`, else the file's directory."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise LayoutError(f"{path}: cannot read a Hugging Face config.json: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise LayoutError(f"{path}: a config.json must hold a JSON object, not {type(raw).__name__}")
+    model_type = raw.get("model_type")
+    if model_type not in SUPPORTED_TYPES:
+        raise LayoutError(f"{path}: unsupported model_type {model_type!r} (supported: {', '.join(SUPPORTED_TYPES)})")
+    r = _Reader(raw, path, model_type)
+    name = raw.get("_name_or_path")
+    if not isinstance(name, str) or not name:
+        name = os.path.basename(os.path.dirname(os.path.abspath(path))) or path
+    llm = _gpt2(r) if model_type == "gpt2" else _llama_like(r)
+    family = "gpt" if model_type == "gpt2" else model_type  # gpt2 shares the GPT layout (and names) with gpt3
+    return ModelConfig(name, family, llm, description=f"{model_type} from {path}")
+
+
+def _head_dim(r: _Reader, hidden: int, heads: int) -> int:
+    default = _HEAD_DIM_DEFAULT.get(r.model_type)
+    if default is None and r.raw.get("head_dim") is None and hidden % heads:
+        raise r.fail(f"hidden size {hidden} is not a multiple of num_attention_heads {heads} and no head_dim given")
+    return r.get_int("head_dim", default=default or hidden // heads)
+
+
+def _llama_like(r: _Reader) -> DecoderConfig:
+    mt = r.model_type
+    hidden, layers = r.get_int("hidden_size"), r.get_int("num_hidden_layers")
+    heads = r.get_int("num_attention_heads")
+    kv = r.get_int("num_key_value_heads", default=heads)  # absent: plain multi-head attention, as in transformers
+    if heads % kv:
+        raise r.fail(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
+    experts = top_k = moe_ffn = 0
+    dense: set[int] = set()
+    if mt == "mixtral":
+        experts, moe_ffn = r.get_int("num_local_experts"), r.get_int("intermediate_size")
+    elif mt == "qwen3_moe":
+        experts, moe_ffn = r.get_int("num_experts", minimum=0), r.get_int("moe_intermediate_size")
+        step, only = r.get_int("decoder_sparse_step", default=1), set(r.int_list("mlp_only_layers"))
+        # transformers' Qwen3MoeDecoderLayer: sparse iff not in mlp_only_layers and (i + 1) % step == 0.
+        dense = {i for i in range(layers) if experts == 0 or i in only or (i + 1) % step}
+    if experts:
+        top_k = r.get_int("num_experts_per_tok", default=_TOP_K_DEFAULT[mt])
+        if top_k > experts:
+            raise r.fail(f"num_experts_per_tok {top_k} exceeds the {experts} experts")
+    # An all-MoE model never reads the dense width, so intermediate_size is only required when some layer is dense.
+    needs_ffn = experts == 0 or len(dense) > 0
+    ffn = r.get_int("intermediate_size") if needs_ffn else r.get_int("intermediate_size", default=moe_ffn)
+    attention_bias = r.get_bool("attention_bias", False)
+    return DecoderConfig(
+        "llama", hidden, layers, heads, kv, _head_dim(r, hidden, heads), ffn, r.get_int("vocab_size"),
+        tied=r.get_bool("tie_word_embeddings", _TIED_DEFAULT.get(mt, False)),
+        qkv_bias=mt == "qwen2" or attention_bias,  # Qwen2 always has q/k/v biases (and never an o bias)
+        o_bias=mt != "qwen2" and attention_bias,  # Llama/Qwen3 put attention_bias on o_proj too
+        mlp_bias=mt == "llama" and r.get_bool("mlp_bias", False),
+        qk_norm=mt in ("qwen3", "qwen3_moe"),
+        experts=experts, top_k=top_k, moe_ffn=moe_ffn,
+        dense_layers=frozenset(dense) if experts else frozenset(),
+    )
+
+
+def _gpt2(r: _Reader) -> DecoderConfig:
+    hidden, heads = r.get_int("n_embd", "hidden_size"), r.get_int("n_head", "num_attention_heads")
+    if hidden % heads:
+        raise r.fail(f"n_embd {hidden} is not a multiple of n_head {heads}")
+    return DecoderConfig(
+        "gpt", hidden, r.get_int("n_layer", "num_hidden_layers"), heads, heads, hidden // heads,
+        r.get_int("n_inner", default=4 * hidden), r.get_int("vocab_size"),
+        tied=r.get_bool("tie_word_embeddings", True), positions=r.get_int("n_positions", "max_position_embeddings"),
+        qkv_bias=True, o_bias=True, mlp_bias=True,
+    )

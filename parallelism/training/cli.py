@@ -1,0 +1,64 @@
+"""`dynaplane train`: local training with one process per rank and online switches."""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+
+from parallelism.engine.errors import EngineError
+from parallelism.engine.launch import run_ranks
+from parallelism.layout.errors import LayoutError
+from parallelism.training.parallel import StepResult, TrainConfig, TrainingError
+from parallelism.training.run import (SwitchReport, Switch, check_layout, check_schedule, parse_switch, train_rank,
+                                union_world)
+
+
+def _print_progress(rank: int, event: StepResult | SwitchReport) -> None:
+    """Rank 0 speaks for the run (it is in every layout)."""
+    if rank != 0:
+        return
+    if isinstance(event, StepResult):
+        print(f"step {event.step:5d}  loss {event.loss:.4f}  {event.seconds * 1000:7.1f} ms  "
+              f"{event.tokens / event.seconds:9.0f} tok/s", flush=True)
+    else:
+        print(f"switch before step {event.step + 1}: {event.src} -> {event.dst}: transfer {event.seconds:.3f} s, "
+              f"{event.network_bytes / 2**20:.2f} MiB in {event.rounds} rounds, verified bit-exact "
+              f"({event.verify_seconds:.3f} s); rank 0 peak {event.peak_bytes / 2**20:.2f} MiB "
+              f"(planner {event.predicted_peak_bytes / 2**20:.2f} MiB)", flush=True)
+
+
+def _rank(rank: int, world: int, config: TrainConfig, layout: str, steps: int, switches: list[Switch],
+          staging_bytes: int) -> dict:
+    log = train_rank(rank, world, config, layout, steps, switches, staging_bytes, on_step=_print_progress)
+    return {"steps": [asdict(s) for s in log.steps], "switches": [asdict(s) for s in log.switches]}
+
+
+def train_main(args) -> int:
+    try:
+        switches = [parse_switch(s) for s in args.switch or []]
+        check_schedule(args.steps, switches)
+        config = TrainConfig(model=args.model, global_batch=args.global_batch, seq_len=args.seq,
+                             micro_batches=args.micro_batches, seed=args.seed, lr=args.lr,
+                             total_steps=max(args.steps, 1), sequence_parallel=args.sequence_parallel)
+        for layout in [args.layout, *(s.layout for s in switches)]:
+            check_layout(config, layout)
+        needed = union_world(config, args.layout, switches)
+        world = args.world or needed
+        if world < needed:
+            raise TrainingError(f"--world {world} is smaller than the {needed} ranks the layouts need")
+        if args.steps < 1:
+            raise TrainingError(f"--steps {args.steps}: train at least one step")
+    except (TrainingError, LayoutError, KeyError, ValueError) as exc:
+        print(f"dynaplane train: {exc}", file=sys.stderr)
+        return 2
+    print(f"training {config.model} on {world} local ranks: {args.layout}"
+          + "".join(f", then {s.layout} at step {s.step}" for s in switches), flush=True)
+    try:
+        ranks = run_ranks(world, _rank, config, args.layout, args.steps, switches,
+                          int(args.staging_mb * 2**20), timeout_s=args.timeout)
+    except EngineError as exc:
+        print(f"dynaplane train: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(ranks[0], indent=2))
+    return 0

@@ -1,0 +1,312 @@
+"""HeteroTrainer: one rank of a multimodal model (ViT encoder + projector, LLM) trained with
+a layout per module (docs/contracts.md section 1: `encoder:...;llm:...`, `ranks=` when not
+colocated; a plain layout gives both modules the same one).
+
+Each module has its own (pp, dp, tp) mesh in the contract's rank order, its own
+data-parallel optimizer (zero.ShardedAdamW) and its own share of the global batch. The
+encoder's image tokens reach the LLM's first stage through the boundary communicator
+(parallelism/training/boundary.py), whose plan is the box intersection of the two layouts
+(parallelism/planner/activations.py); gradients return through it.
+
+Schedule of one step (both placements run the same program; a rank does the parts of the
+modules it belongs to):
+1. encoder forward of the rank's encoder-dp share of the whole batch;
+2. boundary forward: every LLM first-stage rank gets its dp share of image tokens;
+3. the LLM's micro-batches (1F1B / GPipe for pp > 1), image tokens as a detached leaf;
+4. boundary backward with that leaf's gradient, then encoder backward;
+5. both optimizers step.
+Colocated, one rank runs 1-5 in turn; non-colocated, the encoder ranks run 1, 2, 4, 5
+while the LLM ranks run 2-5, so the encoder's work is off the LLM's ranks entirely.
+
+Gradient scale: the loss is the mean over LLM dp replicas of their local means, so the
+image-token gradient an LLM rank returns is dp_llm times the global loss's; the encoder's
+optimizer averages over dp_enc ranks (uneven shares included, a rank without samples adds
+zero), so encoder gradients are scaled by dp_enc / dp_llm to be the global loss's.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from parallelism.engine.shards import Key, LocalShard, rank_boxes, trainer_states
+from parallelism.planner.activations import ActivationShape, plan_boundary
+from parallelism.layout.placement import Placement, hetero_refusal, place
+from parallelism.layout.shards import chunk
+from parallelism.layout.spec import ModuleLayout
+from parallelism.layout.tensors import STATES
+from parallelism.training.boundary import Boundary
+from parallelism.training.data import SyntheticImages, SyntheticTokens
+from parallelism.training.image_text_stage import ImageTextStage, text_loss
+from parallelism.training.kv_heads import head_groups, is_replicated, replicated_units
+from parallelism.training.model import build_training_model
+from parallelism.training.parallel import StepResult, TrainConfig, TrainingError, TrainScalars, device_type, tp_plan
+from parallelism.training.zero import ParamSlot, ShardedAdamW, chunk_rows
+
+
+def check_hetero_trainable(config: TrainConfig, placement: Placement) -> None:
+    """Raise TrainingError naming the first setting this trainer cannot train."""
+    mc = config.model_config
+    if mc.encoder is None:
+        raise TrainingError(f"{config.model} has no encoder: train it with the decoder trainer")
+    refused = hetero_refusal(placement)
+    if refused:
+        raise TrainingError(refused)
+    if config.sequence_parallel:
+        raise TrainingError("sequence parallelism is not supported by the heterogeneous trainer yet")
+    llm = placement.modules["llm"]
+    if config.global_batch % (llm.dp * config.micro_batches):
+        raise TrainingError(f"global batch {config.global_batch} must divide into llm dp={llm.dp} x "
+                            f"{config.micro_batches} micro-batches")
+
+
+def _encoder_tp_plan(layers: int) -> dict:
+    """The ViT tower and projector as Megatron splits them (docs/contracts.md section 2: q, k, v, fc1
+    by rows, o and fc2 by columns; norms, embeddings and the row-parallel biases replicated).
+    The output, like the input, is replicated over tp."""
+    plan: dict = {"encoder.projector.fc1": ColwiseParallel(), "encoder.projector.fc2": RowwiseParallel()}
+    for i in range(layers):
+        p = f"encoder.layers.{i}"
+        plan.update({f"{p}.attn.q": ColwiseParallel(), f"{p}.attn.k": ColwiseParallel(),
+                     f"{p}.attn.v": ColwiseParallel(), f"{p}.attn.o": RowwiseParallel(),
+                     f"{p}.mlp.fc1": ColwiseParallel(), f"{p}.mlp.fc2": RowwiseParallel()})
+    return plan
+
+
+def _mesh(ml: ModuleLayout) -> DeviceMesh:
+    """(pp, dp, tp) over the module's ranks; collective: every rank builds every module's."""
+    ranks = torch.arange(ml.offset, ml.offset + ml.world).view(ml.pp, ml.dp, ml.tp)
+    return DeviceMesh(device_type(), ranks, mesh_dim_names=("pp", "dp", "tp"))
+
+
+@dataclass(frozen=True)
+class HeteroMeshes:
+    """Each module's (pp, dp, tp) mesh and a group over all the layout's ranks: what a
+    rebuilt trainer reuses (after a checkpoint's hand-over) without a collective over the
+    default group, whose departed ranks (after a shrinking switch) would never answer."""
+
+    encoder: DeviceMesh
+    llm: DeviceMesh
+    everyone: object  # ProcessGroup over ranks 0..world-1
+    # The LLM's kv heads fewer than its tp: the TP ranks sharing this rank's head
+    # (parallelism/training/kv_heads.py), None elsewhere.
+    kv_heads: object | None = None
+
+    @classmethod
+    def build(cls, placement: Placement) -> HeteroMeshes:
+        """Collective over the default group: every process builds it, member of the layout or not."""
+        llm, units = placement.modules["llm"], replicated_units(placement)
+        ranks = torch.arange(llm.offset, llm.offset + llm.world).view(llm.pp, llm.dp, llm.tp)
+        return cls(_mesh(placement.modules["encoder"]), _mesh(llm), dist.new_group(ranks=list(range(placement.world))),
+                   head_groups(ranks, units) if units is not None else None)
+
+
+def _local(t: Tensor) -> Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def adopt(module: nn.Module, state: dict[str, tuple[Tensor, ...]], *, zero: int, dp: int, dp_rank: int, group,
+          config: TrainConfig, step: int, grad_scale: float = 1.0, ties: dict[str, object] | None = None) -> ShardedAdamW:
+    """Install the rank's bf16 boxes as `module`'s parameters and their fp32 chunks as the
+    optimizer's (no copies); gradients go to the optimizer, times `grad_scale`. `ties`:
+    ShardedAdamW's (replicated kv heads sum their gradients over the ranks sharing them)."""
+    D = dp if zero >= 1 else 1
+    slots, moments = [], {}
+    for name, p in list(module.named_parameters()):
+        data, master, exp_avg, exp_avg_sq = state[name]
+        local_shape = tuple(_local(p).shape)
+        if tuple(data.shape) != local_shape:
+            raise TrainingError(f"{name}: param box {tuple(data.shape)} does not match the local shape {local_shape}")
+        new = (DTensor.from_local(data, p.device_mesh, p.placements, run_check=False, shape=p.shape,
+                                  stride=p.stride()) if isinstance(p, DTensor) else data)
+        owner, _, attr = name.rpartition(".")
+        module.get_submodule(owner).register_parameter(attr, nn.Parameter(new))
+        slots.append(ParamSlot(name, data, chunk_rows(local_shape[0], D, dp_rank if D > 1 else 0), master))
+        moments[name] = (exp_avg, exp_avg_sq)
+    optimizer = ShardedAdamW(slots, group if dp > 1 else None, dp, lr=config.lr, weight_decay=config.weight_decay,
+                             moments=moments, step=step, ties=ties)
+    by_name = {s.name: s for s in slots}
+
+    def hook_for(slot: ParamSlot):
+        def hook(p: Tensor) -> None:
+            grad = p.grad
+            if isinstance(grad, DTensor) and tuple(grad.placements) != tuple(p.placements):
+                grad = grad.redistribute(p.device_mesh, p.placements)
+            local = _local(grad)
+            optimizer.accumulate(slot, local * grad_scale if grad_scale != 1.0 else local)
+            p.grad = None
+        return hook
+
+    for name, p in module.named_parameters():
+        p.register_post_accumulate_grad_hook(hook_for(by_name[name]))
+    return optimizer
+
+
+class _Encoder(nn.Module):
+    """Holds the encoder under its catalog prefix, so parameter names are `encoder.*`."""
+
+    def __init__(self, encoder: nn.Module) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+
+class HeteroTrainer:
+    """One rank's training program for a per-module layout of a multimodal model."""
+
+    def __init__(self, config: TrainConfig, layout: str, rank: int, shards: dict[Key, LocalShard],
+                 scalars: TrainScalars | None = None, *, meshes: HeteroMeshes | None = None,
+                 check_plan: bool = True) -> None:
+        """`meshes`, built by the caller, and `check_plan=False` (no plan fingerprint
+        exchange) let the emulator's tracer build one rank of a target world on fake tensors
+        and torch's fake process group (parallelism/emulator/trace_modules.py); the job runner's
+        checkpoints rebuild a trainer on the meshes of the one they replace."""
+        self.config, self.rank = config, rank
+        self.spec, self.mc = config.tensors, config.model_config
+        self.placement = place(self.spec, layout)
+        self._index = {t.name: i for i, t in enumerate(self.spec.tensors)}
+        check_hetero_trainable(config, self.placement)
+        self.enc_ml, self.llm_ml = self.placement.modules["encoder"], self.placement.modules["llm"]
+        self.scalars = scalars or TrainScalars()
+        self.meshes = meshes or HeteroMeshes.build(self.placement)  # collective
+        enc_mesh, llm_mesh, self.everyone = self.meshes.encoder, self.meshes.llm, self.meshes.everyone
+        v = self.mc.encoder
+        assert v is not None
+        self.image_shape = ActivationShape(config.global_batch, v.positions, self.mc.llm.hidden)
+        self.boundary = Boundary(plan_boundary(self.enc_ml, self.llm_ml, self.image_shape), rank)
+        if rank < self.placement.world and check_plan:
+            self.boundary.agree(self.everyone)
+        self.images = SyntheticImages(v.channels, v.image, seed=config.seed)
+        self.tokens = SyntheticTokens(self.mc.llm.vocab, config.seq_len, seed=config.seed)
+        state = self._states_by_module(shards)
+        model = build_training_model(self.mc, device="meta", dtype=torch.bfloat16)
+        self.encoder = self.llm_stage = self.pipeline = None
+        enc_coord, llm_coord = enc_mesh.get_coordinate(), llm_mesh.get_coordinate()
+        if enc_coord is not None:
+            _, self.enc_dp_rank, _ = enc_coord
+            self.encoder = _Encoder(model.encoder)
+            if self.enc_ml.tp > 1:
+                parallelize_module(self.encoder, enc_mesh["tp"], _encoder_tp_plan(v.layers))
+            self.enc_optimizer = adopt(self.encoder, state["encoder"], zero=self.enc_ml.zero, dp=self.enc_ml.dp,
+                                       dp_rank=self.enc_dp_rank, group=enc_mesh["dp"].get_group(), config=config,
+                                       step=self.scalars.step, grad_scale=self.enc_ml.dp / self.llm_ml.dp)
+        if llm_coord is not None:
+            self.pp_rank, self.llm_dp_rank, self.tp_rank = llm_coord
+            self.llm_stage = ImageTextStage(model, self.pp_rank, self.llm_ml.pp)
+            if self.llm_ml.tp > 1:
+                parallelize_module(self.llm_stage, llm_mesh["tp"],
+                                   tp_plan(self.llm_stage, kv_units=replicated_units(self.placement)))
+            ties = {}
+            if self.meshes.kv_heads is not None:
+                ties = {name: self.meshes.kv_heads for name, _ in self.llm_stage.named_parameters()
+                        if is_replicated(self.spec.tensors[self._index[name]], self.llm_ml.tp)}
+            self.llm_optimizer = adopt(self.llm_stage, state["llm"], zero=self.llm_ml.zero, dp=self.llm_ml.dp,
+                                       dp_rank=self.llm_dp_rank, group=llm_mesh["dp"].get_group(), config=config,
+                                       step=self.scalars.step, ties=ties)
+            if self.llm_ml.pp > 1:
+                self.pipeline = self._build_pipeline(llm_mesh["pp"].get_group())
+        del model
+
+    @property
+    def active(self) -> bool:
+        return self.encoder is not None or self.llm_stage is not None
+
+    def _states_by_module(self, shards: dict[Key, LocalShard]) -> dict[str, dict[str, tuple[Tensor, ...]]]:
+        try:
+            states = trainer_states(self.placement, self.rank, shards)
+        except KeyError as exc:
+            raise TrainingError(exc.args[0]) from None
+        out: dict[str, dict[str, tuple[Tensor, ...]]] = {"encoder": {}, "llm": {}}
+        for index, tensors in states.items():
+            tensor = self.spec.tensors[index]
+            out[tensor.split.module][tensor.name] = tensors
+        return out
+
+    def _build_pipeline(self, group):
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        stage = PipelineStage(self.llm_stage, self.pp_rank, self.llm_ml.pp, torch.device(device_type()), group=group)
+        micro = self.config.micro_batches
+        schedule = Schedule1F1B if micro >= self.llm_ml.pp else ScheduleGPipe
+        return schedule(stage, micro, loss_fn=lambda logits, y: text_loss(logits, y) / micro, scale_grads=False)
+
+    # --- one step -------------------------------------------------------------------
+    def _encode(self) -> Tensor:
+        """This rank's image tokens (its encoder-dp share), or the boundary's empty placeholder."""
+        if self.encoder is not None:
+            lo, hi = (int(v) for v in chunk(self.config.global_batch, self.enc_ml.dp, self.enc_dp_rank))
+            if hi > lo:
+                images = self.images.batch(self.scalars.data.samples + lo, hi - lo)
+                return self.encoder.encoder(images)
+        return self.boundary.empty_input(torch.bfloat16)
+
+    def _run_llm(self, image_tokens: Tensor | None) -> Tensor:
+        """The LLM's micro-batches; returns this rank's summed micro-batch losses (last stage)."""
+        per_dp = self.config.global_batch // self.llm_ml.dp
+        tokens, targets = self.tokens.batch(self.scalars.data.samples + self.llm_dp_rank * per_dp, per_dp)
+        micro = self.config.micro_batches
+        loss_sum = torch.zeros(1, dtype=torch.float64)
+        if self.pipeline is None:
+            for x, p, y in zip(tokens.chunk(micro), image_tokens.chunk(micro), targets.chunk(micro)):
+                loss = text_loss(self.llm_stage(x, p), y)
+                (loss / micro).backward()
+                loss_sum += loss.detach().double()
+        elif self.pp_rank == 0:
+            self.pipeline.step(tokens, image_tokens)
+        elif self.pp_rank == self.llm_ml.pp - 1:
+            losses: list[Tensor] = []
+            self.pipeline.step(target=targets, losses=losses)
+            loss_sum += sum(float(v.detach()) for v in losses) * micro
+        else:
+            self.pipeline.step()
+        return loss_sum
+
+    def step(self) -> StepResult | None:
+        """One optimizer step of both modules over the global batch; every rank of the layout
+        returns the global mean loss, ranks outside it None."""
+        if not self.active:
+            return None
+        started = time.perf_counter()
+        received = self.boundary.apply(self._encode())          # steps 1-2
+        loss_sum = torch.zeros(1, dtype=torch.float64)
+        grad = torch.zeros_like(received)
+        if self.llm_stage is not None:
+            leaf = received.detach().requires_grad_(True) if self.pp_rank == 0 else None
+            loss_sum = self._run_llm(leaf)                        # step 3
+            if leaf is not None:
+                grad = leaf.grad
+            if not (self.pp_rank == self.llm_ml.pp - 1 and self.tp_rank == 0):
+                loss_sum.zero_()
+        # Step 4 before the LLM's optimizer: non-colocated encoder ranks wait for nothing else.
+        torch.autograd.backward(received, grad)
+        if self.llm_stage is not None:
+            self.llm_optimizer.step(self.config.lr_at(self.scalars.step))
+        if self.encoder is not None:
+            self.enc_optimizer.step(self.config.lr_at(self.scalars.step))
+        dist.all_reduce(loss_sum, group=self.everyone)
+        self.scalars.step += 1
+        self.scalars.data = self.scalars.data.advance(self.config.global_batch)
+        micro = self.config.micro_batches
+        return StepResult(self.scalars.step, float(loss_sum.item()) / (micro * self.llm_ml.dp),
+                          time.perf_counter() - started, self.config.global_batch * self.config.seq_len)
+
+    def hand_over(self) -> tuple[dict[Key, LocalShard], TrainScalars]:
+        """This rank's state as local shards (the contract's boxes); the trainer is unusable afterwards."""
+        index_of = {t.name: i for i, t in enumerate(self.spec.tensors)}
+        boxes = rank_boxes(self.placement, self.rank)
+        out: dict[Key, LocalShard] = {}
+        for optimizer in ([self.enc_optimizer] if self.encoder is not None else []) + (
+                [self.llm_optimizer] if self.llm_stage is not None else []):
+            for name, tensors in optimizer.hand_over().items():
+                index = index_of[name]
+                for state, data in zip(STATES, tensors):
+                    if (index, state) in boxes:  # an empty chunk is no shard (docs/contracts.md section 3)
+                        out[(index, state)] = LocalShard(self.spec.tensors[index], state, boxes[(index, state)],
+                                                         data.detach())
+        self.encoder = self.llm_stage = self.pipeline = None
+        return out, self.scalars

@@ -1,0 +1,141 @@
+"""Transformer building blocks whose parameter names match the catalog: norms, RoPE, attention, MLPs, layers."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from parallelism.layout.model_config import DecoderConfig
+from parallelism.training.moe import MoE
+
+Factory = dict[str, Any]  # {"device": ..., "dtype": ...}: passed to every parameter's constructor
+Rope = tuple[Tensor, Tensor]  # (cos, sin), each [T, head_dim], float32
+
+NORM_EPS = 1e-5
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with a `weight` only; normalizes in float32 so bf16 activations keep their precision."""
+
+    def __init__(self, dim: int, fk: Factory, eps: float = NORM_EPS) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, **fk))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.weight.float()).to(x.dtype)
+
+
+def rope_cos_sin(positions: int, head_dim: int, theta: float, device: torch.device) -> Rope:
+    """Rotary tables for positions 0..positions-1, computed on the fly: no buffers, nothing to checkpoint or shard.
+
+    Half-split layout (as Hugging Face's Llama): dims i and i + head_dim/2 rotate together by pos * theta^(-2i/hd).
+    """
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(positions, device=device, dtype=torch.float32), inv_freq)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: Tensor, rope: Rope) -> Tensor:
+    """Rotate x [B, heads, T, head_dim] by its positions' angles."""
+    cos, sin = rope
+    half = x.shape[-1] // 2
+    xf = x.float()
+    rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
+    return (xf * cos + rotated * sin).to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Multi-head attention with grouped kv heads; optional q/k/v and o biases, Qwen3's per-head q/k norms, RoPE."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, fk: Factory, *, qkv_bias: bool,
+                 o_bias: bool, qk_norm: bool = False, causal: bool = True) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim, self.causal = heads, kv_heads, head_dim, causal
+        # Registration order q, k, v, q_norm, k_norm, o is the catalog's order, so named_parameters() follows it.
+        self.q = nn.Linear(hidden, heads * head_dim, bias=qkv_bias, **fk)
+        self.k = nn.Linear(hidden, kv_heads * head_dim, bias=qkv_bias, **fk)
+        self.v = nn.Linear(hidden, kv_heads * head_dim, bias=qkv_bias, **fk)
+        self.q_norm = RMSNorm(head_dim, fk) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, fk) if qk_norm else None
+        self.o = nn.Linear(heads * head_dim, hidden, bias=o_bias, **fk)
+
+    def forward(self, x: Tensor, rope: Rope | None = None) -> Tensor:
+        b, t, _ = x.shape
+        # -1 heads: under tensor parallelism a rank holds heads/tp query and kv_heads/tp kv heads.
+        q = self.q(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = self.k(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = self.v(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # Qwen3 normalizes each head before rotating it
+        if rope is not None:
+            q, k = apply_rope(q, rope), apply_rope(k, rope)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=self.kv_heads != self.heads)
+        return self.o(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class SwiGLU(nn.Module):
+    """Llama's MLP: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, hidden: int, ffn: int, fk: Factory, *, bias: bool = False) -> None:
+        super().__init__()
+        self.gate = nn.Linear(hidden, ffn, bias=bias, **fk)
+        self.up = nn.Linear(hidden, ffn, bias=bias, **fk)
+        self.down = nn.Linear(ffn, hidden, bias=bias, **fk)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class GeluMLP(nn.Module):
+    """fc2(gelu(fc1(x))) with biases: the GPT/ViT MLP and the vision projector (whose widths differ)."""
+
+    def __init__(self, d_in: int, d_mid: int, d_out: int, fk: Factory) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d_in, d_mid, **fk)
+        self.fc2 = nn.Linear(d_mid, d_out, **fk)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+class LlamaBlock(nn.Module):
+    """Pre-norm Llama/Qwen layer: x + attn(norm(x)), then x + mlp-or-moe(norm(x))."""
+
+    def __init__(self, c: DecoderConfig, index: int, fk: Factory) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(c.hidden, fk)
+        self.attn = Attention(c.hidden, c.heads, c.kv_heads, c.head_dim, fk, qkv_bias=c.qkv_bias,
+                              o_bias=c.o_bias, qk_norm=c.qk_norm)
+        self.mlp_norm = RMSNorm(c.hidden, fk)
+        moe = c.is_moe_layer(index)  # MoE layers hold `moe.*` and no `mlp.*`, as the catalog names them
+        self.mlp = None if moe else SwiGLU(c.hidden, c.ffn, fk, bias=c.mlp_bias)
+        self.moe = MoE(c.hidden, c.moe_ffn, c.experts, c.top_k, fk) if moe else None
+
+    def forward(self, x: Tensor, rope: Rope | None = None) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), rope)
+        h = self.mlp_norm(x)
+        if self.moe is not None:
+            return x + self.moe(h)
+        assert self.mlp is not None
+        return x + self.mlp(h)
+
+
+class GptBlock(nn.Module):
+    """Pre-LN GPT/ViT layer with biases everywhere and plain multi-head attention; causal for GPT, not for ViT."""
+
+    def __init__(self, hidden: int, heads: int, head_dim: int, ffn: int, fk: Factory, *, causal: bool) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(hidden, eps=NORM_EPS, **fk)
+        self.attn = Attention(hidden, heads, heads, head_dim, fk, qkv_bias=True, o_bias=True, causal=causal)
+        self.ln2 = nn.LayerNorm(hidden, eps=NORM_EPS, **fk)
+        self.mlp = GeluMLP(hidden, ffn, hidden, fk)
+
+    def forward(self, x: Tensor, rope: Rope | None = None) -> Tensor:
+        x = x + self.attn(self.ln1(x), rope)
+        return x + self.mlp(self.ln2(x))

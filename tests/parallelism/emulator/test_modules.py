@@ -1,0 +1,205 @@
+"""Models with an input module (a multimodal model's encoder, issue 8) in the emulator: the
+step of colocated and non-colocated layouts on synthetic traces (textbook cases computed by
+hand), bad layouts, the search's candidate set, and one real tiny-vlm trace end to end."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from parallelism.emulator.costs import op_seconds
+from parallelism.emulator.emulate import EmulateRequest, emulate
+from parallelism.emulator.errors import EmulatorError
+from parallelism.emulator.search_space import multimodal_candidates, static_bytes
+from parallelism.emulator.search_space import SearchRequest
+from parallelism.emulator.simulate import input_chunks, simulate
+from parallelism.emulator.trace import CommOp, InputTrace, StageMemory, Trace
+from parallelism.emulator.tracer import TraceRequest, trace as trace_model
+from parallelism.layout.catalog import get_model
+from tests.parallelism.emulator.helpers import PROFILE, stage, uniform_trace
+
+
+def hetero(colocated: bool, enc_f: float, enc_b: float, llm: Trace, samples: int = 8, boundary=((), ()),
+           enc_memory: StageMemory | None = None) -> Trace:
+    """The LLM's pipeline trace with an encoder feeding it."""
+    encoder = stage(0, enc_f, enc_b, memory=enc_memory or StageMemory(1000, 2000, 3000, 400, 50))
+    return replace(llm, inputs=(InputTrace("encoder", encoder, tp=1, dp=2, zero=0, samples=samples, tokens=17,
+                                           colocated=colocated, boundary_forward=boundary[0],
+                                           boundary_backward=boundary[1]),))
+
+
+def test_colocated_step_is_the_sum_of_the_module_phases() -> None:
+    llm = uniform_trace(pp=2, m=4, forward=1.0, backward=2.0)  # 1F1B: (m + pp - 1)(f + b) = 15 s
+    send = CommOp("boundary_send", "send", 1e9, 2, 1, "pp")
+    recv = CommOp("boundary_recv", "recv", 5e8, 2, 1, "pp")
+    trace = hetero(True, 3.0, 5.0, llm, boundary=(((send, send), (recv,)), ((send,),)))
+    result = simulate(trace, PROFILE)
+    s = op_seconds(send, PROFILE)
+    assert simulate(llm, PROFILE).step_seconds == pytest.approx(15.0)
+    # forward exchange: the sender's two sends (2 s) outlast the receiver's one recv
+    assert result.phases["boundary_forward"] == pytest.approx(2 * s)
+    assert result.step_seconds == pytest.approx(3.0 + 2 * s + 15.0 + s + 5.0)
+    assert sum(result.breakdown.values()) == pytest.approx(result.step_seconds)
+    assert result.chunks == 1
+
+
+@pytest.mark.parametrize("colocated", [True, False])
+def test_an_input_module_that_costs_nothing_leaves_the_pipeline_alone(colocated: bool) -> None:
+    """A decoder-only model is the one-module case: an empty encoder (no ops, no bytes, no
+    boundary) adds nothing to the step, its breakdown or the per-stage memory."""
+    llm = uniform_trace(pp=2, m=4, forward=1.0, backward=2.0)
+    plain = simulate(llm, PROFILE)
+    result = simulate(hetero(colocated, (), (), llm, enc_memory=StageMemory(0, 0, 0, 0, 0)), PROFILE)
+    assert result.step_seconds == pytest.approx(plain.step_seconds)
+    assert result.breakdown == pytest.approx(plain.breakdown)
+    assert [s.peak for s in result.per_stage] == [s.peak for s in plain.per_stage]
+    assert result.peak_bytes == plain.peak_bytes
+    assert (plain.phases, plain.chunks, plain.input_memory) == ({}, 1, {})
+
+
+def test_one_trace_format_holds_the_input_modules() -> None:
+    trace = hetero(False, 1.0, 2.0, uniform_trace(pp=2, m=4),
+                   boundary=(((CommOp("boundary_send", "send", 1e6, 2, 1, "pp"),),), ()))
+    assert Trace.from_json(trace.to_json()) == trace
+    data = uniform_trace(pp=2, m=4).to_dict()
+    del data["inputs"]  # a decoder-only trace written before the field existed
+    assert Trace.from_dict(data) == uniform_trace(pp=2, m=4)
+
+
+def test_colocated_memory_holds_both_modules() -> None:
+    llm = uniform_trace(pp=2, m=4)
+    trace = hetero(True, 1.0, 1.0, llm, enc_memory=StageMemory(1000, 2000, 3000, 400, 500))
+    result = simulate(trace, PROFILE)
+    plain = simulate(llm, PROFILE)
+    for row, s in zip(result.per_stage, plain.per_stage):
+        # stage s holds min(pp - s, m) micro-batches of 100 B; temporary: the larger of 7 and 500
+        assert row.peak == s.params + s.grads + s.optimizer + s.activations + 1000 + 2000 + 3000 + 400 + 500
+    assert result.peak_bytes == max(r.peak for r in result.per_stage)
+
+
+def test_non_colocated_step_is_the_critical_path_of_the_two_modules() -> None:
+    # LLM pp=1, m=4, F=1, B=2; the encoder streams 4 chunks of F=1, B=2 each.
+    # Encoder forwards end at 1, 2, 3, 4. LLM: F0 1-2 B0 2-4 F1 4-5 B1 5-7 F2 7-8 B2 8-10 F3 10-11 B3 11-13.
+    # Encoder backwards (after its last forward, each when its gradient is back): 4-6, 7-9, 10-12, 13-15.
+    llm = uniform_trace(pp=1, m=4, forward=1.0, backward=2.0)
+    trace = hetero(False, 4.0, 8.0, llm)
+    result = simulate(trace, PROFILE)
+    assert result.chunks == 4
+    assert result.phases["llm_step"] == pytest.approx(13.0)
+    assert result.phases["encoder_end"] == pytest.approx(15.0)
+    assert result.step_seconds == pytest.approx(15.0)
+    assert result.critical_module == "encoder"
+    assert sum(result.breakdown.values()) == pytest.approx(15.0)
+    # The trainer's schedule today (one piece): forward 0-4, LLM 4-16, encoder backward 16-24.
+    assert simulate(trace, PROFILE, chunks=1).step_seconds == pytest.approx(24.0)
+    # A fast encoder hides behind the LLM: the LLM waits only for the first chunk (0.1 s), the encoder adds
+    # only its last chunk's backward (0.2 s) after the LLM's last backward.
+    fast = simulate(hetero(False, 0.4, 0.8, llm), PROFILE)
+    assert fast.phases["llm_step"] == pytest.approx(0.1 + 12.0)
+    assert fast.step_seconds == pytest.approx(0.1 + 12.0 + 0.2)
+
+
+def test_non_colocated_memory_is_per_module() -> None:
+    llm = uniform_trace(pp=2, m=4)
+    trace = hetero(False, 1.0, 1.0, llm, enc_memory=StageMemory(10**6, 0, 0, 10, 0))
+    result = simulate(trace, PROFILE)
+    assert result.input_memory["encoder"]["peak"] == 10**6 + 10
+    assert [r.peak for r in result.per_stage] == [s.peak for s in simulate(llm, PROFILE).per_stage]
+    assert result.peak_bytes == 10**6 + 10
+
+
+def test_encoder_chunks_divide_micro_batches_and_the_share() -> None:
+    assert input_chunks(8, 4, colocated=False) == 4
+    assert input_chunks(6, 4, colocated=False) == 2
+    assert input_chunks(5, 4, colocated=False) == 1
+    assert input_chunks(8, 4, colocated=True) == 1
+    with pytest.raises(EmulatorError, match="chunks=3"):
+        simulate(hetero(False, 1.0, 1.0, uniform_trace(pp=1, m=4)), PROFILE, chunks=3)
+
+
+@pytest.mark.parametrize(("layout", "gpus", "message"), [
+    ("encoder:dp=2,ranks=0-1;llm:tp=2,ranks=1-2", 3, "overlap"),
+    ("encoder:dp=2,ranks=0-1;llm:tp=2,ranks=4-5", 6, "belong to no module"),
+    ("encoder:dp=2,ranks=0-1;llm:tp=2,ranks=2-3", 8, "--gpus is 8"),
+    ("llm:tp=2,dp=2", 4, "has modules"),
+    ("encoder:dp=4;llm:tp=2", 4, "same number of ranks"),
+    ("encoder:pp=2,dp=2;llm:tp=2,dp=2", 4, "pp=2"),
+    ("encoder:dp=4;llm:tp=2,dp=2,zero=3", 4, "zero=3"),
+])
+def test_bad_hetero_layouts_are_refused_with_the_reason(layout: str, gpus: int, message: str) -> None:
+    with pytest.raises(EmulatorError, match=message):
+        emulate(EmulateRequest("tiny-vlm", layout, gpus, "h100", 8, 1, 16))
+
+
+def test_search_candidates_cover_the_three_placements_and_are_bounded() -> None:
+    request = SearchRequest("tiny-vlm", gpus=4, gpu="h100", global_batch=8, seq=16)
+    candidates = multimodal_candidates(request)
+    kinds = {k for k, _, _ in candidates}
+    assert kinds == {"homogeneous", "colocated", "non-colocated"}
+    for kind, layout, _ in candidates:
+        assert "zero=3" not in layout
+        if kind == "homogeneous":
+            assert ";" not in layout and "pp=1," in layout
+        if kind == "non-colocated":
+            assert "ranks=0-0;" in layout  # N/4 = 1 encoder GPU (N/8 and smaller are < 1)
+    # bounded: per LLM layout at most 1 homogeneous + 2 colocated, plus 1 share x LLM layouts of 3 GPUs
+    assert len(candidates) < 60
+
+
+def test_a_traced_rank_with_empty_zero_chunks_traces() -> None:
+    """LLM stage 1's first rank (rank 2) is encoder dp rank 2, whose ZeRO chunk of the 1-row
+    class token is empty: HeteroTrainer builds it (it raised KeyError before)."""
+    request = TraceRequest("tiny-vlm", "encoder:dp=4,zero=1;llm:tp=2,pp=2", micro_batch=2, seq=16, micro_batches=4)
+    trace, info = trace_model(request, use_cache=False)
+    (encoder,) = trace.inputs
+    assert (encoder.colocated, encoder.dp, encoder.zero, len(trace.stages)) == (True, 4, 1, 2)
+    assert info["stages_traced"] == 3  # the encoder class and both LLM stages
+
+
+def test_static_bytes_of_a_colocated_rank_hold_both_modules() -> None:
+    model = get_model("tiny-vlm")
+    enc = sum(t.numel for t in model.tensors if t.split.module == "encoder")
+    llm = sum(t.numel for t in model.tensors if t.split.module == "llm")
+    assert static_bytes(model, "encoder:dp=2,ranks=0-1;llm:dp=2,ranks=2-3") == 18 * max(enc, llm)
+    assert static_bytes(model, "dp=4") == 18 * (enc + llm)  # zero=0: 2 + 4 + 12 B per element
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    """One real tiny-vlm trace (HeteroTrainer on fake tensors), non-colocated."""
+    request = TraceRequest("tiny-vlm", "encoder:dp=2,ranks=0-1;llm:tp=2,ranks=2-3", micro_batch=2, seq=16,
+                           micro_batches=4)
+    trace, info = trace_model(request, use_cache=False)
+    return trace, info
+
+
+def test_tiny_vlm_trace_end_to_end(traced) -> None:
+    trace, info = traced
+    model = get_model("tiny-vlm")
+    assert info["stages_traced"] == 2  # the encoder class and the one LLM stage, each in its own process
+    (encoder,) = trace.inputs
+    assert (encoder.colocated, encoder.dp, encoder.samples, encoder.tokens) == (False, 2, 4, 17)
+    # traced static memory = the analytic per-module count: encoder tp=1, zero=0: 2 + 4 + 12 B per element;
+    # LLM tp=2: tensors with a tp dim are halved
+    enc = sum(t.numel for t in model.tensors if t.split.module == "encoder")
+    llm = sum(t.numel // (2 if t.split.tp_dim is not None else 1) for t in model.tensors if t.split.module == "llm")
+    assert (encoder.stage.memory.params, encoder.stage.memory.grads, encoder.stage.memory.optimizer) == (
+        2 * enc, 4 * enc, 12 * enc)
+    m = trace.stages[0].memory
+    assert (m.params, m.grads, m.optimizer) == (2 * llm, 4 * llm, 12 * llm)
+    # the boundary (the tracer checked the communicator's recorded messages against these): each encoder rank
+    # sends its 4 samples x 17 tokens x 64 hidden (bf16) to both LLM tp ranks; one of them returns its gradient
+    box = 4 * 17 * 64 * 2
+    forward = sorted((op.kind, op.bytes) for ops in encoder.boundary_forward for op in ops)
+    assert forward == [("recv", box)] * 4 + [("send", box)] * 4
+    assert [len(ops) for ops in encoder.boundary_forward] == [2, 2, 2, 2]
+    backward = sorted((op.kind, op.bytes) for ops in encoder.boundary_backward for op in ops)
+    assert backward == [("recv", box)] * 2 + [("send", box)] * 2
+    # the encoder's dp gradient all-reduce, the LLM's tp collectives inline
+    assert [op.kind for op in encoder.stage.grad_sync] == ["all_reduce"]
+    assert any(isinstance(op, CommOp) and op.dim == "tp" for op in trace.stages[0].forward)
+    # the LLM sees image tokens + text
+    assert trace.seq == 17 + 16
+    result = simulate(trace, replace(PROFILE))
+    assert result.step_seconds >= max(result.phases["llm_step"], result.phases["encoder_end"]) - 1e-12
+    assert Trace.from_json(trace.to_json()) == trace

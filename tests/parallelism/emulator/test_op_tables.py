@@ -1,0 +1,262 @@
+"""Measured op tables: GEMM operand forms from the recorder, and how the cost model reads the tables."""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from parallelism.emulator import calibrate_ops
+from parallelism.emulator.calibrate_ops import (CacheFlush, ColdOperands, last_level_cache_bytes, measure_attentions,
+                                           measure_gemms, measure_op_bandwidths, merge_tables, op_shapes,
+                                           shapes_by_residency, typical_seconds)
+from parallelism.emulator.costs import compute_seconds
+from parallelism.emulator.devices import DeviceProfile, get_profile
+from parallelism.emulator.errors import EmulatorError
+from parallelism.emulator.op_tables import bandwidth_at, matmul_rate, nearest_rate
+from parallelism.emulator.recorder import OpRecorder
+from parallelism.emulator.trace import ComputeOp, StageMemory, StageTrace, Trace
+
+
+def test_a_linear_layers_three_gemms_are_recorded_with_their_operand_forms() -> None:
+    layer = torch.nn.Linear(8, 6, bias=False)
+    x = torch.randn(5, 8, requires_grad=True)
+    recorder = OpRecorder()
+    with recorder:
+        recorder.set_phase("forward")
+        y = layer(x)
+        recorder.set_phase("backward")
+        y.backward(torch.randn_like(y))
+    gemms = [(r.phase, r.shape, r.form) for r in recorder.records if r.kind == "matmul"]
+    # forward x @ W^T; input gradient g @ W; weight gradient g^T @ x (order of the two is autograd's)
+    assert gemms[0] == ("forward", (5, 6, 8), "nt")
+    assert sorted(gemms[1:]) == [("backward", (5, 8, 6), "nn"), ("backward", (6, 8, 5), "tn")]
+
+
+def test_an_in_place_op_counts_the_tensors_it_writes_once_as_its_out_of_place_twin_does() -> None:
+    xs, ys = [torch.ones(64) for _ in range(3)], [torch.ones(64) for _ in range(3)]
+    recorder = OpRecorder()
+    with recorder:
+        torch._foreach_addcdiv_(xs, ys, ys)  # returns nothing: the write is its first list
+        torch._foreach_addcdiv(xs, ys, ys)
+        torch._foreach_mul_(xs, 0.5)
+        xs[0].add_(ys[0])  # returns its input: counted once, not twice
+        torch.add(xs[0], 1.0)
+    moved = {r.name: r.bytes for r in recorder.records}
+    whole = 3 * 64 * 4
+    assert moved["_foreach_addcdiv_"] == moved["_foreach_addcdiv"] == 4 * whole
+    assert moved["_foreach_mul_"] == 2 * whole
+    assert moved["add_"] == 3 * 256 and moved["add"] == 2 * 256  # one tensor of 256 bytes in, out
+
+
+def test_an_in_place_write_is_not_new_memory() -> None:
+    xs, ys = [torch.ones(64) for _ in range(3)], [torch.ones(64) for _ in range(3)]
+    recorder = OpRecorder()
+    with recorder:
+        torch._foreach_addcdiv_(xs, ys, ys)
+        torch._foreach_mul_(xs, 0.5)
+        kept = torch._foreach_add(xs, 1.0)  # new tensors: these are
+    assert recorder.live == recorder.peak == 3 * 256
+    del kept
+
+
+def test_nearest_rate_prefers_an_exact_match_then_the_nearest_shape_in_log_space() -> None:
+    rows = [[1, 128, 768, 768, 400e9], [1, 128, 50304, 768, 130e9]]
+    assert nearest_rate(rows, (1, 128, 50304, 768)) == 130e9
+    assert nearest_rate(rows, (1, 128, 3072, 768)) == 400e9   # ln 4 from the first, ln 16.4 from the second
+    assert nearest_rate(rows, (1, 128, 20000, 768)) == 130e9  # ln 26 vs ln 2.5
+    assert nearest_rate([], (1, 2, 3, 4)) is None
+
+
+def test_matmul_rate_reads_the_ops_own_form_and_falls_back_to_other_forms_then_the_model() -> None:
+    table = {"bf16": {"nt": [[1, 32, 768, 768, 300e9]], "nn": [[1, 32, 768, 768, 30e9]]}}
+    assert matmul_rate(table, "bf16", "nt", (32, 768, 768)) == 300e9
+    assert matmul_rate(table, "bf16", "nn", (32, 768, 768)) == 30e9
+    assert matmul_rate(table, "bf16", "tn", (32, 768, 768)) in (300e9, 30e9)  # not measured: nearest of any form
+    assert matmul_rate(table, "fp16", "nn", (32, 768, 768)) == 30e9            # fp16 reads bf16's rows
+    assert matmul_rate(table, "fp32", "nn", (32, 768, 768)) is None            # no rows for the dtype
+    assert matmul_rate(table, "bf16", "nn", ()) is None                         # no shape to look up
+    assert matmul_rate({}, "bf16", "nn", (32, 768, 768)) is None
+
+
+def test_the_cost_model_charges_a_measured_gemm_its_measured_rate() -> None:
+    cpu = get_profile("cpu")
+    measured = replace(cpu, matmul_table={"bf16": {"nn": [[1, 64, 64, 64, 2e9]]}},
+                       attention_table={"backward": {"bf16": [[1, 4, 64, 64, 16, 1e9]]}},
+                       op_bandwidth_table={"add": [[1e3, 1e9], [1e6, 4e9]]})
+    gemm = ComputeOp("mm", "matmul", 2 * 64**3, 3 * 64 * 64 * 2, (64, 64, 64), "bf16", "nn")
+    assert compute_seconds(gemm, measured) == pytest.approx(2 * 64**3 / 2e9 + cpu.launch_seconds)
+    assert compute_seconds(gemm, cpu) != compute_seconds(gemm, measured)  # built-in profile: efficiency model
+    attention = ComputeOp("_scaled_dot_product_flash_attention_for_cpu_backward", "attention", 1e7, 0,
+                          (1, 4, 64, 64, 16))
+    assert compute_seconds(attention, measured) == pytest.approx(1e7 / 1e9 + cpu.launch_seconds)
+    forward = replace(attention, name="_scaled_dot_product_flash_attention_for_cpu")  # no forward rows
+    assert compute_seconds(forward, measured) == compute_seconds(forward, cpu)
+    add = ComputeOp("add", "memory", 0, 1e6)
+    assert compute_seconds(add, measured) == pytest.approx(1e6 / 4e9 + cpu.launch_seconds)
+
+
+@given(st.lists(st.tuples(st.floats(1e2, 1e9), st.floats(1e6, 1e11)), min_size=2, max_size=5, unique_by=lambda p: p[0]),
+       st.floats(1.0, 1e10))
+@example([(100.0, 2148483649.0), (101.0, 1000000.2712228298)], 101.0)  # found by CI: exact at the last size
+def test_bandwidth_by_size_interpolates_between_measured_points_and_clamps_outside(points, nbytes) -> None:
+    points = sorted([list(p) for p in points])
+    if any(b[0] / a[0] < 1.001 for a, b in zip(points, points[1:])):
+        return
+    rate = bandwidth_at(points, nbytes)
+    rates = [p[1] for p in points]
+    assert min(rates) * (1 - 1e-9) <= rate <= max(rates) * (1 + 1e-9)
+    if nbytes <= points[0][0]:
+        assert rate == points[0][1]
+    if nbytes >= points[-1][0]:
+        assert rate == points[-1][1]
+    for p in points:
+        assert math.isclose(bandwidth_at(points, p[0]), p[1], rel_tol=1e-9)
+
+
+def test_a_profile_with_a_malformed_table_is_refused_with_the_place_named() -> None:
+    cpu = get_profile("cpu")
+    with pytest.raises(EmulatorError, match=r"matmul_table\['bf16'\]\['nn'\]: row \[1, 2, 3\]"):
+        replace(cpu, matmul_table={"bf16": {"nn": [[1, 2, 3]]}})
+    with pytest.raises(EmulatorError, match="attention_table key 'sideways'"):
+        replace(cpu, attention_table={"sideways": {}})
+    with pytest.raises(EmulatorError, match=r"op_bandwidth_table\['add'\]: sizes must ascend"):
+        replace(cpu, op_bandwidth_table={"add": [[2e6, 1e9], [1e6, 1e9]]})
+    data = replace(cpu, matmul_table={"bf16": {"nt": [[1, 8, 8, 8, 1e9]]}}).to_dict()
+    assert DeviceProfile.from_dict(data).matmul_table == {"bf16": {"nt": [[1, 8, 8, 8, 1e9]]}}
+
+
+def _trace_with(*ops: ComputeOp) -> Trace:
+    memory = StageMemory(0, 0, 0, 0, 0)
+    return Trace("tiny-gpt", 1, 1, 1, 1, 1, 8, (StageTrace(0, ops, ops, (), (), (), memory),))
+
+
+def test_calibrate_measures_each_distinct_shape_of_the_traces_once_at_its_own_form() -> None:
+    ops = (ComputeOp("mm", "matmul", 1, 1, (16, 24, 8), "bf16", "nt"),
+           ComputeOp("mm", "matmul", 1, 1, (16, 24, 8), "bf16", "nt"),
+           ComputeOp("bmm", "matmul", 1, 1, (2, 16, 8, 8), "fp32", "tn"),
+           ComputeOp("sdpa", "attention", 1, 1, (1, 2, 16, 16, 8), "fp32"),
+           ComputeOp("sdpa_backward", "attention", 1, 1, (1, 2, 16, 16, 8), "fp32"),
+           ComputeOp("add", "memory", 1, 1))
+    gemms, attentions = op_shapes([_trace_with(*ops)])
+    assert gemms == [("bf16", "nt", 1, 16, 24, 8), ("fp32", "tn", 2, 16, 8, 8)]
+    assert attentions == [("backward", "fp32", 1, 2, 16, 16, 8), ("forward", "fp32", 1, 2, 16, 16, 8)]
+    table = measure_gemms(gemms, repeats=1)
+    assert [row[:4] for row in table["bf16"]["nt"]] == [[1, 16, 24, 8]] and table["bf16"]["nt"][0][4] > 0
+    assert [row[:4] for row in table["fp32"]["tn"]] == [[2, 16, 8, 8]]
+    rates = measure_attentions(attentions, repeats=1)
+    assert set(rates) == {"forward", "backward"} and rates["forward"]["fp32"][0][:5] == [1, 2, 16, 16, 8]
+    # the table the profile then reads
+    profile = replace(get_profile("cpu"), matmul_table=table, attention_table=rates)
+    assert profile.matmul_rate("bf16", (16, 24, 8), "nt") == table["bf16"]["nt"][0][4]
+
+
+def _trace_holding(static_bytes: int, *ops: ComputeOp) -> Trace:
+    memory = StageMemory(static_bytes, 0, 0, 0, 0)
+    return Trace("tiny-gpt", 1, 1, 1, 1, 1, 8, (StageTrace(0, ops, (), (), (), (), memory),))
+
+
+def test_gemms_of_a_model_larger_than_the_cache_are_timed_cold_the_others_hot() -> None:
+    shared = ComputeOp("mm", "matmul", 1, 1, (16, 24, 8), "bf16", "nt")
+    only_small = ComputeOp("mm", "matmul", 1, 1, (4, 4, 4), "bf16", "nn")
+    only_big = ComputeOp("sdpa", "attention", 1, 1, (1, 2, 16, 16, 8), "bf16")
+    cache = 32 * 2**20
+    shapes = shapes_by_residency([_trace_holding(cache // 8, shared, only_small),
+                                  _trace_holding(cache * 4, shared, only_big)], cache)
+    assert shapes["cold"] == ([("bf16", "nt", 1, 16, 24, 8)], [("forward", "bf16", 1, 2, 16, 16, 8)])
+    assert shapes["hot"] == ([("bf16", "nn", 1, 4, 4, 4)], [])  # a shape of both kinds: cold only
+
+
+def test_tables_of_cold_and_hot_shapes_merge_into_one() -> None:
+    cold = {"bf16": {"nt": [[1, 16, 24, 8, 1e9]]}}
+    hot = {"bf16": {"nt": [[1, 4, 4, 4, 2e9]], "nn": [[1, 4, 4, 4, 3e9]]}, "fp32": {"tn": [[1, 2, 2, 2, 4e9]]}}
+    assert merge_tables(cold, hot) == {"bf16": {"nt": [[1, 16, 24, 8, 1e9], [1, 4, 4, 4, 2e9]],
+                                                "nn": [[1, 4, 4, 4, 3e9]]},
+                                       "fp32": {"tn": [[1, 2, 2, 2, 4e9]]}}
+    assert cold == {"bf16": {"nt": [[1, 16, 24, 8, 1e9]]}}  # the inputs are left as they were
+
+
+def test_a_timed_run_follows_a_cache_flush_each_time() -> None:
+    order = []
+    typical_seconds(lambda: order.append("run"), 3, before=lambda: order.append("flush"))
+    assert order == ["run"] + ["flush", "run"] * 3  # the warm-up, then every timed run after a flush
+    flush = CacheFlush(1 << 20)
+    assert flush.buffer.numel() * 4 == 2 << 20  # twice the cache
+    flush()
+    assert bool((flush.buffer == 1.0).all())
+    assert last_level_cache_bytes() >= 1 << 20  # this machine's largest cache (sysfs), at least a MiB
+
+
+def test_an_op_is_timed_at_its_median_run_not_its_fastest_or_mean(monkeypatch) -> None:
+    """A step sums thousands of ops as they typically run: one lucky run (the fastest) or
+    one preempted run (it would move the mean) must not set the op's time."""
+    clock = [0.0]
+    durations = iter([9.0, 0.001, 0.020, 0.030, 0.025, 5.0])  # warm-up first, then five timed runs
+
+    class FakeTime:
+        @staticmethod
+        def perf_counter() -> float:
+            return clock[0]
+
+    def op() -> None:
+        clock[0] += next(durations)
+
+    monkeypatch.setattr(calibrate_ops, "time", FakeTime)
+    assert typical_seconds(op, 5) == pytest.approx(0.025)
+
+
+def test_cold_gemms_read_a_new_copy_of_the_right_operand_every_run() -> None:
+    made = []
+
+    def make() -> torch.Tensor:
+        made.append(torch.full((4,), float(len(made))))
+        return made[-1]
+
+    pool = ColdOperands(make, operand_bytes=1000, cold_bytes=4500)
+    assert len(made) == 6  # together more than cold_bytes: one pass over them evicts the first
+    seen = []
+    for _ in range(8):
+        seen.append(int(pool.current()[0]))
+        pool.advance()
+    assert seen == [0, 1, 2, 3, 4, 5, 0, 1]
+    assert len(ColdOperands(make, operand_bytes=10**9, cold_bytes=64).copies) == 2  # a big operand: two copies
+    table = measure_gemms([("fp32", "nt", 1, 8, 8, 8), ("fp32", "tn", 2, 4, 6, 8)], repeats=2, cold_bytes=1 << 16)
+    assert [row[:4] for row in table["fp32"]["nt"]] == [[1, 8, 8, 8]]
+    assert [row[:4] for row in table["fp32"]["tn"]] == [[2, 4, 6, 8]]
+    assert all(row[4] > 0 for rows in table["fp32"].values() for row in rows)
+
+
+def test_memory_bound_rates_are_measured_per_call_size_net_of_the_host_cost() -> None:
+    calls = []
+
+    def cases(elements, tensors):
+        xs = [torch.ones(elements) for _ in range(tensors)]
+        calls.append(elements)
+        return {"neg": (lambda: [x.neg() for x in xs], 8.0 * elements, tensors)}
+
+    synced = []
+    table = measure_op_bandwidths(cases, tensors=2, repeats=1, ladder=(1 << 10, 1 << 16),
+                                  sync=lambda: synced.append(calls[-1]))
+    assert calls == [1, 1 << 10, 1 << 16]
+    assert synced == [1 << 10, 1 << 16]  # the ranks meet before each op at each size
+    assert [p[0] for p in table["neg"]] == [8.0 * (1 << 10), 8.0 * (1 << 16)]
+    assert all(p[1] > 0 for p in table["neg"])
+
+
+def test_calibrate_times_the_traces_collectives_at_their_own_sizes() -> None:
+    from parallelism.emulator.calibrate_ops import collective_sizes
+    from parallelism.emulator.trace import CommOp
+
+    def comm(kind, size, group=2, nodes=1):
+        return CommOp("c", kind, size, group, nodes, "dp")
+
+    memory = StageMemory(0, 0, 0, 0, 0)
+    stage = StageTrace(0, (comm("all_reduce", 4096.0), comm("all_reduce", 4100.0)), (comm("all_gather", 5e8),),
+                       (), (comm("reduce_scatter", 3e8), comm("all_reduce", 1e9, group=4)),
+                       (comm("all_gather", 2e8), comm("send", 1e6), comm("all_gather", 7e7, nodes=2)), memory)
+    sizes = collective_sizes([Trace("tiny-gpt", 1, 1, 2, 1, 1, 8, (stage,))], world=2)
+    # 4100 is within 2% of 4096: one table point; other group sizes, other nodes and p2p are not ours
+    assert sizes == {"all_reduce": [4096.0], "all_gather": [2e8, 5e8], "reduce_scatter": [3e8]}
