@@ -91,6 +91,7 @@ class ElasticPlanSerializer(serializers.Serializer):
     """GET /api/elastic."""
 
     enabled = serializers.BooleanField(help_text="DYNAPLANE_ELASTIC: off, the scheduler never acts")
+    problem = serializers.CharField(allow_null=True, help_text="why it cannot decide now (null: it can)")
     settings = ElasticSettingsSerializer()
     gpus = serializers.IntegerField(help_text="GPUs of healthy nodes, not lost")
     free = serializers.IntegerField()

@@ -29,6 +29,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from agents.layout.elastic_inputs import Change
+from agents.layout.errors import LayoutError
 from controlplane.common.errors import Conflict, InvalidInput
 from controlplane.jobs import resize, scheduling, transitions
 from controlplane.jobs.elastic_state import ElasticState, elastic_plan, elastic_state, free_gpus
@@ -53,7 +54,11 @@ def elastic_sweep(*, why: str = "beat", now: datetime | None = None) -> list[dic
         sweep = ElasticSweep.objects.select_for_update().get(pk=1)
         now = now or timezone.now()
         state = elastic_state(now)
-        decision = elastic_plan(state)
+        try:
+            decision = elastic_plan(state)
+        except LayoutError as exc:
+            log.error("elastic (%s): no decision: %s", why, exc)
+            return []
         changes = sorted(decision.changes, key=lambda c: (ORDER[c.kind], -state.rows[c.job_id].priority, c.job_id))
         outcomes = [apply_change(change, state, now) for change in changes]
         sweep.ran_at, sweep.outcomes = now, outcomes

@@ -93,7 +93,8 @@ def _options(job: Job, lo: int, hi: int, current: int, per_node: int, capacity: 
                                micro_batch=job.micro_batch, seq_len=job.seq_len, step_seconds=step,
                                capacity_bytes=capacity)
         if not current and all(o.gpus != job.world_size for o in options) and lo <= job.world_size <= hi:
-            options = (*options, _own_option(model, job))  # (e.g. a layout the proposals do not cover)
+            # (e.g. a layout the proposals do not cover)
+            options = (*options, _own_option(model, job))
         return tuple(sorted(options, key=lambda o: o.gpus))
     except (InvalidInput, LayoutError) as exc:
         log.warning("elastic: job %s has no size options: %s", job.name, exc)
@@ -137,7 +138,8 @@ def elastic_state(now: datetime | None = None) -> ElasticState:
         size = job.world_size if pending else current
         lo, hi = job.gpu_range if job.elastic else (size, size)
         step = None if pending else recent_step_seconds(job)
-        options = _options(job, lo, hi, current, per_node, capacity, step) if (job.elastic or pending) else ()
+        top = min(hi, sum(counts.values()))  # (no option larger than the cluster: a range may be far wider)
+        options = _options(job, lo, top, current, per_node, capacity, step) if (job.elastic or pending) else ()
         changes = [at for at in (job.started_at, last_change.get(job.pk)) if at is not None]
         jobs.append(ElasticJob(
             id=job.pk, name=job.name, gpus=size, priority=job.priority, elastic=job.elastic, min_gpus=lo,
@@ -154,7 +156,8 @@ def elastic_state(now: datetime | None = None) -> ElasticState:
 
 
 def elastic_plan(state: ElasticState) -> Decision:
-    """What the scheduler decides for this state."""
+    """What the scheduler decides for this state. LayoutError when the state is inconsistent
+    (e.g. a node holding more GPUs than it has), which the reads above rule out."""
     return decide(state.nodes, state.jobs, state.settings, state.now, state.ended)
 
 
@@ -166,7 +169,10 @@ def elastic_overview(now: datetime | None = None) -> dict:
     """GET /api/elastic: what the scheduler sees and decides now, and what its last sweep
     did (a read: nothing is applied)."""
     state = elastic_state(now)
-    decision = elastic_plan(state)
+    try:
+        decision, problem = elastic_plan(state), None
+    except LayoutError as exc:
+        decision, problem = Decision(changes=(), waiting=()), f"the scheduler cannot decide on this state: {exc}"
     free = free_gpus()
     s = state.settings
     jobs = []
@@ -185,7 +191,7 @@ def elastic_overview(now: datetime | None = None) -> dict:
         })
     sweep = ElasticSweep.objects.filter(pk=1).first()
     return {
-        "enabled": django_settings.DYNAPLANE_ELASTIC,
+        "enabled": django_settings.DYNAPLANE_ELASTIC, "problem": problem,
         "settings": {"min_interval_seconds": s.min_interval_seconds, "backoff_seconds": s.backoff_seconds,
                      "backoff_max_seconds": s.backoff_max_seconds, "grow_horizon_seconds": s.grow_horizon_seconds,
                      "sweep_seconds": django_settings.CELERY_BEAT_SCHEDULE["sweep-elastic"]["schedule"],

@@ -75,6 +75,8 @@ def forget_queued() -> None:
 def nudge_for_joined_nodes() -> list[str]:
     """Nudge when a node joined (registered, or came back) after the last sweep read the
     cluster; returns their names."""
+    if not settings.DYNAPLANE_ELASTIC:
+        return []
     last = ElasticSweep.objects.filter(pk=1).values_list("ran_at", flat=True).first()
     joined = Node.objects.filter(state=NodeState.HEALTHY, joined_at__isnull=False)
     if last is not None:

@@ -252,6 +252,23 @@ def test_queueing_is_an_explicit_choice(four_nodes, token_client, sent_tasks, ru
     assert Job.objects.get(pk=queued.pk).state == "starting" and Job.objects.get(pk=pending.pk).state == "pending"
 
 
+def test_a_range_far_wider_than_the_cluster_costs_only_the_clusters_sizes(token_client, run) -> None:
+    """Before any agent registers, a range is not checked against the cluster: a queued
+    job may ask for up to 65,536 GPUs. The plan ranks layouts only for counts the cluster
+    has (none here), so it answers at once, and the job waits saying why."""
+    import time
+
+    submit(run, token_client, "huge", gpus=2, elastic=True, min_gpus=2, max_gpus=65536, queue=True)
+    started = time.monotonic()
+    plan = token_client.get("/api/elastic").json()
+    assert time.monotonic() - started < 5
+    (job,) = plan["jobs"]
+    assert (job["name"], job["max_gpus"], job["options"], plan["gpus"]) == ("huge", 65536, [], 0)
+    assert plan["waiting"] == [{"job_id": job["id"], "job": "huge",
+                                "reason": "waiting: needs 2 GPUs at priority 0; 0 free after this decision"}]
+    assert run(elastic_sweep) == []
+
+
 def test_nudges_are_debounced_and_only_sent_when_the_scheduler_has_work(
         four_nodes, token_client, sent_tasks, run) -> None:
     training(run, token_client, "plain", gpus=2)
