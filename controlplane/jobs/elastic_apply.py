@@ -32,7 +32,7 @@ from agents.layout.elastic_inputs import Change
 from agents.layout.errors import LayoutError
 from controlplane.common.errors import Conflict, InvalidInput
 from controlplane.jobs import resize, scheduling, transitions
-from controlplane.jobs.elastic_state import ElasticState, elastic_plan, elastic_state, free_gpus
+from controlplane.jobs.elastic_state import elastic_plan, elastic_state, free_gpus
 from controlplane.jobs.elastic_trigger import elastic_work_exists
 from controlplane.jobs.lifecycle import JobState
 from controlplane.jobs.models import ElasticSweep, Job
@@ -60,7 +60,7 @@ def elastic_sweep(*, why: str = "beat", now: datetime | None = None) -> list[dic
             log.error("elastic (%s): no decision: %s", why, exc)
             return []
         changes = sorted(decision.changes, key=lambda c: (ORDER[c.kind], -state.rows[c.job_id].priority, c.job_id))
-        outcomes = [apply_change(change, state, now) for change in changes]
+        outcomes = [apply_change(change, now) for change in changes]
         sweep.ran_at, sweep.outcomes = now, outcomes
         sweep.save(update_fields=["ran_at", "outcomes"])
     for o in outcomes:
@@ -69,7 +69,7 @@ def elastic_sweep(*, why: str = "beat", now: datetime | None = None) -> list[dic
     return outcomes
 
 
-def apply_change(change: Change, state: ElasticState, now: datetime) -> dict:
+def apply_change(change: Change, now: datetime) -> dict:
     """Carry out one change, in a savepoint of the sweep's transaction (a refusal undoes
     only its own writes)."""
     outcome = {"job_id": change.job_id, "job": change.job, "kind": change.kind, "gpus_from": change.gpus_from,

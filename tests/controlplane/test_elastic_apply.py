@@ -234,7 +234,7 @@ def test_a_change_to_a_job_that_moved_since_the_decision_is_skipped(
     state = elastic_state()
     (change,) = elastic_plan(state).changes
     assert run(token_client.post, f"/api/jobs/{job.pk}/resize", {"gpus": 3}, format="json").status_code == 202
-    outcome = apply_change(change, state, dj_timezone.now())
+    outcome = apply_change(change, dj_timezone.now())
     assert (outcome["outcome"], outcome["detail"]) == ("skipped", "job 'clicked' is switching"), outcome
     assert Transition.objects.filter(job=job).count() == 1 and Job.objects.get(pk=job.pk).resize_failures == 0
 
