@@ -137,16 +137,20 @@ def elastic_state(now: datetime | None = None) -> ElasticState:
         current = len(holding)
         size = job.world_size if pending else current
         lo, hi = job.gpu_range if job.elastic else (size, size)
+        hi = max(lo, hi)  # (a bound left unset follows world_size, which a click may have put below min_gpus)
         step = None if pending else recent_step_seconds(job)
         top = min(hi, sum(counts.values()))  # (no option larger than the cluster: a range may be far wider)
         options = _options(job, lo, top, current, per_node, capacity, step) if (job.elastic or pending) else ()
         changes = [at for at in (job.started_at, last_change.get(job.pk)) if at is not None]
-        jobs.append(ElasticJob(
-            id=job.pk, name=job.name, gpus=size, priority=job.priority, elastic=job.elastic, min_gpus=lo,
-            max_gpus=hi, holding=holding, options=options, busy=busy, step_seconds=step,
-            remaining_steps=max(job.max_steps - (job.step or 0), 0) if job.max_steps else None,
-            last_resize_at=_seconds(max(changes)) if changes else None, failed_resizes=job.resize_failures,
-            last_failure_at=_seconds(job.resize_failed_at)))
+        try:
+            jobs.append(ElasticJob(
+                id=job.pk, name=job.name, gpus=size, priority=job.priority, elastic=job.elastic, min_gpus=lo,
+                max_gpus=hi, holding=holding, options=options, busy=busy, step_seconds=step,
+                remaining_steps=max(job.max_steps - (job.step or 0), 0) if job.max_steps else None,
+                last_resize_at=_seconds(max(changes)) if changes else None, failed_resizes=job.resize_failures,
+                last_failure_at=_seconds(job.resize_failed_at)))
+        except LayoutError as exc:  # (the range rules rule this out; a job left out is never resized or started)
+            log.error("elastic: job %s left out: %s", job.name, exc)
     ended = tuple(EndedJob(name=name, priority=priority, ended_at=at.timestamp()) for name, priority, at in
                   Job.objects.filter(state__in=[JobState.STOPPED, JobState.FAILED], started_at__isnull=False,
                                      updated_at__gte=now - ENDED_WITHIN)

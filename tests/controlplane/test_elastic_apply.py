@@ -239,6 +239,22 @@ def test_a_change_to_a_job_that_moved_since_the_decision_is_skipped(
     assert Transition.objects.filter(job=job).count() == 1 and Job.objects.get(pk=job.pk).resize_failures == 0
 
 
+def test_a_job_a_click_put_below_its_minimum_grows_back_to_it(four_nodes, token_client, sent_tasks, run,
+                                                             settings) -> None:
+    """min_gpus=4 and no max: the range follows world_size, which a user's resize to 2 puts
+    below the minimum; the scheduler still sees the job and brings it back to 4."""
+    settings.DYNAPLANE_ELASTIC_MIN_INTERVAL_SECONDS = 0
+    job = training(run, token_client, "clicked-down", gpus=4, elastic=True, min_gpus=4)
+    assert sweep(run) == {}
+    assert run(token_client.post, f"/api/jobs/{job.pk}/resize", {"gpus": 2}, format="json").status_code == 202
+    commit(run, active(job))
+    back = sweep(run)["clicked-down"]
+    assert (back["kind"], back["gpus_to"], back["outcome"]) == ("grow", 4, "applied")
+    assert active(job).reason.startswith("grew to 4 (dp=4): 2 GPUs free; pays its")
+    assert {j["name"]: (j["min_gpus"], j["max_gpus"]) for j in token_client.get("/api/elastic").json()["jobs"]} == {
+        "clicked-down": (4, 4)}
+
+
 def test_queueing_is_an_explicit_choice(four_nodes, token_client, sent_tasks, run) -> None:
     response = run(token_client.post, "/api/jobs", {"name": "both", "model": "tiny-gpt", "gpus": 2,
                                                     "queue": True, "start": False}, format="json")
