@@ -26,6 +26,7 @@ CONTROL_JOB_RESTORE = "control.job_restore"  # (the control plane queues it for 
 CONTROL_SWEEP_STUCK_TRANSITIONS = "control.sweep_stuck_transitions"  # (beat)
 CONTROL_SWEEP_RECONCILE = "control.sweep_reconcile"  # (beat) settle the jobs no agent runs any more
 CONTROL_SWEEP_EMULATIONS = "control.sweep_emulations"  # (beat) fail the emulation runs no agent works on
+CONTROL_SWEEP_ELASTIC = "control.sweep_elastic"  # (beat, and after changes) carry out the elastic scheduler's decisions
 # Tasks one agent runs (queue "node.<name>").
 NODE_PING = "node.ping"
 NODE_JOB_START = "node.job_start"

@@ -215,6 +215,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 5.0,
         "options": {"expires": 10.0},
     },
+    "sweep-elastic": {  # controlplane/jobs/elastic_apply.py: the elastic scheduler's decisions, carried out
+        "task": protocol.CONTROL_SWEEP_ELASTIC,
+        "schedule": float(os.environ.get("DYNAPLANE_ELASTIC_SWEEP_SECONDS", "5.0")),
+        "args": ["beat"],
+        "options": {"expires": 10.0},
+    },
 }
 
 # A node whose last heartbeat is older than this is lost (heartbeats come every
@@ -230,6 +236,21 @@ DYNAPLANE_RECONCILE_GRACE_SECONDS = float(os.environ.get("DYNAPLANE_RECONCILE_GR
 # get ready, then the union world's 120 s rendezvous), since they end most stuck switches
 # themselves and report it; this one catches rank 0 or its agent never answering.
 DYNAPLANE_TRANSITION_TIMEOUT_SECONDS = float(os.environ.get("DYNAPLANE_TRANSITION_TIMEOUT_SECONDS", "600"))
+# The elastic scheduler (docs/elastic.md, part 3): every DYNAPLANE_ELASTIC_SWEEP_SECONDS (beat),
+# and DYNAPLANE_ELASTIC_DEBOUNCE_SECONDS after a change that may alter its answer (a job created,
+# started, stopped or finished, a resize committed or aborted, a node joined or lost), it decides
+# (parallelism/layout/elastic_policy.py) and carries the changes out through the resize and start
+# paths users click. Off (DYNAPLANE_ELASTIC=0): it never acts (GET /api/elastic still shows the plan).
+DYNAPLANE_ELASTIC = _env_bool("DYNAPLANE_ELASTIC", True)
+DYNAPLANE_ELASTIC_DEBOUNCE_SECONDS = float(os.environ.get("DYNAPLANE_ELASTIC_DEBOUNCE_SECONDS", "0.5"))
+# No job is resized (or started and then resized) twice within this interval.
+DYNAPLANE_ELASTIC_MIN_INTERVAL_SECONDS = float(os.environ.get("DYNAPLANE_ELASTIC_MIN_INTERVAL_SECONDS", "300"))
+# After a failed resize the scheduler leaves the job alone this long, doubling per failure in a
+# row, up to the maximum.
+DYNAPLANE_ELASTIC_BACKOFF_SECONDS = float(os.environ.get("DYNAPLANE_ELASTIC_BACKOFF_SECONDS", "60"))
+DYNAPLANE_ELASTIC_BACKOFF_MAX_SECONDS = float(os.environ.get("DYNAPLANE_ELASTIC_BACKOFF_MAX_SECONDS", "3600"))
+# A grow must pay for its pause within this much training: time saved per step x steps > pause.
+DYNAPLANE_ELASTIC_GROW_HORIZON_SECONDS = float(os.environ.get("DYNAPLANE_ELASTIC_GROW_HORIZON_SECONDS", "3600"))
 # Every checkpoint folder a job names (checkpoint_dir, resume_from) lies under this root; on a
 # cluster, shared storage every node mounts at the same path.
 DYNAPLANE_CHECKPOINT_ROOT = os.environ.get("DYNAPLANE_CHECKPOINT_ROOT") or str(VAR_DIR / "checkpoints")

@@ -9,6 +9,7 @@ from controlplane.cluster.api import ClusterSnapshotView, GpuViewSet, NodeViewSe
 from controlplane.common.api import HealthView, ModelViewSet
 from controlplane.emulation.api import EmulationRunViewSet
 from controlplane.jobs.api import JobViewSet, TransitionViewSet
+from controlplane.jobs.elastic_api import ElasticPlanView
 
 router = DefaultRouter(trailing_slash=False)
 router.register("nodes", NodeViewSet, basename="node")
@@ -32,6 +33,7 @@ handler500 = "frontend.error_views.server_error"  # the 500 page with the site's
 urlpatterns = [
     path("api/health", HealthView.as_view(), name="health"),
     path("api/cluster/snapshot", ClusterSnapshotView.as_view(), name="cluster-snapshot"),
+    path("api/elastic", ElasticPlanView.as_view(), name="elastic-plan"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     # Interactive docs of the schema above, with drf-spectacular-sidecar's local copies of
     # Swagger UI and ReDoc (no CDN: they work on a machine without internet).

@@ -47,14 +47,16 @@ FORBIDDEN = {
 JOBS_ORDER = [
     # records and reads
     "lifecycle", "models", "metric_codec", "events", "selectors", "transfer_progress", "resume", "elastic_range",
+    "elastic_trigger",
     # writes every action shares: jobs and metrics, transitions, orders to the agents, failing a job
     "services", "transitions", "orders", "failures", "layouts", "elastic_settings",
     # pure previews of a resize
-    "plan_preview", "proposals", "elastic_options", "resize_preview",
+    "plan_preview", "proposals", "elastic_options", "resize_preview", "elastic_state",
     # actions
-    "resize", "survivors", "restore", "node_loss", "timeouts", "reconcile", "scheduling", "reports", "ingest",
+    "resize", "survivors", "restore", "node_loss", "timeouts", "reconcile", "scheduling", "elastic_apply",
+    "reports", "ingest",
     # entry points
-    "tasks", "api", "consumers", "admin", "apps",
+    "tasks", "api", "elastic_api", "consumers", "admin", "apps",
 ]
 
 PROJECT = ("agents", "parallelism", "controlplane", "frontend", "dynaplane", "benchmarks", "tests")

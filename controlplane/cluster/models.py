@@ -15,6 +15,8 @@ class Node(models.Model):
     agent_pid = models.PositiveIntegerField(null=True, blank=True)
     agent_started_at = models.DateTimeField(null=True, blank=True)
     registered_at = models.DateTimeField(auto_now_add=True)
+    joined_at = models.DateTimeField(null=True, blank=True,
+                                     help_text="when it last became healthy: registered, or back after being lost")
     # Capacity as last reported.
     gpu_count = models.PositiveIntegerField(default=0)
     gpu_memory_bytes = models.BigIntegerField(default=0, help_text="sum over the node's GPUs")

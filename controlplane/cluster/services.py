@@ -55,6 +55,8 @@ def node_record_heartbeat(*, report: AgentHeartbeat, received_at: datetime | Non
                         "if both are running, give them different --name", node.name, report.pid, report.host,
                         node.agent_pid, node.host)
         came_back = node.state == NodeState.LOST
+        if created or came_back:  # (the elastic scheduler grows jobs onto a node that joined)
+            node.joined_at = now
         node.host, node.device = report.host, report.device
         node.state = node_next_state(NodeState(node.state), heartbeat_fresh=True)
         node.last_heartbeat = now

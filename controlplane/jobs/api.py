@@ -29,10 +29,11 @@ class JobSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "model", "layout", "world_size", "state", "global_batch", "micro_batch", "seq_len",
                   "max_steps", "error", "gpus", "placement", "rendezvous", "created_at", "updated_at",
                   "step", "checkpoint_interval", "checkpoint_dir", "checkpoint_step", "checkpoint_path",
-                  "checkpoint_seconds", "checkpoint_at", "elastic", "min_gpus", "max_gpus", "priority"]
+                  "checkpoint_seconds", "checkpoint_at", "elastic", "min_gpus", "max_gpus", "priority", "queued",
+                  "started_at", "resize_failures", "resize_failed_at"]
         read_only_fields = ["world_size", "state", "error", "gpus", "placement", "rendezvous", "created_at",
                             "updated_at", "step", "checkpoint_step", "checkpoint_path", "checkpoint_seconds",
-                            "checkpoint_at"]
+                            "checkpoint_at", "queued", "started_at", "resize_failures", "resize_failed_at"]
 
 
 class JobCreateSerializer(serializers.Serializer):
@@ -53,6 +54,10 @@ class JobCreateSerializer(serializers.Serializer):
                                          default=None, help_text="stop after this many steps; omitted: train until "
                                                                  "stopped")
     start = serializers.BooleanField(default=True, help_text="schedule onto free GPUs now (else it stays pending)")
+    queue = serializers.BooleanField(
+        default=False, help_text="leave it pending and let the elastic scheduler start it as soon as its priority "
+                                 "lets it: at once when its GPUs are free, else once elastic jobs of lower priority "
+                                 "have shrunk for it or other jobs have ended (docs/elastic.md, part 3)")
     checkpoint_interval = serializers.IntegerField(min_value=0, max_value=inputs.INT32_MAX, required=False,
                                                    help_text="steps between periodic checkpoints (default 100; 0: off)")
     checkpoint_dir = serializers.CharField(max_length=1000, required=False, default="",
@@ -79,6 +84,10 @@ class JobCreateSerializer(serializers.Serializer):
     def validate(self, attrs: dict) -> dict:
         if ("layout" in attrs) == ("gpus" in attrs):
             raise serializers.ValidationError({"layout": ["give either `layout` or `gpus`, not both or neither"]})
+        if attrs.get("queue") and self.initial_data.get("start") is False:
+            raise serializers.ValidationError({"queue": ["a queued job is started by the elastic scheduler; "
+                                                         "start=false keeps a job pending until POST start: "
+                                                         "give one of them"]})
         return attrs
 
 
@@ -219,7 +228,8 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
     @extend_schema(request=JobCreateSerializer, responses={201: JobSerializer})
     def create(self, request, *args, **kwargs):
         """Create a job; unless `start` is false, allocate GPUs and send the nodes their
-        start orders (409 when the free GPUs cannot hold the layout)."""
+        start orders (409 when the free GPUs cannot hold the layout). With `queue` it is
+        created pending and the elastic scheduler starts it (GET /api/elastic says why it waits)."""
         incoming = JobCreateSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
         job = scheduling.job_submit(**incoming.validated_data, created_by=request.user)
@@ -234,7 +244,7 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
         now is not checked (that is the start's 409)."""
         incoming = JobCreateSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
-        fields = {k: v for k, v in incoming.validated_data.items() if k != "start"}
+        fields = {k: v for k, v in incoming.validated_data.items() if k not in ("start", "queue")}
         return Response(JobCheckSerializer(services.job_check(**fields)).data)
 
     @extend_schema(request=None, responses={200: JobSerializer})

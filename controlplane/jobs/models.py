@@ -57,6 +57,16 @@ class Job(models.Model):
     max_gpus = models.PositiveIntegerField(null=True, blank=True,
                                            help_text="elastic range: the most GPUs (null: world_size)")
     priority = models.IntegerField(default=0, help_text="a higher priority gets GPUs first, from lower ones")
+    queued = models.BooleanField(
+        default=False, help_text="while pending: the elastic scheduler starts it once its priority lets it "
+                                 "(POST /api/jobs queue=true); false: a pending job waits for POST start")
+    started_at = models.DateTimeField(null=True, blank=True,
+                                      help_text="when it was last placed on GPUs (a start counts as a resize for "
+                                                "the elastic scheduler's interval)")
+    resize_failures = models.PositiveIntegerField(
+        default=0, help_text="resizes that failed in a row (aborted, rolled back, or refused when the elastic "
+                             "scheduler asked); a committed one resets it; the scheduler backs off")
+    resize_failed_at = models.DateTimeField(null=True, blank=True, help_text="when the last one failed")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -150,6 +160,19 @@ class Transition(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job.name}: {self.source_layout} -> {self.destination_layout} ({self.state})"
+
+
+class ElasticSweep(models.Model):
+    """One row (id 1): the elastic scheduler's last sweep. Sweeps lock it, so two never
+    decide at once (controlplane/jobs/elastic_apply.py)."""
+
+    ran_at = models.DateTimeField(null=True, blank=True, help_text="when the last sweep read the cluster and jobs")
+    outcomes = models.JSONField(default=list, blank=True,
+                                help_text="what it did with each change: [{job_id, job, kind, gpus_to, outcome, "
+                                          "detail}]")
+
+    def __str__(self) -> str:
+        return f"elastic sweep at {self.ran_at}"
 
 
 class MetricSeries(models.Model):

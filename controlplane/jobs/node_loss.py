@@ -16,6 +16,7 @@ from agents import protocol
 from controlplane.cluster.models import Gpu
 from controlplane.cluster.services import nodes_mark_lost
 from controlplane.jobs import transitions
+from controlplane.jobs.elastic_trigger import elastic_nudge
 from controlplane.jobs.failures import job_fail
 from controlplane.jobs.lifecycle import LIVE_JOB_STATES, TransitionKind, TransitionState
 from controlplane.jobs.models import Job
@@ -32,6 +33,7 @@ def nodes_lost_sweep(*, silent_for: timedelta, now: datetime | None = None) -> l
         lost = nodes_mark_lost(silent_for=silent_for, now=now)
         if lost:
             jobs_on_node_loss(nodes=lost)
+            elastic_nudge(f"node {', '.join(lost)} lost")
     return lost
 
 

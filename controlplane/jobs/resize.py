@@ -111,13 +111,15 @@ def destination_slots(job: Job, joining: list[dict], world: int, process_of=None
     return out
 
 
-def job_resize(*, job_id: int, gpus: int | None = None, layout: str | None = None, requested_by=None) -> Transition:
+def job_resize(*, job_id: int, gpus: int | None = None, layout: str | None = None, requested_by=None,
+               reason: str | None = None) -> Transition:
     """POST /api/jobs/{id}/resize: plan the switch of a running job to `layout` (or the
     layout for `gpus` GPUs), allocate the joining ranks' GPUs, create the transition
     (planned), move the job running -> switching and, on commit, send every node that holds
     a staying, joining or leaving rank its JobSwitchOrder. InvalidInput (400) for a layout
     the model or the batch rejects; Conflict (409) for a job that is not running or has an
-    active transition, or GPUs / ports that are not there."""
+    active transition, or GPUs / ports that are not there. `reason`: why, for the layout
+    history (the elastic scheduler's decision); default: what was asked, and by whom."""
     if (gpus is None) == (layout is None):
         raise InvalidInput({"layout": ["give either `layout` or `gpus`, not both or neither"]})
     with transaction.atomic():
@@ -165,11 +167,13 @@ def job_resize(*, job_id: int, gpus: int | None = None, layout: str | None = Non
         port = free_port(host)
         old = sorted(job.placement, key=lambda s: s["rank"])
         who = f" by {requested_by}" if requested_by is not None and getattr(requested_by, "pk", None) else ""
+        if reason is None:
+            reason = f"resize to {gpus} GPUs ({text}){who}" if field == "gpus" else f"resize to {text}{who}"
         summary = plan.summary()
         new = Transition.objects.create(
             job=job, source_layout=job.layout, destination_layout=text, source_world=job.world_size,
             destination_world=dst.world,
-            reason=f"resize to {gpus} GPUs ({text}){who}" if field == "gpus" else f"resize to {text}{who}",
+            reason=reason,
             plan_summary=summary, plan_fingerprint=plan.fingerprint, source_placement=old,
             destination_placement=destination_slots(job, joining, dst.world, process_of), process_of=process_of,
             rendezvous=rendezvous_address(host, port), rendezvous_port=port, gpus_per_node=per_node, staging_bytes=STAGING_BYTES,

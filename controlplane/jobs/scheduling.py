@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from django.db import transaction
+from django.utils import timezone
 
 from parallelism.layout.allocate import AllocationError, FreeGpus, allocate
 from parallelism.layout.placement import batch_dp, tp_block
@@ -27,11 +28,14 @@ from controlplane.jobs.resume import is_resume, resume_row
 from controlplane.jobs.services import job_create, layout_check, publish_job
 
 
-def job_submit(*, start: bool = True, **fields) -> Job:
-    """POST /api/jobs: create the job and, when `start`, schedule it, all or nothing."""
+def job_submit(*, start: bool = True, queue: bool = False, **fields) -> Job:
+    """POST /api/jobs: create the job and, when `start`, schedule it, all or nothing. With
+    `queue` it stays pending and the elastic scheduler starts it (elastic_apply.py) as soon
+    as its priority lets it: at once when its GPUs are free, else once elastic jobs of
+    lower priority have shrunk for it or other jobs have ended."""
     with transaction.atomic():
-        job = job_create(**fields)
-        if start:
+        job = job_create(queued=queue, **fields)
+        if start and not queue:
             job = job_start(job_id=job.pk)
     return job
 
@@ -64,6 +68,7 @@ def job_start(*, job_id: int) -> Job:
         job.rendezvous = rendezvous_address(gpus[(slots[0].node, slots[0].gpu)].node.host, port)
         job.rendezvous_port = port
         job.error = ""
+        job.started_at = timezone.now()
         if is_resume(job):  # its ranks load the checkpoint (restore_from) and commit this row
             row = resume_row(job)
             job.restore_id = row.pk

@@ -21,6 +21,7 @@ from controlplane.common import inputs
 from controlplane.common.errors import Conflict, InvalidInput
 from controlplane.common.events import next_seq, publish_on_commit
 from controlplane.jobs.elastic_range import range_problems
+from controlplane.jobs.elastic_trigger import elastic_nudge
 from controlplane.jobs.lifecycle import DELETABLE_JOB_STATES
 from controlplane.jobs.metric_codec import CHUNK_POINTS, pack, unpack
 from controlplane.jobs.models import DEFAULT_CHECKPOINT_INTERVAL, Job, MetricChunk, MetricSeries, Transition
@@ -28,8 +29,11 @@ from controlplane.jobs.resume import checkpoint_info
 
 
 def publish_job(job: Job, op: str) -> None:
-    """The job's new state, on commit, to the cluster stream."""
+    """The job's new state, on commit, to the cluster stream; and, since every change of a
+    job passes here, a nudge to the elastic scheduler (elastic_trigger: a no-op unless it
+    has elastic or queued jobs to act on)."""
     publish_on_commit(GROUP, JobEvent(op=op, seq=next_seq(STREAM), job=job_view(job)))
+    elastic_nudge(f"job {job.name} {job.state}" if op == "upsert" else f"job {job.name} removed")
 
 
 def layout_for_gpus(*, model: str, gpus: int) -> str:
@@ -121,7 +125,7 @@ def job_check(
     )
 
 
-def job_create(*, created_by=None, **fields) -> Job:
+def job_create(*, created_by=None, queued: bool = False, **fields) -> Job:
     """A new pending job, with either a layout or a GPU count (the layout is then picked,
     layout_for_gpus); job_check holds the rules (the layout is checked against the model
     there). Scheduling it onto GPUs is scheduling.job_start. Checkpoints: every
@@ -129,12 +133,13 @@ def job_create(*, created_by=None, **fields) -> Job:
     `checkpoint_dir` (default <DYNAPLANE_VAR_DIR>/checkpoints/<name>-<id>; on a real cluster
     it must be shared storage every node mounts at the same path). `resume_from`: a
     checkpoint folder the job starts from instead of a fresh model (resume.py); it is the
-    job's latest checkpoint until the job writes its own."""
+    job's latest checkpoint until the job writes its own. `queued`: the elastic scheduler
+    starts it when its priority lets it (elastic_apply.py)."""
     row = job_check(**fields)
     with transaction.atomic():
         if Job.objects.filter(name=row["name"]).exists():  # (again, under the transaction)
             raise InvalidInput({"name": [f"a job named {row['name']!r} already exists"]})
-        job = Job.objects.create(**row, created_by=created_by)
+        job = Job.objects.create(**row, created_by=created_by, queued=queued)
         if not job.checkpoint_dir:
             job.checkpoint_dir = os.path.join(settings.DYNAPLANE_CHECKPOINT_ROOT, f"{job.name}-{job.pk}")
             job.save(update_fields=["checkpoint_dir"])

@@ -9,7 +9,7 @@ from django.conf import settings
 from pydantic import ValidationError
 
 from agents import protocol
-from controlplane.jobs import ingest, node_loss, reconcile, reports, restore, timeouts
+from controlplane.jobs import elastic_apply, elastic_trigger, ingest, node_loss, reconcile, reports, restore, timeouts
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +44,18 @@ def job_restore(job_id: int, early: bool = False) -> None:
 
 @shared_task(name=protocol.CONTROL_SWEEP_LOST_NODES)
 def sweep_lost_nodes() -> list[str]:
-    """Beat: mark silent nodes lost and act on the jobs that ran there (node_loss.py)."""
-    return node_loss.nodes_lost_sweep(silent_for=timedelta(seconds=settings.DYNAPLANE_NODE_LOST_AFTER_SECONDS))
+    """Beat: mark silent nodes lost and act on the jobs that ran there (node_loss.py); and
+    nudge the elastic scheduler when a node joined since it last looked."""
+    lost = node_loss.nodes_lost_sweep(silent_for=timedelta(seconds=settings.DYNAPLANE_NODE_LOST_AFTER_SECONDS))
+    elastic_trigger.nudge_for_joined_nodes()
+    return lost
+
+
+@shared_task(name=protocol.CONTROL_SWEEP_ELASTIC)
+def sweep_elastic(why: str = "beat") -> list[dict]:
+    """Beat, and queued after changes (elastic_trigger.py): carry out the elastic
+    scheduler's decisions (elastic_apply.py)."""
+    return elastic_apply.elastic_sweep(why=str(why)[:200])
 
 
 @shared_task(name=protocol.CONTROL_SWEEP_RECONCILE)

@@ -105,8 +105,9 @@ def commit(job: Job, transition: Transition) -> None:
     job.layout = transition.destination_layout
     job.world_size = transition.destination_world
     job.placement = transition.destination_placement
+    job.resize_failures = 0  # (the elastic scheduler's backoff starts again)
     _back_to_running(job)
-    job.save(update_fields=["layout", "world_size", "placement", "state", "updated_at"])
+    job.save(update_fields=["layout", "world_size", "placement", "state", "resize_failures", "updated_at"])
     _release_slots(job, leaving)
     publish_job(job, "upsert")
 
@@ -114,11 +115,15 @@ def commit(job: Job, transition: Transition) -> None:
 def undo(job: Job, transition: Transition) -> None:
     """An aborted or rolled-back transition while the job lives on: it keeps (or is back on)
     its source layout and placement, which were never overwritten; the joining ranks' GPUs
-    are free; switching -> running."""
+    are free; switching -> running. It counts as a failed resize: the elastic scheduler
+    backs off the job for a while, longer after each failure in a row."""
     _release_slots(job, joining_slots(transition))
-    if job.state == JobState.SWITCHING:
-        _back_to_running(job)
-        job.save(update_fields=["state", "updated_at"])
+    job.resize_failures += 1
+    job.resize_failed_at = transition.finished_at or timezone.now()
+    switching = job.state == JobState.SWITCHING
+    _back_to_running(job)
+    job.save(update_fields=["state", "resize_failures", "resize_failed_at", "updated_at"])
+    if switching:
         publish_job(job, "upsert")
 
 

@@ -159,6 +159,16 @@ class ElasticSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class EndedJob:
+    """A job that stopped or failed at `ended_at`, giving its GPUs back: a grow after it
+    says so in its reason ("job 'eval' (priority 10) ended")."""
+
+    name: str
+    priority: int
+    ended_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class Change:
     """One job's new allocation: `holding` is the node of each rank after it (rank order)."""
 

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from parallelism.layout.elastic_inputs import Change, Decision, ElasticJob, ElasticSettings, Node
+from parallelism.layout.elastic_inputs import Change, Decision, ElasticJob, ElasticSettings, EndedJob, Node
 from parallelism.layout.elastic_sizes import Payoff, allowed_sizes, payoff
 from parallelism.layout.errors import require
 
@@ -160,7 +160,7 @@ def _names(jobs: Iterable[tuple[ElasticJob, int]], verb: str) -> str:
 
 def _reason(job: ElasticJob, new: int, layout: str, holding: tuple[str, ...], nodes: dict[str, Node],
             gainers: list[tuple[ElasticJob, int]], givers: list[tuple[ElasticJob, int]], settings: ElasticSettings,
-            pay: Payoff | None) -> str:
+            pay: Payoff | None, ended: Sequence[EndedJob]) -> str:
     where = f"{new} ({layout})" if layout else f"{new}"
     if not job.running:
         return f"started on {new} GPUs{f' ({layout})' if layout else ''}, priority {job.priority}"
@@ -172,14 +172,19 @@ def _reason(job: ElasticJob, new: int, layout: str, holding: tuple[str, ...], no
     since = job.last_resize_at if job.last_resize_at is not None else float("-inf")
     joined = sorted({n for n in holding[job.current:] if nodes[n].joined_at > since})
     lower = [(j, n) for j, n in givers if j.priority < job.priority]
+    gone = [f"job {e.name!r} (priority {e.priority}) ended" for e in sorted(ended, key=lambda e: -e.ended_at)
+            if e.ended_at > since]
     cause = (", ".join(f"{n} joined" for n in joined) if joined else _names(lower, "gave")
-             or f"{new - job.current} GPUs free")
+             or ", ".join(gone[:3]) or f"{new - job.current} GPUs free")
     return f"grew to {where}: {cause}; pays its {pay.pause_seconds:.1f} s pause back ({pay.gain_seconds:.0f} s " \
            f"saved within {settings.grow_horizon_seconds:.0f} s)"
 
 
-def decide(nodes: Sequence[Node], jobs: Sequence[ElasticJob], settings: ElasticSettings, now: float) -> Decision:
-    """The desired allocation of every job, as the changes from now (module docstring)."""
+def decide(nodes: Sequence[Node], jobs: Sequence[ElasticJob], settings: ElasticSettings, now: float,
+           ended: Sequence[EndedJob] = ()) -> Decision:
+    """The desired allocation of every job, as the changes from now (module docstring).
+    `ended`: jobs that gave their GPUs back recently; only the reasons read them (a grow
+    after one ended names it)."""
     check_state(nodes, jobs)
     total = sum(n.gpus for n in nodes)
     caps: dict[int, int] = {}
@@ -210,7 +215,7 @@ def decide(nodes: Sequence[Node], jobs: Sequence[ElasticJob], settings: ElasticS
         option = job.option(new)
         pay = payoff(job, option, settings) if option else None
         reason = _reason(job, new, option.layout if option else "", holdings[job.id], by_name, gainers, givers,
-                         settings, pay)
+                         settings, pay, ended)
         changes.append(Change(
             job_id=job.id, job=job.name, kind="start" if not job.running else "grow" if new > job.current else "shrink",
             gpus_from=job.current, gpus_to=new, layout=option.layout if option else "", holding=holdings[job.id],

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from parallelism.layout.elastic_inputs import (Decision, ElasticJob, ElasticSettings, Node, OnlinePause, RestartPause,
-                                          SizeOption)
+from parallelism.layout.elastic_inputs import (Decision, ElasticJob, ElasticSettings, EndedJob, Node, OnlinePause,
+                                          RestartPause, SizeOption)
 from parallelism.layout.elastic_policy import decide
 from parallelism.layout.elastic_sizes import allowed_sizes, backoff_until
 from parallelism.layout.errors import LayoutError
@@ -228,6 +228,17 @@ def test_hand_off_a_priority_job_borrows_gpus_and_they_come_back_when_it_ends() 
     back = decide(nodes, [j for j in after if j.name != "eval"], SETTINGS, later)
     assert {c.job: c.gpus_to for c in back.changes} == {"a": 4, "b": 4}
     assert back.change_of(1).reason.startswith("grew to 4 (dp=4): 2 GPUs free; pays its 1.1 s pause back (300 s saved")
+
+
+def test_a_grow_after_a_job_ended_names_it_and_an_older_end_is_not_the_cause() -> None:
+    nodes = [Node(f"node-{i}", 2) for i in range(1, 3)]
+    job = elastic(1, "train", ("node-1",) * 2, lo=2, hi=4, last_resize_at=NOW - 400)
+    ended = [EndedJob("eval", 10, NOW - 30), EndedJob("old", 0, NOW - 500)]
+    change = decide(nodes, [job], SETTINGS, NOW, ended).change_of(1)
+    assert change.reason.startswith("grew to 4 (dp=4): job 'eval' (priority 10) ended; pays its")
+    assert decide(nodes, [job], SETTINGS, NOW, ended[1:]).change_of(1).reason.startswith("grew to 4 (dp=4): 2 GPUs free")
+    assert [(c.gpus_to, c.holding) for c in decide(nodes, [job], SETTINGS, NOW, ended).changes] == \
+        [(c.gpus_to, c.holding) for c in decide(nodes, [job], SETTINGS, NOW).changes]  # reasons only
 
 
 def test_a_grow_onto_a_new_node_says_the_node_joined_and_a_restart_pause_can_make_it_not_pay() -> None:
