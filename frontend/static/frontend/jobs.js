@@ -132,7 +132,10 @@ async function resync() {
   if (!response.ok) return;
   const snapshot = await response.json();
   seq = snapshot.seq;
+  const ids = new Set(snapshot.jobs.map((job) => job.id));
+  for (const tr of document.querySelectorAll("#jobs-body tr")) if (!ids.has(Number(tr.dataset.id))) tr.remove();
   for (const job of snapshot.jobs) upsertJob(job);
+  applyViewSoon(); // (deleted while disconnected: gone)
 }
 
 let seq = null;
