@@ -27,6 +27,7 @@ CONTROL_SWEEP_STUCK_TRANSITIONS = "control.sweep_stuck_transitions"  # (beat)
 CONTROL_SWEEP_RECONCILE = "control.sweep_reconcile"  # (beat) settle the jobs no agent runs any more
 CONTROL_SWEEP_EMULATIONS = "control.sweep_emulations"  # (beat) fail the emulation runs no agent works on
 CONTROL_SWEEP_ELASTIC = "control.sweep_elastic"  # (beat, and after changes) carry out the elastic scheduler's decisions
+CONTROL_JOB_LOG = "control.job_log"  # a JobLogTail: the last lines of rank 0's log, when they change
 # Tasks one agent runs (queue "node.<name>").
 NODE_PING = "node.ping"
 NODE_JOB_START = "node.job_start"
@@ -87,6 +88,26 @@ class RunningJob(_Message):
     ranks: tuple[Annotated[int, Field(ge=0)], ...] = Field(max_length=65536)
 
 
+BYTES_MAX = 2**62  # no host has more memory than this: a bound, not a guess
+
+
+class HostStats(_Message):
+    """The node's host at a heartbeat: CPU utilisation over all cores since the previous
+    beat (0-100; /proc/stat deltas) and memory in use (total minus available) of total."""
+
+    cpu_percent: float = Field(ge=0, le=100, allow_inf_nan=False)
+    cpu_count: int = Field(gt=0, le=1_048_576)
+    memory_used_bytes: int = Field(ge=0, le=BYTES_MAX)
+    memory_total_bytes: int = Field(gt=0, le=BYTES_MAX)
+
+    @model_validator(mode="after")
+    def _used_within_total(self) -> "HostStats":
+        if self.memory_used_bytes > self.memory_total_bytes:
+            raise ValueError(f"memory_used_bytes={self.memory_used_bytes} exceeds "
+                             f"memory_total_bytes={self.memory_total_bytes}")
+        return self
+
+
 class AgentHeartbeat(_Message):
     """Sent by every agent every HEARTBEAT_SECONDS; carries its full inventory so that a
     control plane that lost its database relearns the cluster from heartbeats alone, and
@@ -104,6 +125,7 @@ class AgentHeartbeat(_Message):
     gpus: tuple[GpuReport, ...]
     jobs: tuple[RunningJob, ...] = Field(default=(), max_length=4096)
     emulations: tuple[Annotated[int, Field(gt=0)], ...] = Field(default=(), max_length=4096)
+    host_stats: HostStats | None = None  # None: the agent could not read them
 
     @field_validator("node")
     @classmethod
@@ -530,3 +552,44 @@ class JobSwitchCancel(_Message):
     job_id: int = Field(gt=0)
     transition_id: int = Field(gt=0)
     reason: str = Field(default="", max_length=2000)
+
+
+# The bounds of a log tail (JobLogTail): what the agent reads, ships and the control plane
+# stores and shows of one rank's log.
+LOG_TAIL_LINES = 50
+LOG_LINE_CHARS = 400
+LOG_TAIL_BYTES = 16 * 1024  # UTF-8 bytes of all lines together
+
+
+class JobLogTail(_Message):
+    """Agent -> control plane (CONTROL_JOB_LOG): the last lines of rank 0's log of a job (its
+    stdout and stderr), sent when they change and once more when the rank exits. Bounded:
+    LOG_TAIL_LINES lines of at most LOG_LINE_CHARS characters, LOG_TAIL_BYTES in all, no
+    line breaks inside a line; the agent writes its own folders as placeholders (no path
+    of the node's disk leaves it)."""
+
+    version: Literal[1] = PROTOCOL_VERSION
+    job_id: int = Field(gt=0)
+    node: str
+    rank: int = Field(ge=0, le=65535)
+    restore_id: int | None = Field(default=None, gt=0)
+    lines: tuple[Annotated[str, Field(max_length=LOG_LINE_CHARS)], ...] = Field(max_length=LOG_TAIL_LINES)
+    truncated: bool = Field(description="earlier lines of the log were left out")
+    finished: bool = Field(default=False, description="the rank has exited: its last lines")
+    sent_at: datetime
+
+    @field_validator("node")
+    @classmethod
+    def _node_name(cls, value: str) -> str:
+        return validate_node_name(value)
+
+    @field_validator("lines")
+    @classmethod
+    def _bounded_lines(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for i, line in enumerate(value):
+            if "\n" in line or "\r" in line:
+                raise ValueError(f"lines[{i}] holds a line break: one line per item")
+        size = sum(len(line.encode("utf-8", "surrogatepass")) for line in value)
+        if size > LOG_TAIL_BYTES:
+            raise ValueError(f"lines hold {size} bytes, more than LOG_TAIL_BYTES={LOG_TAIL_BYTES}")
+        return value

@@ -18,8 +18,9 @@ from controlplane.jobs.lifecycle import (DELETABLE_JOB_STATES, LIVE_JOB_STATES, 
 from controlplane.jobs.metric_codec import unpack
 from controlplane.jobs.models import DEFAULT_CHECKPOINT_INTERVAL, Job, MetricSeries, Transition
 from controlplane.jobs.resize_preview import gpu_capacity_bytes, job_plan, transition_plan
-from controlplane.jobs.selectors import job_live_snapshot
+from controlplane.jobs.selectors import job_live_snapshot, job_log_view
 from frontend import formatting
+from frontend.jobs_query import SORT_COLUMNS, STATE_FILTERS, parse_jobs_query
 from frontend.figures import (
     history_bands,
     memory_wave_figure,
@@ -122,23 +123,37 @@ def new_job_defaults(total_gpus: int) -> dict:
             "seq_len": 128, "checkpoint_interval": DEFAULT_CHECKPOINT_INTERVAL}
 
 
+def aria_sort(view: dict, column: str) -> str:
+    """A column header's aria-sort for the view."""
+    if view["sort"] != column:
+        return "none"
+    return "ascending" if view["dir"] == "asc" else "descending"
+
+
 @login_required
 def jobs_list(request: HttpRequest):
     """The jobs, kept live by jobs.js: state, layout and GPUs from the cluster stream, step
-    and loss from each live job's stream; the New job form (job-form.js) above them."""
+    and loss from each live job's stream; sorted, filtered and searched as the address says
+    (jobs_query.py: a bad value is a 400 naming it, and that part keeps its default);
+    the New job form (job-form.js) above them."""
     jobs = list(Job.objects.prefetch_related("transitions").order_by("-created_at", "-id"))
     losses = last_losses([job.pk for job in jobs])
     for job in jobs:
         job.last_loss = losses.get(job.pk)
     total_gpus = len(cluster_snapshot().gpus)
     models = model_list()
+    view, problems = parse_jobs_query(request.GET)
+    columns = [(key, label, aria_sort(view, key)) for key, label in zip(SORT_COLUMNS, (
+        "Name", "Model", "Layout", "GPUs", "State", "Step", "Loss", "Switches", "Created"))]
     return render(request, "frontend/jobs.html", {
+        "view": view, "problems": problems, "columns": columns, "state_filters": STATE_FILTERS,
+        "sort_defaults": SORT_COLUMNS,
         "jobs": jobs, "live_states": sorted(s.value for s in LIVE_JOB_STATES),
         "catalog_models": [m for m in models if m["source"] == "catalog"],
         "stored_models": [m for m in models if m["source"] == "stored" and not m["error"]],
         "defaults": new_job_defaults(total_gpus), "suggested_name": free_name({job.name for job in jobs}),
         "total_gpus": total_gpus, "deleted": request.GET.get("deleted", "")[:63],
-    })
+    }, status=400 if problems else 200)
 
 
 @login_required
@@ -152,7 +167,7 @@ def job_detail(request: HttpRequest, job_id: int):
     cluster = cluster_snapshot().model_dump(mode="json")
     return render(request, "frontend/job.html", {
         "job": job, "job_data": job_data(job), "live": live, "figures": figures, "cluster": cluster,
-        "action_states": ACTION_STATES,
+        "action_states": ACTION_STATES, "job_log": job_log_view(job_id=job.pk).model_dump(mode="json"),
         "total_gpus": len(cluster["gpus"]), "emulator_devices": EMULATOR_DEVICES,
         "emulator_default": emulator_device([g["model_name"] for g in cluster["gpus"]]),
     })

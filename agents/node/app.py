@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from celery import Celery, signals
+from kombu.exceptions import OperationalError
 
 from agents import protocol
 from agents.node.config import AgentConfig
@@ -37,7 +38,15 @@ def build_app(config: AgentConfig) -> tuple[Celery, HeartbeatSender]:
                 else protocol.CONTROL_JOB_REPORT)
         app.send_task(task, args=[report.model_dump(mode="json")], queue=protocol.CONTROL_QUEUE)
 
-    runner = JobRunner(send_report, config.name, config.device, config.broker_url, _run_root(config))
+    def send_log(tail: protocol.JobLogTail) -> None:
+        try:  # (from the runner's supervisor thread: a broker outage must not stop it watching the ranks)
+            app.send_task(protocol.CONTROL_JOB_LOG, args=[tail.model_dump(mode="json")],
+                          queue=protocol.CONTROL_QUEUE, expires=60)  # a newer tail follows; an old one can go
+        except (OperationalError, OSError) as exc:
+            log.warning("log tail of job %d not sent: %s", tail.job_id, exc)
+
+    runner = JobRunner(send_report, config.name, config.device, config.broker_url, _run_root(config),
+                       send_log=send_log)
     emulating: set[int] = set()  # emulation runs this agent is working on
     heartbeats.live = lambda: (runner.running(), tuple(emulating))
 

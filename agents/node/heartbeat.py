@@ -10,11 +10,13 @@ from kombu.exceptions import OperationalError
 
 from agents import protocol
 from agents.node.config import AgentConfig
+from agents.node.host_stats import HostSampler
 
 log = logging.getLogger(__name__)
 
 
-def build_heartbeat(config: AgentConfig, gpus: tuple[protocol.GpuReport, ...], live=None) -> protocol.AgentHeartbeat:
+def build_heartbeat(config: AgentConfig, gpus: tuple[protocol.GpuReport, ...], live=None,
+                    host_stats: protocol.HostStats | None = None) -> protocol.AgentHeartbeat:
     """`live()`: (running jobs {job id: ranks}, emulation run ids) on this node."""
     jobs, emulations = live() if live is not None else ({}, ())
     return protocol.AgentHeartbeat(
@@ -28,6 +30,7 @@ def build_heartbeat(config: AgentConfig, gpus: tuple[protocol.GpuReport, ...], l
         gpus=gpus,
         jobs=tuple(protocol.RunningJob(job_id=job, ranks=tuple(ranks)) for job, ranks in sorted(jobs.items())),
         emulations=tuple(sorted(emulations)),
+        host_stats=host_stats,
     )
 
 
@@ -43,6 +46,7 @@ class HeartbeatSender:
         self._config = config
         self._gpus = gpus
         self.live = None  # () -> (jobs, emulations): what the node runs (set by the agent's app)
+        self._host = HostSampler()  # (used by the heartbeat thread only: it keeps the last CPU counters)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{config.name}", daemon=True)
         self.sent = 0
@@ -56,7 +60,7 @@ class HeartbeatSender:
             self._thread.join(timeout)
 
     def beat(self) -> None:
-        report = build_heartbeat(self._config, self._gpus, self.live)
+        report = build_heartbeat(self._config, self._gpus, self.live, self._host.sample())
         self._app.send_task(
             protocol.CONTROL_AGENT_HEARTBEAT,
             kwargs={"report": report.model_dump(mode="json")},

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from agents import protocol
 from parallelism.engine.launch import RANK_MALLOC_ENV
+from agents.node.log_tail import LogShipper
 from agents.runtime.run_files import (STOP_FILE, orphan_marker, recover_file, renumbered_marker, switch_file,
                                       switched_marker, transferring_marker)
 from agents.processes import Child
@@ -48,8 +49,10 @@ class LocalJob:
 
 class JobRunner:
     def __init__(self, send_report, node: str, device: str, broker_url: str, run_root: Path,
-                 poll_seconds: float = 0.2, env: dict[str, str] | None = None) -> None:
+                 poll_seconds: float = 0.2, env: dict[str, str] | None = None, send_log=None) -> None:
         self._send_report, self.node, self.device, self.broker_url = send_report, node, device, broker_url
+        # send_log(protocol.JobLogTail): rank 0's log tail of each job, when it changes (None: not shipped)
+        self._logs = LogShipper(send_log, node, run_root) if send_log is not None else None
         self.env = dict(env or {})  # added to the rank processes' environment
         self.run_root = run_root
         self.poll_seconds = poll_seconds
@@ -299,7 +302,11 @@ class JobRunner:
                         job_id=job.job_id, node=self.node, kind="stopped", layout=job.layout,
                         error="killed after the stop order's grace period (a step outlasted it)",
                         restore_id=job.restore_id, sent_at=datetime.datetime.now(datetime.timezone.utc)))
-            if not job.leaving and all(c.poll() is not None for c in job.ranks.values()):
+            ended = not job.leaving and all(c.poll() is not None for c in job.ranks.values())
+            if self._logs is not None and 0 in job.ranks:  # rank 0's log: its latest lines, its last ones at exit
+                ship = self._logs.final if ended else self._logs.poll
+                ship(job_id, 0, job.ranks[0].log_path, job.restore_id)
+            if ended:
                 for child in job.ranks.values():
                     child.kill_group()  # closes the log; nothing is left in the group
                 del self.jobs[job_id]

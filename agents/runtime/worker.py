@@ -646,6 +646,9 @@ def main(argv: list[str]) -> int:
             trainer = _trainer(settings, order.layout, rank, initial_shards(placement, rank, order.seed),
                                None, ckpt)
         done = set()
+        # (the first line of the rank's log, which the job page shows for rank 0)
+        print(f"rank {rank}: training {order.layout} on {order.world} ranks, ready in "
+              f"{time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     from agents.runtime.orphan import Orphaned
 
     steps, committed = 0, None

@@ -27,7 +27,8 @@ class NodeSerializer(serializers.ModelSerializer):
     class Meta:
         model = Node
         fields = ["name", "host", "device", "state", "last_heartbeat", "agent_pid", "agent_started_at",
-                  "registered_at", "gpu_count", "gpu_memory_bytes", "running_jobs", "running_emulations", "gpus"]
+                  "registered_at", "gpu_count", "gpu_memory_bytes", "running_jobs", "running_emulations",
+                  "cpu_percent", "cpu_count", "memory_used_bytes", "memory_total_bytes", "host_stats_at", "gpus"]
 
 
 class NodeViewSet(viewsets.ReadOnlyModelViewSet):

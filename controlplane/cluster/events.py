@@ -25,6 +25,11 @@ class NodeView(Closed):
     state: NodeStateName
     gpu_count: int
     gpu_memory_bytes: int
+    # The host's CPU and memory as shown (changed only with an event: cluster/host_stats.py).
+    cpu_percent: float | None = None
+    cpu_count: int | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
 
 
 class GpuView(Closed):

@@ -24,6 +24,12 @@ class Node(models.Model):
     running_jobs = models.JSONField(default=dict, blank=True,
                                     help_text="job id -> the ranks whose processes are alive on the node")
     running_emulations = models.JSONField(default=list, blank=True, help_text="emulation run ids the agent works on")
+    # The host as shown (cluster/host_stats.py: changed with an event, not every beat); null: never reported.
+    cpu_percent = models.FloatField(null=True, blank=True, help_text="CPU utilisation of all cores, 0-100")
+    cpu_count = models.PositiveIntegerField(null=True, blank=True)
+    memory_used_bytes = models.BigIntegerField(null=True, blank=True, help_text="host memory in use (total - available)")
+    memory_total_bytes = models.BigIntegerField(null=True, blank=True)
+    host_stats_at = models.DateTimeField(null=True, blank=True, help_text="when the shown host stats were reported")
 
     class Meta:
         ordering = ["name"]

@@ -14,7 +14,8 @@ from controlplane.common.events import current_seq
 def node_view(node: Node) -> NodeView:
     return NodeView(
         name=node.name, host=node.host, device=node.device, state=node.state,
-        gpu_count=node.gpu_count, gpu_memory_bytes=node.gpu_memory_bytes,
+        gpu_count=node.gpu_count, gpu_memory_bytes=node.gpu_memory_bytes, cpu_percent=node.cpu_percent,
+        cpu_count=node.cpu_count, memory_used_bytes=node.memory_used_bytes, memory_total_bytes=node.memory_total_bytes,
     )
 
 

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from agents.protocol import AgentHeartbeat
 from controlplane.cluster.events import GROUP, STREAM, GpuEvent, NodeEvent
+from controlplane.cluster.host_stats import Shown, worth_showing
 from controlplane.cluster.lifecycle import GpuState, GpuTrigger, NodeState, gpu_next_state, node_next_state
 from controlplane.cluster.models import Gpu, Node
 from controlplane.cluster.selectors import gpu_view, node_view
@@ -65,8 +66,9 @@ def node_record_heartbeat(*, report: AgentHeartbeat, received_at: datetime | Non
         node.gpu_memory_bytes = sum(g.memory_bytes for g in report.gpus)
         node.running_jobs = {str(job.job_id): list(job.ranks) for job in report.jobs}
         node.running_emulations = list(report.emulations)
+        stats_shown = _show_host_stats(node, report, now)
         node.save()
-        if created or was != (node.state, node.host, node.device, node.gpu_count, node.gpu_memory_bytes):
+        if created or stats_shown or was != (node.state, node.host, node.device, node.gpu_count, node.gpu_memory_bytes):
             _emit_node(node)
         if came_back:
             log.info("node %s is back (pid %s)", node.name, report.pid)
@@ -96,6 +98,22 @@ def node_record_heartbeat(*, report: AgentHeartbeat, received_at: datetime | Non
         for missing in known.values():  # the agent no longer reports these devices
             _set_gpu_state(missing, GpuTrigger.NODE_LOST)
     return node
+
+
+def _show_host_stats(node: Node, report: AgentHeartbeat, now: datetime) -> bool:
+    """Put the reported host stats on the node if they are worth an event (host_stats.py)."""
+    stats = report.host_stats
+    reported = Shown(stats.cpu_percent, stats.cpu_count, stats.memory_used_bytes,
+                     stats.memory_total_bytes) if stats is not None else None
+    shown = Shown(node.cpu_percent, node.cpu_count, node.memory_used_bytes,
+                  node.memory_total_bytes) if node.host_stats_at is not None else None
+    since = (now - node.host_stats_at).total_seconds() if node.host_stats_at is not None else None
+    if not worth_showing(shown, reported, since):
+        return False
+    node.cpu_percent, node.cpu_count = reported.cpu_percent, reported.cpu_count
+    node.memory_used_bytes, node.memory_total_bytes = reported.memory_used_bytes, reported.memory_total_bytes
+    node.host_stats_at = now
+    return True
 
 
 def _steady(node: Node, report: AgentHeartbeat) -> bool:

@@ -8,10 +8,11 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from agents.protocol import LOG_TAIL_LINES
 from controlplane.common import inputs
 from controlplane.jobs import elastic_settings, resize, resize_preview, scheduling, services
 from controlplane.jobs.models import Job, Transition
-from controlplane.jobs.selectors import job_live_snapshot
+from controlplane.jobs.selectors import job_live_snapshot, job_log_view
 
 
 class RankPlacementSerializer(serializers.Serializer):
@@ -170,6 +171,29 @@ class JobLiveSerializer(serializers.Serializer):
                                         help_text="the job's transitions, oldest first (as in `transition` events)")
 
 
+class JobLogSerializer(serializers.Serializer):
+    """GET /api/jobs/{id}/log: rank 0's recent log lines (also the `log` event of
+    /ws/jobs/{id}/). Bounded: at most LOG_TAIL_LINES lines of LOG_LINE_CHARS characters,
+    LOG_TAIL_BYTES in all; the node's folders appear as <run>, <src>, <python>, ~."""
+
+    job = serializers.IntegerField()
+    node = serializers.CharField(allow_null=True, help_text="the node rank 0 ran on; null: no lines yet")
+    rank = serializers.IntegerField()
+    lines = serializers.ListField(child=serializers.CharField(), help_text="oldest first")
+    truncated = serializers.BooleanField(help_text="earlier lines of the log are not shown")
+    finished = serializers.BooleanField(help_text="rank 0 had exited: these are its last lines")
+    sent_at = serializers.DateTimeField(allow_null=True, help_text="when the agent read them")
+
+
+class ProposalEmulationSerializer(serializers.Serializer):
+    run = serializers.IntegerField(help_text="the emulation run (GET /api/emulations/{id})")
+    gpu_type = serializers.CharField()
+    step_seconds = serializers.FloatField()
+    tokens_per_second = serializers.FloatField(allow_null=True)
+    peak_bytes = serializers.IntegerField(help_text="emulated peak per GPU, activations included")
+    fits = serializers.BooleanField(help_text="peak_bytes <= the smallest GPU's memory")
+
+
 class ProposalSerializer(serializers.Serializer):
     layout = serializers.CharField()
     world = serializers.IntegerField()
@@ -178,8 +202,15 @@ class ProposalSerializer(serializers.Serializer):
     dp = serializers.IntegerField()
     state_bytes_per_gpu = serializers.IntegerField(help_text="model state per GPU (params + optimizer), no activations")
     fits = serializers.BooleanField(help_text="state_bytes_per_gpu <= the smallest GPU's memory")
-    step_seconds = serializers.FloatField(allow_null=True, help_text="predicted; null before the first measured step")
+    step_seconds = serializers.FloatField(allow_null=True, help_text="the measured step scaled to this layout "
+                                                                     "(proposals.py); null before a measured step")
     tokens_per_second = serializers.FloatField(allow_null=True)
+    emulated = ProposalEmulationSerializer(allow_null=True, help_text="the newest finished emulation of this layout "
+                                                                      "and the job's setting; null: none")
+    predicted_step_seconds = serializers.FloatField(allow_null=True, help_text="the one prediction the page shows: "
+                                                                               "step_seconds, else the emulated one")
+    predicted_from = serializers.ChoiceField(choices=["measured", "emulated"], allow_null=True)
+    measured_over_emulated = serializers.FloatField(allow_null=True, help_text="step_seconds / emulated step_seconds")
 
 
 class ProposalsSerializer(serializers.Serializer):
@@ -189,7 +220,9 @@ class ProposalsSerializer(serializers.Serializer):
     gpus = serializers.IntegerField()
     current_layout = serializers.CharField()
     current_world = serializers.IntegerField()
-    measured_step_seconds = serializers.FloatField(allow_null=True)
+    measured_step_seconds = serializers.FloatField(allow_null=True, help_text="median of the last `recent_steps` "
+                                                                              "steps on the current layout")
+    recent_steps = serializers.IntegerField()
     capacity_bytes = serializers.IntegerField(allow_null=True)
     default_layout = serializers.CharField(help_text="what POST resize {gpus: N} would pick")
     predictor = serializers.CharField(help_text="'rule': ranked by `ranking`, no emulator prediction")
@@ -291,6 +324,23 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
     def live(self, request, pk=None):
         """The job's training metrics, consistent with `seq` of /ws/jobs/{id}/."""
         return Response(job_live_snapshot(job_id=self.get_object().pk).model_dump(mode="json"))
+
+    @extend_schema(parameters=[OpenApiParameter("lines", int, description=f"only the last N lines (1 to "
+                                                                          f"{LOG_TAIL_LINES}; default all)")],
+                   responses={200: JobLogSerializer})
+    @action(detail=True, methods=["get"])
+    def log(self, request, pk=None):
+        """Rank 0's recent log lines (stdout and stderr, its errors included), as its agent last
+        sent them: at most LOG_TAIL_LINES lines. No lines before the job's first start."""
+        job = self.get_object()
+        text = request.query_params.get("lines")
+        lines = None
+        if text is not None:
+            lines = inputs.whole_number(text, LOG_TAIL_LINES)
+            if not lines:
+                raise serializers.ValidationError({"lines": [f"lines must be an integer from 1 to {LOG_TAIL_LINES}, "
+                                                             f"got {text[:40]!r}"]})
+        return Response(job_log_view(job_id=job.pk, lines=lines).model_dump(mode="json"))
 
     @extend_schema(parameters=[OpenApiParameter("gpus", int, required=True, description="the new GPU count")],
                    responses={200: ProposalsSerializer})

@@ -106,7 +106,29 @@ class TransitionEvent(Closed):
     transition: TransitionView
 
 
-JobStreamEvent = Annotated[Union[MetricsEvent, TransitionEvent, CheckpointEvent, HelloEvent],
+class JobLogView(Closed):
+    """Rank 0's recent log lines (GET /api/jobs/{id}/log; the `log` event's payload)."""
+
+    job: int
+    node: str | None
+    rank: int
+    lines: tuple[str, ...]
+    truncated: bool
+    finished: bool
+    sent_at: str | None
+
+
+class LogEvent(Closed):
+    """Rank 0's log tail changed: the whole tail (bounded; it replaces the page's). Like a
+    checkpoint it lives in its own row, not in the live snapshot, which only moves on."""
+
+    type: Literal["log"] = "log"
+    op: Literal["replace"] = "replace"
+    seq: int
+    log: JobLogView
+
+
+JobStreamEvent = Annotated[Union[MetricsEvent, TransitionEvent, CheckpointEvent, LogEvent, HelloEvent],
                            Field(discriminator="type")]
 job_event_adapter: TypeAdapter = TypeAdapter(JobStreamEvent)
 
@@ -125,7 +147,8 @@ class JobLiveSnapshot(Closed):
     transitions: tuple[TransitionView, ...] = ()
 
 
-def apply_job_event(snapshot: JobLiveSnapshot, event: MetricsEvent | TransitionEvent | HelloEvent) -> JobLiveSnapshot:
+def apply_job_event(snapshot: JobLiveSnapshot,
+                    event: MetricsEvent | TransitionEvent | CheckpointEvent | LogEvent | HelloEvent) -> JobLiveSnapshot:
     """The snapshot after one event; events at or below its seq are already in it."""
     if isinstance(event, HelloEvent) or event.seq <= snapshot.seq:
         return snapshot
@@ -134,7 +157,7 @@ def apply_job_event(snapshot: JobLiveSnapshot, event: MetricsEvent | TransitionE
         others = [t for t in snapshot.transitions if t.id != new.id]
         transitions = tuple(sorted([*others, new], key=lambda t: t.id))
         return snapshot.model_copy(update={"seq": event.seq, "transitions": transitions})
-    if isinstance(event, CheckpointEvent):  # the job row has it; the snapshot only moves on
+    if isinstance(event, (CheckpointEvent, LogEvent)):  # their own rows have them; the snapshot only moves on
         return snapshot.model_copy(update={"seq": event.seq})
     metrics = dict(snapshot.metrics)
     for name in METRIC_NAMES:

@@ -207,3 +207,22 @@ class MetricChunk(models.Model):
     class Meta:
         ordering = ["series", "first_point"]
         constraints = [models.UniqueConstraint(fields=["series", "first_point"], name="unique_metric_chunk")]
+
+
+class JobLog(models.Model):
+    """The last lines of rank 0's log of a job (stdout and stderr), as its agent last sent
+    them (agents/node/log_tail.py): bounded by protocol.LOG_TAIL_LINES, LOG_LINE_CHARS and
+    LOG_TAIL_BYTES, replaced whole by each newer tail."""
+
+    job = models.OneToOneField(Job, on_delete=models.CASCADE, related_name="log")
+    node = models.CharField(max_length=63)
+    rank = models.PositiveIntegerField(default=0)
+    restore_id = models.PositiveIntegerField(null=True, blank=True, help_text="the restart these ranks are (none: first)")
+    lines = models.JSONField(default=list, help_text="oldest first")
+    truncated = models.BooleanField(default=False, help_text="earlier lines of the log were left out")
+    finished = models.BooleanField(default=False, help_text="the rank had exited: its last lines")
+    sent_at = models.DateTimeField(help_text="when the agent read them")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.job.name}: rank {self.rank} log ({len(self.lines)} lines)"

@@ -11,6 +11,12 @@ ranking is by a documented rule, RANKING_RULE, which the page shows next to the 
 3. then fewer model-parallel ranks (tp * pp: less communication inside a step);
 4. then the smaller model state per GPU.
 
+One prediction per proposal (reconcile(), docs/dashboard.md): the measured step scaled
+as above when the job has measured steps on its current layout (the median of the last
+few: one step is noisy), else the emulator's step for that layout when a finished
+emulation of the same setting exists; with both, the emulated one and measured / emulated
+are shown beside it (the emulator models the named GPU type, the ranks may run on others).
+
 Worked example: tiny-gpt on dp=2 measured at 0.20 s/step, global_batch=12, micro_batch=1,
 N=4: dp=4 -> 0.20 * 2/4 * 1 = 0.10 s; tp=1,pp=2,dp=2 -> m=6, bubble 7/6 -> 0.117 s.
 Memory per GPU counts the model state (bf16 param + fp32 master, exp_avg, exp_avg_sq,
@@ -104,3 +110,25 @@ def propose(model: Model, *, current_layout: str, gpus: int, global_batch: int, 
     proposals.sort(key=lambda p: (not p.fits, p.step_seconds if p.step_seconds is not None else 0.0, p.tp * p.pp,
                                   p.state_bytes_per_gpu, p.layout))
     return proposals[:MAX_PROPOSALS]
+
+
+def reconcile(proposal: dict, emulated: dict | None) -> dict:
+    """The proposal with its one prediction (`predicted_step_seconds`), where it comes from
+    (`predicted_from`: "measured" scaled, "emulated", or None) and, when a finished emulation
+    of the layout exists (`emulated`: its step_seconds, ...), `measured_over_emulated`: the
+    measured-and-scaled step over the emulated one.
+
+    >>> reconcile({"step_seconds": 0.36}, {"step_seconds": 0.01})["measured_over_emulated"]
+    36.0
+    """
+    measured = proposal["step_seconds"]
+    emulated_step = emulated["step_seconds"] if emulated else None
+    if measured is not None:
+        predicted, source = measured, "measured"
+    elif emulated_step is not None:
+        predicted, source = emulated_step, "emulated"
+    else:
+        predicted, source = None, None
+    ratio = measured / emulated_step if measured is not None and emulated_step else None
+    return {**proposal, "emulated": emulated, "predicted_step_seconds": predicted, "predicted_from": source,
+            "measured_over_emulated": ratio}

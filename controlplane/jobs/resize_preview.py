@@ -14,23 +14,52 @@ from controlplane.cluster.models import Gpu
 from controlplane.cluster.selectors import gpus_per_node
 from controlplane.common import inputs
 from controlplane.common.errors import InvalidInput
-from controlplane.jobs.lifecycle import TransitionKind
+from controlplane.emulation.models import EmulationRun
+from controlplane.jobs.lifecycle import TransitionKind, TransitionState
 from controlplane.jobs.models import Job, MetricSeries, Transition
 from controlplane.jobs.plan_preview import plan_preview
-from controlplane.jobs.proposals import RANKING_RULE, propose
+from controlplane.jobs.proposals import RANKING_RULE, propose, reconcile
 from controlplane.jobs.layouts import STAGING_BYTES, layout_for_resize
 from controlplane.jobs.selectors import metric_points
 
 RECENT_STEPS = 5
+EMULATIONS_LOOKED_AT = 200
 
 
 def recent_step_seconds(job: Job) -> float | None:
-    """Median of the job's last RECENT_STEPS step times (None before the first step)."""
+    """Median of the job's last RECENT_STEPS step times on its current layout: steps after
+    its last committed switch (None before the first one of them)."""
     series = MetricSeries.objects.filter(job=job, transition=None, rank=None, name="step_seconds").first()
     if series is None:
         return None
-    _, values = metric_points(series_id=series.pk)
+    steps, values = metric_points(series_id=series.pk)
+    switched = (Transition.objects.filter(job=job, state=TransitionState.COMMITTED, step__isnull=False)
+                .order_by("-step").values_list("step", flat=True).first())
+    if switched is not None:
+        values = [v for x, v in zip(steps, values) if x > switched]
     return statistics.median(values[-RECENT_STEPS:]) if values else None
+
+
+def finished_emulations(job: Job, capacity: int | None) -> dict[str, dict]:
+    """layout -> the newest finished emulation of the job's setting (model, GPU count by
+    layout, batch, micro batch, sequence length, no recompute) on any GPU type, as
+    proposals show it: {run, gpu_type, step_seconds, tokens_per_second, peak_bytes, fits}."""
+    runs = (EmulationRun.objects.filter(kind=EmulationRun.Kind.EMULATE, state=EmulationRun.State.DONE, model=job.model,
+                                        global_batch=job.global_batch, micro_batch=job.micro_batch,
+                                        seq_len=job.seq_len, recompute="none")
+            .order_by("-finished_at", "-id")[:EMULATIONS_LOOKED_AT])
+    found: dict[str, dict] = {}
+    for run in runs:
+        try:
+            layout = str(parse_layout(run.layout))
+            step, peak = float(run.result["step_seconds"]), int(run.result["memory"]["peak_bytes"])
+        except (LayoutError, KeyError, TypeError, ValueError):
+            continue
+        if layout not in found:
+            found[layout] = {"run": run.pk, "gpu_type": run.gpu_type, "step_seconds": step,
+                             "tokens_per_second": run.result.get("tokens_per_second"), "peak_bytes": peak,
+                             "fits": capacity is None or peak <= capacity}
+    return found
 
 
 def gpu_capacity_bytes() -> int | None:
@@ -48,6 +77,7 @@ def job_proposals(*, job: Job, gpus: int) -> dict:
                          micro_batch=job.micro_batch, seq_len=job.seq_len, capacity_bytes=capacity, step_seconds=step)
     except LayoutError as exc:
         raise InvalidInput({"gpus": [str(exc)]}) from None
+    emulated = finished_emulations(job, capacity)
     if not ranked:
         raise InvalidInput({"gpus": [
             f"no layout of {job.model} spans {gpus} GPUs with global_batch={job.global_batch} a multiple of "
@@ -55,7 +85,8 @@ def job_proposals(*, job: Job, gpus: int) -> dict:
     return {
         "job": job.pk, "gpus": gpus, "current_layout": job.layout, "current_world": job.world_size,
         "measured_step_seconds": step, "capacity_bytes": capacity, "default_layout": layout_for_resize(job, gpus, model),
-        "predictor": "rule", "ranking": RANKING_RULE, "proposals": [p.as_dict() for p in ranked],
+        "predictor": "rule", "ranking": RANKING_RULE, "recent_steps": RECENT_STEPS,
+        "proposals": [reconcile(p.as_dict(), emulated.get(p.layout)) for p in ranked],
     }
 
 

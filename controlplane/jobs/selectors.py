@@ -7,6 +7,7 @@ from controlplane.common.models import EventStream
 from controlplane.jobs.events import (
     METRIC_NAMES,
     JobLiveSnapshot,
+    JobLogView,
     RankSlotView,
     Series,
     TransferProgressView,
@@ -14,7 +15,7 @@ from controlplane.jobs.events import (
     job_stream,
 )
 from controlplane.jobs.metric_codec import unpack
-from controlplane.jobs.models import MetricSeries, Transition
+from controlplane.jobs.models import JobLog, MetricSeries, Transition
 
 
 def _iso(value) -> str | None:
@@ -59,3 +60,14 @@ def job_live_snapshot(*, job_id: int) -> JobLiveSnapshot:
             metrics[series.name] = Series(x=tuple(xs), y=tuple(ys))
         transitions = tuple(transition_view(t) for t in Transition.objects.filter(job_id=job_id).order_by("id"))
     return JobLiveSnapshot(seq=seq, metrics=metrics, transitions=transitions)
+
+
+def job_log_view(*, job_id: int, lines: int | None = None) -> JobLogView:
+    """Rank 0's recent log lines of a job (none yet: no lines), the last `lines` of them."""
+    row = JobLog.objects.filter(job_id=job_id).first()
+    if row is None:
+        return JobLogView(job=job_id, node=None, rank=0, lines=(), truncated=False, finished=False, sent_at=None)
+    kept = row.lines[-lines:] if lines is not None else row.lines
+    return JobLogView(job=job_id, node=row.node, rank=row.rank, lines=tuple(kept),
+                      truncated=row.truncated or len(kept) < len(row.lines), finished=row.finished,
+                      sent_at=_iso(row.sent_at))

@@ -9,7 +9,8 @@ from django.conf import settings
 from pydantic import ValidationError
 
 from agents import protocol
-from controlplane.jobs import elastic_apply, elastic_trigger, ingest, node_loss, reconcile, reports, restore, timeouts
+from controlplane.jobs import (elastic_apply, elastic_trigger, ingest, job_logs, node_loss, reconcile, reports, restore,
+                               timeouts)
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,16 @@ def transition_report(report: dict) -> None:
                   report.get("job_id"), report.get("node"), exc)
         return
     reports.transition_record_report(report=parsed)
+
+
+@shared_task(name=protocol.CONTROL_JOB_LOG)
+def job_log(report: dict) -> None:
+    try:
+        parsed = protocol.JobLogTail.model_validate(report)
+    except ValidationError as exc:
+        log.error("rejected log tail of job %r from %r: %s", report.get("job_id"), report.get("node"), exc)
+        return
+    job_logs.job_log_record(report=parsed)
 
 
 @shared_task(name=protocol.CONTROL_JOB_RESTORE)

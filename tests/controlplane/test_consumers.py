@@ -59,7 +59,6 @@ async def test_wrong_origin_is_refused(user) -> None:
 async def test_a_batch_of_step_events_reaches_a_job_page_one_message_each(user) -> None:
     """One channel-layer message for a batch of steps (ingest.py); the socket relays each
     event as its own message, in seq order, as pages expect."""
-    from datetime import datetime, timezone
 
     from agents import protocol
     from tests.support.reports import report_of
@@ -75,7 +74,6 @@ async def test_a_batch_of_step_events_reaches_a_job_page_one_message_each(user) 
     connected, _ = await communicator.connect()
     assert connected
     hello = job_event_adapter.validate_python(await communicator.receive_json_from(timeout=5))
-    now = datetime.now(timezone.utc)
     await database_sync_to_async(batch_ingest)(batch=protocol.ReportBatch(
         job_id=job.pk, node="node-1", stream="s", batch=1, reports=tuple(
             report_of(job.pk, "step", step=s, loss=1.0 / s)

@@ -169,3 +169,50 @@ def test_plan_preview_is_the_plan_the_resize_then_records(run, token_client, two
     recorded = token_client.get(f"/api/transitions/{transition['id']}/plan").json()
     assert recorded["summary"]["fingerprint"] == transition["plan_fingerprint"]
     assert recorded["matrix"] == preview["matrix"]
+
+
+def test_reconcile_gives_one_prediction_and_says_where_it_comes_from() -> None:
+    from controlplane.jobs.proposals import reconcile
+
+    emulated = {"step_seconds": 0.01, "gpu_type": "h100"}
+    both = reconcile({"layout": "dp=4", "step_seconds": 0.36}, emulated)
+    assert (both["predicted_step_seconds"], both["predicted_from"]) == (0.36, "measured")
+    assert both["measured_over_emulated"] == pytest.approx(36.0) and both["emulated"] == emulated
+    only_emulated = reconcile({"layout": "dp=4", "step_seconds": None}, emulated)
+    assert (only_emulated["predicted_step_seconds"], only_emulated["predicted_from"]) == (0.01, "emulated")
+    assert only_emulated["measured_over_emulated"] is None
+    assert reconcile({"layout": "dp=4", "step_seconds": None}, None)["predicted_from"] is None
+
+
+@pytest.mark.django_db
+def test_proposals_use_the_steps_of_the_current_layout_and_a_finished_emulation(run, token_client, two_nodes,
+                                                                              sent_tasks) -> None:
+    from django.utils import timezone
+
+    from controlplane.emulation.models import EmulationRun
+    from controlplane.jobs.models import Job, Transition
+    from controlplane.jobs.services import metrics_append, metrics_series_get
+
+    job = _running(run, token_client, gpus=2)
+    row = Job.objects.get(pk=job["id"])
+    series = metrics_series_get(job=row, name="step_seconds", unit="s")
+    # Steps 1-6 on the old layout, a switch committed at step 6, then steps on dp=2.
+    metrics_append(series_id=series.pk, xs=[1, 2, 3, 4, 5, 6, 7, 8, 9], ys=[5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 0.4, 0.2, 0.2])
+    Transition.objects.create(job=row, source_layout="dp=1", destination_layout="dp=2", source_world=1,
+                              destination_world=2, state="committed", step=6)
+    result = {"step_seconds": 0.001, "tokens_per_second": 12000.0, "memory": {"peak_bytes": 2**20}}
+    for layout, gpu in (("dp=4", "h100"), ("tp=1,pp=1,dp=4", "a100")):  # the newest of the same layout wins
+        EmulationRun.objects.create(model="tiny-gpt", layout=layout, gpus=4, gpu_type=gpu, global_batch=12,
+                                    micro_batch=1, seq_len=row.seq_len, state="done", result=result,
+                                    finished_at=timezone.now())
+    EmulationRun.objects.create(model="tiny-gpt", layout="tp=2,dp=2", gpus=4, gpu_type="h100", global_batch=99,
+                                micro_batch=1, seq_len=row.seq_len, state="done", result=result,
+                                finished_at=timezone.now())  # another batch: not this job's setting
+    body = token_client.get(f"/api/jobs/{job['id']}/proposals?gpus=4").json()
+    assert body["measured_step_seconds"] == pytest.approx(0.2) and body["recent_steps"] == 5  # dp=2's steps only
+    by_layout = {p["layout"]: p for p in body["proposals"]}
+    dp4 = by_layout["dp=4"]
+    assert dp4["predicted_from"] == "measured" and dp4["predicted_step_seconds"] == pytest.approx(0.1)
+    assert dp4["emulated"]["gpu_type"] == "a100" and dp4["emulated"]["fits"] is True
+    assert dp4["measured_over_emulated"] == pytest.approx(100.0)
+    assert all(p["emulated"] is None for name, p in by_layout.items() if name != "dp=4")

@@ -8,6 +8,7 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agents import protocol
 from controlplane.cluster import services
 from controlplane.cluster.events import apply_event, cluster_event_adapter
 from controlplane.cluster.models import Node
@@ -24,6 +25,8 @@ nodes = st.sampled_from(["node-1", "node-2", "node-3"])
 operations = st.lists(
     st.one_of(
         st.tuples(st.just("beat"), nodes, st.integers(1, 4)),
+        # a beat with host stats: CPU % and memory used (GiB of 16), some of them changes worth an event
+        st.tuples(st.just("beat-stats"), nodes, st.tuples(st.floats(0, 100), st.integers(0, 16))),
         st.tuples(st.just("silence"), nodes, st.just(0)),
         st.tuples(st.just("sweep"), st.just(""), st.just(0)),
         st.tuples(st.just("create"), st.sampled_from(["a", "b"]), st.integers(1, 4)),
@@ -46,6 +49,10 @@ def test_snapshot_plus_events_is_later_snapshot(before_ops, ops, django_capture_
         clock["now"] += timedelta(seconds=1)
         if kind == "beat":
             services.node_record_heartbeat(report=heartbeat(name, gpus=n), received_at=clock["now"])
+        elif kind == "beat-stats":
+            stats = protocol.HostStats(cpu_percent=n[0], cpu_count=8, memory_used_bytes=n[1] * 2**30,
+                                       memory_total_bytes=16 * 2**30)
+            services.node_record_heartbeat(report=heartbeat(name, host_stats=stats), received_at=clock["now"])
         elif kind == "silence":
             Node.objects.filter(name=name).update(last_heartbeat=clock["now"] - timedelta(seconds=60))
         elif kind == "sweep":

@@ -1,7 +1,7 @@
 // Cluster page: render the embedded snapshot, then keep it live over /ws/cluster/.
 import { applyEvent, gpuStateCounts, GPU_STATES } from "./cluster-store.js";
 import { draw } from "./plots.js";
-import { bytes } from "./format.js";
+import { bytes, percent } from "./format.js";
 
 const readJson = (id) => JSON.parse(document.getElementById(id).textContent);
 
@@ -16,6 +16,13 @@ function el(tag, attrs = {}, text = "") {
   return node;
 }
 
+// The node's host as its agent last showed it: "CPU 45.3 % of 16 · mem 3.00 GiB / 16.0 GiB".
+function hostText(node) {
+  if (node.cpu_percent === null || node.cpu_percent === undefined) return "";
+  return `CPU ${percent(node.cpu_percent / 100)} of ${node.cpu_count} · mem ${bytes(node.memory_used_bytes)} / ` +
+    bytes(node.memory_total_bytes);
+}
+
 function renderGrid() {
   const grid = document.getElementById("cluster-grid");
   const nodes = [...snapshot.nodes].sort(byName);
@@ -26,6 +33,8 @@ function renderGrid() {
       const head = el("div", { class: `node-head node-${node.state}`, role: "rowheader",
         title: `${node.host} · ${node.device} · ${node.gpu_count} GPUs, ${bytes(node.gpu_memory_bytes)}` });
       head.append(el("strong", {}, node.name), el("span", { class: "node-state" }, node.state));
+      const host = hostText(node);
+      if (host) head.append(el("span", { class: "node-host", "data-field": "host-stats" }, host));
       row.append(head);
       const gpus = snapshot.gpus.filter((g) => g.node === node.name).sort((a, b) => a.index - b.index);
       for (const gpu of gpus) {

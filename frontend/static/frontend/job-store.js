@@ -61,6 +61,19 @@ export function stepTimeAround(series, step, count = 5) {
   return [median(before), median(after)];
 }
 
+// One prediction per proposal and where it comes from (controlplane/jobs/proposals.py:
+// reconcile): the measured step scaled to the layout when there is one, else the emulated
+// step; with both, measured / emulated.
+export function reconcile(p, emulated) {
+  const measured = p.step_seconds;
+  const emulatedStep = emulated ? emulated.step_seconds : null;
+  const has = (x) => x !== null && x !== undefined;
+  const [predicted, from] = has(measured) ? [measured, "measured"] : has(emulatedStep) ? [emulatedStep, "emulated"]
+    : [null, null];
+  return { ...p, emulated, predicted_step_seconds: predicted, predicted_from: from,
+    measured_over_emulated: has(measured) && emulatedStep ? measured / emulatedStep : null };
+}
+
 // Proposals re-ranked by finished emulation runs (run.result = `dynaplane emulate --json`):
 // fits (emulated peak <= capacity) first, then the emulated step time; proposals without a
 // finished run keep their order after those with one.
@@ -68,10 +81,10 @@ export function rankByEmulation(proposals, runsByLayout, capacityBytes) {
   const scored = proposals.map((p, i) => {
     const run = runsByLayout[p.layout];
     const result = run && run.state === "done" ? run.result : null;
-    const emulated = result ? { step_seconds: result.step_seconds, tokens_per_second: result.tokens_per_second,
-      peak_bytes: result.memory.peak_bytes,
+    const emulated = result ? { run: run.id ?? null, gpu_type: run.gpu_type ?? null, step_seconds: result.step_seconds,
+      tokens_per_second: result.tokens_per_second, peak_bytes: result.memory.peak_bytes,
       fits: !capacityBytes || result.memory.peak_bytes <= capacityBytes } : null;
-    return { ...p, emulated, order: i };
+    return { ...reconcile(p, emulated || p.emulated || null), order: i };
   });
   const key = (p) => (p.emulated ? [0, p.emulated.fits ? 0 : 1, p.emulated.step_seconds, p.order] : [1, 0, 0, p.order]);
   return scored.sort((a, b) => {

@@ -4,6 +4,7 @@ import { applyEvent } from "./cluster-store.js";
 import { applyJobEvent, historyBands, METRIC_NAMES, TERMINAL } from "./job-store.js";
 import { ACTION_STATES, startJobActions } from "./job-actions.js";
 import { startResizeFlow } from "./resize.js";
+import { startLogPanel } from "./log-view.js";
 import { draw } from "./plots.js";
 import { metricFigure } from "./metric-charts.js";
 import { liveTimes } from "./format.js";
@@ -187,6 +188,12 @@ async function refreshJob() {
 async function reloadLive() {
   const response = await fetch(`/api/jobs/${job.id}/live`, { credentials: "same-origin" });
   if (response.ok) { live = await response.json(); drawCharts(); drawHistory(); drawHeader(); }
+  reloadLog(); // a missed event may have been a `log` one
+}
+
+async function reloadLog() {
+  const response = await fetch(`/api/jobs/${job.id}/log`, { credentials: "same-origin" });
+  if (response.ok) logPanel.replace(await response.json());
 }
 
 function onJobEvent(event) {
@@ -195,6 +202,7 @@ function onJobEvent(event) {
   if (result.snapshot === live) return;
   const previous = live;
   live = result.snapshot;
+  if (event.type === "log" && event.log.job === job.id) logPanel.replace(event.log);
   if (result.appended || event.type === "transition") drawChartsSoon();
   if (event.type === "transition") {
     drawHistory();
@@ -239,6 +247,7 @@ function connect(path, onEvent, badge) {
   open();
 }
 
+const logPanel = startLogPanel(readJson("job-log-data"));
 const actions = startJobActions({ getJob: () => job, onChanged: () => refreshJob() });
 const resize = startResizeFlow({ getJob: () => job, getLive: () => live, onEvent: (fn) => listeners.push(fn),
   getState: shownState, states: ACTION_STATES });

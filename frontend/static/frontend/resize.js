@@ -2,7 +2,7 @@
 // -> confirm dialog -> POST resize -> live progress -> result.
 import { rankByEmulation, stepTimeAround, TERMINAL } from "./job-store.js";
 import { draw } from "./plots.js";
-import { bytes as mib, duration as secs, rate } from "./format.js";
+import { bytes as mib, duration as secs, rate, sig } from "./format.js";
 
 const EMULATE_TOP = 3;
 const STEPS = ["planned", "preparing", "ready", "transferring", "verifying", "committed"];
@@ -43,6 +43,9 @@ function unavailableText(job, state) {
   if (state === "deleted") return `${job.name} was deleted.`;
   return `Resize applies to a running job; ${job.name} is ${state}.`;
 }
+
+// measured / emulated as "36×" (3 significant digits; "1/36" read as 0.0278×).
+const ratioText = (r) => `${sig(r)}×`;
 
 export function startResizeFlow({ getJob, getLive, onEvent, getState, states }) {
   const input = $("resize-gpus");
@@ -101,8 +104,11 @@ export function startResizeFlow({ getJob, getLive, onEvent, getState, states }) 
     runs = {};
     $("ranking-note").textContent = body.predictor === "rule"
       ? `Ranked by rule, not by the emulator: ${body.ranking}. ` + (body.measured_step_seconds === null
-        ? "No step measured yet, so no step time is predicted" : `Step times scale the measured ` +
-        `${secs(body.measured_step_seconds)} per step`) + "; memory counts model state only (no activations)."
+        ? "No step measured on this layout yet: the predicted step is the emulator's where an emulation of the " +
+          "layout exists" : `The predicted step scales ${secs(body.measured_step_seconds)}, the median of the ` +
+        `last ${body.recent_steps} measured steps on ${body.current_layout}, to each layout; where an emulation of ` +
+        "the layout exists, its step and measured/emulated are beside it (the emulator models the GPU type it " +
+        "names)") + "; memory counts model state only (no activations)."
       : `Ranked by ${body.predictor}.`;
     $("emulate-status").textContent = "";
     renderProposals(body.proposals);
@@ -115,11 +121,20 @@ export function startResizeFlow({ getJob, getLive, onEvent, getState, states }) 
     $("proposals-body").replaceChildren(...list.map((p, i) => {
       const tr = el("tr", { "data-layout": p.layout, "data-fits": String(p.emulated ? p.emulated.fits : p.fits) });
       const run = runs[p.layout];
-      const emulated = p.emulated ? `${secs(p.emulated.step_seconds)} · peak ${mib(p.emulated.peak_bytes)}`
-        : run ? (run.state === "failed" ? `failed: ${run.error}` : `${run.state}…`) : "–";
-      for (const v of [String(i + 1), p.layout + (p.layout === proposals.default_layout ? " (default)" : ""),
-        secs(p.step_seconds), p.tokens_per_second ? rate(p.tokens_per_second, "tokens") : "–",
-        `${mib(p.state_bytes_per_gpu)}${cap}`, p.fits ? "fits" : "does not fit", emulated]) tr.append(el("td", {}, v));
+      const gpu = p.emulated && p.emulated.gpu_type ? `${p.emulated.gpu_type}: ` : "";
+      const ratio = p.measured_over_emulated ? ` · measured/emulated ${ratioText(p.measured_over_emulated)}` : "";
+      const emulated = run && run.state !== "done" ? (run.state === "failed" ? `failed: ${run.error}` : `${run.state}…`)
+        : p.emulated ? `${gpu}${secs(p.emulated.step_seconds)} · peak ${mib(p.emulated.peak_bytes)}${ratio}` : "–";
+      const from = p.predicted_from === "measured" ? "measured, scaled"
+        : p.predicted_from === "emulated" ? `emulated${p.emulated.gpu_type ? `, ${p.emulated.gpu_type}` : ""}` : "";
+      const tokens = p.predicted_from === "emulated" ? p.emulated.tokens_per_second : p.tokens_per_second;
+      const predicted = el("td", { "data-from": p.predicted_from || "none" }, secs(p.predicted_step_seconds));
+      if (from) predicted.append(el("span", { class: "source" }, ` (${from})`));
+      tr.append(el("td", {}, String(i + 1)), el("td", {}, p.layout + (p.layout === proposals.default_layout ? " (default)" : "")),
+        predicted);
+      for (const v of [tokens ? rate(tokens, "tokens") : "–",
+        `${mib(p.state_bytes_per_gpu)}${cap}`, p.fits ? "fits" : "does not fit"]) tr.append(el("td", {}, v));
+      tr.append(el("td", { "data-field": "emulated" }, emulated));
       const td = el("td");
       const button = el("button", { type: "button", class: "preview", "aria-label": `Preview the switch to ${p.layout}` },
         "Preview plan");
