@@ -81,6 +81,9 @@ def commit(run, t: Transition) -> None:
                                                 fingerprint=t.plan_fingerprint, verified=True))
     t.refresh_from_db()
     assert t.state == "committed"
+    node = t.destination_placement[0]["node"]
+    for step in (10, 11, 12):  # and the job trains on in its new layout (a measured step time again)
+        run(job_record_report, report=report_of(t.job_id, "step", node, step=step, step_seconds=0.2))
 
 
 def sweep(run, now=None) -> dict[str, dict]:
