@@ -347,9 +347,7 @@ class ParallelTrainer:
             module_name, _, attr = name.rpartition(".")
             self.stage.get_submodule(module_name).register_parameter(attr, nn.Parameter(new))
             expert = name in experts
-            parts, part = (expert_dp, self.dp_rank // self.ml.ep) if expert else (D, self.dp_rank)
-            if self.ml.zero == 0:
-                parts = 1
+            parts, part = (expert_dp if D > 1 else 1, self.dp_rank // self.ml.ep) if expert else (D, self.dp_rank)
             rows = chunk_rows(local_shape[0], parts, part if parts > 1 else 0)
             if master.shape[0] != rows[1] - rows[0]:
                 raise TrainingError(f"rank {self.rank}: {name} master box has {master.shape[0]} rows, the "
