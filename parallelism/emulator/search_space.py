@@ -40,25 +40,30 @@ def _divisors(n: int) -> list[int]:
 
 
 def candidate_layouts(request: SearchRequest) -> list[tuple[str, int]]:
-    """(layout, micro-batch size) pairs the trainer can run on exactly `gpus` GPUs."""
+    """(layout, micro-batch size) pairs the trainer can run on exactly `gpus` GPUs. A MoE
+    decoder's also with every ep dividing dp and its experts (parallelism/training/expert_parallel.py);
+    the multimodal trainer runs MoE layers unsharded (tp = ep = 1)."""
     c = request.model_config.llm
+    decoder_only = request.model_config.encoder is None
     out = []
     for tp in _divisors(request.gpus):
         # kv heads fewer than tp are replicated (parallelism/training/kv_heads.py): tp a multiple of them.
         kv_fits = c.kv_heads % tp == 0 or tp % c.kv_heads == 0
-        if tp > request.gpus_per_node or c.heads % tp or not kv_fits or (c.experts and tp > 1):
+        if tp > request.gpus_per_node or c.heads % tp or not kv_fits or (c.experts and tp > 1 and not decoder_only):
             continue
         for pp in _divisors(request.gpus // tp):
             if pp > c.layers:
                 continue
             dp = request.gpus // (tp * pp)
-            for zero in request.zero:
-                if zero == 3 and dp == 1:
-                    continue  # nothing to shard over
-                for mb in request.micro_batches:
-                    if request.global_batch % (mb * dp):
-                        continue
-                    out.append((f"tp={tp},pp={pp},dp={dp},zero={zero}", mb))
+            eps = [e for e in _divisors(dp) if c.experts % e == 0] if c.experts and decoder_only else [1]
+            for ep in eps:
+                for zero in request.zero:
+                    if zero == 3 and dp == 1:
+                        continue  # nothing to shard over
+                    for mb in request.micro_batches:
+                        if request.global_batch % (mb * dp):
+                            continue
+                        out.append((f"tp={tp},pp={pp},dp={dp}{f',ep={ep}' if ep > 1 else ''},zero={zero}", mb))
     return out
 
 

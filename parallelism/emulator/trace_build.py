@@ -18,11 +18,14 @@ from parallelism.engine.shards import DTYPES, LocalShard, box_shape, rank_boxes
 from parallelism.layout.model_request import ModelConfig, NamesAModel, resolved_field
 from parallelism.layout.placement import layer_stages, place
 
-TRACER_VERSION = 10  # 2: activations_full; vpp traced as pp*vpp flat stages; 3: DTensor dispatch as host ops;
+TRACER_VERSION = 11  # 2: activations_full; vpp traced as pp*vpp flat stages; 3: DTensor dispatch as host ops;
 # 4: causal attention FLOPs, sequence parallelism; 5: matmul operand forms; 6: reduce-scatter bytes = its input;
 # 7: in-place _foreach_ ops count the lists they write; 8: and those writes are not new memory (7 tracked them);
 # 9: a tied embedding under pp > 1 (its gradient sum between the end stages, dim "embed");
 # 10: kv heads replicated over tp (their gradient sum, dim "kv"); the trainer runs tp > kv heads
+# 11: MoE layers traced (balanced routing on fake tensors), with tp (router and q/k-norm gradient sums
+# over tp) and ep (all-to-all dispatch, dim "ep"; the experts' gradient sync over their replicas, "dp")
+DIM_OF = {"edp": "dp"}
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,9 @@ def build_stage_trace(records, stage: int, ml, dims, memory: StageMemory, reques
                       offset: int = 0) -> StageTrace:
     """A stage's ops from its recorded program (`dims`: the tp/dp/pp groups' ranks), with the
     pipeline sends to its neighbours (the module's ranks start at `offset`)."""
-    by_ranks = {ranks: dim for dim, ranks in dims.items()}
+    # The experts' gradient sync over the ranks holding the same experts ("edp") is data-parallel
+    # sync like dp's; an all-to-all is the experts' dispatch ("ep"), whose ranks may be dp's too.
+    by_ranks = {ranks: DIM_OF.get(dim, dim) for dim, ranks in dims.items() if dim != "ep"}
     gpn = request.gpus_per_node
     phases: dict[str, list] = {"forward": [], "backward": [], "step": []}
     grad_sync, grad_after, param_sync, param_phase, param_at = [], [], [], [], []
@@ -111,9 +116,10 @@ def build_stage_trace(records, stage: int, ml, dims, memory: StageMemory, reques
             ops.append(ComputeOp(r.name, r.kind, r.flops, r.bytes, r.shape, r.dtype, r.form))
             continue
         assert isinstance(r, CommRecord)
-        dim = by_ranks.get(tuple(sorted(r.ranks)))
+        dim = "ep" if r.kind == "all_to_all" and "ep" in dims else by_ranks.get(tuple(sorted(r.ranks)))
         if dim is None:
-            raise EmulatorError(f"stage {stage}: a {r.kind} on ranks {r.ranks[:8]}... matches no tp/dp/pp/embed/kv group")
+            raise EmulatorError(f"stage {stage}: a {r.kind} on ranks {r.ranks[:8]}... matches no "
+                                f"tp/dp/pp/embed/kv/ep group")
         op = CommOp(r.name, r.kind, r.bytes, len(r.ranks), len({x // gpn for x in r.ranks}), dim)
         if dim != "dp":
             ops.append(op)

@@ -75,7 +75,8 @@ def assemble(request: TraceRequest, parts: dict[tuple, dict]) -> Trace:
     if ml.vpp > 1:
         ordered = tuple(_interleaved_p2p(st, ml, request.gpus_per_node) for st in ordered)
     return Trace(model=request.model, tp=ml.tp, pp=ml.pp, dp=ml.dp, micro_batches=request.micro_batches,
-                 micro_batch_size=request.micro_batch, seq=request.seq, zero=ml.zero, vpp=ml.vpp, stages=ordered)
+                 micro_batch_size=request.micro_batch, seq=request.seq, zero=ml.zero, vpp=ml.vpp, ep=ml.ep,
+                 stages=ordered)
 
 
 def flat_layout(placement) -> str:
@@ -120,6 +121,9 @@ def _trace_stage(config: TrainConfig, request: TraceRequest, stage: int) -> Stag
             dims["embed"] = tuple(sorted(dist.get_process_group_ranks(meshes.embedding)))
         if meshes.kv_heads is not None:  # the TP ranks sharing a replicated kv head (LayoutMeshes.kv_heads)
             dims["kv"] = tuple(sorted(dist.get_process_group_ranks(meshes.kv_heads)))
+        if meshes.ep is not None:  # the experts' all-to-all group and the ranks holding the same experts
+            dims["ep"] = tuple(sorted(dist.get_process_group_ranks(meshes.ep)))
+            dims["edp"] = tuple(sorted(dist.get_process_group_ranks(meshes.expert_dp.get_group())))
         with FakeTensorMode(allow_non_fake_inputs=True) as fake_mode:
             try:
                 trainer = ParallelTrainer(config, request.layout, rank, fake_shards(spec, placement, rank),

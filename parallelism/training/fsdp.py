@@ -18,6 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from parallelism.training.moe import MoE
 from parallelism.training.ties import sum_over_groups
 
 State = tuple[Tensor, Tensor, Tensor, Tensor]  # param, master, exp_avg, exp_avg_sq (local boxes)
@@ -29,11 +30,13 @@ class FullyShardedState:
 
     def __init__(self, stage: nn.Module, dp_mesh: DeviceMesh, device: torch.device, state: dict[str, State], *,
                  lr: float, weight_decay: float, step: int, rank: int, ties: dict[str, object] | None = None,
-                 roots: list[nn.Module] | None = None) -> None:
+                 roots: list[nn.Module] | None = None, experts: DeviceMesh | None = None) -> None:
         """`ties`: {parameter name: group} of weights whose copies on the group's other ranks
         take the sum of their gradients (ShardedAdamW's); the copies hold the same dp shard.
         `roots`: the modules the pipeline runs, sharded as FSDP roots (an interleaved
-        pipeline's virtual stages), else `stage` itself."""
+        pipeline's virtual stages), else `stage` itself. `experts`: under expert parallelism,
+        the ranks holding the same experts (parallelism/training/expert_parallel.py): each MoE
+        layer's experts are sharded over them, their gradients summed there and divided by dp."""
         self.ties = ties or {}
         # FSDP2 warns when a wrapped module returns a view (the TP head's replicated logits):
         # harmless here, nothing modifies a stage's output in place.
@@ -42,6 +45,14 @@ class FullyShardedState:
         # The parameters are still on the meta device here. fully_shard's mesh bookkeeping runs
         # real tensor ops (nonzero), which a FakeTensorMode (the emulator's tracer) cannot.
         with unset_fake_temporarily():
+            if experts is not None:
+                for module in stage.modules():
+                    if isinstance(module, MoE):
+                        fully_shard(module.experts, mesh=experts, mp_policy=policy)
+                        module.experts.set_gradient_divide_factor(float(dp_mesh.size()))
+                        # Sum, then divide: gloo has no PREMUL_SUM, what a custom factor uses otherwise. Not on
+                        # one rank, where FSDP2 (torch 2.13) divides by the factor as it copies, then again after.
+                        module.experts.set_force_sum_reduction_for_comms(experts.size() > 1)
             for layer in stage.llm.layers.values():
                 fully_shard(layer, mesh=dp_mesh, mp_policy=policy)
             for root in roots or [stage]:

@@ -1,4 +1,11 @@
-"""Mixture-of-experts MLP: a router and SwiGLU experts stored as 3-D [experts, ...] tensors, top-k routing."""
+"""Mixture-of-experts MLP: a router and SwiGLU experts stored as 3-D [experts, ...] tensors, top-k routing.
+
+Where the experts run is the module's `dispatch`: `LocalDispatch` here (every expert on this
+rank, whole), or parallelism/training/expert_parallel.py's `ParallelDispatch` (experts sharded
+over tp along the FFN dimension and over ep along the expert dimension, tokens sent to
+their experts' owners with all-to-all). The routing, gating and combining are the same code
+either way, so a parallel run computes what a single rank does.
+"""
 from __future__ import annotations
 
 from typing import Any
@@ -6,6 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch._subclasses.fake_tensor import is_fake
 
 
 class ExpertWeight(nn.Module):
@@ -20,7 +28,8 @@ class Experts(nn.Module):
     """E SwiGLU experts: gate and up [E, F, H], down [E, H, F] (each expert's slice is an nn.Linear weight).
 
     Keeping them stacked (rather than E separate Linears) gives the catalog's one logical tensor per kind,
-    which EP splits along dim 0 and TP along the FFN dimension.
+    which EP splits along dim 0 and TP along the FFN dimension. Under EP the module holds the
+    rank's experts only, indexed from 0.
     """
 
     def __init__(self, experts: int, hidden: int, ffn: int, fk: dict[str, Any]) -> None:
@@ -30,9 +39,48 @@ class Experts(nn.Module):
         self.down = ExpertWeight((experts, hidden, ffn), fk)
 
     def forward(self, x: Tensor, expert: int) -> Tensor:
-        """Expert `expert` applied to the tokens x [n, H] routed to it."""
+        """Expert `expert` (this module's index) applied to the tokens x [n, H] routed to it."""
         h = F.silu(F.linear(x, self.gate.weight[expert])) * F.linear(x, self.up.weight[expert])
         return F.linear(h, self.down.weight[expert])
+
+
+def run_grouped(experts: Experts, x: Tensor, counts: list[int]) -> Tensor:
+    """x [sum(counts), H] grouped by expert (counts[e] rows for expert e, in order) through its
+    experts. Every expert runs, an empty group too, so each expert weight is in the graph
+    (a zero gradient rather than none, whatever the routing)."""
+    parts, start = [], 0
+    for expert, n in enumerate(counts):
+        parts.append(experts(x[start:start + n], expert))
+        start += n
+    return torch.cat(parts)
+
+
+def balanced_counts(n: int, experts: int) -> list[int]:
+    """n assignments spread as evenly as they go over `experts` (the first n % experts one more)."""
+    base, extra = divmod(n, experts)
+    return [base + (1 if e < extra else 0) for e in range(experts)]
+
+
+def expert_counts(assignment: Tensor, experts: int) -> list[int]:
+    """Assignments per expert. On fake tensors (the emulator traces this program without
+    values) the routing is unknown and taken as balanced, the load an auxiliary-loss-trained
+    router aims at."""
+    if is_fake(assignment):
+        return balanced_counts(assignment.numel(), experts)
+    return torch.bincount(assignment, minlength=experts).tolist()
+
+
+class LocalDispatch:
+    """All the experts on this rank, whole: the single-rank program."""
+
+    def enter(self, x: Tensor) -> Tensor:
+        return x
+
+    def run(self, experts: Experts, routed: Tensor, counts: list[int]) -> Tensor:
+        return run_grouped(experts, routed, counts)
+
+    def leave(self, y: Tensor) -> Tensor:
+        return y
 
 
 class MoE(nn.Module):
@@ -49,23 +97,24 @@ class MoE(nn.Module):
         self.num_experts, self.top_k = experts, top_k
         self.router = nn.Linear(hidden, experts, bias=False, **fk)
         self.experts = Experts(experts, hidden, ffn, fk)
+        self.dispatch: Any = LocalDispatch()
+
+    def route(self, flat: Tensor) -> tuple[Tensor, Tensor]:
+        """(gates, chosen experts), each [N, k], of the tokens flat [N, H]."""
+        probs = F.softmax(self.router(flat).float(), dim=-1)
+        top, chosen = probs.topk(self.top_k, dim=-1)
+        return (top / top.sum(-1, keepdim=True)).to(flat.dtype), chosen
 
     def forward(self, x: Tensor) -> Tensor:
+        x = self.dispatch.enter(x)
         flat = x.reshape(-1, x.shape[-1])
-        probs = F.softmax(self.router(flat).float(), dim=-1)
-        top, chosen = probs.topk(self.top_k, dim=-1)  # [N, k] each
-        gates = (top / top.sum(-1, keepdim=True)).to(x.dtype)
+        gates, chosen = self.route(flat)
         # Group the N*k (token, expert) assignments by expert with one sort and one host sync (the counts),
         # instead of a nonzero() per expert.
         assignment = chosen.reshape(-1)
         order = assignment.argsort(stable=True)
         tokens = order // self.top_k
-        counts = torch.bincount(assignment, minlength=self.num_experts).tolist()
-        routed = flat[tokens]
-        parts, start = [], 0
-        for expert, n in enumerate(counts):
-            if n:
-                parts.append(self.experts(routed[start:start + n], expert))
-            start += n
-        weighted = torch.cat(parts) * gates.reshape(-1)[order, None]
-        return torch.zeros_like(flat).index_add_(0, tokens, weighted).view_as(x)
+        counts = expert_counts(assignment, self.num_experts)
+        out = self.dispatch.run(self.experts, flat[tokens], counts)
+        weighted = out * gates.reshape(-1)[order, None]
+        return self.dispatch.leave(torch.zeros_like(flat).index_add_(0, tokens, weighted).view_as(x))

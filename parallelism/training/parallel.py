@@ -35,15 +35,17 @@ from parallelism.layout.shards import b_dim
 from parallelism.layout.spec import DEFAULT_MODULE
 from parallelism.layout.tensors import STATES
 from parallelism.training.data import DataPosition, SyntheticTokens
+from parallelism.training.expert_parallel import parallelize_moe
 from parallelism.training.init import initial_value
 from parallelism.training.kv_heads import ReplicatedHeadsColwise, head_groups, is_replicated, replicated_units
 from parallelism.training.model import build_training_model
 from parallelism.training.stage import DecoderStage
 from parallelism.training.fsdp import FullyShardedState, State
-from parallelism.training.zero import ParamSlot, ShardedAdamW, chunk_rows
+from parallelism.training.zero import ParamSlot, Replicas, ShardedAdamW, chunk_rows
 
 
 TIED_WEIGHT = "llm.embed.weight"  # a tied model's embedding, also its output head
+HEAD_NORMS = (".attn.q_norm.weight", ".attn.k_norm.weight")  # per-head norms (Qwen3): one weight for every head
 
 
 class TrainingError(ValueError):
@@ -102,11 +104,8 @@ def check_trainable(config: TrainConfig, placement: Placement) -> None:
         raise TrainingError(f"{layout}: per-module (heterogeneous) layouts are not trained yet (issue 8)")
     ml = next(iter(placement.modules.values()))
     mc = config.model_config
-    c = mc.llm
-    for name, value in (("cp", ml.cp), ("ep", ml.ep)):
-        if value != 1:
-            raise TrainingError(f"{name}={value}: the trainer supports tp, pp (with vpp), dp and zero; "
-                                f"{name} must be 1")
+    if ml.cp != 1:
+        raise TrainingError(f"cp={ml.cp}: the trainer supports tp, pp (with vpp), dp, ep and zero; cp must be 1")
     if mc.encoder is not None:
         raise TrainingError(f"{config.model} is multimodal; the parallel trainer trains decoder-only models")
     if ml.vpp > 1:
@@ -115,8 +114,6 @@ def check_trainable(config: TrainConfig, placement: Placement) -> None:
             raise TrainingError(f"vpp={ml.vpp}: the interleaved schedule runs the {config.micro_batches} micro-batches "
                                 f"in rounds of pp={ml.pp}; micro-batches must be a multiple of {rounds} "
                                 f"(micro-batches // pp)")
-    if c.experts and ml.tp > 1:
-        raise TrainingError(f"{config.model} has MoE layers: the trainer supports them with tp=1 only")
     if config.sequence_parallel and ml.tp > 1:
         if config.seq_len % ml.tp:
             raise TrainingError(f"sequence parallelism splits the sequence over tp={ml.tp}: seq {config.seq_len} "
@@ -144,6 +141,11 @@ class LayoutMeshes:
     # kv heads fewer than tp: the TP ranks holding this rank's kv head, which sum their
     # gradients of it (parallelism/training/kv_heads.py). None elsewhere.
     kv_heads: object | None = None
+    # ep > 1: the (pp, edp, ep, tp) mesh, the dp ranks cut as d = edp_index * ep + ep_index:
+    # `ep` is the all-to-all group of this rank's experts' owners, `expert_dp` the ranks
+    # holding the same experts (parallelism/training/expert_parallel.py). None elsewhere.
+    ep: object | None = None
+    expert_dp: DeviceMesh | None = None
 
     @classmethod
     def build(cls, placement: Placement) -> LayoutMeshes:
@@ -159,9 +161,15 @@ class LayoutMeshes:
             embedding, _ = dist.new_subgroups_by_enumeration(pairs)
         units = replicated_units(placement)
         kv_heads = head_groups(ranks, units) if units is not None else None
+        experts = None
+        if ml.ep > 1:
+            experts = DeviceMesh(device_type(), ranks.view(ml.pp, ml.dp // ml.ep, ml.ep, ml.tp),
+                                 mesh_dim_names=("pp", "edp", "ep", "tp"))
         if mesh.get_coordinate() is None:
             return cls(mesh, mesh, mesh, mesh, everyone)
-        return cls(mesh, mesh["tp"], mesh["dp"], mesh["pp"], everyone, embedding, kv_heads)
+        return cls(mesh, mesh["tp"], mesh["dp"], mesh["pp"], everyone, embedding, kv_heads,
+                   experts["ep"].get_group() if experts is not None else None,
+                   experts["edp"] if experts is not None else None)
 
 
 def device_type() -> str:
@@ -198,7 +206,9 @@ def tp_plan(stage: DecoderStage, sequence_parallel: bool = False, kv_units: int 
             norms = ("attn_norm", "mlp_norm") if hasattr(layer, "attn_norm") else ("ln1", "ln2")  # llama / gpt
             plan.update({f"{p}.{norms[0]}": SequenceParallel(), f"{p}.{norms[1]}": SequenceParallel(),
                          f"{p}.attn": gather,
-                         f"{p}.mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))})
+                         # a MoE layer's block takes the gathered sequence too (expert_parallel.py)
+                         f"{p}.{'moe' if getattr(layer, 'moe', None) is not None else 'mlp'}": PrepareModuleInput(
+                             input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))})
         for proj in ("q", "k", "v"):
             plan[f"{p}.attn.{proj}"] = ColwiseParallel()
         if kv_units is not None:
@@ -269,6 +279,12 @@ class ParallelTrainer:
         if self.ml.tp > 1:
             parallelize_module(self.stage, self.meshes.tp,
                                tp_plan(self.stage, sequence_parallel, replicated_units(self.placement)))
+        # MoE layers: experts sharded over tp and ep, tokens sent to their owners (expert_parallel.py).
+        self.routers: list[str] = []
+        if config.model_config.llm.experts and (self.ml.tp > 1 or self.ml.ep > 1):
+            self.routers = parallelize_moe(self.stage, tp_mesh=self.meshes.tp if self.ml.tp > 1 else None,
+                                           sequence_parallel=sequence_parallel, ep_group=self.meshes.ep,
+                                           ep=self.ml.ep, ep_rank=self.dp_rank % self.ml.ep)
         # Interleaved: the virtual stages this rank runs, pp_rank + k*pp (built on the stage's own modules).
         self.chunks = ([self.stage.chunk(self.pp_rank + k * self.ml.pp) for k in range(self.ml.vpp)]
                        if self.ml.vpp > 1 else [self.stage])
@@ -277,15 +293,21 @@ class ParallelTrainer:
         if self.ml.zero == 3:
             self.optimizer = FullyShardedState(self.stage, self.meshes.dp, torch.device(device_type()), state,
                                                lr=config.lr, weight_decay=config.weight_decay,
-                                               step=self.scalars.step, rank=rank, ties=self.ties, roots=self.chunks)
+                                               step=self.scalars.step, rank=rank, ties=self.ties, roots=self.chunks,
+                                               experts=self.meshes.expert_dp)
         else:
             self._adopt(state)
         self.pipeline = self._build_pipeline() if self.ml.pp > 1 else None
 
     def _ties(self) -> dict[str, object]:
         """{parameter name: group} of the weights whose copies sum their gradients: a tied
-        embedding's two end stages, the TP ranks sharing a replicated kv head."""
+        embedding's two end stages, the TP ranks sharing a replicated kv head, the TP
+        replicas of a MoE router (its gradient is a partial sum over tp, expert_parallel.py)."""
         ties = {}
+        if self.ml.tp > 1:
+            # Qwen3's per-head q/k norms are replicated too, and each TP rank's heads give part of their gradient.
+            norms = [name for name, _ in self.stage.named_parameters() if name.endswith(HEAD_NORMS)]
+            ties.update({name: self.meshes.tp.get_group() for name in [*self.routers, *norms]})
         if self.meshes.embedding is not None:
             ties[TIED_WEIGHT] = self.meshes.embedding
         if self.meshes.kv_heads is not None:
@@ -307,6 +329,12 @@ class ParallelTrainer:
         """zero < 3: install the bf16 boxes as the parameters and the fp32 chunks as the
         optimizer's masters and moments (no copies)."""
         D = self.ml.dp if self.ml.zero >= 1 else 1
+        # Expert parallelism: the experts' boxes are held by the ranks with the same data index
+        # mod ep (`expert_dp`), which ZeRO chunks them over (docs/contracts.md section 2).
+        experts = {t.name for t in self.spec.tensors if t.split.ep_dim is not None} if self.ml.ep > 1 else set()
+        expert_dp = self.ml.dp // self.ml.ep
+        expert_replicas = (Replicas(self.meshes.expert_dp.get_group() if expert_dp > 1 else None, expert_dp)
+                           if experts else None)
         slots, moments = [], {}
         for name, p in list(self.stage.named_parameters()):
             data, master, exp_avg, exp_avg_sq = state[name]
@@ -318,11 +346,13 @@ class ParallelTrainer:
                                       stride=p.stride()) if isinstance(p, DTensor) else data)
             module_name, _, attr = name.rpartition(".")
             self.stage.get_submodule(module_name).register_parameter(attr, nn.Parameter(new))
-            rows = chunk_rows(local_shape[0], D, self.dp_rank if D > 1 else 0)
+            expert = name in experts
+            parts, part = (expert_dp if D > 1 else 1, self.dp_rank // self.ml.ep) if expert else (D, self.dp_rank)
+            rows = chunk_rows(local_shape[0], parts, part if parts > 1 else 0)
             if master.shape[0] != rows[1] - rows[0]:
                 raise TrainingError(f"rank {self.rank}: {name} master box has {master.shape[0]} rows, the "
                                     f"ZeRO chunk {rows}")
-            slots.append(ParamSlot(name, data, rows, master))
+            slots.append(ParamSlot(name, data, rows, master, replicas=expert_replicas if expert else None))
             moments[name] = (exp_avg, exp_avg_sq)
         self.optimizer = ShardedAdamW(slots, self.meshes.dp.get_group() if self.ml.dp > 1 else None, self.ml.dp,
                                       lr=self.config.lr, weight_decay=self.config.weight_decay, moments=moments,

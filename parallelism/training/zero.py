@@ -26,6 +26,17 @@ from parallelism.layout.shards import chunk
 from parallelism.training.ties import sum_over_groups
 
 
+@dataclass(frozen=True, eq=False)
+class Replicas:
+    """The ranks holding the same box of some parameters: their gradients are summed over
+    `group` and ZeRO cuts their masters into `size` chunks over it. Experts under expert
+    parallelism have their own (the ranks holding the same experts, parallelism/training/
+    expert_parallel.py); every other parameter the optimizer's data-parallel group."""
+
+    group: object | None  # None: one rank
+    size: int
+
+
 @dataclass
 class ParamSlot:
     """One parameter as the optimizer sees it."""
@@ -35,6 +46,7 @@ class ParamSlot:
     rows: tuple[int, int]  # the master chunk's rows of that box
     master: Tensor      # fp32 [rows, ...]
     grad: Tensor | None = None  # fp32, the whole box, accumulated over micro-batches
+    replicas: Replicas | None = None  # None: the optimizer's data-parallel group
 
 
 def chunk_rows(n: int, parts: int, index: int) -> tuple[int, int]:
@@ -47,12 +59,15 @@ class ShardedAdamW:
     None when dp == 1). `ties`: {parameter name: group}: weights whose copies on the
     group's other ranks (a tied embedding's, on the other end stage of the pipeline; a kv
     head replicated over TP ranks, parallelism/training/kv_heads.py) take the sum of their
-    gradients before the data-parallel average."""
+    gradients before the data-parallel average. Slots with their own `replicas` (experts
+    under expert parallelism) are summed over those instead; every gradient is divided by
+    dp, since an expert's already holds the tokens of its ep group's ranks."""
 
     def __init__(self, slots: list[ParamSlot], group, dp: int, *, lr: float, betas=(0.9, 0.95), eps: float = 1e-8,
                  weight_decay: float = 0.0, moments: dict[str, tuple[Tensor, Tensor]] | None = None,
                  step: int = 0, ties: dict[str, object] | None = None) -> None:
         self.slots, self.group, self.dp, self.ties = slots, group, dp, ties or {}
+        self.default = Replicas(group, dp)
         self.updating = False
         decay = [s.master for s in slots if s.master.dim() >= 2]
         no_decay = [s.master for s in slots if s.master.dim() < 2]
@@ -90,50 +105,64 @@ class ShardedAdamW:
                 s.grad = torch.zeros(s.local.shape)
         if self.ties:
             sum_over_groups([(s.grad, self.ties[s.name]) for s in self.slots if s.name in self.ties])
-        grads = [s.grad for s in self.slots]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        if self.dp > 1:
-            dist.all_reduce(flat, group=self.group)
-            flat.div_(self.dp)
+        buckets = self._buckets()
+        for replicas, slots in buckets:
+            grads = [s.grad for s in slots]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            if replicas.size > 1:
+                dist.all_reduce(flat, group=replicas.group)
+            if self.dp > 1:
+                flat.div_(self.dp)
+            offset = 0
+            for s, g in zip(slots, grads):
+                full = flat[offset:offset + g.numel()].view(g.shape)
+                offset += g.numel()
+                s.master.grad = full[s.rows[0]:s.rows[1]].clone()
+            del flat
         self.updating = True  # until _publish is done: the masters move before the parameters
-        offset = 0
-        for s, g in zip(self.slots, grads):
-            full = flat[offset:offset + g.numel()].view(g.shape)
-            offset += g.numel()
-            s.master.grad = full[s.rows[0]:s.rows[1]].clone()
+        for s in self.slots:
             s.grad = None
-        del flat
         self.optimizer.step()
         for s in self.slots:
             s.master.grad = None
-        self._publish()
+        for replicas, slots in buckets:
+            self._publish(replicas, slots)
         self.updating = False
 
-    def _publish(self) -> None:
+    def _buckets(self) -> list[tuple[Replicas, list[ParamSlot]]]:
+        """The slots by replica set, the data-parallel group's first (the same order on every rank)."""
+        out: dict[int, tuple[Replicas, list[ParamSlot]]] = {id(self.default): (self.default, [])}
+        for s in self.slots:
+            replicas = s.replicas or self.default
+            out.setdefault(id(replicas), (replicas, []))[1].append(s)
+        return [bucket for bucket in out.values() if bucket[1]]
+
+    def _publish(self, replicas: Replicas, slots: list[ParamSlot]) -> None:
         """Cast every rank's updated chunk to bf16 and all-gather the chunks into the boxes."""
-        if self.dp == 1 or all(s.rows == (0, s.local.shape[0]) for s in self.slots):
-            for s in self.slots:
+        dp, group = replicas.size, replicas.group
+        if dp == 1 or all(s.rows == (0, s.local.shape[0]) for s in slots):
+            for s in slots:
                 s.local.copy_(s.master)
             return
         # One flat buffer: every parameter's chunk padded to ceil(rows / dp) rows, so that all
         # ranks' buffers have the same size and one all_gather moves everything.
-        padded = [-(-s.local.shape[0] // self.dp) * (s.local.numel() // max(s.local.shape[0], 1)) for s in self.slots]
+        padded = [-(-s.local.shape[0] // dp) * (s.local.numel() // max(s.local.shape[0], 1)) for s in slots]
         mine = torch.zeros(sum(padded), dtype=torch.bfloat16)
         offset = 0
-        for s, size in zip(self.slots, padded):
+        for s, size in zip(slots, padded):
             mine[offset:offset + s.master.numel()] = s.master.reshape(-1)
             offset += size
-        gathered = torch.empty(self.dp * mine.numel(), dtype=torch.bfloat16)
-        dist.all_gather_single(gathered, mine, group=self.group)
-        gathered = gathered.view(self.dp, mine.numel())
+        gathered = torch.empty(dp * mine.numel(), dtype=torch.bfloat16)
+        dist.all_gather_single(gathered, mine, group=group)
+        gathered = gathered.view(dp, mine.numel())
         offset = 0
-        for s, size in zip(self.slots, padded):
+        for s, size in zip(slots, padded):
             rows = s.local.shape[0]
             if rows:
                 # Rank d's chunk is rows [d*c, (d+1)*c) padded to c rows (torch.chunk), so the
                 # ranks' padded chunks stacked in rank order are the parameter's rows, then padding:
                 # one copy per parameter, whatever the data-parallel size.
-                c = -(-rows // self.dp)
-                stacked = gathered[:, offset:offset + size].reshape(self.dp * c, -1)[:rows]
+                c = -(-rows // dp)
+                stacked = gathered[:, offset:offset + size].reshape(dp * c, -1)[:rows]
                 s.local.copy_(stacked.view(s.local.shape))
             offset += size

@@ -32,10 +32,15 @@ def boxes_off_the_single_rank(config: TrainConfig, layout: str, world: int) -> t
     """(names of the boxes whose first moment is off the single-rank run's by more than 5%,
     the tensor index of every box checked)."""
     single = run_ranks(1, first_step_moments, config, "tp=1,pp=1,dp=1,zero=0", timeout_s=120)[0]
+    return boxes_off(config, single, run_ranks(world, first_step_moments, config, layout, timeout_s=200))
+
+
+def boxes_off(config: TrainConfig, single: dict, ranks: list[dict]) -> tuple[list[str], list[int]]:
+    """boxes_off_the_single_rank's comparison of every rank's first moments with the single run's."""
     full = {index: value for (index, _), value in single.items()}
     spec = get_model(config.model)
     off, checked = [], []
-    for rank_moments in run_ranks(world, first_step_moments, config, layout, timeout_s=200):
+    for rank_moments in ranks:
         for (index, box), value in rank_moments.items():
             tensor = spec.tensors[index]
             region = LocalShard(tensor, "exp_avg", whole_box(tensor), torch.from_numpy(full[index])).region(box).numpy()

@@ -2,7 +2,9 @@
 gloo world, real Redis) trains tiny-gpt-5l (5 layers, 2 kv heads) with its kv heads
 replicated (tp=4) and is switched online, at the agents' step boundary, into an
 interleaved pipeline (pp=2,vpp=2,dp=2): the ranks verify the switch bit-exact, report it
-committed, and the losses follow unswitched runs of the two layouts within their noise."""
+committed, and the losses follow unswitched runs of the two layouts within their noise.
+Likewise tiny-moe (8 experts) from expert parallelism over four ranks (dp=4,ep=4) into
+MoE with tensor and expert parallelism (tp=2,dp=2,ep=2)."""
 from __future__ import annotations
 
 import pytest
@@ -12,49 +14,52 @@ from agents.node.jobs import JobRunner
 from tests.agents.node.test_job_runner import (broker, broker_messages, free_loopback_port,  # noqa: F401 (fixture)
                                                reports_of_job, unswitched_losses, wait_until)
 
-MODEL, START, TARGET = "tiny-gpt-5l", "tp=4,zero=1", "pp=2,vpp=2,dp=2,zero=1"
+CASES = [("tiny-gpt-5l", "tp=4,zero=1", "pp=2,vpp=2,dp=2,zero=1", 71),
+         ("tiny-moe", "dp=4,ep=4,zero=1", "tp=2,dp=2,ep=2,zero=1", 74)]  # (model, start, target, first job id)
 
 
 def transitions(client, job_id: int) -> list[dict]:
     return broker_messages(client, protocol.CONTROL_TRANSITION_REPORT, job_id)
 
 
-def _start(job_id: int) -> protocol.JobStartOrder:
-    return protocol.JobStartOrder(job_id=job_id, job_name=f"job-{job_id}", model=MODEL, layout=START, world=4,
+def _start(job_id: int, model: str, layout: str) -> protocol.JobStartOrder:
+    return protocol.JobStartOrder(job_id=job_id, job_name=f"job-{job_id}", model=model, layout=layout, world=4,
                                   global_batch=4, micro_batch=1, seq=16, rendezvous=f"127.0.0.1:{free_loopback_port()}",
                                   timeout_seconds=90, ranks=[protocol.RankSlot(rank=r, gpu=r) for r in range(4)])
 
 
 @pytest.mark.timeout(420)
-def test_replicated_kv_heads_switch_into_an_interleaved_pipeline_through_an_agent(broker, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("model,src,dst,job", CASES, ids=["kv-heads-to-vpp", "ep-to-tp-ep"])
+def test_new_parallelisms_switch_online_through_an_agent(broker, tmp_path, model, src, dst, job):  # noqa: F811
     url, client = broker
     failures: list = []
     node = JobRunner(failures.append, "node-1", "cpu", url, tmp_path / "n1")
-    start = _start(71)
+    start = _start(job, model, src)
     try:
         node.start(start)
-        wait_until(lambda: [r for r in reports_of_job(client, 71) if r["kind"] == "step"][1:], 120, "two steps")
+        wait_until(lambda: [r for r in reports_of_job(client, job) if r["kind"] == "step"][1:], 120, "two steps")
         node.switch(protocol.JobSwitchOrder(
-            job_id=71, transition_id=1, job_name="job-71", model=MODEL, global_batch=4, micro_batch=1, seq=16,
-            timeout_seconds=90, src_layout=START, src_world=4, layout=TARGET, world=4,
+            job_id=job, transition_id=1, job_name=f"job-{job}", model=model, global_batch=4, micro_batch=1, seq=16,
+            timeout_seconds=90, src_layout=src, src_world=4, layout=dst, world=4,
             rendezvous=f"127.0.0.1:{free_loopback_port()}", gpus_per_node=4,
             ranks=[protocol.RankSlot(rank=r, gpu=r) for r in range(4)]))
-        (done,) = wait_until(lambda: [t for t in transitions(client, 71) if t["state"] == "committed"], 180,
+        (done,) = wait_until(lambda: [t for t in transitions(client, job) if t["state"] == "committed"], 180,
                              "the switch to commit")
         assert done["verified"] is True and done["network_bytes"] > 0
-        first_after = max(r["step"] for r in reports_of_job(client, 71) if r["kind"] == "step")
-        wait_until(lambda: max(r["step"] for r in reports_of_job(client, 71) if r["kind"] == "step")
-                   >= first_after + 2, 90, "two steps on the interleaved pipeline")
-        node.stop(protocol.JobStopOrder(job_id=71))
+        first_after = max(r["step"] for r in reports_of_job(client, job) if r["kind"] == "step")
+        wait_until(lambda: max(r["step"] for r in reports_of_job(client, job) if r["kind"] == "step")
+                   >= first_after + 2, 90, "two steps on the new layout")
+        node.stop(protocol.JobStopOrder(job_id=job))
         wait_until(lambda: not node.running(), 60, "every rank to exit")
         assert failures == []
-        steps = [r for r in reports_of_job(client, 71) if r["kind"] == "step"]
+        steps = [r for r in reports_of_job(client, job) if r["kind"] == "step"]
         assert [r["step"] for r in steps] == list(range(1, len(steps) + 1))  # no step lost or repeated
-        assert {r["layout"] for r in steps} == {START, TARGET}
+        assert {r["layout"] for r in steps} == {src, dst}
     finally:
         node.shutdown()
 
-    before, after = unswitched_losses(client, url, tmp_path, start, len(steps), ((72, START, 4), (73, TARGET, 4)))
+    before, after = unswitched_losses(client, url, tmp_path, start, len(steps),
+                                      ((job + 1, src, 4), (job + 2, dst, 4)))
     assert len(before) == len(after) == len(steps)
     noise = max(abs(a - b) for a, b in zip(before, after))
     assert 0 < noise < 0.1, noise  # reduction order only, small against the loss (about 6)
