@@ -30,10 +30,11 @@ OTHER = ["pp=4,dp=1", "tp=1,pp=1,dp=4,zero=3", "tp=2,pp=2,dp=1,zero=0"]
 
 def _runs(stack: StackProcess, ids: list[int], timeout: float) -> list[dict]:
     def done():
-        runs = [stack.get(f"/api/emulations/{i}", token=True) for i in ids]
+        runs = [stack.get(f"api/emulations/{i}", token=True) for i in ids]
         return runs if all(r["state"] in ("done", "failed") for r in runs) else None
 
-    return wait_for(done, timeout, interval=0.2)
+    runs, _ = wait_for(done, timeout, interval=0.2)
+    return runs
 
 
 def _when(text: str) -> float:
@@ -42,7 +43,7 @@ def _when(text: str) -> float:
 
 def compare_round(stack: StackProcess, layouts: list[str], timeout: float = 600) -> dict:
     started = time.time()
-    body = stack.post("/api/emulations", {"configs": [{**SETTING, "layout": layout} for layout in layouts]})
+    body = stack.post("api/emulations", {"configs": [{**SETTING, "layout": layout} for layout in layouts]})
     runs = _runs(stack, [r["id"] for r in body["runs"]], timeout)
     ended = max(_when(r["finished_at"]) for r in runs)
     rows = [{"layout": r["layout"], "state": r["state"], "agent": r["wall_seconds"],
@@ -55,7 +56,7 @@ def compare_round(stack: StackProcess, layouts: list[str], timeout: float = 600)
 def search_round(stack: StackProcess, top: int = 3, timeout: float = 900) -> dict:
     """The page's "top K from search": rank on an agent, emulate the first 3 x K as one compare."""
     started = time.time()
-    run = stack.post("/api/emulations/search", {**SETTING, "top": top})
+    run = stack.post("api/emulations/search", {**SETTING, "top": top})
     (ranked,) = _runs(stack, [run["id"]], timeout)
     ranking = time.time() - started
     compared = compare_round(stack, ranked["result"]["layouts"], timeout)
