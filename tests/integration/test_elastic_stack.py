@@ -88,7 +88,8 @@ class Jobs:
 
     def trains(self, job: dict, world: int, steps: int = 3) -> dict:
         """Wait until it runs on `world` GPUs and has trained `steps` more steps."""
-        wait_for(lambda: (j := self.get(job))["state"] == "running" and j["world_size"] == world, timeout=120,
+        # (a harness wait, not a bar: two 4-rank jobs start their first step together on 2 cores)
+        wait_for(lambda: (j := self.get(job))["state"] == "running" and j["world_size"] == world, timeout=180,
                  interval=0.5)
         seen = max(self.loss(job)["x"], default=0)
         wait_for(lambda: max(self.loss(job)["x"], default=0) >= seen + steps, timeout=120, interval=0.5)
