@@ -15,35 +15,36 @@ from controlplane.jobs import (elastic_apply, elastic_trigger, ingest, job_logs,
 log = logging.getLogger(__name__)
 
 
+def _validated(validate, message, what: str):
+    """The message as its schema reads it, or None after logging why it was rejected (an
+    agent's bad message must not fail the task, nor the worker)."""
+    try:
+        return validate(message)
+    except ValidationError as exc:
+        fields = message if isinstance(message, dict) else {}
+        log.error("rejected %s of job %r from %r: %s", what, fields.get("job_id"), fields.get("node"), exc)
+        return None
+
+
 @shared_task(name=protocol.CONTROL_JOB_REPORT)
 def job_report(report: dict) -> None:
-    try:
-        parsed = protocol.JOB_REPORTS.validate_python(report)
-    except ValidationError as exc:
-        log.error("rejected job report %r from %r: %s", report.get("job_id"), report.get("node"), exc)
-        return
-    reports.job_record_report(report=parsed)
+    parsed = _validated(protocol.JOB_REPORTS.validate_python, report, "job report")
+    if parsed is not None:
+        reports.job_record_report(report=parsed)
 
 
 @shared_task(name=protocol.CONTROL_TRANSITION_REPORT)
 def transition_report(report: dict) -> None:
-    try:
-        parsed = protocol.TransitionReport.model_validate(report)
-    except ValidationError as exc:
-        log.error("rejected transition report %r of job %r from %r: %s", report.get("transition_id"),
-                  report.get("job_id"), report.get("node"), exc)
-        return
-    reports.transition_record_report(report=parsed)
+    parsed = _validated(protocol.TransitionReport.model_validate, report, "transition report")
+    if parsed is not None:
+        reports.transition_record_report(report=parsed)
 
 
 @shared_task(name=protocol.CONTROL_JOB_LOG)
 def job_log(report: dict) -> None:
-    try:
-        parsed = protocol.JobLogTail.model_validate(report)
-    except ValidationError as exc:
-        log.error("rejected log tail of job %r from %r: %s", report.get("job_id"), report.get("node"), exc)
-        return
-    job_logs.job_log_record(report=parsed)
+    parsed = _validated(protocol.JobLogTail.model_validate, report, "log tail")
+    if parsed is not None:
+        job_logs.job_log_record(report=parsed)
 
 
 @shared_task(name=protocol.CONTROL_JOB_RESTORE)
