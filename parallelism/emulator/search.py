@@ -59,8 +59,10 @@ def search(request: SearchRequest, progress=None, **narrow) -> dict:
     emulated = 0
     for kind in kinds:
         outgrown: list[Candidate] = []  # tried and did not fit
-        done = 0
-        for candidate in (c for c in feasible if c.kind == kind):
+        done, of_kind = 0, [c for c in feasible if c.kind == kind]
+        bound = min(quota, len(of_kind))
+        where = f"{kind} " if kind else ""
+        for candidate in of_kind:
             if done == quota:
                 break
             if any(_needs_as_much(candidate, big) for big in outgrown):
@@ -69,9 +71,7 @@ def search(request: SearchRequest, progress=None, **narrow) -> dict:
             done += 1
             emulated += 1
             if progress:
-                where = f"{kind} " if kind else ""
-                progress(f"[{where}{done}/{min(quota, sum(c.kind == kind for c in feasible))}] "
-                         f"{candidate.layout} micro-batch {candidate.micro_batch}")
+                progress(f"[{where}{done}/{bound}] {candidate.layout} micro-batch {candidate.micro_batch}")
             try:
                 result = emulate(replace(base, layout=candidate.layout, micro_batch=candidate.micro_batch))
             except EmulatorError as exc:
