@@ -15,7 +15,8 @@ def _add_agent(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--broker", default=None, help="Redis URL (default: $REDIS_URL, else redis://127.0.0.1:6379/0)")
     p.add_argument("--gpu-memory-gib", type=float, default=None, help="memory of each virtual GPU (default: RAM / gpus)")
-    p.add_argument("--concurrency", type=int, default=2)
+    p.add_argument("--emulation-slots", type=int, default=1,
+                   help="emulations run at once here; job orders always have threads of their own (default 1)")
     p.add_argument("--loglevel", default="INFO")
     p.set_defaults(func=_run_agent)
 
@@ -36,10 +37,13 @@ def _run_agent(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"dynaplane agent: {exc}", file=sys.stderr)
         return 2
+    if args.emulation_slots < 1:
+        print(f"dynaplane agent: --emulation-slots must be at least 1 (got {args.emulation_slots})", file=sys.stderr)
+        return 2
     from agents.node.inventory import InventoryError
 
     try:
-        run(config, concurrency=args.concurrency, loglevel=args.loglevel)
+        run(config, emulation_slots=args.emulation_slots, loglevel=args.loglevel)
     except InventoryError as exc:
         print(f"dynaplane agent: {exc}", file=sys.stderr)
         return 2

@@ -12,6 +12,7 @@ from kombu.exceptions import OperationalError
 
 from agents import protocol
 from agents.node.config import AgentConfig
+from agents.node.emulation_slots import RETRY_SECONDS, EmulationSlots, pool_size
 from agents.node.heartbeat import HeartbeatSender
 from agents.node.jobs import JobRunner
 from agents.node.inventory import discover
@@ -19,8 +20,9 @@ from agents.node.inventory import discover
 log = logging.getLogger(__name__)
 
 
-def build_app(config: AgentConfig) -> tuple[Celery, HeartbeatSender]:
-    """The app with the agent's tasks registered, and its (not yet started) heartbeats."""
+def build_app(config: AgentConfig, emulation_slots: int = 1) -> tuple[Celery, HeartbeatSender]:
+    """The app with the agent's tasks registered, and its (not yet started) heartbeats.
+    At most `emulation_slots` emulations run at once (agents/node/emulation_slots.py)."""
     app = Celery(f"agent-{config.name}", broker=config.broker_url, set_as_current=True)
     app.conf.update(
         task_serializer="json",
@@ -49,14 +51,23 @@ def build_app(config: AgentConfig) -> tuple[Celery, HeartbeatSender]:
                        send_log=send_log)
     emulating: set[int] = set()  # emulation runs this agent is working on
     heartbeats.live = lambda: (runner.running(), tuple(emulating))
+    slots = EmulationSlots(emulation_slots)
 
-    def working_on(order: dict, run) -> None:
+    def working_on(task: str, order: dict, run) -> None:
         run_id = int(order.get("run_id", 0))
-        emulating.add(run_id)
-        try:
-            run(app, config.name, order)
-        finally:
-            emulating.discard(run_id)
+
+        def work() -> None:
+            emulating.add(run_id)
+            try:
+                run(app, config.name, order)
+            finally:
+                emulating.discard(run_id)
+
+        def requeue() -> None:
+            log.info("emulation run %d: every slot busy here; back to the %s queue", run_id, protocol.EMULATE_QUEUE)
+            app.send_task(task, args=[order], queue=protocol.EMULATE_QUEUE, countdown=RETRY_SECONDS)
+
+        slots.run_or_requeue(work, requeue)
 
     @app.task(name=protocol.NODE_PING)
     def ping() -> dict:
@@ -69,13 +80,13 @@ def build_app(config: AgentConfig) -> tuple[Celery, HeartbeatSender]:
     def emulate_run(order: dict) -> None:
         """Emulate one configuration (parallelism/emulator) and report progress and the result to
         the control plane. Tracing runs in child processes; this thread only waits."""
-        working_on(order, run_emulation)
+        working_on(protocol.EMULATE_RUN, order, run_emulation)
 
     @app.task(name=protocol.EMULATE_SEARCH)
     def emulate_search(order: dict) -> None:
         """Rank the layouts worth emulating for one setting (the compare page's "top K
         from search") and report them as the run's result."""
-        working_on(order, run_search)
+        working_on(protocol.EMULATE_SEARCH, order, run_search)
 
     @app.task(name=protocol.NODE_JOB_START)
     def job_start(order: dict) -> None:
@@ -120,16 +131,16 @@ def _run_root(config: AgentConfig) -> Path:
     return base / "agents" / config.name / "jobs"
 
 
-def run(config: AgentConfig, concurrency: int = 2, loglevel: str = "INFO") -> None:
+def run(config: AgentConfig, emulation_slots: int = 1, loglevel: str = "INFO") -> None:
     """Run the agent until it is told to stop (SIGTERM or Ctrl-C)."""
-    app, _ = build_app(config)
+    app, _ = build_app(config, emulation_slots)
     app.worker_main(
         [
             "worker",
             "--queues", f"{config.queue},{protocol.EMULATE_QUEUE}",
             "--hostname", f"agent@{config.name}",
             "--pool", "threads",
-            "--concurrency", str(concurrency),
+            "--concurrency", str(pool_size(emulation_slots)),
             "--loglevel", loglevel,
             "--without-mingle",
             "--without-gossip",
