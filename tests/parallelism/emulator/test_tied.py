@@ -26,3 +26,4 @@ def test_the_end_stages_sum_the_tied_gradient_and_the_middle_ones_do_not() -> No
     # The last stage holds the embedding as its head, the middle ones hold neither.
     params = [s.memory.params for s in traced.stages]
     assert params[3] > params[2] and params[0] > params[1]
+
