@@ -1,0 +1,48 @@
+"""Rank 0's reports to the control plane (other ranks stay silent)."""
+from __future__ import annotations
+
+import datetime
+
+from agents import protocol
+
+
+class Reporter:
+    """Sends reports to the control queue (rank 0 only; other ranks stay silent). Job
+    reports travel in batches (agents/runtime/batching.py, task control.ingest_events);
+    a transition report first flushes the steps before it."""
+
+    def __init__(self, job_id: int, rank: int, node: str, broker_url: str | None,
+                 restore_id: int | None = None) -> None:
+        self.job_id, self.node, self.restore_id = job_id, node, restore_id
+        self.app = self.batcher = None
+        if rank == 0 and broker_url:
+            import atexit
+
+            from celery import Celery
+
+            from agents.runtime.batching import ReportBatcher
+
+            self.app = Celery(f"job-{job_id}-rank-0", broker=broker_url, set_as_current=False)
+            self.app.conf.update(task_serializer="json", broker_connection_retry_on_startup=True)
+            self.batcher = ReportBatcher(lambda batch: self._send(protocol.CONTROL_INGEST_EVENTS, batch),
+                                         job_id=job_id, node=node)
+            atexit.register(self.batcher.close)
+
+    def _send(self, task: str, message) -> None:
+        if self.app is not None:
+            self.app.send_task(task, args=[message.model_dump(mode="json")], queue=protocol.CONTROL_QUEUE)
+
+    def job(self, kind: str, **fields) -> None:
+        if self.batcher is not None:
+            self.batcher.add(protocol.job_report(job_id=self.job_id, node=self.node, kind=kind, sent_at=now(),
+                                                **{"restore_id": self.restore_id, **fields}))
+
+    def transition(self, transition_id: int, state: str, **fields) -> None:
+        if self.batcher is not None:
+            self.batcher.flush()
+        self._send(protocol.CONTROL_TRANSITION_REPORT, protocol.TransitionReport(
+            job_id=self.job_id, transition_id=transition_id, node=self.node, state=state, sent_at=now(), **fields))
+
+
+def now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)

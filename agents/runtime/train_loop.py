@@ -1,0 +1,128 @@
+"""A rank's training loop: steps, reports, checkpoints, and at each step boundary a stop or
+a switch; a rank whose world broke waits for a recovery order and goes on."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from agents import protocol
+from agents.runtime.faults import faults
+from agents.runtime.job_settings import JobSettings, rank_trainer
+from agents.runtime.rank_reports import Reporter
+from agents.runtime.run_files import STOP_FILE
+from agents.runtime.step_boundary import Boundary
+from agents.runtime.switching import RolledBack, switch_old_rank
+
+
+def train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: Reporter,
+           done_switches: set[int], ckpt, committed=None) -> int:
+    """Steps until the job stops or this rank leaves the layout; returns steps done here.
+    Raises Orphaned when a peer is lost in a step or at the step boundary (orphan.py)."""
+    import torch.distributed as dist
+
+    boundary = Boundary(settings, rank, run_dir, reporter)
+    boundary.done_switches |= done_switches
+    steps = 0  # committed: (transition id, report, pause start, phases) until the next step
+    while True:
+        step_started = time.perf_counter()
+        try:
+            result = trainer.step()
+        except RuntimeError as exc:  # only the errors of a lost peer (orphan.peer_lost) are kept
+            orphaned(trainer, rank, exc)
+            raise
+        steps += 1
+        if rank == 0 and result is not None:
+            if committed is not None:
+                tid, report, paused_at, phases = committed
+                phases = {**phases, "other": max(0.0, step_started - paused_at - sum(phases.values()))}
+                reporter.transition(tid, "committed", step=report.step, pause_seconds=step_started - paused_at,
+                                    phases=phases,
+                                    transfer_seconds=report.seconds, verify_seconds=report.verify_seconds,
+                                    network_bytes=report.network_bytes, rounds=report.rounds,
+                                    peak_bytes=report.peak_bytes, predicted_peak_bytes=report.predicted_peak_bytes,
+                                    fingerprint=report.fingerprint, verified=report.verified,
+                                    progress=protocol.TransferProgress(
+                                        round=report.rounds, rounds=report.rounds, moved_bytes=report.network_bytes,
+                                        waves=dict(enumerate(report.measured_waves))),
+                                    tensors=report.checks)
+            if steps == 1:  # rank 0 is in every layout: it started with the job
+                reporter.job("started", step=result.step, layout=str(trainer.placement.layout))
+            if result.step % settings.report_every == 0:
+                reporter.job("step", step=result.step, loss=result.loss, step_seconds=result.seconds,
+                             tokens_per_second=result.tokens / result.seconds, layout=str(trainer.placement.layout))
+        committed = None
+        if f"exit-after-step:{rank}:{trainer.scalars.step}" in faults():
+            os._exit(17)
+        if ckpt.due(trainer.scalars.step):
+            trainer, path, seconds = ckpt.save(trainer, settings.config(str(trainer.placement.layout)))
+            if rank == 0:
+                reporter.job("checkpoint", step=trainer.scalars.step, checkpoint_path=str(path), seconds=seconds,
+                             layout=str(trainer.placement.layout))
+        try:
+            stop, order = boundary.decide(trainer)
+        except RuntimeError as exc:
+            orphaned(trainer, rank, exc)
+            raise
+        if stop:
+            if rank == 0:
+                reporter.job("stopped", step=trainer.scalars.step, layout=str(trainer.placement.layout))
+            dist.destroy_process_group()
+            return steps
+        if order is not None:
+            paused_at = time.perf_counter()
+            try:
+                trainer, report, phases, ckpt = switch_old_rank(trainer, order, settings, boundary, ckpt)
+            except RolledBack as back:
+                trainer = back.trainer
+                if rank == 0:
+                    reporter.transition(order.transition_id, "rolled_back", step=trainer.scalars.step,
+                                        pause_seconds=time.perf_counter() - paused_at,
+                                        error=f"switch failed, back on {trainer.placement.layout}: {back.reason}",
+                                        tensors=back.checks)  # a digest mismatch
+                continue
+            if trainer is None:  # this rank is not in the new layout: its state has been handed over
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+                return steps
+            rank = boundary.rank = trainer.rank  # (another number under a device map; rank 0 stays)
+            committed = (order.transition_id, report, paused_at, phases)
+
+
+def orphaned(trainer, rank: int, exc: RuntimeError) -> None:
+    """Raise Orphaned with this rank's state when `exc` is a lost peer's error and the state
+    is whole; else return (the caller re-raises `exc`: the rank exits, its agent reports it)."""
+    from agents.runtime.orphan import Orphaned, orphan_of, peer_lost
+
+    orphan = orphan_of(trainer, rank, exc) if peer_lost(exc) else None
+    if orphan is not None:
+        raise Orphaned(orphan) from None
+
+
+def survive(orphan, settings: JobSettings, run_dir: Path, node: str, broker: str | None):
+    """Wait for the recovery order and go on in the survivors' world: (trainer, settings,
+    rank, reporter, checkpointer, committed) for train, or None when this rank is done."""
+    import torch.distributed as dist
+
+    from agents.runtime.orphan import recover, wait_for_order
+
+    print(f"rank {orphan.rank}: its world broke after step {orphan.scalars.step} ({orphan.error}); "
+          f"waiting for a recovery order", file=sys.stderr)
+    order = wait_for_order(orphan, run_dir, STOP_FILE, settings.restore_id, settings.timeout_seconds)
+    got = recover(orphan, order, settings) if order is not None else None
+    if got is None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        return None
+    rank, settings, shards, scalars, report, marker = got
+    ckpt = settings.checkpointer(rank)
+    trainer = rank_trainer(settings, order.layout, rank, shards, scalars, ckpt)
+    if marker is not None:
+        (run_dir / marker).touch()
+    if not trainer.active:  # beyond the recovered layout: the state has been handed over
+        dist.destroy_process_group()
+        return None
+    print(f"rank {orphan.rank}: rank {rank} of {order.layout} after restore {order.restore_id}", file=sys.stderr)
+    reporter = Reporter(settings.job_id, rank, node, broker, order.restore_id)
+    return trainer, settings, rank, reporter, ckpt, (order.restore_id, report, orphan.lost_at, dict(report.phases))
