@@ -59,11 +59,13 @@ def test_a_pending_change_reads_with_its_reason_and_gain(tmp_path) -> None:
     plan = _plan(decisions=[grow, shrink, start], waiting=[{"job_id": 4, "job": "d", "reason": "needs 8 GPUs"}],
                  jobs=[{"id": 5, "elastic": False, "queued": False, "busy": False, "frozen": None, "backoff_until": None},
                        {"id": 6, "elastic": True, "queued": False, "busy": False, "backoff_until": None,
-                        "frozen": "resized 40 s ago; not again within 300 s"}])
+                        "frozen": "resized 40 s ago; not again within 300 s"},
+                       {"id": 7, "elastic": True, "queued": False, "busy": False, "frozen": None,
+                        "backoff_until": None}])
     script = """const main = (plan) => ({
       rows: plan.decisions.map((d) => [view.changeText(d), view.gainText(d, plan.settings), view.pauseText(d),
                                        view.stepText(d)]),
-      pending: [1, 2, 3, 4, 5, 6, 7].map((id) => view.pendingText(plan, id)),
+      pending: [1, 2, 3, 4, 5, 6, 7, 8].map((id) => view.pendingText(plan, id)),
       off: view.pendingText({ ...plan, enabled: false, decisions: [], waiting: [] }, 7),
     });"""
     got = _node(tmp_path, script, plan)
@@ -82,5 +84,6 @@ def test_a_pending_change_reads_with_its_reason_and_gain(tmp_path) -> None:
     assert got["pending"][4] == "none (policy off: never resized)"
     assert got["pending"][5] == "none (resized 40 s ago; not again within 300 s)"
     assert got["pending"][6] == "none: the scheduler would change nothing now"
+    assert got["pending"][7] == "none: the scheduler sees live jobs and queued ones only"  # e.g. pending, not queued
     assert got["off"].startswith("none: the elastic scheduler is off")
     assert not any("e+" in text or "e-" in text for row in got["rows"] for text in row)

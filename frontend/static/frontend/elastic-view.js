@@ -71,5 +71,6 @@ export function pendingText(plan, jobId) {
   const hold = job ? holdText(job) : "";
   if (!plan.enabled) return "none: the elastic scheduler is off on this control plane (DYNAPLANE_ELASTIC=0)";
   if (plan.problem) return `none: ${plan.problem}`;
+  if (!job) return "none: the scheduler sees live jobs and queued ones only";
   return hold ? `none (${hold})` : "none: the scheduler would change nothing now";
 }

@@ -58,8 +58,7 @@ export function startElasticCard({ getJob, isDeleted, onChanged }) {
     $("elastic-range").textContent = rangeText(job);
     $("elastic-priority").textContent = String(job.priority);
     const toggle = $("elastic-toggle");
-    toggle.textContent = job.elastic ? "Turn off…" : "Turn on…";
-    toggle.setAttribute("aria-label", job.elastic ? "Turn the elastic policy off…" : "Turn the elastic policy on…");
+    toggle.textContent = job.elastic ? "Turn the elastic policy off…" : "Turn the elastic policy on…";
     const ended = isDeleted() || ["stopped", "failed"].includes(job.state);
     toggle.disabled = ended;
     toggle.title = ended ? `${job.name} has ended: the scheduler no longer sees it` : "";
