@@ -37,6 +37,11 @@ def test_range_text_matches_the_python_twin(tmp_path) -> None:
     got = _node(tmp_path, "const main = (cases) => cases.map(view.rangeText);", cases)
     assert got == [range_text(c["min_gpus"], c["max_gpus"], c["world_size"]) for c in cases]
     assert "2 GPUs (follows the current size)" in got
+    scheduler = [{"min_gpus": 1, "max_gpus": 4, "elastic": True, "queued": False},
+                 {"min_gpus": 2, "max_gpus": 2, "elastic": False, "queued": False},
+                 {"min_gpus": 4, "max_gpus": 4, "elastic": False, "queued": True}]
+    assert _node(tmp_path, "const main = (jobs) => jobs.map(view.schedulerRangeText);", scheduler) == [
+        "1–4 GPUs", "2 GPUs (its size: policy off)", "4 GPUs"]
 
 
 SETTINGS = {"grow_horizon_seconds": 3600.0, "min_interval_seconds": 300.0}

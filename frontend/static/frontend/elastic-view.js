@@ -25,7 +25,8 @@ export function rangeText(job) {
 // The range as the scheduler reads it (GET /api/elastic's jobs: bounds resolved; a job with
 // the policy off keeps its size).
 export function schedulerRangeText(job) {
-  return job.min_gpus === job.max_gpus ? plural(job.min_gpus, "GPU") : `${job.min_gpus}–${job.max_gpus} GPUs`;
+  const span = job.min_gpus === job.max_gpus ? plural(job.min_gpus, "GPU") : `${job.min_gpus}–${job.max_gpus} GPUs`;
+  return job.elastic || job.queued ? span : `${span} (its size: policy off)`;
 }
 
 export const policyText = (elastic) => (elastic ? "on" : "off");
