@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tests.browser.test_dashboard import sign_in_directly
-from tests.browser.test_reading import OVERFLOW, WIDTHS, _check_page, _shots
+from tests.support.reading import OVERFLOW, WIDTHS, check_page, shots_dir
 from tests.support.stack import wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(600)]
@@ -26,7 +26,7 @@ def _switch(page, action: str, expect: bool) -> None:
 
 
 def test_the_elastic_pages_show_ranges_decisions_and_switch_the_policy(stack, browser) -> None:
-    shots = _shots()
+    shots = shots_dir()
     job = stack.post("api/jobs", {"name": "stretchy", "model": "tiny-gpt", "gpus": 2, "global_batch": 12,
                                   "seq_len": 16, "elastic": True, "min_gpus": 1, "priority": 5})
     urgent = stack.post("api/jobs", {"name": "urgent", "model": "tiny-gpt", "gpus": 4, "global_batch": 12,
@@ -44,7 +44,7 @@ def test_the_elastic_pages_show_ranges_decisions_and_switch_the_policy(stack, br
             page.wait_for_selector("#cluster-grid")
             page.get_by_role("navigation", name="Main").get_by_role("link", name="Elastic").click()
             page.wait_for_url("**/elastic/")
-            _check_page(page, "elastic", width, shots, charts=1)
+            check_page(page, "elastic", width, shots, charts=1)
             row = page.locator("#elastic-jobs-body tr[data-job=stretchy]")
             # (the range as the scheduler reads it: with the policy off, the job's size)
             assert row.locator("[data-field=range]").inner_text() == ("1–2 GPUs" if width == WIDTHS[0]
@@ -59,7 +59,7 @@ def test_the_elastic_pages_show_ranges_decisions_and_switch_the_policy(stack, br
             page.wait_for_function("!document.getElementById('elastic-pending').textContent.startsWith('asking')")
             assert page.locator("#elastic-range").inner_text() == "1–2 GPUs (max follows the current size)"
             assert page.locator("#elastic-priority").inner_text() == "5"
-            _check_page(page, "job-elastic", width, shots, charts=3)
+            check_page(page, "job-elastic", width, shots, charts=3)
             if width == WIDTHS[0]:
                 assert page.locator("#elastic-policy").inner_text() == "on"
                 _switch(page, "off", False)
@@ -83,7 +83,7 @@ def test_the_elastic_pages_show_ranges_decisions_and_switch_the_policy(stack, br
             page.get_by_label("Fewest GPUs").fill("3")
             page.wait_for_selector("#error-min_gpus:not([hidden])")
             assert "min_gpus=3 is above the 2 GPUs the job runs on" in page.locator("#error-min_gpus").inner_text()
-            _check_page(page, "jobs-new-elastic", width, shots)
+            check_page(page, "jobs-new-elastic", width, shots)
             page.get_by_label("Fewest GPUs").fill("1")
             page.get_by_label("Priority").fill("4")
             page.wait_for_function("document.getElementById('new-job-preview').textContent.includes('elastic within')")
