@@ -20,6 +20,7 @@ from controlplane.jobs.models import DEFAULT_CHECKPOINT_INTERVAL, Job, MetricSer
 from controlplane.jobs.resize_preview import gpu_capacity_bytes, job_plan, transition_plan
 from controlplane.jobs.selectors import job_live_snapshot, job_log_view
 from frontend import formatting
+from frontend.elastic_text import range_text
 from frontend.jobs_query import SORT_COLUMNS, STATE_FILTERS, parse_jobs_query
 from frontend.figures import (
     history_bands,
@@ -42,7 +43,7 @@ def emulator_device(gpu_models: list[str]) -> str:
 
 
 JOB_FIELDS = ("id", "name", "model", "layout", "world_size", "state", "global_batch", "micro_batch", "seq_len",
-              "max_steps", "error", "placement")
+              "max_steps", "error", "placement", "elastic", "min_gpus", "max_gpus", "priority", "queued")
 
 
 # The states each of the job page's actions applies in (controlplane/jobs/lifecycle.py): its
@@ -120,7 +121,7 @@ def new_job_defaults(total_gpus: int) -> dict:
     """The New job form's starting values: the API's defaults (JobCreateSerializer), on the
     smallest model, on at most two GPUs."""
     return {"model": "tiny-gpt", "gpus": max(1, min(2, total_gpus)), "global_batch": 8, "micro_batch": 1,
-            "seq_len": 128, "checkpoint_interval": DEFAULT_CHECKPOINT_INTERVAL}
+            "seq_len": 128, "checkpoint_interval": DEFAULT_CHECKPOINT_INTERVAL, "priority": 0}
 
 
 def aria_sort(view: dict, column: str) -> str:
@@ -140,6 +141,7 @@ def jobs_list(request: HttpRequest):
     losses = last_losses([job.pk for job in jobs])
     for job in jobs:
         job.last_loss = losses.get(job.pk)
+        job.range_text = range_text(job.min_gpus, job.max_gpus, job.world_size)
     total_gpus = len(cluster_snapshot().gpus)
     models = model_list()
     view, problems = parse_jobs_query(request.GET)

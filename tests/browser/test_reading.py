@@ -6,7 +6,6 @@ notation in any page's visible text, and the charts' reading aids (switch marker
 yet", smoothing, the time axis)."""
 from __future__ import annotations
 
-import os
 import re
 import time
 from pathlib import Path
@@ -14,46 +13,10 @@ from pathlib import Path
 import pytest
 
 from tests.browser.test_dashboard import sign_in_directly
-from tests.support.stack import ROOT, wait_for, wait_for_transition_end
+from tests.support.reading import OVERFLOW, WIDTHS, check_page as _check_page, shots_dir as _shots
+from tests.support.stack import wait_for, wait_for_transition_end
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(600)]
-
-WIDTHS = (1400, 390)
-SCIENTIFIC = r"/(^|[^\w.])\d+(\.\d+)?e[+-]?\d+(?!\w)/i"
-# The page's visible text and its charts' texts, and what in them reads as scientific
-# notation; text inside <code> (identifiers such as plan fingerprints and digests, which are
-# hex, not numbers) does not count.
-VISIBLE_NUMBERS = """() => {
-  const text = document.body.innerText;
-  const svg = [...document.querySelectorAll('.main-svg text')].map((n) => n.textContent).join('\\n');
-  const codes = [...document.querySelectorAll('code')].map((n) => n.innerText);
-  const hits = [...(text + '\\n' + svg).matchAll(new RegExp(%s.source, 'gim'))].map((m) => m[0].replace(/^[^0-9]+/, ''))
-    .filter((hit) => !codes.some((code) => code.includes(hit)));
-  return { text, svg, hits };
-}""" % SCIENTIFIC
-OVERFLOW = "document.documentElement.scrollWidth - window.innerWidth"
-
-
-def _shots() -> Path:
-    path = Path(os.environ.get("DYNAPLANE_SCREENSHOTS") or ROOT / "test-artifacts" / "screenshots")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def _check_page(page, name: str, width: int, shots: Path, *, charts: int = 0) -> dict:
-    """Wait for the page's charts, screenshot it, and return what it shows."""
-    if charts:
-        page.wait_for_function(f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {charts}",
-                               timeout=30_000)
-    page.wait_for_timeout(300)  # the charts' responsive resize after the first draw
-    page.screenshot(path=str(shots / f"{name}-{width}.png"), full_page=True)
-    seen = page.evaluate(VISIBLE_NUMBERS)
-    assert seen["hits"] == [], (name, width, seen["hits"])
-    assert "e+" not in seen["svg"], (name, width)
-    if width <= 390:
-        overflow = page.evaluate(OVERFLOW)
-        assert overflow <= 0, f"{name} at {width} px is {overflow} px wider than the window"
-    return seen
 
 
 def test_every_page_reads_at_1400_and_390_px(stack, browser) -> None:

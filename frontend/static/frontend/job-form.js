@@ -4,11 +4,14 @@
 // body to POST /api/jobs (session + CSRF, as the resize flow) and opens the new job's page.
 // An uploaded config.json goes to POST /api/models and becomes a choice of the model list.
 import { integer } from "./format.js";
+import { rangeText } from "./elastic-view.js";
 
 const $ = (id) => document.getElementById(id);
 const FIELDS = ["name", "model", "gpus", "layout", "global_batch", "micro_batch", "seq_len", "max_steps",
-  "checkpoint_interval"];
-const NUMBERS = ["gpus", "global_batch", "micro_batch", "seq_len", "max_steps", "checkpoint_interval"];
+  "checkpoint_interval", "elastic", "min_gpus", "max_gpus", "priority"];
+const NUMBERS = ["gpus", "global_batch", "micro_batch", "seq_len", "max_steps", "checkpoint_interval", "min_gpus",
+  "max_gpus", "priority"];
+const OPTIONAL = ["max_steps", "checkpoint_interval", "min_gpus", "max_gpus", "priority"]; // empty: left out
 const models = new Map([...JSON.parse($("model-catalog").textContent), ...JSON.parse($("model-stored").textContent)]
   .map((m) => [m.name, m]));
 const token = () => document.querySelector("[name=csrfmiddlewaretoken]").value;
@@ -24,8 +27,9 @@ function body() {
   const out = { start: $("job-start").checked };
   for (const name of FIELDS) {
     if ((name === "gpus" || name === "layout") && sizeMode() !== name) continue;
+    if (name === "elastic") { out.elastic = form.elements.elastic.checked; continue; }
     const raw = form.elements[name].value.trim();
-    if (raw === "" && ["max_steps", "checkpoint_interval"].includes(name)) continue;
+    if (raw === "" && OPTIONAL.includes(name)) continue;
     out[name] = NUMBERS.includes(name) && /^-?\d+$/.test(raw) ? Number(raw) : raw;
   }
   return out;
@@ -89,7 +93,9 @@ async function validate() {
     showErrors({});
     $("new-job-preview").textContent = `Runs ${answer.layout} on ${answer.world_size} GPU${answer.world_size === 1 ? "" : "s"}` +
       `, ${answer.max_steps ? `${answer.max_steps} steps` : "until stopped"}` +
-      (answer.checkpoint_interval ? `, a checkpoint every ${answer.checkpoint_interval} steps.` : ", no checkpoints.");
+      (answer.checkpoint_interval ? `, a checkpoint every ${answer.checkpoint_interval} steps` : ", no checkpoints") +
+      (answer.elastic ? `; elastic within ${rangeText(answer)}` : "; not elastic") +
+      (answer.priority ? `, priority ${answer.priority}.` : ".");
     form.dataset.valid = "true";
   } else {
     $("new-job-preview").textContent = "";

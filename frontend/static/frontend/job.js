@@ -4,6 +4,7 @@ import { applyEvent } from "./cluster-store.js";
 import { applyJobEvent, historyBands, METRIC_NAMES, TERMINAL } from "./job-store.js";
 import { ACTION_STATES, startJobActions } from "./job-actions.js";
 import { startResizeFlow } from "./resize.js";
+import { startElasticCard } from "./job-elastic.js";
 import { startLogPanel } from "./log-view.js";
 import { draw } from "./plots.js";
 import { metricFigure } from "./metric-charts.js";
@@ -171,6 +172,7 @@ function drawHeader() {
   document.body.dataset.jobSeq = String(live.seq);
   actions.update();
   resize.update();
+  elasticCard.update();
   if (gridPickable !== null && gridPickable !== resizable()) drawGpus(); // GPUs are pickable only where resizing applies
 }
 
@@ -249,6 +251,11 @@ function connect(path, onEvent, badge) {
 
 const logPanel = startLogPanel(readJson("job-log-data"));
 const actions = startJobActions({ getJob: () => job, onChanged: () => refreshJob() });
+const elasticCard = startElasticCard({ getJob: () => job, isDeleted: () => deleted, onChanged: (row) => {
+  job = { ...job, elastic: row.elastic, min_gpus: row.min_gpus, max_gpus: row.max_gpus, priority: row.priority };
+  drawHeader();
+  refreshJob();
+} });
 const resize = startResizeFlow({ getJob: () => job, getLive: () => live, onEvent: (fn) => listeners.push(fn),
   getState: shownState, states: ACTION_STATES });
 drawHeader();

@@ -6,6 +6,7 @@
 // every live change re-applies the view.
 import { liveTimes, timeElement } from "./format.js";
 import { arrange, clickSort, toQuery } from "./jobs-view.js";
+import { rangeText } from "./elastic-view.js";
 
 const readJson = (id) => JSON.parse(document.getElementById(id).textContent);
 const LIVE_STATES = readJson("live-states");
@@ -76,7 +77,8 @@ function newRow(job) {
   state.append(el("span", { class: "job-state", "data-field": "state" }));
   tr.append(name, el("td", {}, job.model), el("td", { "data-field": "layout" }), el("td", { "data-field": "gpus" }), state,
     el("td", { "data-field": "step" }, "–"), el("td", { "data-field": "loss" }, "–"),
-    el("td", { "data-field": "switches" }, "0"), created);
+    el("td", { "data-field": "switches" }, "0"), el("td", { "data-field": "elastic" }, "–"),
+    el("td", { "data-field": "priority" }, "–"), created);
   $("jobs-body").prepend(tr);
   $("jobs-table").hidden = false;
   $("jobs-filter").hidden = false;
@@ -84,10 +86,20 @@ function newRow(job) {
   return tr;
 }
 
+// The elastic range: a bound left empty follows the job's size, which the stream changes.
+function drawRange(tr, gpus) {
+  const box = cell(tr, "elastic");
+  if (!box || box.dataset.elastic === undefined) return; // (a row the stream added: its settings are not known here)
+  const bound = (text) => (text === "" ? null : Number(text));
+  const text = rangeText({ min_gpus: bound(box.dataset.min), max_gpus: bound(box.dataset.max), world_size: gpus });
+  box.lastChild.textContent = ` ${text}`;
+}
+
 function upsertJob(job) {
   const tr = row(job.id) || newRow(job);
   cell(tr, "layout").textContent = job.layout;
   cell(tr, "gpus").textContent = String(job.gpus);
+  drawRange(tr, job.gpus);
   const state = cell(tr, "state");
   state.textContent = job.state;
   state.dataset.state = job.state;

@@ -1,0 +1,110 @@
+"""Issue 31's dashboard in a real browser: an elastic job (range 1 to its size, priority 5)
+runs and is shrunk 2 -> 1 GPU; a queued job of higher priority waits for GPUs. The elastic
+page shows both with the waiting reason, every job's range and priority, and the cluster
+timeline with the switch as a marker; the job page shows the range (the empty bound as the
+current size), the priority and the pending change; clicking the policy switch and
+confirming turns the policy off (the page and the API say so), and on again; the New job
+form places the API's refusal of a range beside its field. At 1400 and 390 px: screenshots
+(test-artifacts/screenshots/), no horizontal overflow at 390 px, no scientific notation."""
+from __future__ import annotations
+
+import pytest
+
+from tests.browser.test_dashboard import sign_in_directly
+from tests.support.reading import OVERFLOW, WIDTHS, check_page, shots_dir
+from tests.support.stack import wait_for, wait_for_transition_end
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(600)]
+
+
+def _switch(page, action: str, expect: bool) -> None:
+    page.get_by_role("button", name=f"Turn the elastic policy {action}…").click()
+    dialog = page.get_by_role("dialog")
+    assert f"Turn the elastic policy {action} for stretchy?" in dialog.inner_text()
+    dialog.get_by_role("button", name=f"Turn {action}").click()
+    page.wait_for_selector(f"#elastic-policy[data-elastic={str(expect).lower()}]", timeout=15_000)
+
+
+def test_the_elastic_pages_show_ranges_decisions_and_switch_the_policy(stack, browser) -> None:
+    shots = shots_dir()
+    job = stack.post("api/jobs", {"name": "stretchy", "model": "tiny-gpt", "gpus": 2, "global_batch": 12,
+                                  "seq_len": 16, "elastic": True, "min_gpus": 1, "priority": 5})
+    urgent = stack.post("api/jobs", {"name": "urgent", "model": "tiny-gpt", "gpus": 4, "global_batch": 12,
+                                     "seq_len": 16, "queue": True, "priority": 9})
+    errors: list[str] = []
+    try:
+        # A switch for the timeline's marker: 2 -> 1 GPU once it trains. Its range's upper bound
+        # is unset, so it follows the size down: 1 GPU.
+        wait_for(lambda: (stack.get(f"api/jobs/{job['id']}", token=True).get("step") or 0) >= 1, timeout=150)
+        switch = stack.post(f"api/jobs/{job['id']}/resize", {"gpus": 1})
+        committed, _ = wait_for_transition_end(stack, switch["id"])
+        assert committed["state"] == "committed", committed
+        for width in WIDTHS:
+            context = browser.new_context(viewport={"width": width, "height": 900})
+            page = context.new_page()
+            page.set_default_timeout(60_000)
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            sign_in_directly(page, stack)
+            page.wait_for_selector("#cluster-grid")
+            page.get_by_role("navigation", name="Main").get_by_role("link", name="Elastic").click()
+            page.wait_for_url("**/elastic/")
+            check_page(page, "elastic", width, shots, charts=1)
+            row = page.locator("#elastic-jobs-body tr[data-job=stretchy]")
+            # (the range as the scheduler reads it: with the policy off, the job's size)
+            assert row.locator("[data-field=range]").inner_text() == ("1 GPU" if width == WIDTHS[0]
+                                                                       else "1 GPU (its size: policy off)")
+            assert row.locator("[data-field=priority]").inner_text() == "5"
+            assert row.locator("[data-field=policy]").inner_text() == ("on" if width == WIDTHS[0] else "off")
+            waiting = page.locator("#waiting-list li[data-job=urgent]").inner_text()
+            assert waiting.startswith("urgent: ") and len(waiting) > len("urgent: ") + 10, waiting
+            # (the shared stack's earlier tests' jobs have their traces too)
+            trace = page.evaluate("(({ name, y, text, marker }) => ({ name, y, text, sizes: marker.size }))"
+                                  "(document.getElementById('elastic-timeline').data.find((t) => t.name === 'stretchy'))")
+            assert trace["y"][0] == 2 and trace["y"][-1] == 1, trace["y"]
+            (marked,) = [t for t, size in zip(trace["text"], trace["sizes"]) if size]
+            assert marked.startswith(f"stretchy: 2 → 1 GPUs (#{switch['id']}, resize)"), marked
+            assert page.locator("#elastic-timeline .scatterlayer .point").count() >= 1  # the diamond is drawn
+
+            page.goto(stack.url + f"jobs/{job['id']}/")
+            page.wait_for_function("!document.getElementById('elastic-pending').textContent.startsWith('asking')")
+            assert page.locator("#elastic-range").inner_text() == "1 GPU (max follows the current size)"
+            assert page.locator("#elastic-priority").inner_text() == "5"
+            check_page(page, "job-elastic", width, shots, charts=3)
+            if width == WIDTHS[0]:
+                assert page.locator("#elastic-policy").inner_text() == "on"
+                _switch(page, "off", False)
+                assert page.locator("#elastic-policy").inner_text() == "off"
+                page.wait_for_function("document.getElementById('elastic-pending').textContent"
+                                       ".includes('policy off')")
+                assert stack.get(f"api/jobs/{job['id']}", token=True)["elastic"] is False
+                page.screenshot(path=str(shots / f"job-elastic-off-{width}.png"), full_page=True)
+            else:
+                assert page.locator("#elastic-policy").inner_text() == "off"
+                _switch(page, "on", True)
+                assert stack.get(f"api/jobs/{job['id']}", token=True)["elastic"] is True
+                assert page.evaluate(OVERFLOW) <= 0
+
+            page.goto(stack.url + "jobs/")
+            listed = page.locator("tr[data-job=stretchy] [data-field=elastic]").inner_text()
+            assert listed == ("off 1 GPU (max follows the current size)" if width == WIDTHS[0]
+                              else "on 1 GPU (max follows the current size)"), listed
+            page.get_by_role("button", name="New job").click()
+            page.get_by_label("let the elastic scheduler resize it within its range").check()
+            page.get_by_label("Fewest GPUs").fill("3")
+            page.wait_for_selector("#error-min_gpus:not([hidden])")
+            assert "min_gpus=3 is above the 2 GPUs the job runs on" in page.locator("#error-min_gpus").inner_text()
+            check_page(page, "jobs-new-elastic", width, shots)
+            page.get_by_label("Fewest GPUs").fill("1")
+            page.get_by_label("Priority").fill("4")
+            page.wait_for_function("document.getElementById('new-job-preview').textContent.includes('elastic within')")
+            assert "elastic within 1–2 GPUs (max follows the current size), priority 4." in \
+                page.locator("#new-job-preview").inner_text()
+            context.close()
+        assert errors == [], errors
+    finally:
+        for j in (job, urgent):
+            if stack.get(f"api/jobs/{j['id']}", token=True)["state"] not in ("stopped", "failed"):
+                stack.post(f"api/jobs/{j['id']}/stop", {})
+        for j in (job, urgent):
+            wait_for(lambda j=j: stack.get(f"api/jobs/{j['id']}", token=True)["state"] in ("stopped", "failed"),
+                     timeout=60)
