@@ -30,6 +30,7 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention.bias import causal_lower_right
+from torch.utils._python_dispatch import _disable_current_modes
 
 from parallelism.training.layers import Attention
 
@@ -59,8 +60,12 @@ class ContextShard:
         k, v = k[:, :, :end], v[:, :, :end]
         if end == local:  # the first chunk: the ordinary causal mask
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=enable_gqa)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(local, end),
-                                              enable_gqa=enable_gqa)
+        # torch's CausalBias: flash kernels take it without a materialized [T/cp, end] mask. It
+        # holds no data and is built outside any dispatch mode (the emulator's FakeTensorMode
+        # and recorder), which cannot back a tensor subclass; attention under them still runs.
+        with _disable_current_modes():
+            mask = causal_lower_right(local, end)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=enable_gqa)
 
 
 def split_sequence(tokens: Tensor, targets: Tensor, shard: ContextShard) -> tuple[Tensor, Tensor]:
