@@ -122,8 +122,9 @@ def check_trainable(config: TrainConfig, placement: Placement) -> None:
                             f"is not a multiple of {ml.cp}")
     if config.sequence_parallel and ml.tp > 1:
         if config.seq_len % (ml.tp * ml.cp):
-            raise TrainingError(f"sequence parallelism splits each of the cp={ml.cp} chunks of the sequence over "
-                                f"tp={ml.tp}: seq {config.seq_len} is not a multiple of cp*tp={ml.cp * ml.tp}")
+            chunks = f"each of the cp={ml.cp} chunks of " if ml.cp > 1 else ""
+            raise TrainingError(f"sequence parallelism splits {chunks}the sequence over tp={ml.tp}: "
+                                f"seq {config.seq_len} is not a multiple of {ml.cp * ml.tp}")
     per_rank = config.global_batch / ml.dp
     if config.global_batch % (ml.dp * config.micro_batches):
         raise TrainingError(f"global batch {config.global_batch} must divide into dp={ml.dp} x "

@@ -97,7 +97,7 @@ def test_switches_into_and_out_of_context_parallelism_are_exact_verified_and_tra
 @pytest.mark.parametrize("config,layout,message", [
     (dataclasses.replace(CONFIG, seq_len=15), "cp=2", r"cp=2: seq 15 is not a multiple of 2"),
     (dataclasses.replace(CONFIG, seq_len=18, sequence_parallel=True), "tp=2,cp=2",
-     r"seq 18 is not a multiple of cp\*tp=4"),
+     r"each of the cp=2 chunks of the sequence over tp=2: seq 18 is not a multiple of 4"),
 ])
 def test_context_parallelism_refuses_a_sequence_it_cannot_split(config, layout, message) -> None:
     with pytest.raises(TrainingError, match=message):
