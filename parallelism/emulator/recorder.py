@@ -127,6 +127,7 @@ class CommRecord:
     bytes: float
     ranks: tuple[int, ...]
     phase: str
+    group: str = ""  # the process group's name: groups of the same ranks (dp and cp when dp=1) differ by it
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -173,6 +174,31 @@ def _group_ranks(args, kwargs) -> tuple[int, ...]:
                 continue
             return tuple(dist.get_process_group_ranks(pg))
     return ()
+
+
+def _group_name(args, kwargs) -> str:
+    """The name of the process group a c10d op runs on ("" if none is found)."""
+    for a in [*args, *kwargs.values()]:
+        if isinstance(a, str):
+            try:
+                return dist.distributed_c10d._resolve_process_group(a).group_name
+            except (RuntimeError, ValueError, KeyError):
+                continue
+        if isinstance(a, torch.ScriptObject):
+            try:
+                return dist.ProcessGroup.unbox(a).group_name
+            except (RuntimeError, TypeError):
+                continue
+    return ""
+
+
+def lower_right_causal_fraction(s_q: int, s_kv: int) -> float:
+    """Share of the s_q x s_kv score matrix a bottom-right aligned causal attention computes
+    (query i sees keys 0..s_kv-s_q+i): a context-parallel chunk's queries over the keys up to
+    its end (parallelism/training/context_parallel.py, torch's CausalBias lower_right)."""
+    if s_q <= 0 or s_kv < s_q:
+        return 1.0
+    return (s_q * (s_kv - s_q) + s_q * (s_q + 1) // 2) / (s_q * s_kv)
 
 
 def _collective_bytes(kind: str, namespace: str, args, out, group_size: int) -> int:
@@ -254,7 +280,7 @@ class OpRecorder(TorchDispatchMode):
             if name in COLLECTIVES:
                 size = _collective_bytes(COLLECTIVES[name], namespace, args, out, len(_group_ranks(args, kwargs) or (1,)))
                 self.records.append(CommRecord(name, COLLECTIVES[name], float(size), _group_ranks(args, kwargs),
-                                               self.phase))
+                                               self.phase, _group_name(args, kwargs)))
             elif name not in IGNORED:
                 raise NotImplementedError(f"recorder: unknown collective {namespace}.{name}")
             for t in _tensors(out):
@@ -290,6 +316,10 @@ class OpRecorder(TorchDispatchMode):
                 shape = _attention_shape(q, k)
                 if _argument(func, args, kwargs, "is_causal"):
                     flops *= causal_fraction(q.shape[2], k.shape[2])
+                elif _argument(func, args, kwargs, "attn_mask") is not None and k.shape[2] > q.shape[2]:
+                    # The trainer's one masked attention: a context-parallel chunk's causal mask
+                    # aligned bottom right, which GPU flash kernels run skipping masked blocks.
+                    flops *= lower_right_causal_fraction(q.shape[2], k.shape[2])
         dtype = _DTYPES.get(outs[0].dtype, "fp32") if outs and outs[0].is_floating_point() else "fp32"
         self.records.append(ComputeRecord(name, kind, flops, moved, tuple(int(d) for d in shape), self.phase,
                                           dtype, form))

@@ -18,13 +18,15 @@ from parallelism.engine.shards import DTYPES, LocalShard, box_shape, rank_boxes
 from parallelism.layout.model_request import ModelConfig, NamesAModel, resolved_field
 from parallelism.layout.placement import layer_stages, place
 
-TRACER_VERSION = 11  # 2: activations_full; vpp traced as pp*vpp flat stages; 3: DTensor dispatch as host ops;
+TRACER_VERSION = 12  # 2: activations_full; vpp traced as pp*vpp flat stages; 3: DTensor dispatch as host ops;
 # 4: causal attention FLOPs, sequence parallelism; 5: matmul operand forms; 6: reduce-scatter bytes = its input;
 # 7: in-place _foreach_ ops count the lists they write; 8: and those writes are not new memory (7 tracked them);
 # 9: a tied embedding under pp > 1 (its gradient sum between the end stages, dim "embed");
 # 10: kv heads replicated over tp (their gradient sum, dim "kv"); the trainer runs tp > kv heads
 # 11: MoE layers traced (balanced routing on fake tensors), with tp (router and q/k-norm gradient sums
 # over tp) and ep (all-to-all dispatch, dim "ep"; the experts' gradient sync over their replicas, "dp")
+# 12: context parallelism (cp > 1): the chunk's K/V all-gather and its backward reduce-scatter
+# (dim "cp", told apart from dp's group of the same ranks by group name), the last cp rank traced
 DIM_OF = {"edp": "dp"}
 
 
@@ -96,14 +98,18 @@ def stage_memory(static: dict, activations: int, fwd_bwd_peak: int, step_peak: i
 
 
 def positions_between_stages(request: TraceRequest, ml) -> int:
-    """Sequence positions a rank's hidden states hold between layers and stages."""
-    return request.seq // ml.tp if request.sequence_parallel and ml.tp > 1 else request.seq
+    """Sequence positions a rank's hidden states hold between layers and stages: its cp
+    chunk, split again over tp under sequence parallelism."""
+    chunk = request.seq // ml.cp
+    return chunk // ml.tp if request.sequence_parallel and ml.tp > 1 else chunk
 
 
 def build_stage_trace(records, stage: int, ml, dims, memory: StageMemory, request: TraceRequest, hidden: int,
-                      offset: int = 0) -> StageTrace:
-    """A stage's ops from its recorded program (`dims`: the tp/dp/pp groups' ranks), with the
-    pipeline sends to its neighbours (the module's ranks start at `offset`)."""
+                      offset: int = 0, groups: dict[str, str] | None = None) -> StageTrace:
+    """A stage's ops from its recorded program (`dims`: the tp/dp/pp groups' ranks; `groups`:
+    {process group name: dim} for groups whose ranks another dim's group has too, e.g. cp's
+    and dp's when dp=1), with the pipeline sends to its neighbours (the module's ranks start at `offset`)."""
+    groups = groups or {}
     # The experts' gradient sync over the ranks holding the same experts ("edp") is data-parallel
     # sync like dp's; an all-to-all is the experts' dispatch ("ep"), whose ranks may be dp's too.
     by_ranks = {ranks: DIM_OF.get(dim, dim) for dim, ranks in dims.items() if dim != "ep"}
@@ -116,7 +122,9 @@ def build_stage_trace(records, stage: int, ml, dims, memory: StageMemory, reques
             ops.append(ComputeOp(r.name, r.kind, r.flops, r.bytes, r.shape, r.dtype, r.form))
             continue
         assert isinstance(r, CommRecord)
-        dim = "ep" if r.kind == "all_to_all" and "ep" in dims else by_ranks.get(tuple(sorted(r.ranks)))
+        dim = groups.get(r.group) if r.group else None
+        if dim is None:
+            dim = "ep" if r.kind == "all_to_all" and "ep" in dims else by_ranks.get(tuple(sorted(r.ranks)))
         if dim is None:
             raise EmulatorError(f"stage {stage}: a {r.kind} on ranks {r.ranks[:8]}... matches no "
                                 f"tp/dp/pp/embed/kv/ep group")
@@ -134,8 +142,8 @@ def build_stage_trace(records, stage: int, ml, dims, memory: StageMemory, reques
     grad_after = [n_back if a < 0 else a for a in grad_after]
     # bf16 hidden states between stages (the rank's seq/tp slice under sequence parallelism)
     activation = float(request.micro_batch * positions_between_stages(request, ml) * hidden * 2)
-    rank = offset + stage * ml.dp * ml.tp
-    stride = ml.dp * ml.tp
+    rank = offset + stage * ml.dp * ml.cp * ml.tp
+    stride = ml.dp * ml.cp * ml.tp
     if stage < ml.pp - 1:
         phases["forward"].append(CommOp("pp_send_activations", "send", activation, 2,
                                         len({rank // gpn, (rank + stride) // gpn}), "pp"))

@@ -75,7 +75,7 @@ def assemble(request: TraceRequest, parts: dict[tuple, dict]) -> Trace:
     if ml.vpp > 1:
         ordered = tuple(_interleaved_p2p(st, ml, request.gpus_per_node) for st in ordered)
     return Trace(model=request.model, tp=ml.tp, pp=ml.pp, dp=ml.dp, micro_batches=request.micro_batches,
-                 micro_batch_size=request.micro_batch, seq=request.seq, zero=ml.zero, vpp=ml.vpp, ep=ml.ep,
+                 micro_batch_size=request.micro_batch, seq=request.seq, zero=ml.zero, vpp=ml.vpp, ep=ml.ep, cp=ml.cp,
                  stages=ordered)
 
 
@@ -87,8 +87,8 @@ def flat_layout(placement) -> str:
 
 def _interleaved_p2p(stage: StageTrace, ml, gpn: int) -> StageTrace:
     """Node spans of a virtual stage's p2p sends: virtual stage k runs on pipeline rank
-    k % pp (first rank (k % pp)*dp*tp), its neighbours on (k +- 1) % pp."""
-    k, stride = stage.stage, ml.dp * ml.tp
+    k % pp (first rank (k % pp)*dp*cp*tp), its neighbours on (k +- 1) % pp."""
+    k, stride = stage.stage, ml.dp * ml.cp * ml.tp
     rank = (k % ml.pp) * stride
 
     def fix(op):
@@ -105,7 +105,9 @@ def _trace_stage(config: TrainConfig, request: TraceRequest, stage: int) -> Stag
     spec = request.tensors
     placement = place(spec, request.layout)
     ml = next(iter(placement.modules.values()))
-    rank = stage * ml.dp * ml.tp  # tp_rank 0, dp_rank 0 of the stage
+    # tp_rank 0, dp_rank 0 of the stage, and its last cp rank: the chunk at the end of the
+    # sequence attends over every key, the most attention work of the cp group (the step waits for it).
+    rank = stage * ml.dp * ml.cp * ml.tp + ml.tp * (ml.cp - 1)
     if dist.is_initialized():
         if dist.get_backend() != "fake":
             raise EmulatorError("the tracer needs its own process: a real process group is already running here")
@@ -121,6 +123,8 @@ def _trace_stage(config: TrainConfig, request: TraceRequest, stage: int) -> Stag
             dims["embed"] = tuple(sorted(dist.get_process_group_ranks(meshes.embedding)))
         if meshes.kv_heads is not None:  # the TP ranks sharing a replicated kv head (LayoutMeshes.kv_heads)
             dims["kv"] = tuple(sorted(dist.get_process_group_ranks(meshes.kv_heads)))
+        # cp's group may hold dp's ranks (dp=1): its collectives are told apart by group name.
+        groups = {meshes.cp.group_name: "cp"} if meshes.cp is not None else {}
         if meshes.ep is not None:  # the experts' all-to-all group and the ranks holding the same experts
             dims["ep"] = tuple(sorted(dist.get_process_group_ranks(meshes.ep)))
             dims["edp"] = tuple(sorted(dist.get_process_group_ranks(meshes.expert_dp.get_group())))
@@ -130,27 +134,28 @@ def _trace_stage(config: TrainConfig, request: TraceRequest, stage: int) -> Stag
                                           meshes=meshes)
             except TrainingError as exc:
                 raise EmulatorError(f"cannot trace {request.layout}: {exc}") from exc
-            return _run_one_microbatch(trainer, request, stage, ml, dims, fake_mode)
+            return _run_one_microbatch(trainer, request, stage, ml, dims, fake_mode, groups)
     finally:
         dist.destroy_process_group()
 
 
 def _run_one_microbatch(trainer: ParallelTrainer, request: TraceRequest, stage: int, ml, dims,
-                        fake_mode) -> StageTrace:
+                        fake_mode, groups: dict[str, str]) -> StageTrace:
     hidden = request.model_config.llm.hidden
     first, last = stage == 0, stage == ml.pp - 1
     static = trainer_static_bytes(trainer, ml.zero)
     positions = positions_between_stages(request, ml)
     recorder = OpRecorder()
     with ignoring_sharding_propagation(recorder), recorder:
+        chunk = request.seq // ml.cp  # the rank's part of the sequence under context parallelism
         if first:
-            x = torch.zeros(request.micro_batch, request.seq, dtype=torch.long)
+            x = torch.zeros(request.micro_batch, chunk, dtype=torch.long)
         else:
             x = torch.zeros(request.micro_batch, positions, hidden, dtype=torch.bfloat16, requires_grad=True)
         recorder.track(x)
         out = trainer.stage(x)
         if last:
-            out = cross_entropy_loss(out, torch.zeros(request.micro_batch, request.seq, dtype=torch.long))
+            out = cross_entropy_loss(out, torch.zeros(request.micro_batch, chunk, dtype=torch.long))
         activations = recorder.live
         recorder.set_phase("backward")
         out.backward(None if last else torch.empty_like(out))
@@ -168,4 +173,4 @@ def _run_one_microbatch(trainer: ParallelTrainer, request: TraceRequest, stage: 
     layers = layer_stages(request.model_config.llm.layers, ml.pp).count(stage)
     memory = stage_memory(static, activations, fwd_bwd_peak, recorder.peak, grads_live,
                           layers * request.micro_batch * positions * hidden * 2)
-    return build_stage_trace(recorder.records, stage, ml, dims, memory, request, hidden)
+    return build_stage_trace(recorder.records, stage, ml, dims, memory, request, hidden, groups=groups)

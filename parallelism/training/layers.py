@@ -30,13 +30,14 @@ class RMSNorm(nn.Module):
         return (xf * self.weight.float()).to(x.dtype)
 
 
-def rope_cos_sin(positions: int, head_dim: int, theta: float, device: torch.device) -> Rope:
-    """Rotary tables for positions 0..positions-1, computed on the fly: no buffers, nothing to checkpoint or shard.
+def rope_cos_sin(positions: int, head_dim: int, theta: float, device: torch.device, start: int = 0) -> Rope:
+    """Rotary tables for positions start..start+positions-1 (a context-parallel chunk starts
+    past 0), computed on the fly: no buffers, nothing to checkpoint or shard.
 
     Half-split layout (as Hugging Face's Llama): dims i and i + head_dim/2 rotate together by pos * theta^(-2i/hd).
     """
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
-    angles = torch.outer(torch.arange(positions, device=device, dtype=torch.float32), inv_freq)
+    angles = torch.outer(torch.arange(start, start + positions, device=device, dtype=torch.float32), inv_freq)
     angles = torch.cat((angles, angles), dim=-1)
     return angles.cos(), angles.sin()
 
@@ -64,6 +65,9 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(head_dim, fk) if qk_norm else None
         self.k_norm = RMSNorm(head_dim, fk) if qk_norm else None
         self.o = nn.Linear(heads * head_dim, hidden, bias=o_bias, **fk)
+        # Context parallelism: a ContextShard (parallelism/training/context_parallel.py) whose
+        # attend() gathers the sequence's keys and values; None attends over x alone.
+        self.context = None
 
     def forward(self, x: Tensor, rope: Rope | None = None) -> Tensor:
         b, t, _ = x.shape
@@ -75,7 +79,11 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)  # Qwen3 normalizes each head before rotating it
         if rope is not None:
             q, k = apply_rope(q, rope), apply_rope(k, rope)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=self.kv_heads != self.heads)
+        gqa = self.kv_heads != self.heads
+        if self.context is not None:
+            out = self.context.attend(q, k, v, causal=self.causal, enable_gqa=gqa)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=gqa)
         return self.o(out.transpose(1, 2).reshape(b, t, -1))
 
 

@@ -9,9 +9,13 @@ engine's output after a switch. The shards are adopted, not copied, and `hand_ov
 returns them and drops every other reference, so a switch can free what it has sent.
 
 Mesh: (pp, dp, tp) over ranks 0..world-1, which is the contract's rank order
-`tp_rank + tp * (dp_rank + dp * pp_rank)`. Every rank of the process group, member or
-not, builds the mesh (creating process groups is collective); ranks outside it hold no
-state in this layout.
+`tp_rank + tp * (d + dp * cp * pp_rank)` with the data index d = cp_rank + cp * dp_rank:
+the mesh's "dp" dimension is d, dp*cp long, because the planner replicates or ZeRO-chunks
+every state over dp x cp, so that is the optimizer's group (gradients averaged, ZeRO chunks).
+Context parallelism (cp > 1) splits each sequence over the cp consecutive data indices of a
+dp replica (parallelism/training/context_parallel.py). Every rank of the process group,
+member or not, builds the mesh (creating process groups is collective); ranks outside it
+hold no state in this layout.
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ from parallelism.layout.placement import Placement, place
 from parallelism.layout.shards import b_dim
 from parallelism.layout.spec import DEFAULT_MODULE
 from parallelism.layout.tensors import STATES
+from parallelism.training.context_parallel import ContextShard, parallelize_context, split_sequence
 from parallelism.training.data import DataPosition, SyntheticTokens
 from parallelism.training.expert_parallel import parallelize_moe
 from parallelism.training.init import initial_value
@@ -104,8 +109,6 @@ def check_trainable(config: TrainConfig, placement: Placement) -> None:
         raise TrainingError(f"{layout}: per-module (heterogeneous) layouts are not trained yet (issue 8)")
     ml = next(iter(placement.modules.values()))
     mc = config.model_config
-    if ml.cp != 1:
-        raise TrainingError(f"cp={ml.cp}: the trainer supports tp, pp (with vpp), dp, ep and zero; cp must be 1")
     if mc.encoder is not None:
         raise TrainingError(f"{config.model} is multimodal; the parallel trainer trains decoder-only models")
     if ml.vpp > 1:
@@ -114,10 +117,14 @@ def check_trainable(config: TrainConfig, placement: Placement) -> None:
             raise TrainingError(f"vpp={ml.vpp}: the interleaved schedule runs the {config.micro_batches} micro-batches "
                                 f"in rounds of pp={ml.pp}; micro-batches must be a multiple of {rounds} "
                                 f"(micro-batches // pp)")
+    if config.seq_len % ml.cp:
+        raise TrainingError(f"context parallelism splits the sequence over cp={ml.cp}: seq {config.seq_len} "
+                            f"is not a multiple of {ml.cp}")
     if config.sequence_parallel and ml.tp > 1:
-        if config.seq_len % ml.tp:
-            raise TrainingError(f"sequence parallelism splits the sequence over tp={ml.tp}: seq {config.seq_len} "
-                                f"is not a multiple of {ml.tp}")
+        if config.seq_len % (ml.tp * ml.cp):
+            chunks = f"each of the cp={ml.cp} chunks of " if ml.cp > 1 else ""
+            raise TrainingError(f"sequence parallelism splits {chunks}the sequence over tp={ml.tp}: "
+                                f"seq {config.seq_len} is not a multiple of {ml.cp * ml.tp}")
     per_rank = config.global_batch / ml.dp
     if config.global_batch % (ml.dp * config.micro_batches):
         raise TrainingError(f"global batch {config.global_batch} must divide into dp={ml.dp} x "
@@ -126,8 +133,9 @@ def check_trainable(config: TrainConfig, placement: Placement) -> None:
 
 @dataclass(frozen=True)
 class LayoutMeshes:
-    """The (pp, dp, tp) mesh of a layout, its one-dimensional slices, and a group over all
-    its ranks. Built once, outside any FakeTensorMode (slicing a mesh runs real tensor ops)."""
+    """The (pp, dp, tp) mesh of a layout (its "dp" dimension the data index over dp x cp),
+    its one-dimensional slices, and a group over all its ranks. Built once, outside any
+    FakeTensorMode (slicing a mesh runs real tensor ops)."""
 
     mesh: DeviceMesh
     tp: DeviceMesh
@@ -146,30 +154,40 @@ class LayoutMeshes:
     # holding the same experts (parallelism/training/expert_parallel.py). None elsewhere.
     ep: object | None = None
     expert_dp: DeviceMesh | None = None
+    # cp > 1: the cp ranks splitting this rank's sequences (consecutive data indices of one
+    # dp replica, the same pp and tp coordinates). None elsewhere.
+    cp: object | None = None
 
     @classmethod
     def build(cls, placement: Placement) -> LayoutMeshes:
         """Collective over the default group: every process builds it, member of the layout or not."""
         ml = next(iter(placement.modules.values()))
         tied = any(t.split.place == "first+last" for t in placement.model.tensors)  # held by both end stages
-        ranks = torch.arange(ml.world).view(ml.pp, ml.dp, ml.tp)
+        data = ml.dp * ml.cp  # the data index d = cp_rank + cp * dp_rank
+        ranks = torch.arange(ml.world).view(ml.pp, data, ml.tp)
         mesh = DeviceMesh(device_type(), ranks, mesh_dim_names=("pp", "dp", "tp"))
         everyone = dist.new_group(ranks=list(range(ml.world)))
         embedding = None
         if tied and ml.pp > 1:  # the end stages' ranks at each (dp, tp): torch makes every pair, returns ours
-            pairs = [[int(ranks[0, d, t]), int(ranks[-1, d, t])] for d in range(ml.dp) for t in range(ml.tp)]
+            pairs = [[int(ranks[0, d, t]), int(ranks[-1, d, t])] for d in range(data) for t in range(ml.tp)]
             embedding, _ = dist.new_subgroups_by_enumeration(pairs)
         units = replicated_units(placement)
         kv_heads = head_groups(ranks, units) if units is not None else None
         experts = None
         if ml.ep > 1:
-            experts = DeviceMesh(device_type(), ranks.view(ml.pp, ml.dp // ml.ep, ml.ep, ml.tp),
+            experts = DeviceMesh(device_type(), ranks.view(ml.pp, data // ml.ep, ml.ep, ml.tp),
                                  mesh_dim_names=("pp", "edp", "ep", "tp"))
+        context = None
+        if ml.cp > 1:
+            grid = ranks.view(ml.pp, ml.dp, ml.cp, ml.tp)
+            groups = [[int(r) for r in grid[p, d, :, t]] for p in range(ml.pp) for d in range(ml.dp)
+                      for t in range(ml.tp)]
+            context, _ = dist.new_subgroups_by_enumeration(groups)
         if mesh.get_coordinate() is None:
             return cls(mesh, mesh, mesh, mesh, everyone)
         return cls(mesh, mesh["tp"], mesh["dp"], mesh["pp"], everyone, embedding, kv_heads,
                    experts["ep"].get_group() if experts is not None else None,
-                   experts["edp"] if experts is not None else None)
+                   experts["edp"] if experts is not None else None, context)
 
 
 def device_type() -> str:
@@ -267,7 +285,9 @@ class ParallelTrainer:
         self.active = coordinate is not None
         if not self.active:
             return
-        self.pp_rank, self.dp_rank, self.tp_rank = coordinate
+        # data_rank: the data index d = cp_rank + cp * dp_rank (docs/contracts.md section 2).
+        self.pp_rank, self.data_rank, self.tp_rank = coordinate
+        self.dp_rank, self.cp_rank = divmod(self.data_rank, self.ml.cp)
         self.data = SyntheticTokens(config.model_config.llm.vocab, config.seq_len, seed=config.seed)
         # zero=3 keeps fp32 parameters (FSDP2's shards are the masters); otherwise the model is bf16.
         dtype = torch.float32 if self.ml.zero == 3 else torch.bfloat16
@@ -284,7 +304,11 @@ class ParallelTrainer:
         if config.model_config.llm.experts and (self.ml.tp > 1 or self.ml.ep > 1):
             self.routers = parallelize_moe(self.stage, tp_mesh=self.meshes.tp if self.ml.tp > 1 else None,
                                            sequence_parallel=sequence_parallel, ep_group=self.meshes.ep,
-                                           ep=self.ml.ep, ep_rank=self.dp_rank % self.ml.ep)
+                                           ep=self.ml.ep, ep_rank=self.data_rank % self.ml.ep)
+        # Context parallelism: attention over the cp group's gathered K/V, positions offset.
+        self.context = (ContextShard(self.meshes.cp, self.ml.cp, self.cp_rank) if self.ml.cp > 1 else None)
+        if self.context is not None:
+            parallelize_context(self.stage, self.context)
         # Interleaved: the virtual stages this rank runs, pp_rank + k*pp (built on the stage's own modules).
         self.chunks = ([self.stage.chunk(self.pp_rank + k * self.ml.pp) for k in range(self.ml.vpp)]
                        if self.ml.vpp > 1 else [self.stage])
@@ -328,11 +352,12 @@ class ParallelTrainer:
     def _adopt(self, state: dict[str, State]) -> None:
         """zero < 3: install the bf16 boxes as the parameters and the fp32 chunks as the
         optimizer's masters and moments (no copies)."""
-        D = self.ml.dp if self.ml.zero >= 1 else 1
+        holders = self.ml.dp * self.ml.cp  # the ranks holding the same boxes: dp x cp
+        D = holders if self.ml.zero >= 1 else 1
         # Expert parallelism: the experts' boxes are held by the ranks with the same data index
         # mod ep (`expert_dp`), which ZeRO chunks them over (docs/contracts.md section 2).
         experts = {t.name for t in self.spec.tensors if t.split.ep_dim is not None} if self.ml.ep > 1 else set()
-        expert_dp = self.ml.dp // self.ml.ep
+        expert_dp = holders // self.ml.ep
         expert_replicas = (Replicas(self.meshes.expert_dp.get_group() if expert_dp > 1 else None, expert_dp)
                            if experts else None)
         slots, moments = [], {}
@@ -347,14 +372,14 @@ class ParallelTrainer:
             module_name, _, attr = name.rpartition(".")
             self.stage.get_submodule(module_name).register_parameter(attr, nn.Parameter(new))
             expert = name in experts
-            parts, part = (expert_dp if D > 1 else 1, self.dp_rank // self.ml.ep) if expert else (D, self.dp_rank)
+            parts, part = (expert_dp if D > 1 else 1, self.data_rank // self.ml.ep) if expert else (D, self.data_rank)
             rows = chunk_rows(local_shape[0], parts, part if parts > 1 else 0)
             if master.shape[0] != rows[1] - rows[0]:
                 raise TrainingError(f"rank {self.rank}: {name} master box has {master.shape[0]} rows, the "
                                     f"ZeRO chunk {rows}")
             slots.append(ParamSlot(name, data, rows, master, replicas=expert_replicas if expert else None))
             moments[name] = (exp_avg, exp_avg_sq)
-        self.optimizer = ShardedAdamW(slots, self.meshes.dp.get_group() if self.ml.dp > 1 else None, self.ml.dp,
+        self.optimizer = ShardedAdamW(slots, self.meshes.dp.get_group() if holders > 1 else None, holders,
                                       lr=self.config.lr, weight_decay=self.config.weight_decay, moments=moments,
                                       step=self.scalars.step, ties=self.ties)
         by_name = {s.name: s for s in slots}
@@ -422,8 +447,10 @@ class ParallelTrainer:
         return schedule(stage, micro, loss_fn=loss_fn, scale_grads=False)
 
     def _local_batch(self) -> tuple[Tensor, Tensor]:
+        """The dp replica's samples; under context parallelism this rank's chunk of their sequences."""
         per_dp = self.config.global_batch // self.ml.dp
-        return self.data.batch(self.scalars.data.samples + self.dp_rank * per_dp, per_dp)
+        tokens, targets = self.data.batch(self.scalars.data.samples + self.dp_rank * per_dp, per_dp)
+        return split_sequence(tokens, targets, self.context) if self.context is not None else (tokens, targets)
 
     def step(self) -> StepResult | None:
         """One optimizer step over the global batch; the loss is the global mean (every rank
@@ -453,11 +480,12 @@ class ParallelTrainer:
         # lost there keeps a consistent state after the step (agents/runtime/orphan.py).
         self.scalars.step += 1
         self.scalars.data = self.scalars.data.advance(self.config.global_batch)
-        # Global mean loss: the last stage's TP rank 0 of every dp replica contributes.
+        # Global mean loss: the last stage's TP rank 0 of every data index contributes (the
+        # cp chunks of a sequence are equally long, so the mean of their means is the mean).
         if not (self.pp_rank == self.ml.pp - 1 and self.tp_rank == 0):
             loss_sum.zero_()
         dist.all_reduce(loss_sum, group=self.meshes.everyone)
-        return StepResult(self.scalars.step, float(loss_sum.item()) / (micro * self.ml.dp),
+        return StepResult(self.scalars.step, float(loss_sum.item()) / (micro * self.ml.dp * self.ml.cp),
                           time.perf_counter() - started, self.config.global_batch * self.config.seq_len)
 
 

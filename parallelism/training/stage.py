@@ -40,6 +40,7 @@ class DecoderStage(nn.Module):
     def _cut(self, model: TrainingModel, stage: int, stages: int, sequence_shards: int, virtual: int = 1) -> None:
         super().__init__()
         self.sequence_shards = sequence_shards
+        self.context = None  # a ContextShard under context parallelism (parallelize_context)
         llm = model.llm
         self.first, self.last = stage == 0, stage == stages - 1
         self.index, self.stages, self.virtual = stage, stages, virtual
@@ -71,6 +72,7 @@ class DecoderStage(nn.Module):
         part = DecoderStage.__new__(DecoderStage)
         nn.Module.__init__(part)
         part.sequence_shards, part.tied, part.layer_count = self.sequence_shards, self.tied, self.layer_count
+        part.context = self.context
         part.config, part.rope_theta, part.gpt = self.config, self.rope_theta, self.gpt
         part.first, part.last = index == 0, index == chunks - 1
         part.index, part.stages, part.virtual = index, chunks, 1
@@ -99,16 +101,19 @@ class DecoderStage(nn.Module):
 
     def run_layers(self, x: Tensor) -> Tensor:
         """Hidden states [B, T(/tp), H] through this stage's layers (learned positions added
-        on the first stage of a GPT-style model, rotary tables for all T otherwise)."""
+        on the first stage of a GPT-style model, rotary tables for all T otherwise). Under
+        context parallelism T is the rank's chunk and the positions start at its offset."""
         length = x.shape[1] * self.sequence_shards
         rope = None
         if self.gpt:
             if self.first:  # the embedding's output is the whole sequence (see seq_scatter)
-                x = x + self.llm.pos_embed(torch.arange(x.shape[1], device=x.device))
+                start = self.context.start(x.shape[1]) if self.context is not None else 0
+                x = x + self.llm.pos_embed(torch.arange(start, start + x.shape[1], device=x.device))
                 if self.llm.seq_scatter is not None:
                     x = self.llm.seq_scatter(x)
         else:
-            rope = rope_cos_sin(length, self.config.head_dim, self.rope_theta, x.device)
+            start = self.context.start(length) if self.context is not None else 0
+            rope = rope_cos_sin(length, self.config.head_dim, self.rope_theta, x.device, start)
         for layer in self.llm.layers.values():
             x = layer(x, rope)
         return x

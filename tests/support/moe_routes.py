@@ -43,8 +43,9 @@ def _routed(trainer: ParallelTrainer, config: TrainConfig, forced: Routes | None
             if call < 0:
                 return MoE.route(moe, flat)
             first = trainer.dp_rank * per_dp + call * micro  # micro-batches run in order on a stage
-            seq = flat.shape[0] // micro
-            keys = [(name, first + i // seq, i % seq) for i in range(flat.shape[0])]
+            seq = flat.shape[0] // micro  # the rank's chunk of the sequence under context parallelism
+            start = trainer.cp_rank * seq
+            keys = [(name, first + i // seq, start + i % seq) for i in range(flat.shape[0])]
             probs = F.softmax(moe.router(flat).float(), dim=-1)
             if forced is None:
                 top, chosen = probs.topk(moe.top_k, dim=-1)

@@ -4,7 +4,8 @@ replicated (tp=4) and is switched online, at the agents' step boundary, into an
 interleaved pipeline (pp=2,vpp=2,dp=2): the ranks verify the switch bit-exact, report it
 committed, and the losses follow unswitched runs of the two layouts within their noise.
 Likewise tiny-moe (8 experts) from expert parallelism over four ranks (dp=4,ep=4) into
-MoE with tensor and expert parallelism (tp=2,dp=2,ep=2)."""
+MoE with tensor and expert parallelism (tp=2,dp=2,ep=2), and tiny-gpt from context
+parallelism (tp=2,cp=2) into pp=2,dp=2."""
 from __future__ import annotations
 
 import pytest
@@ -15,7 +16,8 @@ from tests.agents.node.test_job_runner import (broker, broker_messages, free_loo
                                                reports_of_job, unswitched_losses, wait_until)
 
 CASES = [("tiny-gpt-5l", "tp=4,zero=1", "pp=2,vpp=2,dp=2,zero=1", 71),
-         ("tiny-moe", "dp=4,ep=4,zero=1", "tp=2,dp=2,ep=2,zero=1", 74)]  # (model, start, target, first job id)
+         ("tiny-moe", "dp=4,ep=4,zero=1", "tp=2,dp=2,ep=2,zero=1", 74),
+         ("tiny-gpt", "tp=2,cp=2,zero=1", "pp=2,dp=2,zero=1", 77)]  # (model, start, target, first job id)
 
 
 def transitions(client, job_id: int) -> list[dict]:
@@ -29,7 +31,7 @@ def _start(job_id: int, model: str, layout: str) -> protocol.JobStartOrder:
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("model,src,dst,job", CASES, ids=["kv-heads-to-vpp", "ep-to-tp-ep"])
+@pytest.mark.parametrize("model,src,dst,job", CASES, ids=["kv-heads-to-vpp", "ep-to-tp-ep", "cp-to-pp-dp"])
 def test_new_parallelisms_switch_online_through_an_agent(broker, tmp_path, model, src, dst, job):  # noqa: F811
     url, client = broker
     failures: list = []
