@@ -16,9 +16,9 @@ and final norm's gradients. A wrong split or gather (positions shifted, image po
 predicted, a missing reduction) is O(1) off on most tensors.
 
 Every run also hands its state over after the first step and adopts it in a new trainer
-(exp_avg boxes come from that hand-over): SP moves no state box (same placement, only
-activations differ), so an online switch into or out of an SP layout is the hand-over /
-adoption checked here plus the transition engine's box moves, which SP does not change.
+(exp_avg boxes come from that hand-over). SP moves no state box (same placement, only
+activations differ); test_hetero_switch.py's "sequence-parallel" schedule switches into an
+SP layout and out of it.
 """
 from __future__ import annotations
 
