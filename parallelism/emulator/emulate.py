@@ -125,7 +125,8 @@ def _checked(request: EmulateRequest) -> tuple[Placement, int]:
 
         try:
             check_hetero_trainable(TrainConfig(model=request.model, global_batch=request.global_batch,
-                                               seq_len=request.seq, micro_batches=micro_batches), placement)
+                                               seq_len=request.seq, micro_batches=micro_batches,
+                                               sequence_parallel=request.sequence_parallel), placement)
         except TrainingError as exc:
             raise EmulatorError(f"layout {request.layout}: {exc}") from exc
     return placement, micro_batches
@@ -141,8 +142,6 @@ def _check_modules(request: EmulateRequest, placement: Placement) -> None:
         used = sorted([(enc.offset, enc.last_rank), (llm.offset, llm.last_rank)])
         raise EmulatorError(f"layout {request.layout}: ranks between {used[0][1]} and {used[1][0]} belong to no "
                             f"module (encoder ranks={enc.offset}-{enc.last_rank}, llm ranks={llm.offset}-{llm.last_rank})")
-    if request.sequence_parallel:
-        raise EmulatorError("sequence parallelism is not supported by the heterogeneous trainer yet")
 
 
 def emulate(request: EmulateRequest, *, use_cache: bool = True, progress=None) -> dict:

@@ -30,15 +30,15 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from parallelism.emulator.errors import EmulatorError
 from parallelism.emulator.recorder import CommRecord, OpRecorder, ignoring_sharding_propagation
 from parallelism.emulator.trace import CommOp, InputTrace, Trace, stage_from_dict, stage_to_dict
-from parallelism.emulator.trace_build import (TRACER_VERSION, TraceRequest, build_stage_trace, fake_shards, stage_classes,
-                                         stage_memory, trainer_static_bytes)
+from parallelism.emulator.trace_build import (TRACER_VERSION, TraceRequest, build_stage_trace, fake_shards,
+                                         positions_between_stages, stage_classes, stage_memory, trainer_static_bytes)
 from parallelism.planner.activations import ActivationShape, plan_boundary
 from parallelism.layout.model_config import ModelConfig
 from parallelism.layout.errors import LayoutError
 from parallelism.layout.placement import Placement, layer_stages, place
 from parallelism.training.parallel import TrainConfig, TrainingError
 
-MODULES_VERSION = 1  # this program's part of the class keys
+MODULES_VERSION = 2  # this program's part of the class keys; 2: the LLM's sequence parallelism
 CLASS = "class"  # what tracer.py's progress lines call a class
 
 
@@ -61,7 +61,7 @@ def class_key(request: TraceRequest, role: tuple) -> str:
     own = {k: getattr(ml, k) for k in ("tp", "pp", "dp", "cp", "ep", "vpp", "zero")}
     fields = ({"global_batch": global_batch(request)} if role[0] == "encoder" else
               {"offset": ml.offset, "micro_batch": request.micro_batch, "seq": request.seq,
-               "micro_batches": request.micro_batches})
+               "micro_batches": request.micro_batches, "sequence_parallel": request.sequence_parallel})
     text = json.dumps({"v": (TRACER_VERSION, MODULES_VERSION), "torch": torch.__version__,
                        "model": request.model, "params": request.tensors.param_count, "role": list(role),
                        "layout": own, "gpn": request.gpus_per_node, **fields}, sort_keys=True)
@@ -150,7 +150,7 @@ def _trace_role(request: TraceRequest, role: str, stage: int) -> dict:
     try:
         meshes = HeteroMeshes.build(placement)  # real (not fake) rank tensors: built outside FakeTensorMode
         config = TrainConfig(model=request.model, global_batch=global_batch(request), seq_len=request.seq,
-                             micro_batches=request.micro_batches)
+                             micro_batches=request.micro_batches, sequence_parallel=request.sequence_parallel)
         with FakeTensorMode(allow_non_fake_inputs=True):
             try:
                 trainer = HeteroTrainer(config, request.layout, rank, fake_shards(spec, placement, rank),
@@ -224,6 +224,10 @@ def _llm_part(trainer, request: TraceRequest, stage: int, dims, rank: int) -> di
     mc, ml = trainer.mc, trainer.llm_ml
     hidden, image = mc.llm.hidden, mc.encoder.positions
     positions = image + request.seq
+    # the request as the LLM's stages see it: image + text positions (split over tp under SP)
+    fake = TraceRequest(request.model, request.layout, request.micro_batch, positions, request.micro_batches,
+                        request.gpus_per_node, request.sequence_parallel)
+    between = positions_between_stages(fake, ml)
     mb = request.micro_batch
     first, last = stage == 0, stage == ml.pp - 1
     static = trainer_static_bytes(SimpleNamespace(optimizer=trainer.llm_optimizer), ml.zero)
@@ -242,7 +246,7 @@ def _llm_part(trainer, request: TraceRequest, stage: int, dims, rank: int) -> di
             recorder.track(tokens)
             out = trainer.llm_stage(tokens, leaf)
         else:
-            h = torch.zeros(mb, positions, hidden, dtype=torch.bfloat16, requires_grad=True)
+            h = torch.zeros(mb, between, hidden, dtype=torch.bfloat16, requires_grad=True)
             recorder.track(h)
             out = trainer.llm_stage(h)
         if last:
@@ -264,8 +268,7 @@ def _llm_part(trainer, request: TraceRequest, stage: int, dims, rank: int) -> di
     b = trainer.boundary
     module, bf, bb = _split_boundary(recorder.records, b.forward_view, b.backward_view, rank, request.gpus_per_node)
     layers = layer_stages(mc.llm.layers, ml.pp).count(stage)
-    memory = stage_memory(static, activations, fwd_bwd_peak, step_peak, grads_live, layers * mb * positions * hidden * 2)
-    fake = TraceRequest(request.model, request.layout, mb, positions, request.micro_batches, request.gpus_per_node)
+    memory = stage_memory(static, activations, fwd_bwd_peak, step_peak, grads_live, layers * mb * between * hidden * 2)
     traced = build_stage_trace(module, stage, ml, dims, memory, fake, hidden, offset=ml.offset)
     _check_boundary(request, rank, bf, bb)
     return {"stage": traced, "samples": 0}

@@ -18,6 +18,11 @@ modules it belongs to):
 Colocated, one rank runs 1-5 in turn; non-colocated, the encoder ranks run 1, 2, 4, 5
 while the LLM ranks run 2-5, so the encoder's work is off the LLM's ranks entirely.
 
+Sequence parallelism (TrainConfig.sequence_parallel, llm tp > 1) is the LLM's only: its
+combined sequence (image tokens + text) is split over its tp between layers and stages
+(image_text_stage.py), so P + T must be a multiple of tp. The encoder runs without it
+(its tokens reach the boundary replicated over the encoder's tp, as before).
+
 Gradient scale: the loss is the mean over LLM dp replicas of their local means, so the
 image-token gradient an LLM rank returns is dp_llm times the global loss's; the encoder's
 optimizer averages over dp_enc ranks (uneven shares included, a rank without samples adds
@@ -43,10 +48,10 @@ from parallelism.layout.spec import ModuleLayout
 from parallelism.layout.tensors import STATES
 from parallelism.training.boundary import Boundary
 from parallelism.training.data import SyntheticImages, SyntheticTokens
-from parallelism.training.image_text_stage import ImageTextStage, text_loss
+from parallelism.training.image_text_stage import ImageTextStage, image_text_tp_plan, text_loss
 from parallelism.training.kv_heads import head_groups, is_replicated, replicated_units
 from parallelism.training.model import build_training_model
-from parallelism.training.parallel import StepResult, TrainConfig, TrainingError, TrainScalars, device_type, tp_plan
+from parallelism.training.parallel import StepResult, TrainConfig, TrainingError, TrainScalars, device_type
 from parallelism.training.zero import ParamSlot, ShardedAdamW, chunk_rows
 
 
@@ -58,9 +63,13 @@ def check_hetero_trainable(config: TrainConfig, placement: Placement) -> None:
     refused = hetero_refusal(placement)
     if refused:
         raise TrainingError(refused)
-    if config.sequence_parallel:
-        raise TrainingError("sequence parallelism is not supported by the heterogeneous trainer yet")
     llm = placement.modules["llm"]
+    if config.sequence_parallel and llm.tp > 1:
+        image = mc.encoder.positions
+        if (image + config.seq_len) % llm.tp:
+            raise TrainingError(f"sequence parallelism splits the LLM's sequence (image tokens + text) over llm "
+                                f"tp={llm.tp}: {image} + seq {config.seq_len} = {image + config.seq_len} is not a "
+                                f"multiple of {llm.tp}")
     if config.global_batch % (llm.dp * config.micro_batches):
         raise TrainingError(f"global batch {config.global_batch} must divide into llm dp={llm.dp} x "
                             f"{config.micro_batches} micro-batches")
@@ -197,10 +206,12 @@ class HeteroTrainer:
                                        step=self.scalars.step, grad_scale=self.enc_ml.dp / self.llm_ml.dp)
         if llm_coord is not None:
             self.pp_rank, self.llm_dp_rank, self.tp_rank = llm_coord
-            self.llm_stage = ImageTextStage(model, self.pp_rank, self.llm_ml.pp)
+            sequence_parallel = config.sequence_parallel and self.llm_ml.tp > 1
+            self.llm_stage = ImageTextStage(model, self.pp_rank, self.llm_ml.pp,
+                                            sequence_shards=self.llm_ml.tp if sequence_parallel else 1)
             if self.llm_ml.tp > 1:
                 parallelize_module(self.llm_stage, llm_mesh["tp"],
-                                   tp_plan(self.llm_stage, kv_units=replicated_units(self.placement)))
+                                   image_text_tp_plan(self.llm_stage, kv_units=replicated_units(self.placement)))
             ties = {}
             if self.meshes.kv_heads is not None:
                 ties = {name: self.meshes.kv_heads for name, _ in self.llm_stage.named_parameters()

@@ -2,31 +2,50 @@
 (received through the boundary, already in the LLM's layout) before the text embeddings.
 
 Parameter names stay the catalog's ("llm.layers.1.attn.q.weight"), and the attributes are
-those of DecoderStage (`first`, `last`, `llm.*`), so parallel.tp_plan applies as it is.
+those of DecoderStage (`first`, `last`, `llm.*`), so parallel.tp_plan applies as it is
+(image_text_tp_plan adds what sequence parallelism needs here).
 The last stage predicts only the text positions: it drops the `image_tokens` leading
 positions before the final norm, as model.Decoder does.
+
+Sequence parallelism (tp > 1): the combined sequence of P image + T text positions is what
+is split over tp. The first stage gathers the text embedding (the vocab-parallel
+embedding's all-reduce), puts the image tokens before it, adds learned positions (GPT
+style) and splits [b, P+T, H] into the rank's [b, (P+T)/tp, H] slice (`seq_scatter`, whose
+backward all-gathers: every TP rank returns the whole image-token gradient, as without SP).
+Hidden states between layers and pipeline stages are that slice. The last stage gathers the
+whole sequence back (`seq_gather`, whose backward keeps the rank's slice) before dropping
+the image positions, so the final norm and the head run as without SP.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleOutput
 
 from parallelism.training.model import TrainingModel
+from parallelism.training.parallel import tp_plan
 from parallelism.training.stage import DecoderStage
 
 
 class ImageTextStage(DecoderStage):
     """forward: first stage (tokens [b, T], image tokens [b, P, H]); later stages hidden
-    [b, P+T, H]. Returns hidden [b, P+T, H], or text logits [b, T, vocab] on the last stage."""
+    [b, P+T, H] ([b, (P+T)/tp, H] under sequence parallelism). Returns hidden states of the
+    same form, or text logits [b, T, vocab] on the last stage."""
 
-    def __init__(self, model: TrainingModel, stage: int, stages: int) -> None:
+    def __init__(self, model: TrainingModel, stage: int, stages: int, sequence_shards: int = 1) -> None:
+        """sequence_shards: the LLM's tp under sequence parallelism, else 1."""
         if model.encoder is None:
             raise ValueError(f"{model.config.name} has no image encoder: use DecoderStage")
         if model.llm.head is None:
             raise ValueError(f"{model.config.name}: tied embeddings are not supported by the heterogeneous trainer")
-        self._cut(model, stage, stages, sequence_shards=1)
+        self._cut(model, stage, stages, sequence_shards=sequence_shards)
         self.image_tokens = model.encoder.num_tokens
+        split = sequence_shards > 1
+        # Identity modules whose TP plan (image_text_tp_plan) splits / gathers the sequence.
+        self.llm.seq_scatter = nn.Identity() if self.first and split else None
+        self.llm.seq_gather = nn.Identity() if self.last and split else None
 
     def forward(self, x: Tensor, image_tokens: Tensor | None = None) -> Tensor:
         llm = self.llm
@@ -35,10 +54,32 @@ class ImageTextStage(DecoderStage):
                 raise ValueError("the first stage needs the image tokens")
             text = llm.embed(x)
             x = torch.cat((image_tokens.to(text.dtype), text), dim=1)
-        x = self.run_layers(x)
+            if self.gpt:
+                x = x + llm.pos_embed(torch.arange(x.shape[1], device=x.device))
+            if llm.seq_scatter is not None:
+                x = llm.seq_scatter(x)
+        x = self.run_blocks(x)
         if not self.last:
             return x
+        if llm.seq_gather is not None:
+            x = llm.seq_gather(x)
         return llm.head(llm.final_norm(x[:, self.image_tokens:]))
+
+
+def image_text_tp_plan(stage: ImageTextStage, kv_units: int | None = None) -> dict:
+    """parallel.tp_plan of the stage, with sequence parallelism when it holds the split and
+    gather modules: the layers' plan is the decoder's; the first stage's embedding output is
+    replicated (all-reduce) and the combined sequence split by `seq_scatter`; the last stage
+    gathers it (`seq_gather`), so its final norm and head take replicated input."""
+    sequence_parallel = stage.sequence_shards > 1
+    plan = tp_plan(stage, sequence_parallel, kv_units)
+    if not sequence_parallel:
+        return plan
+    if stage.last:
+        del plan["llm.final_norm"]  # tp_plan's SequenceParallel: here the norm runs after the gather
+        plan["llm.seq_gather"] = PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Replicate())
+        plan["llm.head"] = ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    return plan
 
 
 def text_loss(logits: Tensor, targets: Tensor) -> Tensor:

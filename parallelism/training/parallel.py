@@ -207,7 +207,7 @@ def tp_plan(stage: DecoderStage, sequence_parallel: bool = False, kv_units: int 
     if stage.tied and stage.last and not stage.first:  # the head's copy of a tied embedding: vocab rows split
         plan["llm.embed"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
     if stage.first:
-        if stage.llm.seq_scatter is not None:  # learned positions: all-reduce, add them, then split
+        if stage.llm.seq_scatter is not None:  # learned positions (or image tokens): all-reduce, add them, split
             plan["llm.embed"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
             plan["llm.seq_scatter"] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1))
         else:

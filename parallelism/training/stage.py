@@ -103,15 +103,20 @@ class DecoderStage(nn.Module):
         """Hidden states [B, T(/tp), H] through this stage's layers (learned positions added
         on the first stage of a GPT-style model, rotary tables for all T otherwise). Under
         context parallelism T is the rank's chunk and the positions start at its offset."""
-        length = x.shape[1] * self.sequence_shards
+        if self.gpt and self.first:  # the embedding's output is the whole sequence (see seq_scatter)
+            start = self.context.start(x.shape[1]) if self.context is not None else 0
+            x = x + self.llm.pos_embed(torch.arange(start, start + x.shape[1], device=x.device))
+            if self.llm.seq_scatter is not None:
+                x = self.llm.seq_scatter(x)
+        return self.run_blocks(x)
+
+    def run_blocks(self, x: Tensor) -> Tensor:
+        """Hidden states [B, T(/tp), H] through this stage's layers only (rotary tables for
+        all T positions, from the context chunk's offset, in a llama-style model; learned
+        positions are the caller's)."""
         rope = None
-        if self.gpt:
-            if self.first:  # the embedding's output is the whole sequence (see seq_scatter)
-                start = self.context.start(x.shape[1]) if self.context is not None else 0
-                x = x + self.llm.pos_embed(torch.arange(start, start + x.shape[1], device=x.device))
-                if self.llm.seq_scatter is not None:
-                    x = self.llm.seq_scatter(x)
-        else:
+        if not self.gpt:
+            length = x.shape[1] * self.sequence_shards
             start = self.context.start(length) if self.context is not None else 0
             rope = rope_cos_sin(length, self.config.head_dim, self.rope_theta, x.device, start)
         for layer in self.llm.layers.values():

