@@ -10,12 +10,6 @@ def _fast_password_hashing(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
-def _separate_redis_db(url: str, db: int) -> str:
-    """The stack under test gets its own Redis database number, so its queues never mix
-    with another run's on a shared server."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    return urlunsplit(urlsplit(url)._replace(path=f"/{db}"))
 
 
 @pytest.fixture(scope="session")
@@ -24,12 +18,12 @@ def _shared_stack(tmp_path_factory):
     for every test module that uses `stack` (tests/support/stack.py, SharedStack)."""
     import os
 
-    from tests.support.stack import SharedStack, isolated_database
+    from tests.support.stack import SharedStack, empty_redis_db, isolated_database
 
     with isolated_database() as database_url:
         process = SharedStack(
             tmp_path_factory.mktemp("stack"),
-            env={"DATABASE_URL": database_url, "REDIS_URL": _separate_redis_db(os.environ["REDIS_URL"], 3)},
+            env={"DATABASE_URL": database_url, "REDIS_URL": empty_redis_db(os.environ["REDIS_URL"], 3)},
         )
         process.start()
         try:

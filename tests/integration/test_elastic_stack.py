@@ -15,11 +15,10 @@ import signal
 import subprocess
 import sys
 import time
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from tests.support.stack import ROOT, StackProcess, isolated_database, wait_for
+from tests.support.stack import ROOT, StackProcess, empty_redis_db, isolated_database, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(480)]
 
@@ -33,7 +32,7 @@ JOB = {"model": "tiny-gpt", "global_batch": 12, "seq_len": 16, "checkpoint_inter
 @pytest.fixture(scope="module")
 def elastic_stack(tmp_path_factory):
     """A stack of its own: 4 agents, a short resize interval, its own Redis database and ports."""
-    redis = urlunsplit(urlsplit(os.environ["REDIS_URL"])._replace(path=f"/{REDIS_DB}"))
+    redis = empty_redis_db(os.environ["REDIS_URL"], REDIS_DB)
     with isolated_database() as database_url:
         stack = StackProcess(tmp_path_factory.mktemp("elastic"), agents=4, gpus_per_agent=2,
                              env={"DATABASE_URL": database_url, "REDIS_URL": redis, **ENV})

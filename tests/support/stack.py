@@ -17,6 +17,19 @@ from urllib.parse import urlsplit, urlunsplit
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def empty_redis_db(url: str, db: int) -> str:
+    """`url` on Redis database `db`, emptied first. A stack under test gets a database number
+    of its own, so its queues never mix with another stack's; emptying it drops what an
+    earlier run left there (a killed run's undelivered orders and reports, which would reach
+    this run's jobs: a fresh SQL database numbers its jobs from 1 again). tests/services_plugin.py
+    makes one test run at a time use the machine's Redis, so nobody else is using it."""
+    import redis
+
+    separate = urlunsplit(urlsplit(url)._replace(path=f"/{db}"))
+    redis.Redis.from_url(separate).flushdb()
+    return separate
+
+
 @contextmanager
 def isolated_database():
     """A DATABASE_URL for a stack under test: a fresh PostgreSQL database when the tests
