@@ -111,7 +111,9 @@ def test_the_jobs_list_shows_each_range_with_empty_bounds_as_the_size(run, brows
     run(token_client.post, "/api/jobs", {"name": "rigid", "model": "tiny-gpt", "gpus": 2, "start": False,
                                          "priority": -2}, format="json")
     html = browser_client.get("/jobs/").content.decode()
-    assert ">Elastic range</th>" in html and ">Priority</th>" in html
+    # (both columns sort like the others: a header button, in the address as ?sort=elastic / ?sort=priority)
+    assert 'class="sort" data-sort="elastic">Elastic range</button></th>' in html
+    assert 'class="sort" data-sort="priority">Priority</button></th>' in html
     stretchy = html.split('data-job="stretchy"')[1].split("</tr>")[0]
     assert 'data-elastic="true" data-min="1" data-max="4"' in stretchy and "on</span> 1–4 GPUs</td>" in stretchy
     assert '<td data-field="priority">3</td>' in stretchy
@@ -120,6 +122,24 @@ def test_the_jobs_list_shows_each_range_with_empty_bounds_as_the_size(run, brows
     assert "off</span> 2 GPUs (follows the current size)</td>" in rigid and '<td data-field="priority">-2</td>' in rigid
     for field in ("elastic", "min_gpus", "max_gpus", "priority"):  # the New job form's fields and their error boxes
         assert f'id="job-{field}"' in html and f'id="error-{field}"' in html, field
+
+
+def test_the_list_marks_a_queued_job_and_the_stream_carries_its_settings(run, browser_client, token_client,
+                                                                         elastic_job, sent_events) -> None:
+    sent_events.clear()
+    queued = run(token_client.post, "/api/jobs", {"name": "urgent", "model": "tiny-gpt", "gpus": 2, "queue": True,
+                                                  "priority": 9}, format="json").json()
+    run(token_client.patch, f"/api/jobs/{elastic_job['id']}/elastic", {"min_gpus": 2, "priority": 7}, format="json")
+    html = browser_client.get("/jobs/").content.decode()
+    urgent = html.split('data-job="urgent"')[1].split("</tr>")[0]
+    assert 'data-queued="true"' in urgent and '<span class="queued" data-field="queued">queued</span>' in urgent
+    assert 'data-field="queued"' not in html.split('data-job="stretchy"')[1].split("</tr>")[0]
+    # What the list's live cells are drawn from: the cluster stream's job events.
+    jobs = [e.job for e in sent_events if getattr(e, "type", None) == "job"]
+    assert (jobs[0].name, jobs[0].queued, jobs[0].priority, jobs[0].elastic) == ("urgent", True, 9, False)
+    assert (jobs[-1].id, jobs[-1].elastic, jobs[-1].min_gpus, jobs[-1].max_gpus, jobs[-1].priority) == (
+        elastic_job["id"], True, 2, 4, 7)
+    assert queued["queued"] is True
 
 
 @pytest.mark.parametrize("bounds, world, text", [
