@@ -106,6 +106,29 @@ def test_the_job_page_carries_the_switch_range_and_priority(browser_client, toke
     assert browser_client.get(f"/jobs/{elastic_job['id']}/state.json").json()["elastic"] is False
 
 
+def test_the_job_page_edits_the_range_and_priority_with_the_apis_words(browser_client, elastic_job) -> None:
+    html = browser_client.get(f"/jobs/{elastic_job['id']}/").content.decode()
+    form = html.split('id="elastic-form"')[1].split("</form>")[0]
+    for field in ("min_gpus", "max_gpus", "priority"):  # each field with its error box beside it
+        assert f'id="elastic-{field}" name="{field}"' in form and f'aria-describedby="elastic-error-{field}"' in form
+        assert f'id="elastic-error-{field}"' in form, field
+    # What the form sends (strings from the inputs, null for an empty bound) and what it shows
+    # beside a field when the API refuses: the body's words for that field.
+    url = f"/api/jobs/{elastic_job['id']}/elastic"
+    refused = browser_client.patch(url, {"min_gpus": "3", "max_gpus": None, "priority": "2"},
+                                   content_type="application/json")
+    assert refused.status_code == 400
+    assert refused.json()["min_gpus"] == [
+        "min_gpus=3 is above the 2 GPUs the job runs on (world_size); the range must hold them"]
+    assert browser_client.patch(url, {"min_gpus": "1", "max_gpus": "2", "priority": ""},
+                                content_type="application/json").json()["priority"] == ["A valid integer is required."]
+    saved = browser_client.patch(url, {"min_gpus": None, "max_gpus": "4", "priority": "-1"},
+                                 content_type="application/json")
+    assert saved.status_code == 200
+    assert {k: saved.json()[k] for k in ("min_gpus", "max_gpus", "priority")} == {
+        "min_gpus": None, "max_gpus": 4, "priority": -1}
+
+
 def test_the_jobs_list_shows_each_range_with_empty_bounds_as_the_size(run, browser_client, token_client,
                                                                       elastic_job) -> None:
     run(token_client.post, "/api/jobs", {"name": "rigid", "model": "tiny-gpt", "gpus": 2, "start": False,
