@@ -4,6 +4,7 @@ page's row carries the switch, the range and the priority; the jobs list shows t
 (an empty bound as the job's size) and the New job form has the fields."""
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -109,8 +110,10 @@ def test_the_job_page_carries_the_switch_range_and_priority(browser_client, toke
 def test_the_job_page_edits_the_range_and_priority_with_the_apis_words(browser_client, elastic_job) -> None:
     html = browser_client.get(f"/jobs/{elastic_job['id']}/").content.decode()
     form = html.split('id="elastic-form"')[1].split("</form>")[0]
+    ids = re.findall(r'\sid="([^"]+)"', html)
+    assert len(ids) == len(set(ids)), sorted(i for i in set(ids) if ids.count(i) > 1)  # labels find their fields
     for field in ("min_gpus", "max_gpus", "priority"):  # each field with its error box beside it
-        assert f'id="elastic-{field}" name="{field}"' in form and f'aria-describedby="elastic-error-{field}"' in form
+        assert f'id="elastic-set-{field}" name="{field}"' in form and f'aria-describedby="elastic-error-{field}"' in form
         assert f'id="elastic-error-{field}"' in form, field
     # What the form sends (strings from the inputs, null for an empty bound) and what it shows
     # beside a field when the API refuses: the body's words for that field.

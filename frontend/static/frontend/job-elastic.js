@@ -41,7 +41,7 @@ export function startElasticCard({ getJob, isDeleted, onChanged }) {
       const text = problems[field] ? [].concat(problems[field]).join(" ") : "";
       box.textContent = text;
       box.hidden = !text;
-      $(`elastic-${field}`).setAttribute("aria-invalid", String(Boolean(text)));
+      $(`elastic-set-${field}`).setAttribute("aria-invalid", String(Boolean(text)));
     }
   }
 
@@ -53,10 +53,10 @@ export function startElasticCard({ getJob, isDeleted, onChanged }) {
     const key = `${job.min_gpus}/${job.max_gpus}/${job.priority}`;
     if (key === filledFor || edited) return;
     filledFor = key;
-    $("elastic-min_gpus").value = job.min_gpus ?? "";
-    $("elastic-max_gpus").value = job.max_gpus ?? "";
-    $("elastic-priority").value = String(job.priority);
-    for (const field of ["min_gpus", "max_gpus"]) $(`elastic-${field}`).placeholder = String(job.world_size);
+    $("elastic-set-min_gpus").value = job.min_gpus ?? "";
+    $("elastic-set-max_gpus").value = job.max_gpus ?? "";
+    $("elastic-set-priority").value = String(job.priority);
+    for (const field of ["min_gpus", "max_gpus"]) $(`elastic-set-${field}`).placeholder = String(job.world_size);
   }
 
   async function refreshPending() {
@@ -122,8 +122,8 @@ export function startElasticCard({ getJob, isDeleted, onChanged }) {
     event.preventDefault();
     const job = getJob();
     const bound = (id) => ($(id).value.trim() === "" ? null : $(id).value.trim());
-    const body = { min_gpus: bound("elastic-min_gpus"), max_gpus: bound("elastic-max_gpus"),
-      priority: $("elastic-priority").value.trim() };
+    const body = { min_gpus: bound("elastic-set-min_gpus"), max_gpus: bound("elastic-set-max_gpus"),
+      priority: $("elastic-set-priority").value.trim() };
     showError("");
     showFieldErrors({});
     $("elastic-saved").textContent = "saving…";
