@@ -151,7 +151,8 @@ def jobs_list(request: HttpRequest):
     models = model_list()
     view, problems = parse_jobs_query(request.GET)
     columns = [(key, label, aria_sort(view, key)) for key, label in zip(SORT_COLUMNS, (
-        "Name", "Model", "Layout", "GPUs", "State", "Step", "Loss", "Switches", "Elastic range", "Priority", "Created"))]
+        "Name", "Model", "Layout", "GPUs", "State", "Step", "Loss", "Switches", "Elastic range", "Priority",
+        "Created"))]
     return render(request, "frontend/jobs.html", {
         "view": view, "problems": problems, "columns": columns, "state_filters": STATE_FILTERS,
         "sort_defaults": SORT_COLUMNS,

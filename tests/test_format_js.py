@@ -66,7 +66,8 @@ EXAMPLES = [
     ("relativeSeconds", [5 * 3600 + 1], "5 h ago"), ("relativeSeconds", [-200], "in 3 min"),
     ("relativeSeconds", [2 * 86400], "2 d ago"),
     ("hostStats", [45.34, 16, 3 * 2**30, 16 * 2**30], "CPU 45.3 % of 16 · mem 3.00 GiB / 16.0 GiB"),
-    ("hostStats", [None, None, None, None], ""), ("hostStats", [0.0, 2, 512, 2**20], "CPU 0 % of 2 · mem 512 B / 1.00 MiB"),
+    ("hostStats", [None, None, None, None], ""),
+    ("hostStats", [0.0, 2, 512, 2**20], "CPU 0 % of 2 · mem 512 B / 1.00 MiB"),
 ]
 
 pytestmark_node = pytest.mark.skipif(NODE is None, reason="node is not installed")

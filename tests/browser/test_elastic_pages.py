@@ -93,7 +93,8 @@ def test_the_elastic_pages_show_ranges_decisions_and_switch_the_policy(stack, br
             job_page.locator("#elastic-error-min_gpus").inner_text()
         # (the empty upper bound is the job's size, 1: below the fewest, and its own field says so)
         assert job_page.locator("#elastic-error-max_gpus").inner_text() == "max_gpus=1 is below min_gpus=3"
-        assert job_page.locator("#elastic-error-priority").is_hidden() and job_page.locator("#elastic-error").is_hidden()
+        assert job_page.locator("#elastic-error-priority").is_hidden()
+        assert job_page.locator("#elastic-error").is_hidden()
         job_page.get_by_label("Fewest GPUs").fill("1")
         job_page.get_by_label("Most GPUs").fill("2")
         job_page.get_by_label("Priority").fill("6")

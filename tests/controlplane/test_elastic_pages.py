@@ -113,7 +113,8 @@ def test_the_job_page_edits_the_range_and_priority_with_the_apis_words(browser_c
     ids = re.findall(r'\sid="([^"]+)"', html)
     assert len(ids) == len(set(ids)), sorted(i for i in set(ids) if ids.count(i) > 1)  # labels find their fields
     for field in ("min_gpus", "max_gpus", "priority"):  # each field with its error box beside it
-        assert f'id="elastic-set-{field}" name="{field}"' in form and f'aria-describedby="elastic-error-{field}"' in form
+        assert f'id="elastic-set-{field}" name="{field}"' in form
+        assert f'aria-describedby="elastic-error-{field}"' in form
         assert f'id="elastic-error-{field}"' in form, field
     # What the form sends (strings from the inputs, null for an empty bound) and what it shows
     # beside a field when the API refuses: the body's words for that field.

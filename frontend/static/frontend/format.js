@@ -115,7 +115,8 @@ export function hostStats(cpuPercent, cpuCount, memoryUsedBytes, memoryTotalByte
     `${bytes(memoryUsedBytes)} / ${bytes(memoryTotalBytes)}`;
 }
 
-export const hostText = (node) => hostStats(node.cpu_percent, node.cpu_count, node.memory_used_bytes, node.memory_total_bytes);
+export const hostText = (node) => hostStats(node.cpu_percent, node.cpu_count, node.memory_used_bytes,
+  node.memory_total_bytes);
 
 // Seconds between then and now as words: "just now", "42 s ago", "3 min ago", "5 h ago",
 // "2 d ago"; "in 3 min" for the future.

@@ -32,7 +32,8 @@ export function compareRows(a, b, view) {
   const missingY = y === null || y === undefined;
   if (missingX !== missingY) return missingX ? 1 : -1;
   if (!missingX) {
-    const order = TEXT.has(view.sort) ? collator.compare(String(x), String(y)) : Array.isArray(x) ? compareLists(x, y) : x - y;
+    const order = TEXT.has(view.sort) ? collator.compare(String(x), String(y))
+      : Array.isArray(x) ? compareLists(x, y) : x - y;
     if (order !== 0) return view.dir === "asc" ? order : -order;
   }
   return b.id - a.id;

@@ -107,7 +107,9 @@ function drawElastic(tr, job) {
   box.dataset.queued = String(job.queued);
   const parts = [el("span", { class: "policy", "data-field": "policy" }, policyText(job.elastic)),
     ` ${rangeText({ ...job, world_size: job.gpus })}`];
-  if (job.queued && job.state === "pending") parts.push(" ", el("span", { class: "queued", "data-field": "queued" }, "queued"));
+  if (job.queued && job.state === "pending") {
+    parts.push(" ", el("span", { class: "queued", "data-field": "queued" }, "queued"));
+  }
   box.replaceChildren(...parts);
   cell(tr, "priority").textContent = String(job.priority);
 }
