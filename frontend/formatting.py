@@ -142,6 +142,16 @@ def percent(fraction: float | None) -> str:
     return DASH if _missing(fraction) else f"{sig(fraction * 100)} %"
 
 
+def host_stats(cpu_percent: float | None, cpu_count: int | None, memory_used_bytes: float | None,
+               memory_total_bytes: float | None) -> str:
+    """A node's host as its agent last showed it: "CPU 45.3 % of 16 · mem 3.00 GiB / 16.0 GiB";
+    "" before its first report with host stats."""
+    if _missing(cpu_percent):
+        return ""
+    return (f"CPU {percent(cpu_percent / 100)} of {DASH if cpu_count is None else cpu_count} · mem "
+            f"{binary_bytes(memory_used_bytes)} / {binary_bytes(memory_total_bytes)}")
+
+
 def relative_seconds(seconds: float | None) -> str:
     """"just now", "42 s ago", "3 min ago", "5 h ago", "2 d ago"; "in 3 min" ahead."""
     if _missing(seconds):

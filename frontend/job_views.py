@@ -46,6 +46,11 @@ JOB_FIELDS = ("id", "name", "model", "layout", "world_size", "state", "global_ba
               "max_steps", "error", "placement", "elastic", "min_gpus", "max_gpus", "priority", "queued")
 
 
+# The elastic card's form (PATCH /api/jobs/{id}/elastic): field, label, hint.
+ELASTIC_FIELDS = (("min_gpus", "Fewest GPUs", "empty: its size"), ("max_gpus", "Most GPUs", "empty: its size"),
+                  ("priority", "Priority", "higher gets GPUs first"))
+
+
 # The states each of the job page's actions applies in (controlplane/jobs/lifecycle.py): its
 # buttons and resize controls are enabled from these, not from a copy of the rules in JS.
 ACTION_STATES = {action: sorted(s.value for s in states) for action, states in (
@@ -146,7 +151,8 @@ def jobs_list(request: HttpRequest):
     models = model_list()
     view, problems = parse_jobs_query(request.GET)
     columns = [(key, label, aria_sort(view, key)) for key, label in zip(SORT_COLUMNS, (
-        "Name", "Model", "Layout", "GPUs", "State", "Step", "Loss", "Switches", "Created"))]
+        "Name", "Model", "Layout", "GPUs", "State", "Step", "Loss", "Switches", "Elastic range", "Priority",
+        "Created"))]
     return render(request, "frontend/jobs.html", {
         "view": view, "problems": problems, "columns": columns, "state_filters": STATE_FILTERS,
         "sort_defaults": SORT_COLUMNS,
@@ -170,7 +176,7 @@ def job_detail(request: HttpRequest, job_id: int):
     return render(request, "frontend/job.html", {
         "job": job, "job_data": job_data(job), "live": live, "figures": figures, "cluster": cluster,
         "action_states": ACTION_STATES, "job_log": job_log_view(job_id=job.pk).model_dump(mode="json"),
-        "total_gpus": len(cluster["gpus"]), "emulator_devices": EMULATOR_DEVICES,
+        "total_gpus": len(cluster["gpus"]), "emulator_devices": EMULATOR_DEVICES, "elastic_fields": ELASTIC_FIELDS,
         "emulator_default": emulator_device([g["model_name"] for g in cluster["gpus"]]),
     })
 

@@ -6,9 +6,11 @@ from collections.abc import Mapping
 
 from controlplane.jobs.lifecycle import JobState
 
-# column -> the direction a first click sorts it by (words A-Z; numbers and times largest first)
+# column -> the direction a first click sorts it by (words A-Z; numbers and times largest first).
+# "elastic" sorts by (policy on, most GPUs, fewest GPUs) as jobs-view.js says; the table
+# shows the columns in this order.
 SORT_COLUMNS = {"name": "asc", "model": "asc", "layout": "asc", "gpus": "desc", "state": "asc", "step": "desc",
-                "loss": "asc", "switches": "desc", "created": "desc"}
+                "loss": "asc", "switches": "desc", "elastic": "desc", "priority": "desc", "created": "desc"}
 DIRECTIONS = ("asc", "desc")
 ACTIVE = "active"  # every live state (starting, running, switching, restoring, stopping)
 STATE_FILTERS = (ACTIVE, *(s.value for s in JobState))

@@ -40,7 +40,9 @@ def _rows(rng: random.Random) -> list[dict]:
                      "layout": rng.choice(["dp=2", "tp=2,dp=2", "dp=10"]), "gpus": rng.randint(1, 8),
                      "state": rng.choice(STATE_FILTERS[1:]), "step": rng.choice([None, rng.randint(0, 500)]),
                      "loss": rng.choice([None, round(rng.uniform(0, 9), 3)]), "switches": rng.randint(0, 3),
-                     "created": rng.randint(0, 10**6)})
+                     # (policy on, most GPUs, fewest GPUs): elastic-view.js elasticSortKey
+                     "elastic": rng.choice([None, [rng.randint(0, 1), rng.randint(1, 3), rng.randint(1, 3)]]),
+                     "priority": rng.choice([None, rng.randint(-2, 2)]), "created": rng.randint(0, 10**6)})
     return rows
 
 
@@ -76,6 +78,7 @@ def test_the_jobs_view_filters_and_sorts_as_the_rule_says(tmp_path: Path) -> Non
               "function main(cases) { return cases.map((c) => arrange(c.rows, c.view, live).map((r) => r.id)); }\n"
               + READ)
     got = _node(tmp_path, script, cases)
+    assert {c["view"]["sort"] for c in cases} >= {"elastic", "priority"}  # the columns issue 31 added sort too
     for case, ids in zip(cases, got):
         # Ties (equal values) are broken by the newest id in both; a stable sort makes them equal.
         assert ids == _oracle(case["rows"], case["view"]), case["view"]

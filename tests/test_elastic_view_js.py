@@ -44,6 +44,14 @@ def test_range_text_matches_the_python_twin(tmp_path) -> None:
         "1–4 GPUs", "2 GPUs (its size: policy off)", "4 GPUs"]
 
 
+def test_the_elastic_column_sorts_by_policy_then_the_range(tmp_path) -> None:
+    jobs = [{"elastic": True, "min_gpus": 1, "max_gpus": None, "world_size": 4},
+            {"elastic": False, "min_gpus": None, "max_gpus": None, "world_size": 8},
+            {"elastic": True, "min_gpus": 2, "max_gpus": 8, "world_size": 2}]
+    got = _node(tmp_path, "const main = (jobs) => jobs.map(view.elasticSortKey);", jobs)
+    assert got == [[1, 4, 1], [0, 8, 8], [1, 8, 2]]
+
+
 SETTINGS = {"grow_horizon_seconds": 3600.0, "min_interval_seconds": 300.0}
 
 

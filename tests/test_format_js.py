@@ -36,7 +36,7 @@ process.stdin.on("end", () => {
 # JS name -> the Python twin.
 TWINS = {"sig": fmt.sig, "integer": fmt.integer, "duration": fmt.duration, "bytes": fmt.binary_bytes,
          "count": fmt.count, "rate": fmt.rate, "byteRate": fmt.byte_rate, "percent": fmt.percent,
-         "relativeSeconds": fmt.relative_seconds}
+         "relativeSeconds": fmt.relative_seconds, "hostStats": fmt.host_stats}
 
 
 def run_js(calls: list[tuple[str, list]]) -> list[str]:
@@ -65,6 +65,9 @@ EXAMPLES = [
     ("relativeSeconds", [3], "just now"), ("relativeSeconds", [42], "42 s ago"), ("relativeSeconds", [200], "3 min ago"),
     ("relativeSeconds", [5 * 3600 + 1], "5 h ago"), ("relativeSeconds", [-200], "in 3 min"),
     ("relativeSeconds", [2 * 86400], "2 d ago"),
+    ("hostStats", [45.34, 16, 3 * 2**30, 16 * 2**30], "CPU 45.3 % of 16 · mem 3.00 GiB / 16.0 GiB"),
+    ("hostStats", [None, None, None, None], ""),
+    ("hostStats", [0.0, 2, 512, 2**20], "CPU 0 % of 2 · mem 512 B / 1.00 MiB"),
 ]
 
 pytestmark_node = pytest.mark.skipif(NODE is None, reason="node is not installed")
@@ -94,6 +97,7 @@ def test_js_and_python_print_the_same_text(numbers: list[float], durations: list
     calls = [(name, [x]) for x in numbers for name in ("sig", "integer", "bytes", "count", "percent", "byteRate")]
     calls += [("duration", [s]) for s in durations] + [("rate", [s, "steps"]) for s in durations]
     calls += [("relativeSeconds", [x]) for x in numbers if abs(x) < 1e12]  # (30,000 years)
+    calls += [("hostStats", [abs(x) % 100, 8, abs(x), abs(x) * 2]) for x in numbers]
     got = run_js(calls)
     for (name, args), text in zip(calls, got):
         assert text == TWINS[name](*args), (name, args)

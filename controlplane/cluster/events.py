@@ -46,12 +46,20 @@ class GpuView(Closed):
 
 
 class JobView(Closed):
+    """What the live lists show of a job, elastic settings included (the jobs list's
+    "Elastic range" and "Priority" cells follow them without a reload)."""
+
     id: int
     name: str
     model: str
     layout: str
     state: str
     gpus: int
+    elastic: bool = False
+    min_gpus: int | None = None  # None: follows the job's size (gpus)
+    max_gpus: int | None = None
+    priority: int = 0
+    queued: bool = False  # pending, for the elastic scheduler to start
 
 
 class NodeEvent(Closed):

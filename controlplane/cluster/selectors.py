@@ -27,7 +27,9 @@ def gpu_view(gpu: Gpu) -> GpuView:
 
 
 def job_view(job) -> JobView:
-    return JobView(id=job.id, name=job.name, model=job.model, layout=job.layout, state=job.state, gpus=job.world_size)
+    return JobView(id=job.id, name=job.name, model=job.model, layout=job.layout, state=job.state, gpus=job.world_size,
+                   elastic=job.elastic, min_gpus=job.min_gpus, max_gpus=job.max_gpus, priority=job.priority,
+                   queued=job.queued)
 
 
 def cluster_snapshot() -> ClusterSnapshot:

@@ -4,7 +4,12 @@ page shows both with the waiting reason, every job's range and priority, and the
 timeline with the switch as a marker; the job page shows the range (the empty bound as the
 current size), the priority and the pending change; clicking the policy switch and
 confirming turns the policy off (the page and the API say so), and on again; the New job
-form places the API's refusal of a range beside its field. At 1400 and 390 px: screenshots
+form places the API's refusal of a range beside its field. Watched live (issues 31 and 28
+loose ends): the jobs list's row of a job created meanwhile carries its range, priority and
+queued mark, its cells follow a change made in the job page's range and priority form (whose
+refusal sits beside its field) and the priority column sorts; the job page asks its resize
+proposals again once the switch commits (the plan previewed for the old layout is gone) and
+shows its node's CPU and memory. At 1400 and 390 px: screenshots
 (test-artifacts/screenshots/), no horizontal overflow at 390 px, no scientific notation."""
 from __future__ import annotations
 
@@ -29,16 +34,94 @@ def test_the_elastic_pages_show_ranges_decisions_and_switch_the_policy(stack, br
     shots = shots_dir()
     job = stack.post("api/jobs", {"name": "stretchy", "model": "tiny-gpt", "gpus": 2, "global_batch": 12,
                                   "seq_len": 16, "elastic": True, "min_gpus": 1, "priority": 5})
-    urgent = stack.post("api/jobs", {"name": "urgent", "model": "tiny-gpt", "gpus": 4, "global_batch": 12,
-                                     "seq_len": 16, "queue": True, "priority": 9})
+    urgent = None
     errors: list[str] = []
     try:
+        # Watched live: the jobs list (a row arriving over the cluster stream carries its range,
+        # priority and queued mark) and the job page (its proposals asked again once the switch
+        # below commits; its node's CPU and memory; the range and priority form).
+        watch = browser.new_context(viewport={"width": WIDTHS[0], "height": 900})
+        listing, job_page = watch.new_page(), watch.new_page()
+        for p in (listing, job_page):
+            p.set_default_timeout(60_000)
+            p.on("pageerror", lambda exc: errors.append(str(exc)))
+        sign_in_directly(listing, stack)
+        listing.wait_for_selector("#cluster-grid")
+        listing.goto(stack.url + "jobs/")
+        listing.wait_for_selector("#connection[data-state=live]")
+        urgent = stack.post("api/jobs", {"name": "urgent", "model": "tiny-gpt", "gpus": 4, "global_batch": 12,
+                                         "seq_len": 16, "queue": True, "priority": 9})
+        row = listing.locator("tr[data-job=urgent]")
+        row.wait_for()
+        listing.wait_for_function("document.querySelector('tr[data-job=urgent] [data-field=priority]')"
+                                  ".textContent === '9'")
+        assert row.locator("[data-field=elastic]").inner_text() == "off 4 GPUs (follows the current size) queued"
+
         # A switch for the timeline's marker: 2 -> 1 GPU once it trains. Its range's upper bound
-        # is unset, so it follows the size down: 1 GPU.
+        # is unset, so it follows the size down: 1 GPU. Before it, the job page shows the
+        # proposals for 1 GPU and previews tp=1 (its one-GPU name).
         wait_for(lambda: (stack.get(f"api/jobs/{job['id']}", token=True).get("step") or 0) >= 1, timeout=150)
+        job_page.goto(stack.url + f"jobs/{job['id']}/")
+        job_page.wait_for_selector("#job-state[data-state=running]")
+        job_page.get_by_label("New GPU count", exact=True).fill("1")
+        job_page.get_by_role("button", name="Show proposals").click()
+        job_page.wait_for_selector("#proposals-section[data-layout='dp=2'][data-fetches='1']")
+        job_page.get_by_role("button", name="Preview the switch to tp=1").click()
+        job_page.wait_for_selector("#plan-heatmap .main-svg")
+        assert job_page.locator("#resize-open").inner_text() == "Resize to tp=1…"
+        # (its node's host line: the stack's agents report CPU and memory with their heartbeats)
+        job_page.wait_for_selector("#job-gpus .node-row[data-job-node=true] [data-field=host-stats]", timeout=30_000)
+        host = job_page.locator("#job-gpus .node-row[data-job-node=true] [data-field=host-stats]").first.inner_text()
+        assert host.startswith("CPU ") and " % of " in host and " · mem " in host, host
+        assert job_page.locator("#job-gpus .node-row[data-job-node=false] [data-field=host-stats]").count() == 0
         switch = stack.post(f"api/jobs/{job['id']}/resize", {"gpus": 1})
         committed, _ = wait_for_transition_end(stack, switch["id"])
         assert committed["state"] == "committed", committed
+        # The plan made for dp=2 is gone and the proposals were asked again, from the new layout.
+        job_page.wait_for_selector(f"#proposals-section[data-layout='{committed['destination_layout']}']"
+                                   ":not([hidden])", timeout=30_000)
+        assert job_page.locator("#plan-section").is_hidden()
+        assert job_page.locator("#resize-open").inner_text() == "Resize…"
+        assert int(job_page.locator("#proposals-section").get_attribute("data-fetches")) >= 2
+        assert job_page.locator("#proposals-body tr").count() >= 1
+
+        # The range and priority form: a refusal beside its field, then a change the list follows.
+        job_page.get_by_label("Fewest GPUs").fill("3")
+        job_page.get_by_role("button", name="Save range and priority").click()
+        job_page.wait_for_selector("#elastic-error-min_gpus:not([hidden])")
+        assert "min_gpus=3 is above the 1 GPUs the job runs on" in \
+            job_page.locator("#elastic-error-min_gpus").inner_text()
+        # (the empty upper bound is the job's size, 1: below the fewest, and its own field says so)
+        assert job_page.locator("#elastic-error-max_gpus").inner_text() == "max_gpus=1 is below min_gpus=3"
+        assert job_page.locator("#elastic-error-priority").is_hidden()
+        assert job_page.locator("#elastic-error").is_hidden()
+        job_page.get_by_label("Fewest GPUs").fill("1")
+        job_page.get_by_label("Most GPUs").fill("2")
+        job_page.get_by_label("Priority").fill("6")
+        job_page.get_by_role("button", name="Save range and priority").click()
+        job_page.wait_for_selector("#elastic-saved:has-text('saved')")
+        assert job_page.locator("#elastic-error-min_gpus").is_hidden()
+        job_page.wait_for_function("document.getElementById('elastic-range').textContent === '1–2 GPUs'")
+        check_page(job_page, "job-elastic-form", WIDTHS[0], shots, charts=3)
+        # The list's cells follow without a reload; the priority column sorts.
+        listing.wait_for_function("document.querySelector('tr[data-job=stretchy] [data-field=elastic]')"
+                                  ".textContent === 'on 1–2 GPUs'")
+        assert listing.locator("tr[data-job=stretchy] [data-field=priority]").inner_text() == "6"
+        listing.get_by_role("button", name="Priority", exact=True).click()
+        listing.wait_for_selector("th[data-sort=priority][aria-sort=descending]")
+        order = listing.eval_on_selector_all("#jobs-body tr:not([hidden])", "(rows) => rows.map((r) => r.dataset.job)")
+        assert order.index("urgent") < order.index("stretchy"), order
+        assert "sort=priority" in listing.url
+        check_page(listing, "jobs-live-elastic", WIDTHS[0], shots)
+        # Back as it was (the checks below read the range with its upper bound unset, priority 5).
+        job_page.get_by_label("Most GPUs").fill("")
+        job_page.get_by_label("Priority").fill("5")
+        job_page.get_by_role("button", name="Save range and priority").click()
+        job_page.wait_for_function("document.getElementById('elastic-range').textContent === "
+                                   "'1 GPU (max follows the current size)'")
+        listing.wait_for_function("document.querySelector('tr[data-job=stretchy] [data-field=priority]')"
+                                  ".textContent === '5'")
+        watch.close()
         for width in WIDTHS:
             context = browser.new_context(viewport={"width": width, "height": 900})
             page = context.new_page()
@@ -102,9 +185,9 @@ def test_the_elastic_pages_show_ranges_decisions_and_switch_the_policy(stack, br
             context.close()
         assert errors == [], errors
     finally:
-        for j in (job, urgent):
+        for j in (job, urgent) if urgent else (job,):
             if stack.get(f"api/jobs/{j['id']}", token=True)["state"] not in ("stopped", "failed"):
                 stack.post(f"api/jobs/{j['id']}/stop", {})
-        for j in (job, urgent):
+        for j in (job, urgent) if urgent else (job,):
             wait_for(lambda j=j: stack.get(f"api/jobs/{j['id']}", token=True)["state"] in ("stopped", "failed"),
                      timeout=60)

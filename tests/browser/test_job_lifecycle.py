@@ -128,8 +128,11 @@ def test_create_start_watch_resize_stop_and_delete_a_job_by_clicking(stack, brow
         page.wait_for_function("document.querySelectorAll('[data-rank]').length === 4", timeout=30_000)
         page.wait_for_selector("#job-state[data-state=running]")
         assert page.locator("#job-layout").inner_text() == "dp=4 on 4 GPUs"
-        # The plan of the committed switch is gone; the controls start from the new size.
-        assert page.locator("#plan-section").is_hidden() and page.locator("#proposals-section").is_hidden()
+        # The plan of the committed switch is gone; the controls start from the new size, and the
+        # proposals are asked again for it, from the new layout (issue 28: none left from dp=2).
+        page.wait_for_selector("#proposals-section[data-layout='dp=4'][data-gpus='4']:not([hidden])")
+        assert page.locator("#plan-section").is_hidden()
+        assert page.locator("#resize-open").inner_text() == "Resize…"
         assert page.get_by_label("New GPU count", exact=True).input_value() == "4"
         assert page.get_by_role("button", name="Show proposals").is_enabled()
         page.screenshot(path=str(shots / "job-resized-by-clicks.png"), full_page=True)

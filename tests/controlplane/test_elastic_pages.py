@@ -4,6 +4,7 @@ page's row carries the switch, the range and the priority; the jobs list shows t
 (an empty bound as the job's size) and the New job form has the fields."""
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -106,12 +107,40 @@ def test_the_job_page_carries_the_switch_range_and_priority(browser_client, toke
     assert browser_client.get(f"/jobs/{elastic_job['id']}/state.json").json()["elastic"] is False
 
 
+def test_the_job_page_edits_the_range_and_priority_with_the_apis_words(browser_client, elastic_job) -> None:
+    html = browser_client.get(f"/jobs/{elastic_job['id']}/").content.decode()
+    form = html.split('id="elastic-form"')[1].split("</form>")[0]
+    ids = re.findall(r'\sid="([^"]+)"', html)
+    assert len(ids) == len(set(ids)), sorted(i for i in set(ids) if ids.count(i) > 1)  # labels find their fields
+    for field in ("min_gpus", "max_gpus", "priority"):  # each field with its error box beside it
+        assert f'id="elastic-set-{field}" name="{field}"' in form
+        assert f'aria-describedby="elastic-error-{field}"' in form
+        assert f'id="elastic-error-{field}"' in form, field
+    # What the form sends (strings from the inputs, null for an empty bound) and what it shows
+    # beside a field when the API refuses: the body's words for that field.
+    url = f"/api/jobs/{elastic_job['id']}/elastic"
+    refused = browser_client.patch(url, {"min_gpus": "3", "max_gpus": None, "priority": "2"},
+                                   content_type="application/json")
+    assert refused.status_code == 400
+    assert refused.json()["min_gpus"] == [
+        "min_gpus=3 is above the 2 GPUs the job runs on (world_size); the range must hold them"]
+    assert browser_client.patch(url, {"min_gpus": "1", "max_gpus": "2", "priority": ""},
+                                content_type="application/json").json()["priority"] == ["A valid integer is required."]
+    saved = browser_client.patch(url, {"min_gpus": None, "max_gpus": "4", "priority": "-1"},
+                                 content_type="application/json")
+    assert saved.status_code == 200
+    assert {k: saved.json()[k] for k in ("min_gpus", "max_gpus", "priority")} == {
+        "min_gpus": None, "max_gpus": 4, "priority": -1}
+
+
 def test_the_jobs_list_shows_each_range_with_empty_bounds_as_the_size(run, browser_client, token_client,
                                                                       elastic_job) -> None:
     run(token_client.post, "/api/jobs", {"name": "rigid", "model": "tiny-gpt", "gpus": 2, "start": False,
                                          "priority": -2}, format="json")
     html = browser_client.get("/jobs/").content.decode()
-    assert ">Elastic range</th>" in html and ">Priority</th>" in html
+    # (both columns sort like the others: a header button, in the address as ?sort=elastic / ?sort=priority)
+    assert 'class="sort" data-sort="elastic">Elastic range</button></th>' in html
+    assert 'class="sort" data-sort="priority">Priority</button></th>' in html
     stretchy = html.split('data-job="stretchy"')[1].split("</tr>")[0]
     assert 'data-elastic="true" data-min="1" data-max="4"' in stretchy and "on</span> 1–4 GPUs</td>" in stretchy
     assert '<td data-field="priority">3</td>' in stretchy
@@ -120,6 +149,24 @@ def test_the_jobs_list_shows_each_range_with_empty_bounds_as_the_size(run, brows
     assert "off</span> 2 GPUs (follows the current size)</td>" in rigid and '<td data-field="priority">-2</td>' in rigid
     for field in ("elastic", "min_gpus", "max_gpus", "priority"):  # the New job form's fields and their error boxes
         assert f'id="job-{field}"' in html and f'id="error-{field}"' in html, field
+
+
+def test_the_list_marks_a_queued_job_and_the_stream_carries_its_settings(run, browser_client, token_client,
+                                                                         elastic_job, sent_events) -> None:
+    sent_events.clear()
+    queued = run(token_client.post, "/api/jobs", {"name": "urgent", "model": "tiny-gpt", "gpus": 2, "queue": True,
+                                                  "priority": 9}, format="json").json()
+    run(token_client.patch, f"/api/jobs/{elastic_job['id']}/elastic", {"min_gpus": 2, "priority": 7}, format="json")
+    html = browser_client.get("/jobs/").content.decode()
+    urgent = html.split('data-job="urgent"')[1].split("</tr>")[0]
+    assert 'data-queued="true"' in urgent and '<span class="queued" data-field="queued">queued</span>' in urgent
+    assert 'data-field="queued"' not in html.split('data-job="stretchy"')[1].split("</tr>")[0]
+    # What the list's live cells are drawn from: the cluster stream's job events.
+    jobs = [e.job for e in sent_events if getattr(e, "type", None) == "job"]
+    assert (jobs[0].name, jobs[0].queued, jobs[0].priority, jobs[0].elastic) == ("urgent", True, 9, False)
+    assert (jobs[-1].id, jobs[-1].elastic, jobs[-1].min_gpus, jobs[-1].max_gpus, jobs[-1].priority) == (
+        elastic_job["id"], True, 2, 4, 7)
+    assert queued["queued"] is True
 
 
 @pytest.mark.parametrize("bounds, world, text", [

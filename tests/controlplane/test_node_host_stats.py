@@ -73,3 +73,27 @@ def test_the_api_and_the_cluster_page_show_them(token_client, browser_client) ->
         37.5, 8, 3 * GIB, 16 * GIB) and node["host_stats_at"]
     snapshot = embedded_json(browser_client.get("/").content.decode(), "cluster-snapshot")
     assert snapshot["nodes"][0]["cpu_percent"] == 37.5 and snapshot["nodes"][0]["memory_total_bytes"] == 16 * GIB
+
+
+@pytest.mark.django_db
+def test_the_job_page_carries_its_nodes_host_stats(run, token_client, browser_client, sent_tasks) -> None:
+    """The job page's grid draws the host line (format.js hostStats, twin of
+    formatting.host_stats) from the cluster snapshot it embeds, on the nodes the job holds."""
+    from controlplane.jobs.reports import job_record_report
+    from frontend.formatting import host_stats
+    from tests.support.reports import report_of
+
+    stats = protocol.HostStats(cpu_percent=37.5, cpu_count=8, memory_used_bytes=3 * GIB, memory_total_bytes=16 * GIB)
+    services.node_record_heartbeat(report=heartbeat("node-1", gpus=2, host_stats=stats))
+    services.node_record_heartbeat(report=heartbeat("node-2", gpus=2))  # no stats reported yet
+    job = run(token_client.post, "/api/jobs", {"name": "hosted", "model": "tiny-gpt", "gpus": 2}, format="json").json()
+    run(job_record_report, report=report_of(job["id"], "started", "node-1"))
+    snapshot = embedded_json(browser_client.get(f"/jobs/{job['id']}/").content.decode(), "cluster-snapshot")
+    nodes = {n["name"]: n for n in snapshot["nodes"]}
+    held = {g["node"] for g in snapshot["gpus"] if g["job"] == "hosted"}
+    assert held == {"node-1"}
+    one = nodes["node-1"]
+    assert host_stats(one["cpu_percent"], one["cpu_count"], one["memory_used_bytes"], one["memory_total_bytes"]) == \
+        "CPU 37.5 % of 8 · mem 3.00 GiB / 16.0 GiB"
+    assert host_stats(*(nodes["node-2"][k] for k in ("cpu_percent", "cpu_count", "memory_used_bytes",
+                                                     "memory_total_bytes"))) == ""

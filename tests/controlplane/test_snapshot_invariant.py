@@ -16,6 +16,7 @@ from controlplane.cluster.selectors import cluster_snapshot
 from controlplane.common.models import EventStream
 from controlplane.jobs.models import Job
 from controlplane.common.errors import InvalidInput
+from controlplane.jobs.elastic_settings import job_elastic_set
 from controlplane.jobs.services import job_create, job_delete
 from tests.controlplane.conftest import heartbeat
 
@@ -31,6 +32,11 @@ operations = st.lists(
         st.tuples(st.just("sweep"), st.just(""), st.just(0)),
         st.tuples(st.just("create"), st.sampled_from(["a", "b"]), st.integers(1, 4)),
         st.tuples(st.just("delete"), st.sampled_from(["a", "b"]), st.just(0)),
+        # elastic settings (PATCH /api/jobs/{id}/elastic): the jobs list shows them live
+        st.tuples(st.just("elastic"), st.sampled_from(["a", "b"]),
+                  st.tuples(st.booleans(), st.sampled_from([None, 1, 2, 4]), st.sampled_from([None, 2, 4, 8]),
+                            st.integers(-3, 3))),
+        st.tuples(st.just("queue"), st.sampled_from(["a", "b"]), st.integers(1, 4)),
     ),
     min_size=1,
     max_size=12,
@@ -62,6 +68,18 @@ def test_snapshot_plus_events_is_later_snapshot(before_ops, ops, django_capture_
                 job_create(name=name, model="tiny-gpt", layout=f"dp={n}")
             except InvalidInput:  # more GPUs than the inventory, or a batch dp does not split: nothing published
                 pass
+        elif kind == "queue" and not Job.objects.filter(name=name).exists():
+            try:
+                job_create(name=name, model="tiny-gpt", layout=f"dp={n}", queued=True, priority=n)
+            except InvalidInput:
+                pass
+        elif kind == "elastic" and Job.objects.filter(name=name).exists():
+            elastic, lo, hi, priority = n
+            try:
+                job_elastic_set(job_id=Job.objects.get(name=name).pk, elastic=elastic, min_gpus=lo, max_gpus=hi,
+                                priority=priority)
+            except InvalidInput:  # a range that does not hold the job's size: nothing written, nothing published
+                pass
         elif kind == "delete" and Job.objects.filter(name=name).exists():
             job_delete(job_id=Job.objects.get(name=name).pk)
 
@@ -81,6 +99,10 @@ def test_snapshot_plus_events_is_later_snapshot(before_ops, ops, django_capture_
         replayed = apply_event(replayed, wire)
     assert replayed.seq == after.seq
     assert replayed.canonical() == after.canonical()
+    for job in after.jobs:  # the elastic settings travel with the job's events
+        row = Job.objects.get(pk=job.id)
+        assert (job.elastic, job.min_gpus, job.max_gpus, job.priority, job.queued) == (
+            row.elastic, row.min_gpus, row.max_gpus, row.priority, row.queued)
     # Replaying an event twice changes nothing (a snapshot read racing an event is safe).
     for event in sent_events:
         assert apply_event(replayed, event) == replayed

@@ -1,7 +1,7 @@
 // Cluster page: render the embedded snapshot, then keep it live over /ws/cluster/.
 import { applyEvent, gpuStateCounts, GPU_STATES } from "./cluster-store.js";
 import { draw } from "./plots.js";
-import { bytes, percent } from "./format.js";
+import { bytes, hostText } from "./format.js";
 
 const readJson = (id) => JSON.parse(document.getElementById(id).textContent);
 
@@ -14,13 +14,6 @@ function el(tag, attrs = {}, text = "") {
   for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
   if (text) node.textContent = text;
   return node;
-}
-
-// The node's host as its agent last showed it: "CPU 45.3 % of 16 · mem 3.00 GiB / 16.0 GiB".
-function hostText(node) {
-  if (node.cpu_percent === null || node.cpu_percent === undefined) return "";
-  return `CPU ${percent(node.cpu_percent / 100)} of ${node.cpu_count} · mem ${bytes(node.memory_used_bytes)} / ` +
-    bytes(node.memory_total_bytes);
 }
 
 function renderGrid() {

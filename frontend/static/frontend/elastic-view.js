@@ -22,6 +22,13 @@ export function rangeText(job) {
   return span;
 }
 
+// The jobs list's sort value of the "Elastic range" column: policy on before off, then the
+// most GPUs the range allows, then the fewest (jobs-view.js compares such lists in order).
+export function elasticSortKey(job) {
+  const { lo, hi } = rangeOf(job);
+  return [job.elastic ? 1 : 0, hi, lo];
+}
+
 // The range as the scheduler reads it (GET /api/elastic's jobs: bounds resolved; a job with
 // the policy off keeps its size).
 export function schedulerRangeText(job) {

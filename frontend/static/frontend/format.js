@@ -107,6 +107,17 @@ export function percent(fraction) {
   return `${sig(fraction * 100)} %`;
 }
 
+// A node's host as its agent last showed it: "CPU 45.3 % of 16 · mem 3.00 GiB / 16.0 GiB";
+// "" before its first report with host stats (the cluster page and the job page's grid).
+export function hostStats(cpuPercent, cpuCount, memoryUsedBytes, memoryTotalBytes) {
+  if (missing(cpuPercent)) return "";
+  return `CPU ${percent(cpuPercent / 100)} of ${cpuCount === null || cpuCount === undefined ? DASH : cpuCount} · mem ` +
+    `${bytes(memoryUsedBytes)} / ${bytes(memoryTotalBytes)}`;
+}
+
+export const hostText = (node) => hostStats(node.cpu_percent, node.cpu_count, node.memory_used_bytes,
+  node.memory_total_bytes);
+
 // Seconds between then and now as words: "just now", "42 s ago", "3 min ago", "5 h ago",
 // "2 d ago"; "in 3 min" for the future.
 export function relativeSeconds(seconds) {

@@ -1,10 +1,13 @@
 // The job page's elastic card: the policy switch, the GPU range (an empty bound follows the
 // job's size) and the priority from the job's row, and its pending change from GET
 // /api/elastic. The switch asks for confirmation, then PATCHes /api/jobs/{id}/elastic (the
-// API checks it; a refusal is shown under the card) and the page reads the job again.
+// API checks it; a refusal is shown under the card) and the page reads the job again. The
+// form edits the range (an empty bound: the job's size) and the priority with the same PATCH;
+// the API's words for a refused field are shown beside that field.
 import { pendingText, policyText, rangeText } from "./elastic-view.js";
 
 const $ = (id) => document.getElementById(id);
+const FORM_FIELDS = ["min_gpus", "max_gpus", "priority"];
 
 function describe(body, status) {
   if (!body) return `HTTP ${status}`;
@@ -30,6 +33,30 @@ export function startElasticCard({ getJob, isDeleted, onChanged }) {
   function showError(text) {
     $("elastic-error").textContent = text;
     $("elastic-error").hidden = !text;
+  }
+
+  function showFieldErrors(problems) {
+    for (const field of FORM_FIELDS) {
+      const box = $(`elastic-error-${field}`);
+      const text = problems[field] ? [].concat(problems[field]).join(" ") : "";
+      box.textContent = text;
+      box.hidden = !text;
+      $(`elastic-set-${field}`).setAttribute("aria-invalid", String(Boolean(text)));
+    }
+  }
+
+  // The form shows the job's settings, refilled when they change (elsewhere too) unless the
+  // user has typed since: their edit is kept until saved.
+  let filledFor = null;
+  let edited = false;
+  function fillForm(job) {
+    const key = `${job.min_gpus}/${job.max_gpus}/${job.priority}`;
+    if (key === filledFor || edited) return;
+    filledFor = key;
+    $("elastic-set-min_gpus").value = job.min_gpus ?? "";
+    $("elastic-set-max_gpus").value = job.max_gpus ?? "";
+    $("elastic-set-priority").value = String(job.priority);
+    for (const field of ["min_gpus", "max_gpus"]) $(`elastic-set-${field}`).placeholder = String(job.world_size);
   }
 
   async function refreshPending() {
@@ -62,6 +89,9 @@ export function startElasticCard({ getJob, isDeleted, onChanged }) {
     const ended = isDeleted() || ["stopped", "failed"].includes(job.state);
     toggle.disabled = ended;
     toggle.title = ended ? `${job.name} has ended: the scheduler no longer sees it` : "";
+    for (const control of $("elastic-form").elements) control.disabled = ended;
+    $("elastic-save").title = toggle.title;
+    fillForm(job);
     const key = `${job.state}/${job.world_size}/${job.elastic}/${job.min_gpus}/${job.max_gpus}/${job.priority}`;
     if (key !== shownFor) { shownFor = key; refreshPending(); }
   }
@@ -86,6 +116,38 @@ export function startElasticCard({ getJob, isDeleted, onChanged }) {
     const body = await response.json().catch(() => null);
     if (!response.ok) { showError(`The policy switch was refused: ${describe(body, response.status)}`); return; }
     onChanged(body);
+  });
+  $("elastic-form").addEventListener("input", () => { edited = true; $("elastic-saved").textContent = ""; });
+  $("elastic-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const job = getJob();
+    const bound = (id) => ($(id).value.trim() === "" ? null : $(id).value.trim());
+    const body = { min_gpus: bound("elastic-set-min_gpus"), max_gpus: bound("elastic-set-max_gpus"),
+      priority: $("elastic-set-priority").value.trim() };
+    showError("");
+    showFieldErrors({});
+    $("elastic-saved").textContent = "saving…";
+    const token = document.querySelector("[name=csrfmiddlewaretoken]").value;
+    const response = await fetch(`/api/jobs/${job.id}/elastic`, {
+      method: "PATCH", credentials: "same-origin",
+      headers: { "Content-Type": "application/json", "X-CSRFToken": token }, body: JSON.stringify(body),
+    }).catch(() => null);
+    const reply = response ? await response.json().catch(() => null) : null;
+    if (!response || !response.ok) {
+      $("elastic-saved").textContent = "";
+      const fields = reply && typeof reply === "object" ? reply : {};
+      showFieldErrors(fields);
+      const rest = Object.fromEntries(Object.entries(fields).filter(([k]) => !FORM_FIELDS.includes(k)));
+      if (!response) showError("The change was not sent: offline");
+      else if (!FORM_FIELDS.some((f) => fields[f]) || Object.keys(rest).length) {
+        showError(`The change was refused: ${describe(Object.keys(rest).length ? rest : reply, response.status)}`);
+      }
+      return;
+    }
+    edited = false;
+    filledFor = null;
+    $("elastic-saved").textContent = "saved";
+    onChanged(reply);
   });
   setInterval(refreshPending, 30_000); // intervals and back-offs run out with time
   return { update, refreshPending };

@@ -8,7 +8,7 @@ import { startElasticCard } from "./job-elastic.js";
 import { startLogPanel } from "./log-view.js";
 import { draw } from "./plots.js";
 import { metricFigure } from "./metric-charts.js";
-import { liveTimes } from "./format.js";
+import { hostText, liveTimes } from "./format.js";
 import { duration } from "./format.js";
 
 const readJson = (id) => JSON.parse(document.getElementById(id).textContent);
@@ -107,6 +107,10 @@ function drawGpus() {
     head.append(el("strong", {}, node.name), el("span", { class: "node-state" }, node.state));
     row.append(head);
     const gpus = cluster.gpus.filter((g) => g.node === node.name).sort((a, b) => a.index - b.index);
+    // The host's CPU and memory (heartbeats, live over the cluster stream) on the nodes this job runs on.
+    const host = gpus.some((g) => g.job === job.name) ? hostText(node) : "";
+    if (host) head.append(el("span", { class: "node-host", "data-field": "host-stats" }, host));
+    row.dataset.jobNode = String(gpus.some((g) => g.job === job.name));
     for (const gpu of gpus) {
       // A rank is drawn only on a GPU the inventory says this job holds (a stopped job's
       // last placement is not drawn on GPUs that are free again, or another job's).

@@ -1,8 +1,9 @@
 // The jobs list's view: which rows show (state filter, search by name or model) and in
 // which order (a column, either way), and the address that shares it (?sort=&dir=&state=&q=;
 // frontend/jobs_query.py checks it on the server). Pure: rows are plain objects
-// {id, name, model, layout, gpus, state, step, loss, switches, created (ms since 1970)};
-// tests/test_jobs_view_js.py runs it under node against a Python oracle.
+// {id, name, model, layout, gpus, state, step, loss, switches, elastic, priority, created (ms
+// since 1970)}, where elastic is a list of numbers compared in order (elastic-view.js
+// elasticSortKey); tests/test_dashboard_views_js.py runs it under node against a Python oracle.
 
 export const DEFAULT_VIEW = { sort: "created", dir: "desc", state: "", q: "" };
 const TEXT = new Set(["name", "model", "layout", "state"]);
@@ -17,6 +18,12 @@ export function matches(row, view, liveStates) {
   return words.every((w) => text.includes(w));
 }
 
+// Lists of numbers in order: the first that differs decides.
+function compareLists(x, y) {
+  for (let i = 0; i < Math.min(x.length, y.length); i += 1) if (x[i] !== y[i]) return x[i] - y[i];
+  return x.length - y.length;
+}
+
 // Order of two rows under the view: by the column (words in natural order, "job-2" before
 // "job-10"; numbers by value), missing values last whichever the direction, then newest first.
 export function compareRows(a, b, view) {
@@ -25,7 +32,8 @@ export function compareRows(a, b, view) {
   const missingY = y === null || y === undefined;
   if (missingX !== missingY) return missingX ? 1 : -1;
   if (!missingX) {
-    const order = TEXT.has(view.sort) ? collator.compare(String(x), String(y)) : x - y;
+    const order = TEXT.has(view.sort) ? collator.compare(String(x), String(y))
+      : Array.isArray(x) ? compareLists(x, y) : x - y;
     if (order !== 0) return view.dir === "asc" ? order : -order;
   }
   return b.id - a.id;

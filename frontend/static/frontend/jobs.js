@@ -1,12 +1,12 @@
-// Jobs list, live without reloading: state, layout and GPU count from the cluster stream
-// (/ws/cluster/ `job` events), step and loss from each live job's own stream
+// Jobs list, live without reloading: state, layout, GPU count, elastic range and priority
+// from the cluster stream (/ws/cluster/ `job` events), step and loss from each live job's own stream
 // (/ws/jobs/<id>/ `metrics` events; a socket per live job, closed when the job ends).
 // Sorted by a clicked column header, filtered by state and searched by name or model
 // (jobs-view.js), in the address (?sort=&dir=&state=&q=) so that a link shares the view;
 // every live change re-applies the view.
 import { liveTimes, timeElement } from "./format.js";
 import { arrange, clickSort, toQuery } from "./jobs-view.js";
-import { rangeText } from "./elastic-view.js";
+import { elasticSortKey, policyText, rangeText } from "./elastic-view.js";
 
 const readJson = (id) => JSON.parse(document.getElementById(id).textContent);
 const LIVE_STATES = readJson("live-states");
@@ -29,13 +29,24 @@ const cell = (tr, field) => tr.querySelector(`[data-field="${field}"]`);
 
 // A row's values as the view sorts and filters them (from the row's cells and data).
 function rowData(tr) {
-  const number = (text) => (text === undefined || text === "" ? null : Number(text));
+  const number = (text) => (text === undefined || text === "" || Number.isNaN(Number(text)) ? null : Number(text));
   return {
     id: Number(tr.dataset.id), name: tr.dataset.job, model: tr.dataset.model, layout: cell(tr, "layout").textContent,
     gpus: number(cell(tr, "gpus").textContent), state: cell(tr, "state").dataset.state,
     step: number(cell(tr, "step").dataset.step), loss: number(tr.dataset.loss),
-    switches: number(cell(tr, "switches").textContent), created: Date.parse(tr.dataset.created),
+    switches: number(cell(tr, "switches").textContent), elastic: elasticOf(tr),
+    priority: number(cell(tr, "priority").textContent),
+    created: Date.parse(tr.dataset.created),
   };
+}
+
+// The row's elastic settings, as its cell stores them (null before the stream told them).
+function elasticOf(tr) {
+  const box = cell(tr, "elastic");
+  if (!box || box.dataset.elastic === undefined) return null;
+  const bound = (text) => (text === "" ? null : Number(text));
+  return elasticSortKey({ elastic: box.dataset.elastic === "true", min_gpus: bound(box.dataset.min),
+    max_gpus: bound(box.dataset.max), world_size: Number(cell(tr, "gpus").textContent) });
 }
 
 function applyView() {
@@ -86,20 +97,28 @@ function newRow(job) {
   return tr;
 }
 
-// The elastic range: a bound left empty follows the job's size, which the stream changes.
-function drawRange(tr, gpus) {
+// The elastic cell and the priority from the stream's job (the same words as the server's
+// rows: frontend/elastic_text.py is rangeText's twin); a bound left empty follows the size.
+function drawElastic(tr, job) {
   const box = cell(tr, "elastic");
-  if (!box || box.dataset.elastic === undefined) return; // (a row the stream added: its settings are not known here)
-  const bound = (text) => (text === "" ? null : Number(text));
-  const text = rangeText({ min_gpus: bound(box.dataset.min), max_gpus: bound(box.dataset.max), world_size: gpus });
-  box.lastChild.textContent = ` ${text}`;
+  box.dataset.elastic = String(job.elastic);
+  box.dataset.min = job.min_gpus == null ? "" : String(job.min_gpus);
+  box.dataset.max = job.max_gpus == null ? "" : String(job.max_gpus);
+  box.dataset.queued = String(job.queued);
+  const parts = [el("span", { class: "policy", "data-field": "policy" }, policyText(job.elastic)),
+    ` ${rangeText({ ...job, world_size: job.gpus })}`];
+  if (job.queued && job.state === "pending") {
+    parts.push(" ", el("span", { class: "queued", "data-field": "queued" }, "queued"));
+  }
+  box.replaceChildren(...parts);
+  cell(tr, "priority").textContent = String(job.priority);
 }
 
 function upsertJob(job) {
   const tr = row(job.id) || newRow(job);
   cell(tr, "layout").textContent = job.layout;
   cell(tr, "gpus").textContent = String(job.gpus);
-  drawRange(tr, job.gpus);
+  drawElastic(tr, job);
   const state = cell(tr, "state");
   state.textContent = job.state;
   state.dataset.state = job.state;

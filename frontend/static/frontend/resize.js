@@ -55,6 +55,10 @@ export function startResizeFlow({ getJob, getLive, onEvent, getState, states }) 
   let tracking = null; // transition id being followed
 
   let shownFor = null; // the state the controls were last set up for
+  let asked = null; // the GPU count proposals were last asked for (kept while a switch hides them)
+  let proposalsLayout = null; // the layout the job ran when they were asked for
+  let refetchDue = false; // a switch committed or the layout changed since: ask again
+  let fetches = 0;
 
   function clearPlan() {
     chosen = null;
@@ -69,6 +73,15 @@ export function startResizeFlow({ getJob, getLive, onEvent, getState, states }) 
 
   function update() {
     const state = getState();
+    if (asked !== null && getJob().layout !== proposalsLayout) {
+      refetchDue = true;
+      proposalsLayout = getJob().layout;
+    }
+    setUp(state);
+    if (refetchDue && asked !== null && states.preview.includes(state)) refreshProposals();
+  }
+
+  function setUp(state) {
     if (state === shownFor) return;
     const wasPreviewable = shownFor !== null && states.preview.includes(shownFor);
     shownFor = state;
@@ -93,14 +106,36 @@ export function startResizeFlow({ getJob, getLive, onEvent, getState, states }) 
 
   $("resize-form").addEventListener("submit", async (event) => {
     event.preventDefault();
-    showError("");
     if (!states.preview.includes(getState())) return;
+    await fetchProposals(Number(input.value));
+    $("proposals-section").querySelector("button.preview")?.focus();
+  });
+
+  // The proposals (and a plan previewed from them) are made for the layout the job runs: once
+  // a switch commits or the layout changes otherwise (an elastic resize), the plan on screen
+  // is dropped and the proposals are asked for again, for the GPU count in the form, as soon
+  // as the job can be previewed again.
+  function refreshProposals() {
+    refetchDue = false;
+    clearPlan();
+    fetchProposals(Number(input.value));
+  }
+
+  async function fetchProposals(gpus) {
+    showError("");
     $("plan-section").hidden = true;
-    const gpus = Number(input.value);
+    const mine = ++fetches;
+    asked = gpus;
+    proposalsLayout = getJob().layout;
     const response = await fetch(`/api/jobs/${getJob().id}/proposals?gpus=${gpus}`, { credentials: "same-origin" });
     const body = await response.json().catch(() => null);
+    if (mine !== fetches) return; // a newer ask is under way
     if (!response.ok) { $("proposals-section").hidden = true; showError(describeError(body, response.status)); return; }
     proposals = body;
+    proposalsLayout = body.current_layout || proposalsLayout;
+    $("proposals-section").dataset.layout = proposalsLayout;
+    $("proposals-section").dataset.gpus = String(gpus);
+    $("proposals-section").dataset.fetches = String(mine);
     runs = {};
     $("ranking-note").textContent = body.predictor === "rule"
       ? `Ranked by rule, not by the emulator: ${body.ranking}. ` + (body.measured_step_seconds === null
@@ -113,8 +148,7 @@ export function startResizeFlow({ getJob, getLive, onEvent, getState, states }) 
     $("emulate-status").textContent = "";
     renderProposals(body.proposals);
     $("proposals-section").hidden = false;
-    $("proposals-section").querySelector("button.preview")?.focus();
-  });
+  }
 
   function renderProposals(list) {
     const cap = proposals.capacity_bytes ? ` of ${mib(proposals.capacity_bytes)}` : "";
@@ -311,6 +345,10 @@ export function startResizeFlow({ getJob, getLive, onEvent, getState, states }) 
   onEvent((event, live) => {
     if (event.type === "transition" && tracking === null && !TERMINAL.includes(event.transition.state)) {
       follow(event.transition.id); // started elsewhere (API, another tab)
+    }
+    if (event.type === "transition" && event.transition.state === "committed") {
+      refetchDue = true; // (asked again once the page has read the job's new layout and state)
+      update();
     }
     const t = live.transitions.find((x) => x.id === tracking);
     if (t) showProgress(t);
