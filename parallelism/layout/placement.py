@@ -46,10 +46,10 @@ def hetero_refusal(placement: "Placement") -> str | None:
     a multimodal model, or None; one pure rule for the trainer and the control plane, which
     refuses such a job or resize up front. Batch divisibility is checked apart (batch_dp)."""
     for name, ml in placement.modules.items():
-        for key in ("cp", "ep", "vpp"):
+        for key in ("cp", "ep"):
             if getattr(ml, key) != 1:
-                return (f"{name}: {key}={getattr(ml, key)}; the heterogeneous trainer supports tp, pp, dp and zero, "
-                        f"so {key} must be 1")
+                return (f"{name}: {key}={getattr(ml, key)}; the heterogeneous trainer supports tp, pp (vpp in the "
+                        f"LLM), dp and zero, so {key} must be 1")
         if ml.zero == 3:
             return f"{name}: zero=3 is not supported by the heterogeneous trainer (use zero <= 2)"
     encoder = placement.modules.get("encoder")

@@ -51,7 +51,8 @@ from parallelism.training.data import SyntheticImages, SyntheticTokens
 from parallelism.training.image_text_stage import ImageTextStage, image_text_tp_plan, text_loss
 from parallelism.training.kv_heads import head_groups, is_replicated, replicated_units
 from parallelism.training.model import build_training_model
-from parallelism.training.parallel import StepResult, TrainConfig, TrainingError, TrainScalars, device_type
+from parallelism.training.parallel import (StepResult, TrainConfig, TrainingError, TrainScalars, check_interleaved,
+                                           device_type, pipeline_schedule)
 from parallelism.training.zero import ParamSlot, ShardedAdamW, chunk_rows
 
 
@@ -64,6 +65,7 @@ def check_hetero_trainable(config: TrainConfig, placement: Placement) -> None:
     if refused:
         raise TrainingError(refused)
     llm = placement.modules["llm"]
+    check_interleaved(config, llm, "llm")
     if config.sequence_parallel and llm.tp > 1:
         image = mc.encoder.positions
         if (image + config.seq_len) % llm.tp:
@@ -208,7 +210,8 @@ class HeteroTrainer:
             self.pp_rank, self.llm_dp_rank, self.tp_rank = llm_coord
             sequence_parallel = config.sequence_parallel and self.llm_ml.tp > 1
             self.llm_stage = ImageTextStage(model, self.pp_rank, self.llm_ml.pp,
-                                            sequence_shards=self.llm_ml.tp if sequence_parallel else 1)
+                                            sequence_shards=self.llm_ml.tp if sequence_parallel else 1,
+                                            virtual=self.llm_ml.vpp)
             if self.llm_ml.tp > 1:
                 parallelize_module(self.llm_stage, llm_mesh["tp"],
                                    image_text_tp_plan(self.llm_stage, kv_units=replicated_units(self.placement)))
@@ -219,6 +222,9 @@ class HeteroTrainer:
             self.llm_optimizer = adopt(self.llm_stage, state["llm"], zero=self.llm_ml.zero, dp=self.llm_ml.dp,
                                        dp_rank=self.llm_dp_rank, group=llm_mesh["dp"].get_group(), config=config,
                                        step=self.scalars.step, ties=ties)
+            # Interleaved (vpp > 1): the virtual stages pp_rank + k*pp; chunk 0 takes the image tokens.
+            self.chunks = ([self.llm_stage.chunk(self.pp_rank + k * self.llm_ml.pp) for k in range(self.llm_ml.vpp)]
+                           if self.llm_ml.vpp > 1 else [self.llm_stage])
             if self.llm_ml.pp > 1:
                 self.pipeline = self._build_pipeline(llm_mesh["pp"].get_group())
         del model
@@ -239,12 +245,9 @@ class HeteroTrainer:
         return out
 
     def _build_pipeline(self, group):
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
-        stage = PipelineStage(self.llm_stage, self.pp_rank, self.llm_ml.pp, torch.device(device_type()), group=group)
         micro = self.config.micro_batches
-        schedule = Schedule1F1B if micro >= self.llm_ml.pp else ScheduleGPipe
-        return schedule(stage, micro, loss_fn=lambda logits, y: text_loss(logits, y) / micro, scale_grads=False)
+        return pipeline_schedule(self.chunks, self.llm_ml.pp, micro, group,
+                                 lambda logits, y: text_loss(logits, y) / micro)
 
     # --- one step -------------------------------------------------------------------
     def _encode(self) -> Tensor:
@@ -320,4 +323,5 @@ class HeteroTrainer:
                         out[(index, state)] = LocalShard(self.spec.tensors[index], state, boxes[(index, state)],
                                                          data.detach())
         self.encoder = self.llm_stage = self.pipeline = None
+        self.chunks = []
         return out, self.scalars

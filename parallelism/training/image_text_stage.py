@@ -34,20 +34,35 @@ class ImageTextStage(DecoderStage):
     [b, P+T, H] ([b, (P+T)/tp, H] under sequence parallelism). Returns hidden states of the
     same form, or text logits [b, T, vocab] on the last stage."""
 
-    def __init__(self, model: TrainingModel, stage: int, stages: int, sequence_shards: int = 1) -> None:
-        """sequence_shards: the LLM's tp under sequence parallelism, else 1."""
+    def __init__(self, model: TrainingModel, stage: int, stages: int, sequence_shards: int = 1,
+                 virtual: int = 1) -> None:
+        """sequence_shards: the LLM's tp under sequence parallelism, else 1. virtual: vpp, the
+        chunks each pipeline rank holds (DecoderStage.chunk; the first chunk takes the image
+        tokens, the last one drops their positions)."""
         if model.encoder is None:
             raise ValueError(f"{model.config.name} has no image encoder: use DecoderStage")
         if model.llm.head is None:
             raise ValueError(f"{model.config.name}: tied embeddings are not supported by the heterogeneous trainer")
-        self._cut(model, stage, stages, sequence_shards=sequence_shards)
+        self._cut(model, stage, stages, sequence_shards=sequence_shards, virtual=virtual)
         self.image_tokens = model.encoder.num_tokens
         split = sequence_shards > 1
         # Identity modules whose TP plan (image_text_tp_plan) splits / gathers the sequence.
         self.llm.seq_scatter = nn.Identity() if self.first and split else None
         self.llm.seq_gather = nn.Identity() if self.last and split else None
 
+    def chunk(self, index: int) -> ImageTextStage:
+        """Virtual stage `index` (DecoderStage.chunk), an ImageTextStage: chunk 0 takes the
+        image tokens before the text, the last chunk gathers the sequence (under SP) and
+        drops the image positions."""
+        part = super().chunk(index)
+        assert isinstance(part, ImageTextStage)
+        part.image_tokens = self.image_tokens
+        part.llm.seq_gather = self.llm.seq_gather if part.last else None
+        return part
+
     def forward(self, x: Tensor, image_tokens: Tensor | None = None) -> Tensor:
+        if self.virtual > 1:
+            raise RuntimeError("an interleaved pipeline rank runs its virtual stages (chunk(c)), not all its layers")
         llm = self.llm
         if self.first:
             if image_tokens is None:
