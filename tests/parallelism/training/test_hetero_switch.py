@@ -55,6 +55,10 @@ SCHEDULES = {
     # SP from switched state, and back.
     "sequence-parallel": [Switch(1, "encoder:dp=2,ranks=0-1;llm:tp=2,ranks=2-3"),
                           Switch(2, "encoder:tp=2,dp=2;llm:dp=4")],
+    # An interleaved LLM pipeline (pp=2 x vpp=2: pipeline rank 0 holds layers 0 and 2, rank
+    # 1 layers 1 and 3, the planner's cut), then out of it onto the LLM's own 2 ranks.
+    "interleaved": [Switch(1, "encoder:dp=4;llm:tp=2,pp=2,vpp=2"),
+                    Switch(2, "encoder:dp=2,ranks=0-1;llm:tp=2,ranks=2-3")],
 }
 CONFIGS = {"sequence-parallel": replace(CONFIG, seq_len=17, sequence_parallel=True)}  # others: CONFIG
 STEPS = 3
