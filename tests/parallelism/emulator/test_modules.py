@@ -233,3 +233,38 @@ def test_the_llm_sequence_parallelism_of_a_multimodal_model_traces() -> None:
     result = emulate(EmulateRequest("tiny-vlm", layout, 4, "h100", 4, 1, 15, sequence_parallel=True),
                      use_cache=False)
     assert result["sequence_parallel"] and result["step_seconds"] > 0
+
+
+def test_an_interleaved_llm_pipeline_of_a_multimodal_model_traces() -> None:
+    """HeteroTrainer's vpp (the LLM's pp=2 x vpp=2 chunks of one layer each, chunk k on
+    pipeline rank k % 2): four virtual stages, each traced on its rank running the trainer's
+    own chunk k; a rank's chunks' static memory adds up to the vpp=1 stage's (same layers'
+    sizes, the embedding on chunk 0, the head on chunk 3); every chunk but the last sends
+    its activations on, every one but the first its gradients back, of the vpp=1 sends'
+    size; the encoder and the boundary are vpp's no concern. A micro-batch count torch's
+    interleaved schedule cannot run is refused, naming the rule."""
+    layout = "encoder:dp=4;llm:tp=2,pp=2"
+    plain, _ = trace_model(TraceRequest("tiny-vlm", layout, micro_batch=1, seq=16, micro_batches=4), use_cache=False)
+    vpp, info = trace_model(TraceRequest("tiny-vlm", layout + ",vpp=2", micro_batch=1, seq=16, micro_batches=4),
+                            use_cache=False)
+    assert (vpp.pp, vpp.vpp, len(vpp.stages)) == (2, 2, 4)
+    assert info["stages_traced"] == 1 + 3  # the encoder; the first, the last and the two middle chunks (one class)
+    assert vpp.inputs == plain.inputs
+    for rank in range(2):
+        for key in ("params", "grads", "optimizer"):
+            chunks = sum(getattr(vpp.stages[rank + 2 * c].memory, key) for c in range(2))
+            assert chunks == getattr(plain.stages[rank].memory, key), (rank, key)
+
+    def sends(stage):
+        return {op.name: op.bytes for op in stage.forward + stage.backward if getattr(op, "dim", None) == "pp"}
+
+    size = 1 * (17 + 16) * 64 * 2  # [1, image + text, hidden 64] bf16
+    assert [sends(s) for s in vpp.stages] == [
+        {"pp_send_activations": size}, {"pp_send_activations": size, "pp_send_gradients": size},
+        {"pp_send_activations": size, "pp_send_gradients": size}, {"pp_send_gradients": size}]
+    assert sends(plain.stages[0]) == {"pp_send_activations": size}
+    assert simulate(vpp, PROFILE).step_seconds > 0
+    with pytest.raises(EmulatorError, match="llm: vpp=2: .* micro-batches must be a multiple of 2"):
+        emulate(EmulateRequest("tiny-vlm", layout + ",vpp=2", 4, "h100", 5, 1, 16))
+    result = emulate(EmulateRequest("tiny-vlm", layout + ",vpp=2", 4, "h100", 4, 1, 16), use_cache=False)
+    assert result["step_seconds"] > 0
