@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleOutput
 
+from parallelism.training.context_parallel import ContextShard
 from parallelism.training.model import TrainingModel
 from parallelism.training.parallel import tp_plan
 from parallelism.training.stage import DecoderStage
@@ -71,6 +72,9 @@ class ImageTextStage(DecoderStage):
             x = torch.cat((image_tokens.to(text.dtype), text), dim=1)
             if self.gpt:
                 x = x + llm.pos_embed(torch.arange(x.shape[1], device=x.device))
+            if self.context is not None:  # this rank's chunk of the combined sequence
+                local = x.shape[1] // self.context.size
+                x = x[:, self.context.start(local):self.context.start(local) + local]
             if llm.seq_scatter is not None:
                 x = llm.seq_scatter(x)
         x = self.run_blocks(x)
@@ -78,7 +82,12 @@ class ImageTextStage(DecoderStage):
             return x
         if llm.seq_gather is not None:
             x = llm.seq_gather(x)
-        return llm.head(llm.final_norm(x[:, self.image_tokens:]))
+        if self.context is None:
+            return llm.head(llm.final_norm(x[:, self.image_tokens:]))
+        # A cp chunk drops its image positions (all of them in a chunk of image tokens only)
+        # from the logits: DTensor's tensor-parallel head cannot take an empty sequence.
+        drop = min(max(self.image_tokens - self.context.start(x.shape[1]), 0), x.shape[1])
+        return llm.head(llm.final_norm(x))[:, drop:]
 
 
 def image_text_tp_plan(stage: ImageTextStage, kv_units: int | None = None) -> dict:
@@ -99,3 +108,18 @@ def image_text_tp_plan(stage: ImageTextStage, kv_units: int | None = None) -> di
 
 def text_loss(logits: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+def text_span(image: int, text: int, shard: ContextShard) -> tuple[int, int]:
+    """The text positions [lo, hi) (of `text`) in this rank's chunk of the combined sequence
+    of `image` + `text` positions cut over cp: the first chunks may hold image tokens only."""
+    local = (image + text) // shard.size
+    start = shard.start(local)
+    return max(start - image, 0), max(start + local - image, 0)
+
+
+def context_text_loss(logits: Tensor, targets: Tensor, text: int, cp: int) -> Tensor:
+    """A cp rank's share of the mean text loss, times cp: its chunk's token losses summed
+    over the sequence's `text` tokens (chunks hold unequal, possibly no, text positions), so
+    that averaging the cp ranks' gradients, as the dp x cp optimizer does, gives the mean's."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum") * (cp / (text * len(targets)))

@@ -38,7 +38,7 @@ from parallelism.layout.placement import Placement, place
 from parallelism.layout.shards import b_dim
 from parallelism.layout.spec import DEFAULT_MODULE, ModuleLayout
 from parallelism.layout.tensors import STATES
-from parallelism.training.context_parallel import ContextShard, parallelize_context, split_sequence
+from parallelism.training.context_parallel import ContextShard, context_group, parallelize_context, split_sequence
 from parallelism.training.data import DataPosition, SyntheticTokens
 from parallelism.training.expert_parallel import parallelize_moe
 from parallelism.training.init import initial_value
@@ -204,12 +204,7 @@ class LayoutMeshes:
         if ml.ep > 1:
             experts = DeviceMesh(device_type(), ranks.view(ml.pp, data // ml.ep, ml.ep, ml.tp),
                                  mesh_dim_names=("pp", "edp", "ep", "tp"))
-        context = None
-        if ml.cp > 1:
-            grid = ranks.view(ml.pp, ml.dp, ml.cp, ml.tp)
-            groups = [[int(r) for r in grid[p, d, :, t]] for p in range(ml.pp) for d in range(ml.dp)
-                      for t in range(ml.tp)]
-            context, _ = dist.new_subgroups_by_enumeration(groups)
+        context = context_group(ranks, ml.cp) if ml.cp > 1 else None
         if mesh.get_coordinate() is None:
             return cls(mesh, mesh, mesh, mesh, everyone)
         return cls(mesh, mesh["tp"], mesh["dp"], mesh["pp"], everyone, embedding, kv_heads,
