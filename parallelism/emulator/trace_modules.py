@@ -38,13 +38,14 @@ from parallelism.emulator.trace import CommOp, InputTrace, Trace, stage_from_dic
 from parallelism.emulator.trace_parallel import interleaved_p2p
 from parallelism.emulator.trace_build import (TRACER_VERSION, TraceRequest, build_stage_trace, fake_shards,
                                          positions_between_stages, stage_classes, stage_memory, trainer_static_bytes)
-from parallelism.planner.activations import ActivationShape, plan_boundary
+from parallelism.planner.activations import ActivationShape
 from parallelism.layout.model_config import ModelConfig
 from parallelism.layout.errors import LayoutError
 from parallelism.layout.placement import Placement, layer_stages, place
+from parallelism.training.hetero import image_boundary
 from parallelism.training.parallel import TrainConfig, TrainingError
 
-MODULES_VERSION = 3  # this program's part of the class keys; 2: the LLM's sequence parallelism; 3: vpp
+MODULES_VERSION = 3  # this program's part of the class keys; 2: the LLM's sequence parallelism; 3: its vpp and cp
 CLASS = "class"  # what tracer.py's progress lines call a class
 
 
@@ -94,7 +95,7 @@ def assemble(request: TraceRequest, parts: dict[tuple, dict]) -> Trace:
                       boundary_backward=tuple(backward[r] for r in sorted(backward)))
     return Trace(model=request.model, tp=llm.tp, pp=llm.pp, dp=llm.dp, micro_batches=request.micro_batches,
                  micro_batch_size=request.micro_batch, seq=request.seq + mc.encoder.positions,
-                 zero=llm.zero, vpp=llm.vpp, stages=tuple(llm_stages[s] for s in range(llm.pp * llm.vpp)),
+                 zero=llm.zero, vpp=llm.vpp, cp=llm.cp, stages=tuple(llm_stages[s] for s in range(llm.pp * llm.vpp)),
                  inputs=(item,))
 
 
@@ -104,7 +105,7 @@ def boundary_ops(placement: Placement, mc: ModelConfig, batch: int, gpus_per_nod
     bf16 message per peer, sends sorted by peer then recvs, as run_exchange posts them. The
     tracer checks the traced ranks' recorded messages against these."""
     shape = ActivationShape(batch, mc.encoder.positions, mc.llm.hidden)
-    plan = plan_boundary(placement.modules["encoder"], placement.modules["llm"], shape)
+    plan = image_boundary(placement, shape)  # the LLM's cp ranks each receive the image tokens whole
     out = []
     for exchange in (plan.forward, plan.backward):
         b, messages = exchange.boxes, {}
@@ -152,7 +153,10 @@ def _trace_role(request: TraceRequest, role: str, stage: int) -> dict:
     spec = request.tensors
     placement = place(spec, request.layout)
     enc, llm = placement.modules["encoder"], placement.modules["llm"]
-    rank = enc.offset if role == "encoder" else llm.offset + (stage % llm.pp) * llm.dp * llm.tp  # virtual: k % pp
+    # an LLM (virtual) stage k on pipeline rank k % pp; its last cp rank: the chunk at the end of
+    # the sequence attends over every key and holds the most text (the step waits for it)
+    rank = (enc.offset if role == "encoder" else
+            llm.offset + (stage % llm.pp) * llm.dp * llm.cp * llm.tp + llm.tp * (llm.cp - 1))
     if dist.is_initialized():
         dist.destroy_process_group()
     dist.init_process_group("fake", rank=rank, world_size=placement.world, store=FakeStore())
@@ -265,12 +269,13 @@ def _llm_part(trainer, request: TraceRequest, stage: int, dims, rank: int) -> di
             recorder.track(h)
             out = module(h)
         if last:
-            from parallelism.training.image_text_stage import text_loss
-            out = text_loss(out, torch.zeros(mb, request.seq, dtype=torch.long))
+            out = trainer._loss(out, torch.zeros(mb, out.shape[1], dtype=torch.long))  # the chunk's text
         activations = recorder.live - base
         recorder.set_phase("backward")
         out.backward(None if last else torch.empty_like(out))
         del out
+        if first:
+            trainer._image_grad(leaf.grad)  # under cp: the sum of the cp ranks' parts
         fwd_bwd_peak, grads_live = recorder.peak - base, recorder.live - base
         recorder.set_phase("boundary_b")
         torch.autograd.backward(received, torch.zeros_like(received))
@@ -285,6 +290,8 @@ def _llm_part(trainer, request: TraceRequest, stage: int, dims, rank: int) -> di
     layers = layer_stages(mc.llm.layers, virtual).count(stage)
     memory = stage_memory(static, activations, fwd_bwd_peak, step_peak, grads_live, layers * mb * between * hidden * 2)
     flat = dataclasses.replace(ml, pp=virtual, vpp=1)  # the pp*vpp chunks' sends; interleaved_p2p fixes their spans
-    traced = build_stage_trace(records, stage, flat, dims, memory, fake, hidden, offset=ml.offset)
+    # cp's group may hold dp's ranks (dp=1): its collectives are told apart by group name
+    groups = {trainer.meshes.cp.group_name: "cp"} if trainer.meshes.cp is not None else {}
+    traced = build_stage_trace(records, stage, flat, dims, memory, fake, hidden, offset=ml.offset, groups=groups)
     _check_boundary(request, rank, bf, bb)
     return {"stage": traced, "samples": 0}

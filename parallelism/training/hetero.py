@@ -320,6 +320,17 @@ class HeteroTrainer:
             self.pipeline.step()
         return loss_sum
 
+    def _image_grad(self, grad: Tensor) -> Tensor:
+        """The image tokens' gradient to return: under cp each rank holds the part of its
+        chunk's positions (and, through the K/V gathers, of the later chunks' attention to
+        them); their sum over cp, divided by cp as the cp-scaled losses are, is the dp
+        replica's gradient (the encoder's grad_scale then applies as without cp)."""
+        if self.context is None:
+            return grad
+        total = grad.float()
+        dist.all_reduce(total, group=self.context.group)
+        return (total / self.llm_ml.cp).to(grad.dtype)
+
     def step(self) -> StepResult | None:
         """One optimizer step of both modules over the global batch; every rank of the layout
         returns the global mean loss, ranks outside it None."""
@@ -333,11 +344,7 @@ class HeteroTrainer:
             leaf = received.detach().requires_grad_(True) if self.pp_rank == 0 else None
             loss_sum = self._run_llm(leaf)                        # step 3
             if leaf is not None:
-                grad = leaf.grad
-                if self.context is not None:  # each cp rank's part of the image tokens' gradient: their mean
-                    total = grad.float()
-                    dist.all_reduce(total, group=self.context.group)
-                    grad = (total / self.llm_ml.cp).to(grad.dtype)
+                grad = self._image_grad(leaf.grad)
             if not (self.pp_rank == self.llm_ml.pp - 1 and self.tp_rank == 0):
                 loss_sum.zero_()
         # Step 4 before the LLM's optimizer: non-colocated encoder ranks wait for nothing else.
