@@ -23,6 +23,12 @@ combined sequence (image tokens + text) is split over its tp between layers and 
 (image_text_stage.py), so P + T must be a multiple of tp. The encoder runs without it
 (its tokens reach the boundary replicated over the encoder's tp, as before).
 
+Interleaved pipelines (llm vpp > 1) run the decoder's schedule (parallel.pipeline_schedule)
+over ImageTextStage chunks; chunk 0, on pipeline rank 0, takes the image tokens. Context
+parallelism (llm cp > 1): every cp rank receives its dp share of the image tokens whole
+(image_boundary), keeps its chunk of image + text (image_text_stage.py) and returns its part
+of their gradient, summed over cp (_image_grad); the encoder runs without cp.
+
 Gradient scale: the loss is the mean over LLM dp replicas of their local means, so the
 image-token gradient an LLM rank returns is dp_llm times the global loss's; the encoder's
 optimizer averages over dp_enc ranks (uneven shares included, a rank without samples adds
