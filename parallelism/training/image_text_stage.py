@@ -15,6 +15,15 @@ backward all-gathers: every TP rank returns the whole image-token gradient, as w
 Hidden states between layers and pipeline stages are that slice. The last stage gathers the
 whole sequence back (`seq_gather`, whose backward keeps the rank's slice) before dropping
 the image positions, so the final norm and the head run as without SP.
+
+Context parallelism (cp > 1, `parallelize_context`): the first stage builds the whole
+P + T sequence and keeps the rank's contiguous chunk of it ((P+T)/cp positions, then split
+over tp under SP); the last stage drops the chunk's image positions (the first chunks may
+hold image tokens only, no text: `text_span`), and the rank's loss is its text tokens'
+share of the mean, times cp (`context_text_loss`).
+
+Interleaved pipelines (vpp > 1): `chunk(c)` is DecoderStage's virtual stage, an
+ImageTextStage: chunk 0 takes the image tokens, the last chunk drops their positions.
 """
 from __future__ import annotations
 
