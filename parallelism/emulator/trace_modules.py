@@ -11,6 +11,11 @@ Classes (each traced by one rank of the target world in a fresh process, on fake
 - the LLM's stage classes (trace_build.stage_classes): its first rank runs the boundary
   forward, one micro-batch forward + backward of its ImageTextStage (the first stage takes
   the image tokens before the text), the boundary backward and the LLM optimizer step.
+  Interleaved (vpp > 1): the classes are the pp*vpp virtual stages'; virtual stage k is
+  traced on pipeline rank k % pp, running the trainer's own chunk k (ImageTextStage.chunk:
+  chunk 0 takes the image tokens), with that chunk's share of the rank's state as its
+  static memory (the Trace's rule: a rank's static memory is the sum over its chunks) and
+  its p2p sends' node spans those of its neighbours (trace_parallel.interleaved_p2p).
 The boundary's point-to-point transfers (send/recv on the world group, in the plan's peer
 order) are kept apart from the module's ops and checked against the plan's (boundary_ops,
 which the trace holds for every rank); compute a module does inside another class's
@@ -30,15 +35,17 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from parallelism.emulator.errors import EmulatorError
 from parallelism.emulator.recorder import CommRecord, OpRecorder, ignoring_sharding_propagation
 from parallelism.emulator.trace import CommOp, InputTrace, Trace, stage_from_dict, stage_to_dict
+from parallelism.emulator.trace_parallel import interleaved_p2p
 from parallelism.emulator.trace_build import (TRACER_VERSION, TraceRequest, build_stage_trace, fake_shards,
                                          positions_between_stages, stage_classes, stage_memory, trainer_static_bytes)
-from parallelism.planner.activations import ActivationShape, plan_boundary
+from parallelism.planner.activations import ActivationShape
 from parallelism.layout.model_config import ModelConfig
 from parallelism.layout.errors import LayoutError
 from parallelism.layout.placement import Placement, layer_stages, place
+from parallelism.training.hetero import image_boundary
 from parallelism.training.parallel import TrainConfig, TrainingError
 
-MODULES_VERSION = 2  # this program's part of the class keys; 2: the LLM's sequence parallelism
+MODULES_VERSION = 3  # this program's part of the class keys; 2: the LLM's sequence parallelism; 3: its vpp and cp
 CLASS = "class"  # what tracer.py's progress lines call a class
 
 
@@ -49,7 +56,7 @@ def global_batch(request: TraceRequest) -> int:
 def classes(request: TraceRequest) -> dict[tuple, list[int]]:
     """("encoder",) and the LLM's stage classes, each with the stages it stands for."""
     llm = place(request.tensors, request.layout).modules["llm"]
-    return {("encoder",): [0], **stage_classes(request.model_config.llm.layers, llm.pp)}
+    return {("encoder",): [0], **stage_classes(request.model_config.llm.layers, llm.pp * llm.vpp)}
 
 
 def class_key(request: TraceRequest, role: tuple) -> str:
@@ -79,6 +86,8 @@ def assemble(request: TraceRequest, parts: dict[tuple, dict]) -> Trace:
     encoder = parts[("encoder",)]
     llm_stages = {s: dataclasses.replace(stage_from_dict(parts[key]["stage"]), stage=s)
                   for key, members in classes(request).items() if key[0] == "llm" for s in members}
+    if llm.vpp > 1:
+        llm_stages = {s: interleaved_p2p(st, llm, request.gpus_per_node, llm.offset) for s, st in llm_stages.items()}
     forward, backward = boundary_ops(placement, mc, global_batch(request), request.gpus_per_node)
     item = InputTrace(module="encoder", stage=stage_from_dict(encoder["stage"]), tp=enc.tp, dp=enc.dp, zero=enc.zero,
                       samples=encoder["samples"], tokens=mc.encoder.positions, colocated=enc.first_rank is None,
@@ -86,7 +95,8 @@ def assemble(request: TraceRequest, parts: dict[tuple, dict]) -> Trace:
                       boundary_backward=tuple(backward[r] for r in sorted(backward)))
     return Trace(model=request.model, tp=llm.tp, pp=llm.pp, dp=llm.dp, micro_batches=request.micro_batches,
                  micro_batch_size=request.micro_batch, seq=request.seq + mc.encoder.positions,
-                 zero=llm.zero, stages=tuple(llm_stages[s] for s in range(llm.pp)), inputs=(item,))
+                 zero=llm.zero, vpp=llm.vpp, cp=llm.cp, stages=tuple(llm_stages[s] for s in range(llm.pp * llm.vpp)),
+                 inputs=(item,))
 
 
 def boundary_ops(placement: Placement, mc: ModelConfig, batch: int, gpus_per_node: int) -> tuple[tuple, tuple]:
@@ -95,7 +105,7 @@ def boundary_ops(placement: Placement, mc: ModelConfig, batch: int, gpus_per_nod
     bf16 message per peer, sends sorted by peer then recvs, as run_exchange posts them. The
     tracer checks the traced ranks' recorded messages against these."""
     shape = ActivationShape(batch, mc.encoder.positions, mc.llm.hidden)
-    plan = plan_boundary(placement.modules["encoder"], placement.modules["llm"], shape)
+    plan = image_boundary(placement, shape)  # the LLM's cp ranks each receive the image tokens whole
     out = []
     for exchange in (plan.forward, plan.backward):
         b, messages = exchange.boxes, {}
@@ -143,7 +153,10 @@ def _trace_role(request: TraceRequest, role: str, stage: int) -> dict:
     spec = request.tensors
     placement = place(spec, request.layout)
     enc, llm = placement.modules["encoder"], placement.modules["llm"]
-    rank = enc.offset if role == "encoder" else llm.offset + stage * llm.dp * llm.tp
+    # an LLM (virtual) stage k on pipeline rank k % pp; its last cp rank: the chunk at the end of
+    # the sequence attends over every key and holds the most text (the step waits for it)
+    rank = (enc.offset if role == "encoder" else
+            llm.offset + (stage % llm.pp) * llm.dp * llm.cp * llm.tp + llm.tp * (llm.cp - 1))
     if dist.is_initialized():
         dist.destroy_process_group()
     dist.init_process_group("fake", rank=rank, world_size=placement.world, store=FakeStore())
@@ -219,9 +232,13 @@ def _encoder_part(trainer, request: TraceRequest, dims, rank: int) -> dict:
 
 
 def _llm_part(trainer, request: TraceRequest, stage: int, dims, rank: int) -> dict:
-    """One LLM stage rank: boundary forward (the whole batch, as the trainer exchanges it), one
-    micro-batch forward + backward of its ImageTextStage, boundary backward, LLM optimizer step."""
+    """One LLM (virtual) stage's rank: boundary forward (the whole batch, as the trainer
+    exchanges it), one micro-batch forward + backward of its ImageTextStage (its chunk
+    `stage` when interleaved), boundary backward, LLM optimizer step."""
     mc, ml = trainer.mc, trainer.llm_ml
+    virtual = ml.pp * ml.vpp
+    module = trainer.chunks[stage // ml.pp]  # the stage itself when vpp = 1
+    slots = {n for n, _ in module.named_parameters()}
     hidden, image = mc.llm.hidden, mc.encoder.positions
     positions = image + request.seq
     # the request as the LLM's stages see it: image + text positions (split over tp under SP)
@@ -229,8 +246,10 @@ def _llm_part(trainer, request: TraceRequest, stage: int, dims, rank: int) -> di
                         request.gpus_per_node, request.sequence_parallel)
     between = positions_between_stages(fake, ml)
     mb = request.micro_batch
-    first, last = stage == 0, stage == ml.pp - 1
-    static = trainer_static_bytes(SimpleNamespace(optimizer=trainer.llm_optimizer), ml.zero)
+    first, last = stage == 0, stage == virtual - 1
+    optimizer = trainer.llm_optimizer  # the chunk's share of the rank's state
+    static = trainer_static_bytes(SimpleNamespace(optimizer=SimpleNamespace(
+        slots=[s for s in optimizer.slots if s.name in slots], moments=optimizer.moments)), ml.zero)
     x = trainer._encode()  # a colocated rank's encoder work: the encoder class records it
     recorder = OpRecorder()
     with ignoring_sharding_propagation(recorder), recorder:
@@ -244,18 +263,19 @@ def _llm_part(trainer, request: TraceRequest, stage: int, dims, rank: int) -> di
             tokens = torch.zeros(mb, request.seq, dtype=torch.long)
             recorder.track(leaf)
             recorder.track(tokens)
-            out = trainer.llm_stage(tokens, leaf)
+            out = module(tokens, leaf)
         else:
             h = torch.zeros(mb, between, hidden, dtype=torch.bfloat16, requires_grad=True)
             recorder.track(h)
-            out = trainer.llm_stage(h)
+            out = module(h)
         if last:
-            from parallelism.training.image_text_stage import text_loss
-            out = text_loss(out, torch.zeros(mb, request.seq, dtype=torch.long))
+            out = trainer._loss(out, torch.zeros(mb, out.shape[1], dtype=torch.long))  # the chunk's text
         activations = recorder.live - base
         recorder.set_phase("backward")
         out.backward(None if last else torch.empty_like(out))
         del out
+        if first:
+            trainer._image_grad(leaf.grad)  # under cp: the sum of the cp ranks' parts
         fwd_bwd_peak, grads_live = recorder.peak - base, recorder.live - base
         recorder.set_phase("boundary_b")
         torch.autograd.backward(received, torch.zeros_like(received))
@@ -266,9 +286,12 @@ def _llm_part(trainer, request: TraceRequest, stage: int, dims, rank: int) -> di
         trainer.llm_optimizer.step(trainer.config.lr_at(0))
         step_peak = recorder.peak - step_base
     b = trainer.boundary
-    module, bf, bb = _split_boundary(recorder.records, b.forward_view, b.backward_view, rank, request.gpus_per_node)
-    layers = layer_stages(mc.llm.layers, ml.pp).count(stage)
+    records, bf, bb = _split_boundary(recorder.records, b.forward_view, b.backward_view, rank, request.gpus_per_node)
+    layers = layer_stages(mc.llm.layers, virtual).count(stage)
     memory = stage_memory(static, activations, fwd_bwd_peak, step_peak, grads_live, layers * mb * between * hidden * 2)
-    traced = build_stage_trace(module, stage, ml, dims, memory, fake, hidden, offset=ml.offset)
+    flat = dataclasses.replace(ml, pp=virtual, vpp=1)  # the pp*vpp chunks' sends; interleaved_p2p fixes their spans
+    # cp's group may hold dp's ranks (dp=1): its collectives are told apart by group name
+    groups = {trainer.meshes.cp.group_name: "cp"} if trainer.meshes.cp is not None else {}
+    traced = build_stage_trace(records, stage, flat, dims, memory, fake, hidden, offset=ml.offset, groups=groups)
     _check_boundary(request, rank, bf, bb)
     return {"stage": traced, "samples": 0}

@@ -73,7 +73,7 @@ def assemble(request: TraceRequest, parts: dict[tuple, dict]) -> Trace:
                 for key, members in classes(request).items() for s in members}
     ordered = tuple(by_stage[s] for s in range(virtual))
     if ml.vpp > 1:
-        ordered = tuple(_interleaved_p2p(st, ml, request.gpus_per_node) for st in ordered)
+        ordered = tuple(interleaved_p2p(st, ml, request.gpus_per_node) for st in ordered)
     return Trace(model=request.model, tp=ml.tp, pp=ml.pp, dp=ml.dp, micro_batches=request.micro_batches,
                  micro_batch_size=request.micro_batch, seq=request.seq, zero=ml.zero, vpp=ml.vpp, ep=ml.ep, cp=ml.cp,
                  stages=ordered)
@@ -85,16 +85,16 @@ def flat_layout(placement) -> str:
     return dataclasses.replace(placement.layout.modules[0], pp=ml.pp * ml.vpp, vpp=1).to_string(False)
 
 
-def _interleaved_p2p(stage: StageTrace, ml, gpn: int) -> StageTrace:
+def interleaved_p2p(stage: StageTrace, ml, gpn: int, offset: int = 0) -> StageTrace:
     """Node spans of a virtual stage's p2p sends: virtual stage k runs on pipeline rank
-    k % pp (first rank (k % pp)*dp*cp*tp), its neighbours on (k +- 1) % pp."""
+    k % pp (first rank offset + (k % pp)*dp*cp*tp), its neighbours on (k +- 1) % pp."""
     k, stride = stage.stage, ml.dp * ml.cp * ml.tp
-    rank = (k % ml.pp) * stride
+    rank = offset + (k % ml.pp) * stride
 
     def fix(op):
         if not (isinstance(op, CommOp) and op.dim == "pp" and op.kind == "send"):
             return op
-        peer = ((k + (1 if op.name == "pp_send_activations" else -1)) % ml.pp) * stride
+        peer = offset + ((k + (1 if op.name == "pp_send_activations" else -1)) % ml.pp) * stride
         return dataclasses.replace(op, nodes=len({rank // gpn, peer // gpn}))
 
     return dataclasses.replace(stage, forward=tuple(fix(op) for op in stage.forward),

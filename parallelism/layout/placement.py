@@ -46,15 +46,17 @@ def hetero_refusal(placement: "Placement") -> str | None:
     a multimodal model, or None; one pure rule for the trainer and the control plane, which
     refuses such a job or resize up front. Batch divisibility is checked apart (batch_dp)."""
     for name, ml in placement.modules.items():
-        for key in ("cp", "ep", "vpp"):
-            if getattr(ml, key) != 1:
-                return (f"{name}: {key}={getattr(ml, key)}; the heterogeneous trainer supports tp, pp, dp and zero, "
-                        f"so {key} must be 1")
+        if ml.ep != 1:
+            return (f"{name}: ep={ml.ep}; the heterogeneous trainer supports tp, pp, dp and zero (vpp and cp in the "
+                    f"LLM), so ep must be 1")
         if ml.zero == 3:
             return f"{name}: zero=3 is not supported by the heterogeneous trainer (use zero <= 2)"
     encoder = placement.modules.get("encoder")
     if encoder is not None and encoder.pp != 1:
         return f"encoder: pp={encoder.pp}; the encoder runs unpipelined (give it more dp instead)"
+    if encoder is not None and encoder.cp != 1:
+        return (f"encoder: cp={encoder.cp}; the encoder attends over each image's tokens whole (context "
+                f"parallelism splits the LLM's image + text sequence only), so cp must be 1")
     return None
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -86,3 +87,15 @@ def parallelize_context(stage: nn.Module, shard: ContextShard) -> None:
         if isinstance(module, Attention):
             module.context = shard
     stage.context = shard
+
+
+def context_group(ranks: Tensor, cp: int):
+    """The cp group of this process (None where it holds no chunk), from a layout's ranks
+    [pp, dp*cp, tp] (the data index d = cp_rank + cp*dp_rank): the cp consecutive data indices
+    of each dp replica at the same pp and tp coordinates. Collective over the default group:
+    every process calls it alike."""
+    pp, data, tp = ranks.shape
+    grid = ranks.view(pp, data // cp, cp, tp)
+    groups = [[int(r) for r in grid[p, d, :, t]] for p in range(pp) for d in range(data // cp) for t in range(tp)]
+    group, _ = dist.new_subgroups_by_enumeration(groups)
+    return group

@@ -23,6 +23,12 @@ combined sequence (image tokens + text) is split over its tp between layers and 
 (image_text_stage.py), so P + T must be a multiple of tp. The encoder runs without it
 (its tokens reach the boundary replicated over the encoder's tp, as before).
 
+Interleaved pipelines (llm vpp > 1) run the decoder's schedule (parallel.pipeline_schedule)
+over ImageTextStage chunks; chunk 0, on pipeline rank 0, takes the image tokens. Context
+parallelism (llm cp > 1): every cp rank receives its dp share of the image tokens whole
+(image_boundary), keeps its chunk of image + text (image_text_stage.py) and returns its part
+of their gradient, summed over cp (_image_grad); the encoder runs without cp.
+
 Gradient scale: the loss is the mean over LLM dp replicas of their local means, so the
 image-token gradient an LLM rank returns is dp_llm times the global loss's; the encoder's
 optimizer averages over dp_enc ranks (uneven shares included, a rank without samples adds
@@ -30,6 +36,7 @@ zero), so encoder gradients are scaled by dp_enc / dp_llm to be the global loss'
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -41,17 +48,20 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from parallelism.engine.shards import Key, LocalShard, rank_boxes, trainer_states
-from parallelism.planner.activations import ActivationShape, plan_boundary
+from parallelism.planner.activations import ActivationShape, BoundaryPlan, plan_boundary
 from parallelism.layout.placement import Placement, hetero_refusal, place
 from parallelism.layout.shards import chunk
 from parallelism.layout.spec import ModuleLayout
 from parallelism.layout.tensors import STATES
 from parallelism.training.boundary import Boundary
+from parallelism.training.context_parallel import ContextShard, context_group, parallelize_context
 from parallelism.training.data import SyntheticImages, SyntheticTokens
-from parallelism.training.image_text_stage import ImageTextStage, image_text_tp_plan, text_loss
+from parallelism.training.image_text_stage import (ImageTextStage, context_text_loss, image_text_tp_plan, text_loss,
+                                                   text_span)
 from parallelism.training.kv_heads import head_groups, is_replicated, replicated_units
 from parallelism.training.model import build_training_model
-from parallelism.training.parallel import StepResult, TrainConfig, TrainingError, TrainScalars, device_type
+from parallelism.training.parallel import (StepResult, TrainConfig, TrainingError, TrainScalars, check_interleaved,
+                                           device_type, pipeline_schedule)
 from parallelism.training.zero import ParamSlot, ShardedAdamW, chunk_rows
 
 
@@ -64,12 +74,18 @@ def check_hetero_trainable(config: TrainConfig, placement: Placement) -> None:
     if refused:
         raise TrainingError(refused)
     llm = placement.modules["llm"]
+    check_interleaved(config, llm, "llm")
+    image = mc.encoder.positions
+    if (image + config.seq_len) % llm.cp:
+        raise TrainingError(f"context parallelism splits the LLM's sequence (image tokens + text) over llm "
+                            f"cp={llm.cp}: {image} + seq {config.seq_len} = {image + config.seq_len} is not a "
+                            f"multiple of {llm.cp}")
     if config.sequence_parallel and llm.tp > 1:
-        image = mc.encoder.positions
-        if (image + config.seq_len) % llm.tp:
-            raise TrainingError(f"sequence parallelism splits the LLM's sequence (image tokens + text) over llm "
-                                f"tp={llm.tp}: {image} + seq {config.seq_len} = {image + config.seq_len} is not a "
-                                f"multiple of {llm.tp}")
+        if (image + config.seq_len) % (llm.tp * llm.cp):
+            chunks = f"each of the cp={llm.cp} chunks of " if llm.cp > 1 else ""
+            raise TrainingError(f"sequence parallelism splits {chunks}the LLM's sequence (image tokens + text) over "
+                                f"llm tp={llm.tp}: {image} + seq {config.seq_len} = {image + config.seq_len} is not a "
+                                f"multiple of {llm.cp * llm.tp}")
     if config.global_batch % (llm.dp * config.micro_batches):
         raise TrainingError(f"global batch {config.global_batch} must divide into llm dp={llm.dp} x "
                             f"{config.micro_batches} micro-batches")
@@ -88,10 +104,24 @@ def _encoder_tp_plan(layers: int) -> dict:
     return plan
 
 
+def _ranks(ml: ModuleLayout) -> Tensor:
+    """The module's ranks [pp, dp*cp, tp]: "dp" is the data index cp_rank + cp*dp_rank (parallel.py)."""
+    return torch.arange(ml.offset, ml.offset + ml.world).view(ml.pp, ml.dp * ml.cp, ml.tp)
+
+
 def _mesh(ml: ModuleLayout) -> DeviceMesh:
     """(pp, dp, tp) over the module's ranks; collective: every rank builds every module's."""
-    ranks = torch.arange(ml.offset, ml.offset + ml.world).view(ml.pp, ml.dp, ml.tp)
-    return DeviceMesh(device_type(), ranks, mesh_dim_names=("pp", "dp", "tp"))
+    return DeviceMesh(device_type(), _ranks(ml), mesh_dim_names=("pp", "dp", "tp"))
+
+
+def image_boundary(placement: Placement, shape: ActivationShape) -> BoundaryPlan:
+    """The image tokens' boundary: every LLM first-stage rank receives its dp share of them
+    whole, replicated over tp and cp (each cp rank builds the whole image + text sequence and
+    keeps its chunk of it), so the receiving layout is the LLM's with cp folded into tp
+    (the contract's rank order tp_rank + tp*cp_rank)."""
+    llm = placement.modules["llm"]
+    receiver = dataclasses.replace(llm, tp=llm.tp * llm.cp, cp=1)
+    return plan_boundary(placement.modules["encoder"], receiver, shape)
 
 
 @dataclass(frozen=True)
@@ -106,14 +136,17 @@ class HeteroMeshes:
     # The LLM's kv heads fewer than its tp: the TP ranks sharing this rank's head
     # (parallelism/training/kv_heads.py), None elsewhere.
     kv_heads: object | None = None
+    # The LLM's cp > 1: the cp ranks splitting this rank's sequences (context_parallel.py).
+    cp: object | None = None
 
     @classmethod
     def build(cls, placement: Placement) -> HeteroMeshes:
         """Collective over the default group: every process builds it, member of the layout or not."""
         llm, units = placement.modules["llm"], replicated_units(placement)
-        ranks = torch.arange(llm.offset, llm.offset + llm.world).view(llm.pp, llm.dp, llm.tp)
+        ranks = _ranks(llm)
         return cls(_mesh(placement.modules["encoder"]), _mesh(llm), dist.new_group(ranks=list(range(placement.world))),
-                   head_groups(ranks, units) if units is not None else None)
+                   head_groups(ranks, units) if units is not None else None,
+                   context_group(ranks, llm.cp) if llm.cp > 1 else None)
 
 
 def _local(t: Tensor) -> Tensor:
@@ -187,7 +220,7 @@ class HeteroTrainer:
         v = self.mc.encoder
         assert v is not None
         self.image_shape = ActivationShape(config.global_batch, v.positions, self.mc.llm.hidden)
-        self.boundary = Boundary(plan_boundary(self.enc_ml, self.llm_ml, self.image_shape), rank)
+        self.boundary = Boundary(image_boundary(self.placement, self.image_shape), rank)
         if rank < self.placement.world and check_plan:
             self.boundary.agree(self.everyone)
         self.images = SyntheticImages(v.channels, v.image, seed=config.seed)
@@ -205,10 +238,12 @@ class HeteroTrainer:
                                        dp_rank=self.enc_dp_rank, group=enc_mesh["dp"].get_group(), config=config,
                                        step=self.scalars.step, grad_scale=self.enc_ml.dp / self.llm_ml.dp)
         if llm_coord is not None:
-            self.pp_rank, self.llm_dp_rank, self.tp_rank = llm_coord
+            self.pp_rank, data_rank, self.tp_rank = llm_coord
+            self.llm_dp_rank, cp_rank = divmod(data_rank, self.llm_ml.cp)
             sequence_parallel = config.sequence_parallel and self.llm_ml.tp > 1
             self.llm_stage = ImageTextStage(model, self.pp_rank, self.llm_ml.pp,
-                                            sequence_shards=self.llm_ml.tp if sequence_parallel else 1)
+                                            sequence_shards=self.llm_ml.tp if sequence_parallel else 1,
+                                            virtual=self.llm_ml.vpp)
             if self.llm_ml.tp > 1:
                 parallelize_module(self.llm_stage, llm_mesh["tp"],
                                    image_text_tp_plan(self.llm_stage, kv_units=replicated_units(self.placement)))
@@ -216,9 +251,17 @@ class HeteroTrainer:
             if self.meshes.kv_heads is not None:
                 ties = {name: self.meshes.kv_heads for name, _ in self.llm_stage.named_parameters()
                         if is_replicated(self.spec.tensors[self._index[name]], self.llm_ml.tp)}
-            self.llm_optimizer = adopt(self.llm_stage, state["llm"], zero=self.llm_ml.zero, dp=self.llm_ml.dp,
-                                       dp_rank=self.llm_dp_rank, group=llm_mesh["dp"].get_group(), config=config,
+            # Context parallelism: attention over the cp group's gathered K/V (context_parallel.py).
+            self.context = ContextShard(self.meshes.cp, self.llm_ml.cp, cp_rank) if self.llm_ml.cp > 1 else None
+            if self.context is not None:
+                parallelize_context(self.llm_stage, self.context)
+            # state replicated / ZeRO-chunked over dp x cp: its optimizer's group is the data index's
+            self.llm_optimizer = adopt(self.llm_stage, state["llm"], zero=self.llm_ml.zero,
+                                       dp=self.llm_ml.dp * self.llm_ml.cp, dp_rank=data_rank, group=llm_mesh["dp"].get_group(), config=config,
                                        step=self.scalars.step, ties=ties)
+            # Interleaved (vpp > 1): the virtual stages pp_rank + k*pp; chunk 0 takes the image tokens.
+            self.chunks = ([self.llm_stage.chunk(self.pp_rank + k * self.llm_ml.pp) for k in range(self.llm_ml.vpp)]
+                           if self.llm_ml.vpp > 1 else [self.llm_stage])
             if self.llm_ml.pp > 1:
                 self.pipeline = self._build_pipeline(llm_mesh["pp"].get_group())
         del model
@@ -239,12 +282,15 @@ class HeteroTrainer:
         return out
 
     def _build_pipeline(self, group):
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
-        stage = PipelineStage(self.llm_stage, self.pp_rank, self.llm_ml.pp, torch.device(device_type()), group=group)
         micro = self.config.micro_batches
-        schedule = Schedule1F1B if micro >= self.llm_ml.pp else ScheduleGPipe
-        return schedule(stage, micro, loss_fn=lambda logits, y: text_loss(logits, y) / micro, scale_grads=False)
+        return pipeline_schedule(self.chunks, self.llm_ml.pp, micro, group,
+                                 lambda logits, y: self._loss(logits, y) / micro)
+
+    def _loss(self, logits: Tensor, targets: Tensor) -> Tensor:
+        """The micro-batch's mean text loss; under cp this rank's share of it, times cp."""
+        if self.context is None:
+            return text_loss(logits, targets)
+        return context_text_loss(logits, targets, self.config.seq_len, self.llm_ml.cp)
 
     # --- one step -------------------------------------------------------------------
     def _encode(self) -> Tensor:
@@ -260,11 +306,14 @@ class HeteroTrainer:
         """The LLM's micro-batches; returns this rank's summed micro-batch losses (last stage)."""
         per_dp = self.config.global_batch // self.llm_ml.dp
         tokens, targets = self.tokens.batch(self.scalars.data.samples + self.llm_dp_rank * per_dp, per_dp)
+        if self.context is not None:  # the text targets in this rank's chunk of image + text
+            lo, hi = text_span(self.mc.encoder.positions, self.config.seq_len, self.context)
+            targets = targets[:, lo:hi]
         micro = self.config.micro_batches
         loss_sum = torch.zeros(1, dtype=torch.float64)
         if self.pipeline is None:
             for x, p, y in zip(tokens.chunk(micro), image_tokens.chunk(micro), targets.chunk(micro)):
-                loss = text_loss(self.llm_stage(x, p), y)
+                loss = self._loss(self.llm_stage(x, p), y)
                 (loss / micro).backward()
                 loss_sum += loss.detach().double()
         elif self.pp_rank == 0:
@@ -276,6 +325,17 @@ class HeteroTrainer:
         else:
             self.pipeline.step()
         return loss_sum
+
+    def _image_grad(self, grad: Tensor) -> Tensor:
+        """The image tokens' gradient to return: under cp each rank holds the part of its
+        chunk's positions (and, through the K/V gathers, of the later chunks' attention to
+        them); their sum over cp, divided by cp as the cp-scaled losses are, is the dp
+        replica's gradient (the encoder's grad_scale then applies as without cp)."""
+        if self.context is None:
+            return grad
+        total = grad.float()
+        dist.all_reduce(total, group=self.context.group)
+        return (total / self.llm_ml.cp).to(grad.dtype)
 
     def step(self) -> StepResult | None:
         """One optimizer step of both modules over the global batch; every rank of the layout
@@ -290,7 +350,7 @@ class HeteroTrainer:
             leaf = received.detach().requires_grad_(True) if self.pp_rank == 0 else None
             loss_sum = self._run_llm(leaf)                        # step 3
             if leaf is not None:
-                grad = leaf.grad
+                grad = self._image_grad(leaf.grad)
             if not (self.pp_rank == self.llm_ml.pp - 1 and self.tp_rank == 0):
                 loss_sum.zero_()
         # Step 4 before the LLM's optimizer: non-colocated encoder ranks wait for nothing else.
@@ -303,7 +363,7 @@ class HeteroTrainer:
         self.scalars.step += 1
         self.scalars.data = self.scalars.data.advance(self.config.global_batch)
         micro = self.config.micro_batches
-        return StepResult(self.scalars.step, float(loss_sum.item()) / (micro * self.llm_ml.dp),
+        return StepResult(self.scalars.step, float(loss_sum.item()) / (micro * self.llm_ml.dp * self.llm_ml.cp),
                           time.perf_counter() - started, self.config.global_batch * self.config.seq_len)
 
     def hand_over(self) -> tuple[dict[Key, LocalShard], TrainScalars]:
@@ -320,4 +380,5 @@ class HeteroTrainer:
                         out[(index, state)] = LocalShard(self.spec.tensors[index], state, boxes[(index, state)],
                                                          data.detach())
         self.encoder = self.llm_stage = self.pipeline = None
+        self.chunks = []
         return out, self.scalars

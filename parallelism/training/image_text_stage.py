@@ -15,6 +15,15 @@ backward all-gathers: every TP rank returns the whole image-token gradient, as w
 Hidden states between layers and pipeline stages are that slice. The last stage gathers the
 whole sequence back (`seq_gather`, whose backward keeps the rank's slice) before dropping
 the image positions, so the final norm and the head run as without SP.
+
+Context parallelism (cp > 1, `parallelize_context`): the first stage builds the whole
+P + T sequence and keeps the rank's contiguous chunk of it ((P+T)/cp positions, then split
+over tp under SP); the last stage drops the chunk's image positions (the first chunks may
+hold image tokens only, no text: `text_span`), and the rank's loss is its text tokens'
+share of the mean, times cp (`context_text_loss`).
+
+Interleaved pipelines (vpp > 1): `chunk(c)` is DecoderStage's virtual stage, an
+ImageTextStage: chunk 0 takes the image tokens, the last chunk drops their positions.
 """
 from __future__ import annotations
 
@@ -24,6 +33,7 @@ from torch import Tensor, nn
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleOutput
 
+from parallelism.training.context_parallel import ContextShard
 from parallelism.training.model import TrainingModel
 from parallelism.training.parallel import tp_plan
 from parallelism.training.stage import DecoderStage
@@ -34,20 +44,35 @@ class ImageTextStage(DecoderStage):
     [b, P+T, H] ([b, (P+T)/tp, H] under sequence parallelism). Returns hidden states of the
     same form, or text logits [b, T, vocab] on the last stage."""
 
-    def __init__(self, model: TrainingModel, stage: int, stages: int, sequence_shards: int = 1) -> None:
-        """sequence_shards: the LLM's tp under sequence parallelism, else 1."""
+    def __init__(self, model: TrainingModel, stage: int, stages: int, sequence_shards: int = 1,
+                 virtual: int = 1) -> None:
+        """sequence_shards: the LLM's tp under sequence parallelism, else 1. virtual: vpp, the
+        chunks each pipeline rank holds (DecoderStage.chunk; the first chunk takes the image
+        tokens, the last one drops their positions)."""
         if model.encoder is None:
             raise ValueError(f"{model.config.name} has no image encoder: use DecoderStage")
         if model.llm.head is None:
             raise ValueError(f"{model.config.name}: tied embeddings are not supported by the heterogeneous trainer")
-        self._cut(model, stage, stages, sequence_shards=sequence_shards)
+        self._cut(model, stage, stages, sequence_shards=sequence_shards, virtual=virtual)
         self.image_tokens = model.encoder.num_tokens
         split = sequence_shards > 1
         # Identity modules whose TP plan (image_text_tp_plan) splits / gathers the sequence.
         self.llm.seq_scatter = nn.Identity() if self.first and split else None
         self.llm.seq_gather = nn.Identity() if self.last and split else None
 
+    def chunk(self, index: int) -> ImageTextStage:
+        """Virtual stage `index` (DecoderStage.chunk), an ImageTextStage: chunk 0 takes the
+        image tokens before the text, the last chunk gathers the sequence (under SP) and
+        drops the image positions."""
+        part = super().chunk(index)
+        assert isinstance(part, ImageTextStage)
+        part.image_tokens = self.image_tokens
+        part.llm.seq_gather = self.llm.seq_gather if part.last else None
+        return part
+
     def forward(self, x: Tensor, image_tokens: Tensor | None = None) -> Tensor:
+        if self.virtual > 1:
+            raise RuntimeError("an interleaved pipeline rank runs its virtual stages (chunk(c)), not all its layers")
         llm = self.llm
         if self.first:
             if image_tokens is None:
@@ -56,6 +81,9 @@ class ImageTextStage(DecoderStage):
             x = torch.cat((image_tokens.to(text.dtype), text), dim=1)
             if self.gpt:
                 x = x + llm.pos_embed(torch.arange(x.shape[1], device=x.device))
+            if self.context is not None:  # this rank's chunk of the combined sequence
+                local = x.shape[1] // self.context.size
+                x = x[:, self.context.start(local):self.context.start(local) + local]
             if llm.seq_scatter is not None:
                 x = llm.seq_scatter(x)
         x = self.run_blocks(x)
@@ -63,7 +91,12 @@ class ImageTextStage(DecoderStage):
             return x
         if llm.seq_gather is not None:
             x = llm.seq_gather(x)
-        return llm.head(llm.final_norm(x[:, self.image_tokens:]))
+        if self.context is None:
+            return llm.head(llm.final_norm(x[:, self.image_tokens:]))
+        # A cp chunk drops its image positions (all of them in a chunk of image tokens only)
+        # from the logits: DTensor's tensor-parallel head cannot take an empty sequence.
+        drop = min(max(self.image_tokens - self.context.start(x.shape[1]), 0), x.shape[1])
+        return llm.head(llm.final_norm(x))[:, drop:]
 
 
 def image_text_tp_plan(stage: ImageTextStage, kv_units: int | None = None) -> dict:
@@ -84,3 +117,18 @@ def image_text_tp_plan(stage: ImageTextStage, kv_units: int | None = None) -> di
 
 def text_loss(logits: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+def text_span(image: int, text: int, shard: ContextShard) -> tuple[int, int]:
+    """The text positions [lo, hi) (of `text`) in this rank's chunk of the combined sequence
+    of `image` + `text` positions cut over cp: the first chunks may hold image tokens only."""
+    local = (image + text) // shard.size
+    start = shard.start(local)
+    return max(start - image, 0), max(start + local - image, 0)
+
+
+def context_text_loss(logits: Tensor, targets: Tensor, text: int, cp: int) -> Tensor:
+    """A cp rank's share of the mean text loss, times cp: its chunk's token losses summed
+    over the sequence's `text` tokens (chunks hold unequal, possibly no, text positions), so
+    that averaging the cp ranks' gradients, as the dp x cp optimizer does, gives the mean's."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum") * (cp / (text * len(targets)))

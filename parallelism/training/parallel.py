@@ -36,9 +36,9 @@ from parallelism.engine.shards import DTYPES, Key, LocalShard, box_shape, rank_b
 from parallelism.layout.model_request import ModelConfig, NamesAModel, resolved_field
 from parallelism.layout.placement import Placement, place
 from parallelism.layout.shards import b_dim
-from parallelism.layout.spec import DEFAULT_MODULE
+from parallelism.layout.spec import DEFAULT_MODULE, ModuleLayout
 from parallelism.layout.tensors import STATES
-from parallelism.training.context_parallel import ContextShard, parallelize_context, split_sequence
+from parallelism.training.context_parallel import ContextShard, context_group, parallelize_context, split_sequence
 from parallelism.training.data import DataPosition, SyntheticTokens
 from parallelism.training.expert_parallel import parallelize_moe
 from parallelism.training.init import initial_value
@@ -111,12 +111,7 @@ def check_trainable(config: TrainConfig, placement: Placement) -> None:
     mc = config.model_config
     if mc.encoder is not None:
         raise TrainingError(f"{config.model} is multimodal; the parallel trainer trains decoder-only models")
-    if ml.vpp > 1:
-        rounds = max(1, config.micro_batches // ml.pp)  # torch's ScheduleInterleaved1F1B rule
-        if config.micro_batches % rounds:
-            raise TrainingError(f"vpp={ml.vpp}: the interleaved schedule runs the {config.micro_batches} micro-batches "
-                                f"in rounds of pp={ml.pp}; micro-batches must be a multiple of {rounds} "
-                                f"(micro-batches // pp)")
+    check_interleaved(config, ml)
     if config.seq_len % ml.cp:
         raise TrainingError(f"context parallelism splits the sequence over cp={ml.cp}: seq {config.seq_len} "
                             f"is not a multiple of {ml.cp}")
@@ -129,6 +124,38 @@ def check_trainable(config: TrainConfig, placement: Placement) -> None:
     if config.global_batch % (ml.dp * config.micro_batches):
         raise TrainingError(f"global batch {config.global_batch} must divide into dp={ml.dp} x "
                             f"{config.micro_batches} micro-batches (got {per_rank:g} samples per dp rank)")
+
+
+def check_interleaved(config: TrainConfig, ml: ModuleLayout, module: str = "") -> None:
+    """torch's ScheduleInterleaved1F1B rule for a layout with vpp > 1 (`module`: the name the
+    message gives it, a multimodal model's module)."""
+    if ml.vpp > 1:
+        rounds = max(1, config.micro_batches // ml.pp)
+        if config.micro_batches % rounds:
+            prefix = f"{module}: " if module else ""
+            raise TrainingError(f"{prefix}vpp={ml.vpp}: the interleaved schedule runs the {config.micro_batches} "
+                                f"micro-batches in rounds of pp={ml.pp}; micro-batches must be a multiple of {rounds} "
+                                f"(micro-batches // pp)")
+
+
+def pipeline_schedule(chunks: list[nn.Module], pp: int, micro: int, group, loss_fn):
+    """torch.distributed.pipelining's schedule of one pipeline rank: 1F1B (GPipe when
+    micro-batches < pp) over its one stage, or, with several chunks (vpp > 1), the
+    interleaved 1F1B over its virtual stages, chunk.index of pp*len(chunks) (the planner's
+    numbering: chunk c on pipeline rank c % pp). `loss_fn` divides by the micro-batches:
+    the gradient hooks take every gradient as it is produced, so the schedule's own
+    scale_grads would see none."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+    device = torch.device(device_type())
+    if len(chunks) > 1:
+        virtual = pp * len(chunks)
+        stages = [PipelineStage(chunk, chunk.index, virtual, device, group=group) for chunk in chunks]
+        return ScheduleInterleaved1F1B(stages, micro, loss_fn=loss_fn, scale_grads=False)
+    (stage,) = chunks
+    schedule = Schedule1F1B if micro >= pp else ScheduleGPipe
+    return schedule(PipelineStage(stage, stage.index, pp, device, group=group), micro, loss_fn=loss_fn,
+                    scale_grads=False)
 
 
 @dataclass(frozen=True)
@@ -177,12 +204,7 @@ class LayoutMeshes:
         if ml.ep > 1:
             experts = DeviceMesh(device_type(), ranks.view(ml.pp, data // ml.ep, ml.ep, ml.tp),
                                  mesh_dim_names=("pp", "edp", "ep", "tp"))
-        context = None
-        if ml.cp > 1:
-            grid = ranks.view(ml.pp, ml.dp, ml.cp, ml.tp)
-            groups = [[int(r) for r in grid[p, d, :, t]] for p in range(ml.pp) for d in range(ml.dp)
-                      for t in range(ml.tp)]
-            context, _ = dist.new_subgroups_by_enumeration(groups)
+        context = context_group(ranks, ml.cp) if ml.cp > 1 else None
         if mesh.get_coordinate() is None:
             return cls(mesh, mesh, mesh, mesh, everyone)
         return cls(mesh, mesh["tp"], mesh["dp"], mesh["pp"], everyone, embedding, kv_heads,
@@ -427,24 +449,13 @@ class ParallelTrainer:
 
     # --- training -----------------------------------------------------------------
     def _build_pipeline(self):
-        """1F1B (GPipe when micro-batches < pp); with vpp > 1, torch's interleaved 1F1B over
-        this rank's virtual stages pp_rank + k*pp of pp*vpp (the same numbering as the
-        planner's chunks: chunk c on pipeline rank c % pp)."""
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+        """parallel.pipeline_schedule over this rank's stage, or its virtual stages pp_rank + k*pp."""
+        micro = self.config.micro_batches
 
-        device, group, micro = torch.device(device_type()), self.meshes.pp.get_group(), self.config.micro_batches
-        # Each micro-batch's loss is divided here, as the pp=1 loop does: the gradient hooks
-        # take every gradient as it is produced, so the schedule's own scale_grads would see none.
         def loss_fn(logits, y):
             return cross_entropy_loss(logits, y) / micro
 
-        if self.ml.vpp > 1:
-            virtual = self.ml.pp * self.ml.vpp
-            stages = [PipelineStage(chunk, chunk.index, virtual, device, group=group) for chunk in self.chunks]
-            return ScheduleInterleaved1F1B(stages, micro, loss_fn=loss_fn, scale_grads=False)
-        stage = PipelineStage(self.stage, self.pp_rank, self.ml.pp, device, group=group)
-        schedule = Schedule1F1B if micro >= self.ml.pp else ScheduleGPipe
-        return schedule(stage, micro, loss_fn=loss_fn, scale_grads=False)
+        return pipeline_schedule(self.chunks, self.ml.pp, micro, self.meshes.pp.get_group(), loss_fn)
 
     def _local_batch(self) -> tuple[Tensor, Tensor]:
         """The dp replica's samples; under context parallelism this rank's chunk of their sequences."""

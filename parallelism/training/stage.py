@@ -69,7 +69,7 @@ class DecoderStage(nn.Module):
         chunks = self.stages * self.virtual
         if index % self.stages != self.index or not 0 <= index < chunks:
             raise ValueError(f"virtual stage {index} of {chunks} does not run on pipeline rank {self.index}")
-        part = DecoderStage.__new__(DecoderStage)
+        part = type(self).__new__(type(self))  # an ImageTextStage's chunks are ImageTextStages
         nn.Module.__init__(part)
         part.sequence_shards, part.tied, part.layer_count = self.sequence_shards, self.tied, self.layer_count
         part.context = self.context

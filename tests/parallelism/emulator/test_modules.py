@@ -233,3 +233,75 @@ def test_the_llm_sequence_parallelism_of_a_multimodal_model_traces() -> None:
     result = emulate(EmulateRequest("tiny-vlm", layout, 4, "h100", 4, 1, 15, sequence_parallel=True),
                      use_cache=False)
     assert result["sequence_parallel"] and result["step_seconds"] > 0
+
+
+def test_an_interleaved_llm_pipeline_of_a_multimodal_model_traces() -> None:
+    """HeteroTrainer's vpp (the LLM's pp=2 x vpp=2 chunks of one layer each, chunk k on
+    pipeline rank k % 2): four virtual stages, each traced on its rank running the trainer's
+    own chunk k; a rank's chunks' static memory adds up to the vpp=1 stage's (same layers'
+    sizes, the embedding on chunk 0, the head on chunk 3); every chunk but the last sends
+    its activations on, every one but the first its gradients back, of the vpp=1 sends'
+    size; the encoder and the boundary are vpp's no concern. A micro-batch count torch's
+    interleaved schedule cannot run is refused, naming the rule."""
+    layout = "encoder:dp=4;llm:tp=2,pp=2"
+    plain, _ = trace_model(TraceRequest("tiny-vlm", layout, micro_batch=1, seq=16, micro_batches=4), use_cache=False)
+    vpp, info = trace_model(TraceRequest("tiny-vlm", layout + ",vpp=2", micro_batch=1, seq=16, micro_batches=4),
+                            use_cache=False)
+    assert (vpp.pp, vpp.vpp, len(vpp.stages)) == (2, 2, 4)
+    assert info["stages_traced"] == 1 + 3  # the encoder; the first, the last and the two middle chunks (one class)
+    assert vpp.inputs == plain.inputs
+    for rank in range(2):
+        for key in ("params", "grads", "optimizer"):
+            chunks = sum(getattr(vpp.stages[rank + 2 * c].memory, key) for c in range(2))
+            assert chunks == getattr(plain.stages[rank].memory, key), (rank, key)
+
+    def sends(stage):
+        return {op.name: op.bytes for op in stage.forward + stage.backward if getattr(op, "dim", None) == "pp"}
+
+    size = 1 * (17 + 16) * 64 * 2  # [1, image + text, hidden 64] bf16
+    assert [sends(s) for s in vpp.stages] == [
+        {"pp_send_activations": size}, {"pp_send_activations": size, "pp_send_gradients": size},
+        {"pp_send_activations": size, "pp_send_gradients": size}, {"pp_send_gradients": size}]
+    assert sends(plain.stages[0]) == {"pp_send_activations": size}
+    assert simulate(vpp, PROFILE).step_seconds > 0
+    with pytest.raises(EmulatorError, match="llm: vpp=2: .* micro-batches must be a multiple of 2"):
+        emulate(EmulateRequest("tiny-vlm", layout + ",vpp=2", 4, "h100", 5, 1, 16))
+    result = emulate(EmulateRequest("tiny-vlm", layout + ",vpp=2", 4, "h100", 4, 1, 16), use_cache=False)
+    assert result["step_seconds"] > 0
+
+
+def test_the_llm_context_parallelism_of_a_multimodal_model_traces() -> None:
+    """HeteroTrainer's cp (the LLM only): each cp rank keeps its chunk of the 17 image + 15
+    text = 32 positions, so the p2p sends between LLM stages halve against the same world's
+    dp=2 layout; attention gathers K/V over cp (all-gather forward, reduce-scatter backward,
+    told apart from dp's by group); the first stage sums the image tokens' gradient over cp;
+    the state, replicated over dp x cp, is dp=2's; the encoder's trace and the boundary
+    (each cp rank gets the image tokens whole) are cp's no concern. A sequence cp cannot
+    split is refused, naming the rule."""
+    base = TraceRequest("tiny-vlm", "encoder:dp=4;llm:dp=2,pp=2", micro_batch=1, seq=15, micro_batches=2)
+    plain, _ = trace_model(base, use_cache=False)
+    cp, _ = trace_model(replace(base, layout="encoder:dp=4;llm:cp=2,pp=2", micro_batches=4), use_cache=False)
+    assert (cp.cp, cp.dp, cp.pp, cp.seq) == (2, 1, 2, 32)
+    assert cp.inputs[0].stage.forward == plain.inputs[0].stage.forward
+    # 4 images, one per encoder rank; both cp ranks of the LLM's first stage (ranks 0, 1) get all
+    # 4 whole (17 tokens x 64 hidden bf16): one message from each of the other three ranks
+    received = [sorted(op.bytes for op in ops if op.kind == "recv") for ops in cp.inputs[0].boundary_forward]
+    assert received == [[17 * 64 * 2] * 3] * 2 + [[]] * 2, received
+
+    def comm(stage, dim):
+        return [(op.kind, op.name) for op in stage.forward + stage.backward if getattr(op, "dim", None) == dim]
+
+    def sends(stage):
+        return {op.name: op.bytes for op in stage.forward + stage.backward if getattr(op, "dim", None) == "pp"}
+
+    for a, b in zip(plain.stages, cp.stages):
+        kinds = {kind for kind, _ in comm(b, "cp")}
+        assert {"all_gather", "reduce_scatter"} <= kinds and not comm(a, "cp")
+        assert sends(b) and {name: 2 * size for name, size in sends(b).items()} == sends(a)
+        assert (b.memory.params, b.memory.grads, b.memory.optimizer) == (
+            a.memory.params, a.memory.grads, a.memory.optimizer)
+    assert ("all_reduce" in {kind for kind, _ in comm(cp.stages[0], "cp")}
+            and "all_reduce" not in {kind for kind, _ in comm(cp.stages[1], "cp")})  # the image tokens' gradient
+    assert simulate(cp, PROFILE).step_seconds > 0
+    with pytest.raises(EmulatorError, match="context parallelism .* 17 \\+ seq 16 = 33 is not a multiple of 2"):
+        emulate(EmulateRequest("tiny-vlm", "encoder:dp=4;llm:cp=2,pp=2", 4, "h100", 4, 1, 16))

@@ -55,8 +55,17 @@ SCHEDULES = {
     # SP from switched state, and back.
     "sequence-parallel": [Switch(1, "encoder:dp=2,ranks=0-1;llm:tp=2,ranks=2-3"),
                           Switch(2, "encoder:tp=2,dp=2;llm:dp=4")],
+    # An interleaved LLM pipeline (pp=2 x vpp=2: pipeline rank 0 holds layers 0 and 2, rank
+    # 1 layers 1 and 3, the planner's cut), then out of it onto the LLM's own 2 ranks.
+    "interleaved": [Switch(1, "encoder:dp=4;llm:tp=2,pp=2,vpp=2"),
+                    Switch(2, "encoder:dp=2,ranks=0-1;llm:tp=2,ranks=2-3")],
+    # Context parallelism in the LLM (17 image + 15 text positions over cp=2: its state
+    # replicated, or ZeRO-chunked, over dp x cp), then out of it onto the LLM's own 2 ranks.
+    "context-parallel": [Switch(1, "encoder:dp=4,zero=1;llm:dp=2,cp=2,zero=1"),
+                         Switch(2, "encoder:dp=2,ranks=0-1;llm:tp=2,ranks=2-3")],
 }
-CONFIGS = {"sequence-parallel": replace(CONFIG, seq_len=17, sequence_parallel=True)}  # others: CONFIG
+CONFIGS = {"sequence-parallel": replace(CONFIG, seq_len=17, sequence_parallel=True),  # others: CONFIG
+           "context-parallel": replace(CONFIG, seq_len=15)}
 STEPS = 3
 
 
@@ -169,7 +178,7 @@ def test_training_continues_across_the_switches(schedule) -> None:
     allowed = (len(switches) + 1) * 1e-3
     for step, (a, b) in enumerate(zip(losses, unswitched)):
         assert abs(a - b) <= allowed, (step, a, b)
-    if name not in CONFIGS:  # seq 17's batches differ by more than three warmup steps learn (unswitched too)
+    if name not in CONFIGS:  # seq 17's and 15's batches differ by more than three warmup steps learn (unswitched too)
         assert losses[0] > losses[1] > losses[2]  # and it learns
     print(f"switched - unswitched: {[f'{a - b:.1e}' for a, b in zip(losses, unswitched)]}")
 

@@ -1,0 +1,161 @@
+"""Context parallelism (cp > 1) in the heterogeneous trainer's LLM (tiny-vlm; the encoder
+runs without it): each LLM cp rank receives its dp share of the image tokens whole through
+the boundary, builds the combined sequence (17 image + 15 text = 32 positions) and keeps its
+chunk of it: with cp=2 chunk 0 holds image positions only, chunk 1 one image position and
+the 15 text positions; with cp=4 two chunks hold no text at all. Attention gathers K/V over
+cp (context_parallel.py), positions start at the chunk's offset; each rank's loss is its
+chunk's text-token losses over the whole text (times cp, the dp x cp optimizer averages),
+and the image-token gradient, spread over the cp ranks, is their sum before it returns
+through the boundary.
+
+Oracles: a 1-rank run of the same config, and for cp with tp or pp the same LLM layout
+without cp; the runs must match within the layout noise test_hetero.py defines (losses: 3 x
+max(noise, 1e-3), noise the 1-rank vs homogeneous dp=2 difference; gradients through Adam's
+first moment after one step, per tensor relative to its largest entry (at least FLOOR x the
+model's largest, for gradients zero in exact arithmetic) within 3 x max(homogeneous
+deviation, 0.02)). A lost image-token gradient part (only the chunk holding the rank's image
+positions returned), a text target shifted across a chunk edge or a wrong loss scale is
+O(1) off on the encoder's or the LLM's tensors. Every run also hands its state over after
+the first step and adopts it in a new trainer; test_hetero_switch.py's "context-parallel"
+schedule switches into a cp layout and out of it.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from parallelism.engine.launch import run_ranks
+from parallelism.engine.shards import LocalShard, rank_boxes
+from parallelism.layout.catalog import get_config, get_model
+from parallelism.layout.placement import place
+from parallelism.layout.shards import b_dim
+from parallelism.training.hetero import HeteroTrainer, check_hetero_trainable
+from parallelism.training.parallel import TrainConfig, TrainingError, initial_shards
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
+
+CONFIG = TrainConfig(model="tiny-vlm", global_batch=8, seq_len=15, micro_batches=4, lr=3e-3)
+STEPS = 3
+FLOOR = 1e-3
+# name: (layout, world, config, the run of the same LLM layout without cp)
+CP_RUNS = {
+    "cp2": ("encoder:dp=2;llm:cp=2", 2, CONFIG, None),
+    "cp4": ("encoder:dp=4;llm:cp=4", 4, CONFIG, None),                      # chunks of 8: two image-only
+    "cp2-dp2": ("encoder:dp=4;llm:dp=2,cp=2", 4, CONFIG, None),
+    "cp2-pp2-vpp2": ("encoder:dp=4;llm:cp=2,pp=2,vpp=2", 4, CONFIG, "pp2"),  # K/V gathers in every chunk
+    # sequence parallelism too: each 16-position chunk split over tp=2
+    "cp2-tp2-sp": ("encoder:dp=4;llm:tp=2,cp=2", 4, replace(CONFIG, sequence_parallel=True), "tp2"),
+    "cp2-non-colocated": ("encoder:dp=2,ranks=0-1;llm:cp=2,ranks=2-3", 4, CONFIG, None),
+}
+PLAIN_RUNS = {"single": ("tp=1", 1), "homogeneous": ("dp=2", 2), "pp2": ("encoder:dp=2;llm:pp=2", 2),
+              "tp2": ("encoder:dp=2;llm:tp=2", 2)}
+
+
+def _run(rank: int, world: int, config: TrainConfig, layout: str) -> dict:
+    placement = place(get_model(config.model), layout)
+    shards = initial_shards(placement, rank, config.seed) if rank < placement.world else {}
+    trainer = HeteroTrainer(config, layout, rank, shards)
+    losses = [trainer.step()]
+    shards, scalars = trainer.hand_over()
+    boxes_ok = {(k, s.box) for k, s in shards.items()} == set(rank_boxes(placement, rank).items())
+    moments = {(k[0], s.box): s.data.float().numpy().copy() for k, s in shards.items() if k[1] == "exp_avg"}
+    trainer = HeteroTrainer(config, layout, rank, shards, scalars)
+    losses += [trainer.step() for _ in range(STEPS - 1)]
+    return {"losses": [None if r is None else r.loss for r in losses], "moments": moments, "boxes_ok": boxes_ok}
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict:
+    out = {name: run_ranks(world, _run, CONFIG, layout, timeout_s=300) for name, (layout, world) in PLAIN_RUNS.items()}
+    out.update({name: run_ranks(world, _run, config, layout, timeout_s=300)
+                for name, (layout, world, config, _) in CP_RUNS.items()})
+    return out
+
+
+def _whole(tensor, value: torch.Tensor) -> LocalShard:
+    bd = b_dim(tensor)
+    return LocalShard(tensor, "exp_avg", (0, tensor.shape[0], 0, tensor.shape[bd] if bd is not None else 0), value)
+
+
+def _full_moments(run: list[dict]) -> dict[int, torch.Tensor]:
+    spec = get_model(CONFIG.model)
+    full: dict[int, torch.Tensor] = {}
+    for rank_result in run:
+        for (index, box), value in rank_result["moments"].items():
+            tensor = spec.tensors[index]
+            whole = full.setdefault(index, torch.full(tensor.shape, float("nan")))
+            _whole(tensor, whole).region(box).copy_(torch.from_numpy(value))
+    assert not any(whole.isnan().any() for whole in full.values())
+    return full
+
+
+def _errors(run: list[dict], reference: list[dict]) -> dict[str, float]:
+    """Per tensor: the largest |exp_avg - reference's| over every rank's box, relative to the
+    reference tensor's largest entry, at least FLOOR x the largest entry of any tensor: a
+    gradient that is zero in exact arithmetic (the encoder's k biases: softmax ignores a
+    shift common to all keys) is rounding noise in every run, O(1) relative to itself
+    (test_hetero.py), and is judged against the model's gradient scale instead
+    (tests/support/first_step.py's floor)."""
+    spec = get_model(CONFIG.model)
+    full = _full_moments(reference)
+    floor = FLOOR * max(float(v.abs().max()) for v in full.values())
+    errors: dict[str, float] = {}
+    for rank_moments in run:
+        for (index, box), value in rank_moments["moments"].items():
+            tensor = spec.tensors[index]
+            region = _whole(tensor, full[index]).region(box)
+            scale = max(float(full[index].abs().max()), floor) + 1e-12
+            errors[tensor.name] = max(errors.get(tensor.name, 0.0),
+                                      float((torch.from_numpy(value) - region).abs().max()) / scale)
+    return errors
+
+
+def _references(name: str) -> list[str]:
+    return ["single"] + ([CP_RUNS[name][3]] if CP_RUNS[name][3] else [])
+
+
+@pytest.mark.parametrize("name", list(CP_RUNS))
+def test_context_parallel_losses_match_a_single_rank_and_the_layout_without_cp(runs, name) -> None:
+    noise = max(abs(a - b) for a, b in zip(runs["single"][0]["losses"], runs["homogeneous"][0]["losses"]))
+    allowed = 3 * max(noise, 1e-3)
+    losses = runs[name][0]["losses"]
+    for rank_result in runs[name]:
+        assert rank_result["losses"] == losses  # every rank reports the global loss
+    for reference in _references(name):
+        for step, (a, b) in enumerate(zip(losses, runs[reference][0]["losses"])):
+            assert abs(a - b) <= allowed, (name, reference, step, a, b, noise)
+    print(name, "noise", f"{noise:.2e}", {r: max(abs(a - b) for a, b in zip(losses, runs[r][0]["losses"]))
+                                         for r in _references(name)})
+
+
+@pytest.mark.parametrize("name", list(CP_RUNS))
+def test_context_parallel_gradients_match_a_single_rank_and_the_layout_without_cp(runs, name) -> None:
+    spec = get_model(CONFIG.model)
+    noise = _errors(runs["homogeneous"], runs["single"])
+    for reference in _references(name):
+        errors = _errors(runs[name], runs[reference])
+        assert set(errors) == {t.name for t in spec.tensors}  # every tensor of both modules checked
+        worst = sorted(errors, key=lambda t: errors[t] / max(noise[t], 0.02))[-3:]
+        print(name, "vs", reference, {t: (round(errors[t], 4), round(noise[t], 4)) for t in worst})
+        for tensor, error in errors.items():
+            assert error <= 3 * max(noise[tensor], 0.02), (name, reference, tensor, error, noise[tensor])
+
+
+@pytest.mark.parametrize("name", list(CP_RUNS))
+def test_every_rank_hands_over_the_planners_boxes(runs, name) -> None:
+    assert all(result["boxes_ok"] for result in runs[name])
+
+
+@pytest.mark.parametrize("config,layout,message", [
+    (replace(CONFIG, seq_len=16), "encoder:dp=2;llm:cp=2", r"context parallelism .* cp=2: 17 \+ seq 16 = 33 is not "
+                                                           r"a multiple of 2"),
+    (replace(CONFIG, seq_len=17, sequence_parallel=True), "encoder:dp=4;llm:tp=2,cp=2",
+     r"sequence parallelism splits each of the cp=2 chunks .* 17 \+ seq 17 = 34 is not a multiple of 4"),
+    (CONFIG, "encoder:cp=2;llm:cp=2", r"encoder: cp=2; the encoder attends over each image's tokens whole"),
+])
+def test_a_sequence_cp_cannot_split_is_refused_with_the_rule(config, layout, message) -> None:
+    with pytest.raises(TrainingError, match=message):
+        check_hetero_trainable(config, place(get_model(CONFIG.model), layout))
+    check_hetero_trainable(CONFIG, place(get_model(CONFIG.model), "encoder:dp=2;llm:cp=2"))
