@@ -50,8 +50,6 @@ def hetero_refusal(placement: "Placement") -> str | None:
             if getattr(ml, key) != 1:
                 return (f"{name}: {key}={getattr(ml, key)}; the heterogeneous trainer supports tp, pp, dp and zero, "
                         f"so {key} must be 1")
-        if ml.zero == 3:
-            return f"{name}: zero=3 is not supported by the heterogeneous trainer (use zero <= 2)"
     encoder = placement.modules.get("encoder")
     if encoder is not None and encoder.pp != 1:
         return f"encoder: pp={encoder.pp}; the encoder runs unpipelined (give it more dp instead)"

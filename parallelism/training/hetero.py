@@ -3,7 +3,10 @@ a layout per module (docs/contracts.md section 1: `encoder:...;llm:...`, `ranks=
 colocated; a plain layout gives both modules the same one).
 
 Each module has its own (pp, dp, tp) mesh in the contract's rank order, its own
-data-parallel optimizer (zero.ShardedAdamW) and its own share of the global batch. The
+data-parallel optimizer (zero.ShardedAdamW; for zero=3 FSDP2's fsdp.FullyShardedState,
+whose shards are the planner's boxes) and its own share of the global batch. A tied LLM
+embedding is also its head; with llm pp > 1 its copies on the two end stages sum their
+gradients (parallelism/training/ties.py, over HeteroMeshes.embedding). The
 encoder's image tokens reach the LLM's first stage through the boundary communicator
 (parallelism/training/boundary.py), whose plan is the box intersection of the two layouts
 (parallelism/planner/activations.py); gradients return through it.
@@ -51,7 +54,9 @@ from parallelism.training.data import SyntheticImages, SyntheticTokens
 from parallelism.training.image_text_stage import ImageTextStage, image_text_tp_plan, text_loss
 from parallelism.training.kv_heads import head_groups, is_replicated, replicated_units
 from parallelism.training.model import build_training_model
-from parallelism.training.parallel import StepResult, TrainConfig, TrainingError, TrainScalars, device_type
+from parallelism.training.fsdp import FullyShardedState
+from parallelism.training.parallel import (TIED_WEIGHT, StepResult, TrainConfig, TrainingError, TrainScalars,
+                                           device_type)
 from parallelism.training.zero import ParamSlot, ShardedAdamW, chunk_rows
 
 
@@ -106,14 +111,23 @@ class HeteroMeshes:
     # The LLM's kv heads fewer than its tp: the TP ranks sharing this rank's head
     # (parallelism/training/kv_heads.py), None elsewhere.
     kv_heads: object | None = None
+    # A tied embedding and head with llm pp > 1: this rank and its peer on the LLM's other end
+    # stage (same dp and tp coordinates), which sum their gradients of it (parallel.LayoutMeshes'). None elsewhere.
+    embedding: object | None = None
 
     @classmethod
     def build(cls, placement: Placement) -> HeteroMeshes:
         """Collective over the default group: every process builds it, member of the layout or not."""
         llm, units = placement.modules["llm"], replicated_units(placement)
         ranks = torch.arange(llm.offset, llm.offset + llm.world).view(llm.pp, llm.dp, llm.tp)
-        return cls(_mesh(placement.modules["encoder"]), _mesh(llm), dist.new_group(ranks=list(range(placement.world))),
-                   head_groups(ranks, units) if units is not None else None)
+        encoder, llm_mesh = _mesh(placement.modules["encoder"]), _mesh(llm)
+        everyone = dist.new_group(ranks=list(range(placement.world)))
+        kv_heads = head_groups(ranks, units) if units is not None else None
+        embedding = None
+        if llm.pp > 1 and any(t.split.place == "first+last" for t in placement.model.tensors):
+            pairs = [[int(ranks[0, d, t]), int(ranks[-1, d, t])] for d in range(llm.dp) for t in range(llm.tp)]
+            embedding, _ = dist.new_subgroups_by_enumeration(pairs)
+        return cls(encoder, llm_mesh, everyone, kv_heads, embedding)
 
 
 def _local(t: Tensor) -> Tensor:
@@ -158,11 +172,15 @@ def adopt(module: nn.Module, state: dict[str, tuple[Tensor, ...]], *, zero: int,
 
 
 class _Encoder(nn.Module):
-    """Holds the encoder under its catalog prefix, so parameter names are `encoder.*`."""
+    """Holds the encoder under its catalog prefix, so parameter names are `encoder.*`; called
+    as the module itself (under zero=3 it is the FSDP root, whose hooks gather the weights)."""
 
     def __init__(self, encoder: nn.Module) -> None:
         super().__init__()
         self.encoder = encoder
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.encoder(images)
 
 
 class HeteroTrainer:
@@ -193,7 +211,9 @@ class HeteroTrainer:
         self.images = SyntheticImages(v.channels, v.image, seed=config.seed)
         self.tokens = SyntheticTokens(self.mc.llm.vocab, config.seq_len, seed=config.seed)
         state = self._states_by_module(shards)
-        model = build_training_model(self.mc, device="meta", dtype=torch.bfloat16)
+        # zero=3 keeps fp32 parameters (FSDP2's shards are the masters); zero<3 adopts bf16 boxes.
+        fsdp = self.enc_ml.zero == 3 or self.llm_ml.zero == 3
+        model = build_training_model(self.mc, device="meta", dtype=torch.float32 if fsdp else torch.bfloat16)
         self.encoder = self.llm_stage = self.pipeline = None
         enc_coord, llm_coord = enc_mesh.get_coordinate(), llm_mesh.get_coordinate()
         if enc_coord is not None:
@@ -201,9 +221,16 @@ class HeteroTrainer:
             self.encoder = _Encoder(model.encoder)
             if self.enc_ml.tp > 1:
                 parallelize_module(self.encoder, enc_mesh["tp"], _encoder_tp_plan(v.layers))
-            self.enc_optimizer = adopt(self.encoder, state["encoder"], zero=self.enc_ml.zero, dp=self.enc_ml.dp,
-                                       dp_rank=self.enc_dp_rank, group=enc_mesh["dp"].get_group(), config=config,
-                                       step=self.scalars.step, grad_scale=self.enc_ml.dp / self.llm_ml.dp)
+            scale = self.enc_ml.dp / self.llm_ml.dp
+            if self.enc_ml.zero == 3:
+                self.enc_optimizer = FullyShardedState(
+                    self.encoder, enc_mesh["dp"], torch.device(device_type()), state["encoder"], lr=config.lr,
+                    weight_decay=config.weight_decay, step=self.scalars.step, rank=rank,
+                    blocks=list(self.encoder.encoder.layers), grad_scale=scale)
+            else:
+                self.enc_optimizer = adopt(self.encoder, state["encoder"], zero=self.enc_ml.zero, dp=self.enc_ml.dp,
+                                           dp_rank=self.enc_dp_rank, group=enc_mesh["dp"].get_group(), config=config,
+                                           step=self.scalars.step, grad_scale=scale)
         if llm_coord is not None:
             self.pp_rank, self.llm_dp_rank, self.tp_rank = llm_coord
             sequence_parallel = config.sequence_parallel and self.llm_ml.tp > 1
@@ -216,9 +243,16 @@ class HeteroTrainer:
             if self.meshes.kv_heads is not None:
                 ties = {name: self.meshes.kv_heads for name, _ in self.llm_stage.named_parameters()
                         if is_replicated(self.spec.tensors[self._index[name]], self.llm_ml.tp)}
-            self.llm_optimizer = adopt(self.llm_stage, state["llm"], zero=self.llm_ml.zero, dp=self.llm_ml.dp,
-                                       dp_rank=self.llm_dp_rank, group=llm_mesh["dp"].get_group(), config=config,
-                                       step=self.scalars.step, ties=ties)
+            if self.meshes.embedding is not None:  # the tied embedding's two end-stage copies
+                ties[TIED_WEIGHT] = self.meshes.embedding
+            if self.llm_ml.zero == 3:
+                self.llm_optimizer = FullyShardedState(
+                    self.llm_stage, llm_mesh["dp"], torch.device(device_type()), state["llm"], lr=config.lr,
+                    weight_decay=config.weight_decay, step=self.scalars.step, rank=rank, ties=ties)
+            else:
+                self.llm_optimizer = adopt(self.llm_stage, state["llm"], zero=self.llm_ml.zero, dp=self.llm_ml.dp,
+                                           dp_rank=self.llm_dp_rank, group=llm_mesh["dp"].get_group(), config=config,
+                                           step=self.scalars.step, ties=ties)
             if self.llm_ml.pp > 1:
                 self.pipeline = self._build_pipeline(llm_mesh["pp"].get_group())
         del model
@@ -253,7 +287,12 @@ class HeteroTrainer:
             lo, hi = (int(v) for v in chunk(self.config.global_batch, self.enc_ml.dp, self.enc_dp_rank))
             if hi > lo:
                 images = self.images.batch(self.scalars.data.samples + lo, hi - lo)
-                return self.encoder.encoder(images)
+                return self.encoder(images)
+            if self.enc_ml.zero == 3:
+                # FSDP2's all-gathers and reduce-scatters are collective over the encoder's dp
+                # ranks: a rank without samples runs them too, on no images (zero gradients).
+                v = self.mc.encoder
+                return self.encoder(torch.zeros(0, v.channels, v.image, v.image))[:, :0]
         return self.boundary.empty_input(torch.bfloat16)
 
     def _run_llm(self, image_tokens: Tensor | None) -> Tensor:
