@@ -1,6 +1,8 @@
 """A multimodal model's program traced: `HeteroTrainer` (parallelism/training/hetero.py: its
 encoder + projector with its TP plan, the LLM's `ImageTextStage`, the boundary
-communicator, both ShardedAdamW optimizers), any layout of it (plain = the same layout for
+communicator, both optimizers: ShardedAdamW, or FSDP2's FullyShardedState for a zero=3
+module, whose per-layer all-gathers and reduce-scatters are recorded like the decoder's),
+a tied LLM embedding too (under pp > 1 the end stages' gradient sum, dim "embed"), any layout of it (plain = the same layout for
 both modules, `encoder:...;llm:...` colocated, or with `ranks=` non-colocated). One of
 tracer.py's two programs: the LLM is the Trace's pipeline, the encoder its InputTrace.
 
@@ -38,7 +40,9 @@ from parallelism.layout.errors import LayoutError
 from parallelism.layout.placement import Placement, layer_stages, place
 from parallelism.training.parallel import TrainConfig, TrainingError
 
-MODULES_VERSION = 2  # this program's part of the class keys; 2: the LLM's sequence parallelism
+# this program's part of the class keys; 2: the LLM's sequence parallelism; 3: zero=3 (FSDP2) per
+# module and a tied LLM embedding (its end stages' gradient sum, dim "embed")
+MODULES_VERSION = 3
 CLASS = "class"  # what tracer.py's progress lines call a class
 
 
@@ -162,6 +166,8 @@ def _trace_role(request: TraceRequest, role: str, stage: int) -> dict:
             dims = _group_ranks(meshes.llm)
             if meshes.kv_heads is not None:  # the TP ranks sharing a replicated kv head
                 dims["kv"] = tuple(sorted(dist.get_process_group_ranks(meshes.kv_heads)))
+            if meshes.embedding is not None:  # a tied embedding's two end stages (HeteroMeshes.embedding)
+                dims["embed"] = tuple(sorted(dist.get_process_group_ranks(meshes.embedding)))
             return _llm_part(trainer, request, stage, dims, rank)
     finally:
         dist.destroy_process_group()
