@@ -1,8 +1,11 @@
 """A multimodal model's program traced: `HeteroTrainer` (parallelism/training/hetero.py: its
 encoder + projector with its TP plan, the LLM's `ImageTextStage`, the boundary
-communicator, both ShardedAdamW optimizers), any layout of it (plain = the same layout for
-both modules, `encoder:...;llm:...` colocated, or with `ranks=` non-colocated). One of
-tracer.py's two programs: the LLM is the Trace's pipeline, the encoder its InputTrace.
+communicator, both optimizers: ShardedAdamW, or FSDP2's FullyShardedState for a zero=3
+module, whose per-layer all-gathers and reduce-scatters are recorded like the decoder's),
+a tied LLM embedding too (under pp > 1 the end stages' gradient sum, dim "embed"), any
+layout of it (plain = the same layout for both modules, `encoder:...;llm:...` colocated,
+or with `ranks=` non-colocated). One of tracer.py's two programs: the LLM is the Trace's
+pipeline, the encoder its InputTrace.
 
 Classes (each traced by one rank of the target world in a fresh process, on fake tensors):
 - ("encoder",) (unpipelined, TP/DP replicas symmetric): its first rank runs the encoder
@@ -45,7 +48,9 @@ from parallelism.layout.placement import Placement, layer_stages, place
 from parallelism.training.hetero import image_boundary
 from parallelism.training.parallel import TrainConfig, TrainingError
 
-MODULES_VERSION = 3  # this program's part of the class keys; 2: the LLM's sequence parallelism; 3: its vpp and cp
+# this program's part of the class keys; 2: the LLM's sequence parallelism; 3: its vpp and cp;
+# 4: zero=3 (FSDP2) per module and a tied LLM embedding (its end stages' gradient sum, dim "embed")
+MODULES_VERSION = 4
 CLASS = "class"  # what tracer.py's progress lines call a class
 
 
@@ -175,6 +180,8 @@ def _trace_role(request: TraceRequest, role: str, stage: int) -> dict:
             dims = _group_ranks(meshes.llm)
             if meshes.kv_heads is not None:  # the TP ranks sharing a replicated kv head
                 dims["kv"] = tuple(sorted(dist.get_process_group_ranks(meshes.kv_heads)))
+            if meshes.embedding is not None:  # a tied embedding's two end stages (HeteroMeshes.embedding)
+                dims["embed"] = tuple(sorted(dist.get_process_group_ranks(meshes.embedding)))
             return _llm_part(trainer, request, stage, dims, rank)
     finally:
         dist.destroy_process_group()
@@ -231,6 +238,16 @@ def _encoder_part(trainer, request: TraceRequest, dims, rank: int) -> dict:
     return {"stage": stage, "samples": samples}
 
 
+def _chunk_state(optimizer, names: set[str], zero: int) -> SimpleNamespace:
+    """The chunk's share of the rank's LLM optimizer state, as trainer_static_bytes reads it:
+    FullyShardedState's shards and AdamW moments (zero=3), else ShardedAdamW's slots."""
+    if zero == 3:
+        params = {n: p for n, p in optimizer.params.items() if n in names}
+        return SimpleNamespace(params=params, optimizer=SimpleNamespace(
+            state={p: optimizer.optimizer.state[p] for p in params.values()}))
+    return SimpleNamespace(slots=[s for s in optimizer.slots if s.name in names], moments=optimizer.moments)
+
+
 def _llm_part(trainer, request: TraceRequest, stage: int, dims, rank: int) -> dict:
     """One LLM (virtual) stage's rank: boundary forward (the whole batch, as the trainer
     exchanges it), one micro-batch forward + backward of its ImageTextStage (its chunk
@@ -247,9 +264,8 @@ def _llm_part(trainer, request: TraceRequest, stage: int, dims, rank: int) -> di
     between = positions_between_stages(fake, ml)
     mb = request.micro_batch
     first, last = stage == 0, stage == virtual - 1
-    optimizer = trainer.llm_optimizer  # the chunk's share of the rank's state
-    static = trainer_static_bytes(SimpleNamespace(optimizer=SimpleNamespace(
-        slots=[s for s in optimizer.slots if s.name in slots], moments=optimizer.moments)), ml.zero)
+    static = trainer_static_bytes(SimpleNamespace(optimizer=_chunk_state(trainer.llm_optimizer, slots, ml.zero)),
+                                  ml.zero)
     x = trainer._encode()  # a colocated rank's encoder work: the encoder class records it
     recorder = OpRecorder()
     with ignoring_sharding_propagation(recorder), recorder:

@@ -166,6 +166,8 @@ _CATALOG: dict[str, ModelConfig] = {c.name: c for c in (
                 description="Llama-style 124M model for switch benchmarks on one machine"),
     ModelConfig("tiny-vlm", "llava", _TINY, VisionConfig(32, 2, 2, 64, 4, 16, 3, 64),
                 description="toy ViT + projector + tiny-gpt, for CPU tests"),
+    ModelConfig("tiny-vlm-tied", "llava", replace(_TINY, tied=True), VisionConfig(32, 2, 2, 64, 4, 16, 3, 64),
+                description="tiny-vlm with the LLM's embedding and head tied, for CPU tests"),
 )}
 
 # Published totals (model cards / papers) that tests hold the catalog to, within 0.5%.

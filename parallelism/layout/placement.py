@@ -47,10 +47,8 @@ def hetero_refusal(placement: "Placement") -> str | None:
     refuses such a job or resize up front. Batch divisibility is checked apart (batch_dp)."""
     for name, ml in placement.modules.items():
         if ml.ep != 1:
-            return (f"{name}: ep={ml.ep}; the heterogeneous trainer supports tp, pp, dp and zero (vpp and cp in the "
-                    f"LLM), so ep must be 1")
-        if ml.zero == 3:
-            return f"{name}: zero=3 is not supported by the heterogeneous trainer (use zero <= 2)"
+            return (f"{name}: ep={ml.ep}; the heterogeneous trainer supports tp, pp, dp and zero 0-3 (vpp and cp "
+                    f"in the LLM), so ep must be 1")
     encoder = placement.modules.get("encoder")
     if encoder is not None and encoder.pp != 1:
         return f"encoder: pp={encoder.pp}; the encoder runs unpipelined (give it more dp instead)"

@@ -30,14 +30,19 @@ class FullyShardedState:
 
     def __init__(self, stage: nn.Module, dp_mesh: DeviceMesh, device: torch.device, state: dict[str, State], *,
                  lr: float, weight_decay: float, step: int, rank: int, ties: dict[str, object] | None = None,
-                 roots: list[nn.Module] | None = None, experts: DeviceMesh | None = None) -> None:
+                 roots: list[nn.Module] | None = None, experts: DeviceMesh | None = None,
+                 blocks: list[nn.Module] | None = None, grad_scale: float = 1.0) -> None:
         """`ties`: {parameter name: group} of weights whose copies on the group's other ranks
         take the sum of their gradients (ShardedAdamW's); the copies hold the same dp shard.
         `roots`: the modules the pipeline runs, sharded as FSDP roots (an interleaved
         pipeline's virtual stages), else `stage` itself. `experts`: under expert parallelism,
         the ranks holding the same experts (parallelism/training/expert_parallel.py): each MoE
-        layer's experts are sharded over them, their gradients summed there and divided by dp."""
-        self.ties = ties or {}
+        layer's experts are sharded over them, their gradients summed there and divided by dp.
+        `blocks`: the modules sharded one by one (each all-gathered only while it runs), by
+        default the decoder's layers `stage.llm.layers` (a ViT encoder passes its own).
+        `grad_scale`: a factor on the (dp-averaged) gradients before the step (the
+        multimodal trainer's encoder, parallelism/training/hetero.py)."""
+        self.ties, self.grad_scale = ties or {}, grad_scale
         # FSDP2 warns when a wrapped module returns a view (the TP head's replicated logits):
         # harmless here, nothing modifies a stage's output in place.
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
@@ -53,7 +58,7 @@ class FullyShardedState:
                         # Sum, then divide: gloo has no PREMUL_SUM, what a custom factor uses otherwise. Not on
                         # one rank, where FSDP2 (torch 2.13) divides by the factor as it copies, then again after.
                         module.experts.set_force_sum_reduction_for_comms(experts.size() > 1)
-            for layer in stage.llm.layers.values():
+            for layer in (blocks if blocks is not None else stage.llm.layers.values()):
                 fully_shard(layer, mesh=dp_mesh, mp_policy=policy)
             for root in roots or [stage]:
                 fully_shard(root, mesh=dp_mesh, mp_policy=policy)
@@ -89,6 +94,10 @@ class FullyShardedState:
                 p.grad = _like(p, torch.zeros_like(p.to_local()))
             tied.append((p.grad.to_local(), group))
         sum_over_groups(tied)
+        if self.grad_scale != 1.0:
+            for p in self.params.values():
+                if p.grad is not None:
+                    p.grad.mul_(self.grad_scale)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 

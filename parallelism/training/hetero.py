@@ -3,7 +3,10 @@ a layout per module (docs/contracts.md section 1: `encoder:...;llm:...`, `ranks=
 colocated; a plain layout gives both modules the same one).
 
 Each module has its own (pp, dp, tp) mesh in the contract's rank order, its own
-data-parallel optimizer (zero.ShardedAdamW) and its own share of the global batch. The
+data-parallel optimizer (zero.ShardedAdamW; for zero=3 FSDP2's fsdp.FullyShardedState,
+whose shards are the planner's boxes) and its own share of the global batch. A tied LLM
+embedding is also its head; with llm pp > 1 its copies on the two end stages sum their
+gradients (parallelism/training/ties.py, over HeteroMeshes.embedding). The
 encoder's image tokens reach the LLM's first stage through the boundary communicator
 (parallelism/training/boundary.py), whose plan is the box intersection of the two layouts
 (parallelism/planner/activations.py); gradients return through it.
@@ -60,8 +63,9 @@ from parallelism.training.image_text_stage import (ImageTextStage, context_text_
                                                    text_span)
 from parallelism.training.kv_heads import head_groups, is_replicated, replicated_units
 from parallelism.training.model import build_training_model
-from parallelism.training.parallel import (StepResult, TrainConfig, TrainingError, TrainScalars, check_interleaved,
-                                           device_type, pipeline_schedule)
+from parallelism.training.fsdp import FullyShardedState
+from parallelism.training.parallel import (TIED_WEIGHT, StepResult, TrainConfig, TrainingError, TrainScalars,
+                                           check_interleaved, device_type, pipeline_schedule)
 from parallelism.training.zero import ParamSlot, ShardedAdamW, chunk_rows
 
 
@@ -138,15 +142,28 @@ class HeteroMeshes:
     kv_heads: object | None = None
     # The LLM's cp > 1: the cp ranks splitting this rank's sequences (context_parallel.py).
     cp: object | None = None
+    # A tied embedding and head with llm pp > 1: this rank and its peer on the LLM's other end
+    # stage (same data index and tp coordinates), which sum their gradients of it
+    # (parallel.LayoutMeshes'). None elsewhere.
+    embedding: object | None = None
 
     @classmethod
     def build(cls, placement: Placement) -> HeteroMeshes:
         """Collective over the default group: every process builds it, member of the layout or not."""
         llm, units = placement.modules["llm"], replicated_units(placement)
-        ranks = _ranks(llm)
-        return cls(_mesh(placement.modules["encoder"]), _mesh(llm), dist.new_group(ranks=list(range(placement.world))),
-                   head_groups(ranks, units) if units is not None else None,
-                   context_group(ranks, llm.cp) if llm.cp > 1 else None)
+        ranks = _ranks(llm)  # [pp, dp*cp, tp]
+        encoder, llm_mesh = _mesh(placement.modules["encoder"]), _mesh(llm)
+        everyone = dist.new_group(ranks=list(range(placement.world)))
+        kv_heads = head_groups(ranks, units) if units is not None else None
+        cp = context_group(ranks, llm.cp) if llm.cp > 1 else None
+        embedding = None
+        if llm.pp > 1 and any(t.split.place == "first+last" for t in placement.model.tensors):
+            # torch makes every pair (collective), returns ours; with vpp the end virtual
+            # stages are still on pipeline ranks 0 and pp-1
+            pairs = [[int(ranks[0, d, t]), int(ranks[-1, d, t])] for d in range(llm.dp * llm.cp)
+                     for t in range(llm.tp)]
+            embedding, _ = dist.new_subgroups_by_enumeration(pairs)
+        return cls(encoder, llm_mesh, everyone, kv_heads, cp, embedding)
 
 
 def _local(t: Tensor) -> Tensor:
@@ -191,11 +208,15 @@ def adopt(module: nn.Module, state: dict[str, tuple[Tensor, ...]], *, zero: int,
 
 
 class _Encoder(nn.Module):
-    """Holds the encoder under its catalog prefix, so parameter names are `encoder.*`."""
+    """Holds the encoder under its catalog prefix, so parameter names are `encoder.*`; called
+    as the module itself (under zero=3 it is the FSDP root, whose hooks gather the weights)."""
 
     def __init__(self, encoder: nn.Module) -> None:
         super().__init__()
         self.encoder = encoder
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.encoder(images)
 
 
 class HeteroTrainer:
@@ -226,7 +247,9 @@ class HeteroTrainer:
         self.images = SyntheticImages(v.channels, v.image, seed=config.seed)
         self.tokens = SyntheticTokens(self.mc.llm.vocab, config.seq_len, seed=config.seed)
         state = self._states_by_module(shards)
-        model = build_training_model(self.mc, device="meta", dtype=torch.bfloat16)
+        # zero=3 keeps fp32 parameters (FSDP2's shards are the masters); zero<3 adopts bf16 boxes.
+        fsdp = self.enc_ml.zero == 3 or self.llm_ml.zero == 3
+        model = build_training_model(self.mc, device="meta", dtype=torch.float32 if fsdp else torch.bfloat16)
         self.encoder = self.llm_stage = self.pipeline = None
         enc_coord, llm_coord = enc_mesh.get_coordinate(), llm_mesh.get_coordinate()
         if enc_coord is not None:
@@ -234,9 +257,16 @@ class HeteroTrainer:
             self.encoder = _Encoder(model.encoder)
             if self.enc_ml.tp > 1:
                 parallelize_module(self.encoder, enc_mesh["tp"], _encoder_tp_plan(v.layers))
-            self.enc_optimizer = adopt(self.encoder, state["encoder"], zero=self.enc_ml.zero, dp=self.enc_ml.dp,
-                                       dp_rank=self.enc_dp_rank, group=enc_mesh["dp"].get_group(), config=config,
-                                       step=self.scalars.step, grad_scale=self.enc_ml.dp / self.llm_ml.dp)
+            scale = self.enc_ml.dp / self.llm_ml.dp
+            if self.enc_ml.zero == 3:
+                self.enc_optimizer = FullyShardedState(
+                    self.encoder, enc_mesh["dp"], torch.device(device_type()), state["encoder"], lr=config.lr,
+                    weight_decay=config.weight_decay, step=self.scalars.step, rank=rank,
+                    blocks=list(self.encoder.encoder.layers), grad_scale=scale)
+            else:
+                self.enc_optimizer = adopt(self.encoder, state["encoder"], zero=self.enc_ml.zero, dp=self.enc_ml.dp,
+                                           dp_rank=self.enc_dp_rank, group=enc_mesh["dp"].get_group(), config=config,
+                                           step=self.scalars.step, grad_scale=scale)
         if llm_coord is not None:
             self.pp_rank, data_rank, self.tp_rank = llm_coord
             self.llm_dp_rank, cp_rank = divmod(data_rank, self.llm_ml.cp)
@@ -251,17 +281,27 @@ class HeteroTrainer:
             if self.meshes.kv_heads is not None:
                 ties = {name: self.meshes.kv_heads for name, _ in self.llm_stage.named_parameters()
                         if is_replicated(self.spec.tensors[self._index[name]], self.llm_ml.tp)}
+            if self.meshes.embedding is not None:  # the tied embedding's two end-stage copies
+                ties[TIED_WEIGHT] = self.meshes.embedding
             # Context parallelism: attention over the cp group's gathered K/V (context_parallel.py).
             self.context = ContextShard(self.meshes.cp, self.llm_ml.cp, cp_rank) if self.llm_ml.cp > 1 else None
             if self.context is not None:
                 parallelize_context(self.llm_stage, self.context)
-            # state replicated / ZeRO-chunked over dp x cp: its optimizer's group is the data index's
-            self.llm_optimizer = adopt(self.llm_stage, state["llm"], zero=self.llm_ml.zero,
-                                       dp=self.llm_ml.dp * self.llm_ml.cp, dp_rank=data_rank, group=llm_mesh["dp"].get_group(), config=config,
-                                       step=self.scalars.step, ties=ties)
             # Interleaved (vpp > 1): the virtual stages pp_rank + k*pp; chunk 0 takes the image tokens.
             self.chunks = ([self.llm_stage.chunk(self.pp_rank + k * self.llm_ml.pp) for k in range(self.llm_ml.vpp)]
                            if self.llm_ml.vpp > 1 else [self.llm_stage])
+            # State replicated / ZeRO-chunked / FSDP-sharded over dp x cp: the optimizer's group
+            # is the data index's (the mesh's "dp" dimension).
+            if self.llm_ml.zero == 3:
+                self.llm_optimizer = FullyShardedState(
+                    self.llm_stage, llm_mesh["dp"], torch.device(device_type()), state["llm"], lr=config.lr,
+                    weight_decay=config.weight_decay, step=self.scalars.step, rank=rank, ties=ties,
+                    roots=self.chunks)
+            else:
+                self.llm_optimizer = adopt(self.llm_stage, state["llm"], zero=self.llm_ml.zero,
+                                           dp=self.llm_ml.dp * self.llm_ml.cp, dp_rank=data_rank,
+                                           group=llm_mesh["dp"].get_group(), config=config, step=self.scalars.step,
+                                           ties=ties)
             if self.llm_ml.pp > 1:
                 self.pipeline = self._build_pipeline(llm_mesh["pp"].get_group())
         del model
@@ -299,7 +339,12 @@ class HeteroTrainer:
             lo, hi = (int(v) for v in chunk(self.config.global_batch, self.enc_ml.dp, self.enc_dp_rank))
             if hi > lo:
                 images = self.images.batch(self.scalars.data.samples + lo, hi - lo)
-                return self.encoder.encoder(images)
+                return self.encoder(images)
+            if self.enc_ml.zero == 3:
+                # FSDP2's all-gathers and reduce-scatters are collective over the encoder's dp
+                # ranks: a rank without samples runs them too, on no images (zero gradients).
+                v = self.mc.encoder
+                return self.encoder(torch.zeros(0, v.channels, v.image, v.image))[:, :0]
         return self.boundary.empty_input(torch.bfloat16)
 
     def _run_llm(self, image_tokens: Tensor | None) -> Tensor:

@@ -5,7 +5,9 @@ Parameter names stay the catalog's ("llm.layers.1.attn.q.weight"), and the attri
 those of DecoderStage (`first`, `last`, `llm.*`), so parallel.tp_plan applies as it is
 (image_text_tp_plan adds what sequence parallelism needs here).
 The last stage predicts only the text positions: it drops the `image_tokens` leading
-positions before the final norm, as model.Decoder does.
+positions before the final norm, as model.Decoder does. A tied model's last stage uses
+its copy of the embedding as the head (DecoderStage's rule); with pp > 1 the trainer sums
+the two end stages' gradients of it (parallelism/training/ties.py).
 
 Sequence parallelism (tp > 1): the combined sequence of P image + T text positions is what
 is split over tp. The first stage gathers the text embedding (the vocab-parallel
@@ -36,7 +38,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleOutp
 from parallelism.training.context_parallel import ContextShard
 from parallelism.training.model import TrainingModel
 from parallelism.training.parallel import tp_plan
-from parallelism.training.stage import DecoderStage
+from parallelism.training.stage import DecoderStage, tied_logits
 
 
 class ImageTextStage(DecoderStage):
@@ -51,8 +53,6 @@ class ImageTextStage(DecoderStage):
         tokens, the last one drops their positions)."""
         if model.encoder is None:
             raise ValueError(f"{model.config.name} has no image encoder: use DecoderStage")
-        if model.llm.head is None:
-            raise ValueError(f"{model.config.name}: tied embeddings are not supported by the heterogeneous trainer")
         self._cut(model, stage, stages, sequence_shards=sequence_shards, virtual=virtual)
         self.image_tokens = model.encoder.num_tokens
         split = sequence_shards > 1
@@ -92,11 +92,15 @@ class ImageTextStage(DecoderStage):
         if llm.seq_gather is not None:
             x = llm.seq_gather(x)
         if self.context is None:
-            return llm.head(llm.final_norm(x[:, self.image_tokens:]))
+            return self._logits(llm.final_norm(x[:, self.image_tokens:]))
         # A cp chunk drops its image positions (all of them in a chunk of image tokens only)
         # from the logits: DTensor's tensor-parallel head cannot take an empty sequence.
         drop = min(max(self.image_tokens - self.context.start(x.shape[1]), 0), x.shape[1])
-        return llm.head(llm.final_norm(x))[:, drop:]
+        return self._logits(llm.final_norm(x))[:, drop:]
+
+    def _logits(self, x: Tensor) -> Tensor:
+        """The head, or a tied model's copy of the embedding as the head (DecoderStage's rule)."""
+        return tied_logits(x, self.llm.embed.weight) if self.tied else self.llm.head(x)
 
 
 def image_text_tp_plan(stage: ImageTextStage, kv_units: int | None = None) -> dict:
@@ -111,7 +115,8 @@ def image_text_tp_plan(stage: ImageTextStage, kv_units: int | None = None) -> di
     if stage.last:
         del plan["llm.final_norm"]  # tp_plan's SequenceParallel: here the norm runs after the gather
         plan["llm.seq_gather"] = PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Replicate())
-        plan["llm.head"] = ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+        if stage.llm.head is not None:  # a tied head is the embedding's weight (stage.tied_logits gathers)
+            plan["llm.head"] = ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
     return plan
 
 

@@ -70,11 +70,11 @@ class Attention(nn.Module):
         self.context = None
 
     def forward(self, x: Tensor, rope: Rope | None = None) -> Tensor:
-        b, t, _ = x.shape
-        # -1 heads: under tensor parallelism a rank holds heads/tp query and kv_heads/tp kv heads.
-        q = self.q(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-        k = self.k(x).view(b, t, -1, self.head_dim).transpose(1, 2)
-        v = self.v(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        # -1 heads: under tensor parallelism a rank holds heads/tp query and kv_heads/tp kv heads
+        # (unflatten infers them from the features alone, so an empty batch works too).
+        q = self.q(x).unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
+        k = self.k(x).unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
+        v = self.v(x).unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)  # Qwen3 normalizes each head before rotating it
         if rope is not None:
@@ -84,7 +84,7 @@ class Attention(nn.Module):
             out = self.context.attend(q, k, v, causal=self.causal, enable_gqa=gqa)
         else:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=gqa)
-        return self.o(out.transpose(1, 2).reshape(b, t, -1))
+        return self.o(out.transpose(1, 2).flatten(2))
 
 
 class SwiGLU(nn.Module):

@@ -62,7 +62,7 @@ def test_homogeneous_to_non_colocated_to_colocated(two_nodes, token_client, sent
     ("encoder:pp=2;llm:pp=2", "layout", "encoder: pp=2; the encoder runs unpipelined"),
     # cp splits the LLM's image + text sequence (trained: test_hetero_context_parallel.py), never the encoder's
     ("encoder:dp=2,cp=2;llm:dp=2,cp=2", "layout", "encoder: cp=2; the encoder attends over each image's tokens whole"),
-    ("encoder:dp=2,zero=3;llm:dp=2", "layout", "encoder: zero=3 is not supported by the heterogeneous trainer"),
+    ("encoder:dp=1,cp=2;llm:dp=2", "layout", "encoder: cp=2; the encoder attends over each image's tokens whole"),
     ("encoder:dp=2;llm:dp=4", "layout", "colocated modules must span the same number of ranks"),
     ("vision:dp=2;llm:dp=2", "layout", "has modules"),
     # the batch is cut over the LLM's dp (the encoder's dp=1 divides anything)

@@ -48,6 +48,8 @@ CP_RUNS = {
     # sequence parallelism too: each 16-position chunk split over tp=2
     "cp2-tp2-sp": ("encoder:dp=4;llm:tp=2,cp=2", 4, replace(CONFIG, sequence_parallel=True), "tp2"),
     "cp2-non-colocated": ("encoder:dp=2,ranks=0-1;llm:cp=2,ranks=2-3", 4, CONFIG, None),
+    # zero=3 (FSDP2) in both modules: the LLM's shards cut over its data index (dp x cp)
+    "cp2-dp2-zero3": ("encoder:dp=4,zero=3;llm:dp=2,cp=2,zero=3", 4, CONFIG, None),
 }
 PLAIN_RUNS = {"single": ("tp=1", 1), "homogeneous": ("dp=2", 2), "pp2": ("encoder:dp=2;llm:pp=2", 2),
               "tp2": ("encoder:dp=2;llm:tp=2", 2)}
@@ -79,8 +81,8 @@ def _whole(tensor, value: torch.Tensor) -> LocalShard:
     return LocalShard(tensor, "exp_avg", (0, tensor.shape[0], 0, tensor.shape[bd] if bd is not None else 0), value)
 
 
-def _full_moments(run: list[dict]) -> dict[int, torch.Tensor]:
-    spec = get_model(CONFIG.model)
+def _full_moments(run: list[dict], model: str = CONFIG.model) -> dict[int, torch.Tensor]:
+    spec = get_model(model)
     full: dict[int, torch.Tensor] = {}
     for rank_result in run:
         for (index, box), value in rank_result["moments"].items():
@@ -91,15 +93,15 @@ def _full_moments(run: list[dict]) -> dict[int, torch.Tensor]:
     return full
 
 
-def _errors(run: list[dict], reference: list[dict]) -> dict[str, float]:
+def _errors(run: list[dict], reference: list[dict], model: str = CONFIG.model) -> dict[str, float]:
     """Per tensor: the largest |exp_avg - reference's| over every rank's box, relative to the
     reference tensor's largest entry, at least FLOOR x the largest entry of any tensor: a
     gradient that is zero in exact arithmetic (the encoder's k biases: softmax ignores a
     shift common to all keys) is rounding noise in every run, O(1) relative to itself
     (test_hetero.py), and is judged against the model's gradient scale instead
     (tests/support/first_step.py's floor)."""
-    spec = get_model(CONFIG.model)
-    full = _full_moments(reference)
+    spec = get_model(model)
+    full = _full_moments(reference, model)
     floor = FLOOR * max(float(v.abs().max()) for v in full.values())
     errors: dict[str, float] = {}
     for rank_moments in run:
@@ -146,6 +148,33 @@ def test_context_parallel_gradients_match_a_single_rank_and_the_layout_without_c
 @pytest.mark.parametrize("name", list(CP_RUNS))
 def test_every_rank_hands_over_the_planners_boxes(runs, name) -> None:
     assert all(result["boxes_ok"] for result in runs[name])
+
+
+TIED = replace(CONFIG, model="tiny-vlm-tied")
+# A tied embedding's end stages pair up per data index (dp x cp) and tp: with llm cp=2, pp=2
+# the cp rank 1 ranks have their own pair (a pairing over dp alone would leave their copies unsummed).
+TIED_CP_RUNS = {"tied-cp2-pp2": "encoder:dp=4;llm:cp=2,pp=2",
+                "tied-cp2-pp2-zero3": "encoder:dp=4,zero=3;llm:cp=2,pp=2,zero=3"}
+
+
+@pytest.fixture(scope="module")
+def tied_runs() -> dict:
+    out = {"single": run_ranks(1, _run, TIED, "tp=1", timeout_s=300)}
+    out.update({name: run_ranks(4, _run, TIED, layout, timeout_s=300) for name, layout in TIED_CP_RUNS.items()})
+    return out
+
+
+@pytest.mark.parametrize("name", list(TIED_CP_RUNS))
+def test_a_tied_llm_under_context_parallelism_matches_a_single_rank(runs, tied_runs, name) -> None:
+    noise = max(abs(a - b) for a, b in zip(runs["single"][0]["losses"], runs["homogeneous"][0]["losses"]))
+    for step, (a, b) in enumerate(zip(tied_runs[name][0]["losses"], tied_runs["single"][0]["losses"])):
+        assert abs(a - b) <= 3 * max(noise, 1e-3), (name, step, a, b, noise)
+    grad_noise = _errors(runs["homogeneous"], runs["single"])
+    errors = _errors(tied_runs[name], tied_runs["single"], TIED.model)
+    assert set(errors) == {t.name for t in get_model(TIED.model).tensors}
+    for tensor, error in errors.items():
+        assert error <= 3 * max(grad_noise.get(tensor, 0.0), 0.02), (name, tensor, error)
+    assert all(result["boxes_ok"] for result in tied_runs[name])
 
 
 @pytest.mark.parametrize("config,layout,message", [

@@ -44,6 +44,8 @@ VPP_RUNS = {
     "vpp-non-colocated": ("encoder:dp=2,ranks=0-1;llm:pp=2,vpp=2,ranks=2-3", 4, CONFIG, None),
     # sequence parallelism too: 17 image + 15 text = 32 positions over tp=2 between the chunks
     "vpp-sp": ("encoder:dp=4;llm:tp=2,pp=2,vpp=2", 4, replace(CONFIG, sequence_parallel=True), "pp2"),
+    # zero=3 (FSDP2) in both modules: each chunk an FSDP root (the decoder trainer's rule)
+    "vpp-zero3": ("encoder:dp=4,zero=3;llm:tp=2,pp=2,vpp=2,zero=3", 4, CONFIG, "pp2"),
 }
 PLAIN_RUNS = {"single": ("tp=1", 1), "homogeneous": ("dp=2", 2), "pp2": ("encoder:dp=4;llm:tp=2,pp=2", 4)}
 
