@@ -12,7 +12,6 @@ verified, with training going on as an unswitched run does.
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
 
@@ -25,6 +24,7 @@ from parallelism.training.run import Switch
 from tests.support.first_step import boxes_off
 from tests.support.moe_routes import moe_boxes_off_the_single_rank
 from tests.support.switched_training import check_switched_training
+from tests.support.tiny_models import write_tiny_gpt2_style
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
@@ -50,12 +50,7 @@ def _first_step(rank: int, world: int, config: TrainConfig, layout: str) -> dict
 
 @pytest.fixture(scope="module")
 def tiny_gpt2_style(tmp_path_factory) -> str:
-    """A GPT-2-style decoder (learned positions, plain multi-head attention), small enough for CPU ranks."""
-    folder = tmp_path_factory.mktemp("gpt2-style")
-    (folder / "config.json").write_text(json.dumps({
-        "model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "n_inner": 256, "vocab_size": 256,
-        "n_positions": 32, "tie_word_embeddings": False}))
-    return str(folder)
+    return write_tiny_gpt2_style(tmp_path_factory.mktemp("gpt2-style"))
 
 
 _SINGLE: dict[str, dict] = {}

@@ -24,21 +24,18 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-import torch
 
-from parallelism.engine.launch import run_ranks
-from parallelism.engine.shards import LocalShard, rank_boxes
-from parallelism.layout.catalog import get_config, get_model
+from parallelism.layout.catalog import get_model
 from parallelism.layout.placement import place
-from parallelism.layout.shards import b_dim
-from parallelism.training.hetero import HeteroTrainer, check_hetero_trainable
-from parallelism.training.parallel import TrainConfig, TrainingError, initial_shards
+from parallelism.training.hetero import check_hetero_trainable
+from parallelism.training.parallel import TrainConfig, TrainingError
+from tests.support.hetero_parity import (check_gradient_parity, check_loss_parity, loss_bound, moment_errors,
+                                         run_layouts)
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
 CONFIG = TrainConfig(model="tiny-vlm", global_batch=8, seq_len=15, micro_batches=4, lr=3e-3)
 STEPS = 3
-FLOOR = 1e-3
 # name: (layout, world, config, the run of the same LLM layout without cp)
 CP_RUNS = {
     "cp2": ("encoder:dp=2;llm:cp=2", 2, CONFIG, None),
@@ -55,63 +52,11 @@ PLAIN_RUNS = {"single": ("tp=1", 1), "homogeneous": ("dp=2", 2), "pp2": ("encode
               "tp2": ("encoder:dp=2;llm:tp=2", 2)}
 
 
-def _run(rank: int, world: int, config: TrainConfig, layout: str) -> dict:
-    placement = place(get_model(config.model), layout)
-    shards = initial_shards(placement, rank, config.seed) if rank < placement.world else {}
-    trainer = HeteroTrainer(config, layout, rank, shards)
-    losses = [trainer.step()]
-    shards, scalars = trainer.hand_over()
-    boxes_ok = {(k, s.box) for k, s in shards.items()} == set(rank_boxes(placement, rank).items())
-    moments = {(k[0], s.box): s.data.float().numpy().copy() for k, s in shards.items() if k[1] == "exp_avg"}
-    trainer = HeteroTrainer(config, layout, rank, shards, scalars)
-    losses += [trainer.step() for _ in range(STEPS - 1)]
-    return {"losses": [None if r is None else r.loss for r in losses], "moments": moments, "boxes_ok": boxes_ok}
-
-
 @pytest.fixture(scope="module")
 def runs() -> dict:
-    out = {name: run_ranks(world, _run, CONFIG, layout, timeout_s=300) for name, (layout, world) in PLAIN_RUNS.items()}
-    out.update({name: run_ranks(world, _run, config, layout, timeout_s=300)
-                for name, (layout, world, config, _) in CP_RUNS.items()})
-    return out
-
-
-def _whole(tensor, value: torch.Tensor) -> LocalShard:
-    bd = b_dim(tensor)
-    return LocalShard(tensor, "exp_avg", (0, tensor.shape[0], 0, tensor.shape[bd] if bd is not None else 0), value)
-
-
-def _full_moments(run: list[dict], model: str = CONFIG.model) -> dict[int, torch.Tensor]:
-    spec = get_model(model)
-    full: dict[int, torch.Tensor] = {}
-    for rank_result in run:
-        for (index, box), value in rank_result["moments"].items():
-            tensor = spec.tensors[index]
-            whole = full.setdefault(index, torch.full(tensor.shape, float("nan")))
-            _whole(tensor, whole).region(box).copy_(torch.from_numpy(value))
-    assert not any(whole.isnan().any() for whole in full.values())
-    return full
-
-
-def _errors(run: list[dict], reference: list[dict], model: str = CONFIG.model) -> dict[str, float]:
-    """Per tensor: the largest |exp_avg - reference's| over every rank's box, relative to the
-    reference tensor's largest entry, at least FLOOR x the largest entry of any tensor: a
-    gradient that is zero in exact arithmetic (the encoder's k biases: softmax ignores a
-    shift common to all keys) is rounding noise in every run, O(1) relative to itself
-    (test_hetero.py), and is judged against the model's gradient scale instead
-    (tests/support/first_step.py's floor)."""
-    spec = get_model(model)
-    full = _full_moments(reference, model)
-    floor = FLOOR * max(float(v.abs().max()) for v in full.values())
-    errors: dict[str, float] = {}
-    for rank_moments in run:
-        for (index, box), value in rank_moments["moments"].items():
-            tensor = spec.tensors[index]
-            region = _whole(tensor, full[index]).region(box)
-            scale = max(float(full[index].abs().max()), floor) + 1e-12
-            errors[tensor.name] = max(errors.get(tensor.name, 0.0),
-                                      float((torch.from_numpy(value) - region).abs().max()) / scale)
-    return errors
+    return run_layouts({**{name: (layout, world, CONFIG) for name, (layout, world) in PLAIN_RUNS.items()},
+                        **{name: (layout, world, config) for name, (layout, world, config, _) in CP_RUNS.items()}},
+                       STEPS)
 
 
 def _references(name: str) -> list[str]:
@@ -120,29 +65,12 @@ def _references(name: str) -> list[str]:
 
 @pytest.mark.parametrize("name", list(CP_RUNS))
 def test_context_parallel_losses_match_a_single_rank_and_the_layout_without_cp(runs, name) -> None:
-    noise = max(abs(a - b) for a, b in zip(runs["single"][0]["losses"], runs["homogeneous"][0]["losses"]))
-    allowed = 3 * max(noise, 1e-3)
-    losses = runs[name][0]["losses"]
-    for rank_result in runs[name]:
-        assert rank_result["losses"] == losses  # every rank reports the global loss
-    for reference in _references(name):
-        for step, (a, b) in enumerate(zip(losses, runs[reference][0]["losses"])):
-            assert abs(a - b) <= allowed, (name, reference, step, a, b, noise)
-    print(name, "noise", f"{noise:.2e}", {r: max(abs(a - b) for a, b in zip(losses, runs[r][0]["losses"]))
-                                         for r in _references(name)})
+    check_loss_parity(runs, name, _references(name))
 
 
 @pytest.mark.parametrize("name", list(CP_RUNS))
 def test_context_parallel_gradients_match_a_single_rank_and_the_layout_without_cp(runs, name) -> None:
-    spec = get_model(CONFIG.model)
-    noise = _errors(runs["homogeneous"], runs["single"])
-    for reference in _references(name):
-        errors = _errors(runs[name], runs[reference])
-        assert set(errors) == {t.name for t in spec.tensors}  # every tensor of both modules checked
-        worst = sorted(errors, key=lambda t: errors[t] / max(noise[t], 0.02))[-3:]
-        print(name, "vs", reference, {t: (round(errors[t], 4), round(noise[t], 4)) for t in worst})
-        for tensor, error in errors.items():
-            assert error <= 3 * max(noise[tensor], 0.02), (name, reference, tensor, error, noise[tensor])
+    check_gradient_parity(runs, name, _references(name), CONFIG.model)
 
 
 @pytest.mark.parametrize("name", list(CP_RUNS))
@@ -159,18 +87,17 @@ TIED_CP_RUNS = {"tied-cp2-pp2": "encoder:dp=4;llm:cp=2,pp=2",
 
 @pytest.fixture(scope="module")
 def tied_runs() -> dict:
-    out = {"single": run_ranks(1, _run, TIED, "tp=1", timeout_s=300)}
-    out.update({name: run_ranks(4, _run, TIED, layout, timeout_s=300) for name, layout in TIED_CP_RUNS.items()})
-    return out
+    return run_layouts({"single": ("tp=1", 1, TIED), **{name: (layout, 4, TIED) for name, layout in TIED_CP_RUNS.items()}},
+                       STEPS)
 
 
 @pytest.mark.parametrize("name", list(TIED_CP_RUNS))
 def test_a_tied_llm_under_context_parallelism_matches_a_single_rank(runs, tied_runs, name) -> None:
-    noise = max(abs(a - b) for a, b in zip(runs["single"][0]["losses"], runs["homogeneous"][0]["losses"]))
+    noise, allowed = loss_bound(runs)
     for step, (a, b) in enumerate(zip(tied_runs[name][0]["losses"], tied_runs["single"][0]["losses"])):
-        assert abs(a - b) <= 3 * max(noise, 1e-3), (name, step, a, b, noise)
-    grad_noise = _errors(runs["homogeneous"], runs["single"])
-    errors = _errors(tied_runs[name], tied_runs["single"], TIED.model)
+        assert abs(a - b) <= allowed, (name, step, a, b, noise)
+    grad_noise = moment_errors(runs["homogeneous"], runs["single"], CONFIG.model)
+    errors = moment_errors(tied_runs[name], tied_runs["single"], TIED.model)
     assert set(errors) == {t.name for t in get_model(TIED.model).tensors}
     for tensor, error in errors.items():
         assert error <= 3 * max(grad_noise.get(tensor, 0.0), 0.02), (name, tensor, error)

@@ -23,21 +23,18 @@ from dataclasses import replace
 import pytest
 import torch
 
-from parallelism.engine.launch import run_ranks
-from parallelism.engine.shards import LocalShard, rank_boxes
 from parallelism.layout.catalog import get_config, get_model
 from parallelism.layout.placement import layer_stages, place
-from parallelism.layout.shards import b_dim
-from parallelism.training.hetero import HeteroTrainer, check_hetero_trainable
+from parallelism.training.hetero import check_hetero_trainable
 from parallelism.training.image_text_stage import ImageTextStage
 from parallelism.training.model import build_training_model
-from parallelism.training.parallel import TrainConfig, TrainingError, initial_shards
+from parallelism.training.parallel import TrainConfig, TrainingError
+from tests.support.hetero_parity import check_gradient_parity, check_loss_parity, run_layouts
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
 CONFIG = TrainConfig(model="tiny-vlm", global_batch=8, seq_len=15, micro_batches=4, lr=3e-3)
 STEPS = 3
-FLOOR = 1e-3
 # name: (layout, world, config, the vpp=1 run of the same LLM layout)
 VPP_RUNS = {
     "vpp": ("encoder:dp=4;llm:tp=2,pp=2,vpp=2", 4, CONFIG, "pp2"),
@@ -50,65 +47,11 @@ VPP_RUNS = {
 PLAIN_RUNS = {"single": ("tp=1", 1), "homogeneous": ("dp=2", 2), "pp2": ("encoder:dp=4;llm:tp=2,pp=2", 4)}
 
 
-def _run(rank: int, world: int, config: TrainConfig, layout: str) -> dict:
-    placement = place(get_model(config.model), layout)
-    shards = initial_shards(placement, rank, config.seed) if rank < placement.world else {}
-    trainer = HeteroTrainer(config, layout, rank, shards)
-    chunks = [c.index for c in getattr(trainer, "chunks", [])] if trainer.llm_stage is not None else []
-    losses = [trainer.step()]
-    shards, scalars = trainer.hand_over()
-    boxes_ok = {(k, s.box) for k, s in shards.items()} == set(rank_boxes(placement, rank).items())
-    moments = {(k[0], s.box): s.data.float().numpy().copy() for k, s in shards.items() if k[1] == "exp_avg"}
-    trainer = HeteroTrainer(config, layout, rank, shards, scalars)
-    losses += [trainer.step() for _ in range(STEPS - 1)]
-    return {"losses": [None if r is None else r.loss for r in losses], "moments": moments, "chunks": chunks,
-            "boxes_ok": boxes_ok}
-
-
 @pytest.fixture(scope="module")
 def runs() -> dict:
-    out = {name: run_ranks(world, _run, CONFIG, layout, timeout_s=300) for name, (layout, world) in PLAIN_RUNS.items()}
-    out.update({name: run_ranks(world, _run, config, layout, timeout_s=300)
-                for name, (layout, world, config, _) in VPP_RUNS.items()})
-    return out
-
-
-def _whole(tensor, value: torch.Tensor) -> LocalShard:
-    bd = b_dim(tensor)
-    return LocalShard(tensor, "exp_avg", (0, tensor.shape[0], 0, tensor.shape[bd] if bd is not None else 0), value)
-
-
-def _full_moments(run: list[dict]) -> dict[int, torch.Tensor]:
-    spec = get_model(CONFIG.model)
-    full: dict[int, torch.Tensor] = {}
-    for rank_result in run:
-        for (index, box), value in rank_result["moments"].items():
-            tensor = spec.tensors[index]
-            whole = full.setdefault(index, torch.full(tensor.shape, float("nan")))
-            _whole(tensor, whole).region(box).copy_(torch.from_numpy(value))
-    assert not any(whole.isnan().any() for whole in full.values())
-    return full
-
-
-def _errors(run: list[dict], reference: list[dict]) -> dict[str, float]:
-    """Per tensor: the largest |exp_avg - reference's| over every rank's box, relative to the
-    reference tensor's largest entry, at least FLOOR x the largest entry of any tensor: a
-    gradient that is zero in exact arithmetic (the encoder's k biases: softmax ignores a
-    shift common to all keys) is rounding noise in every run, O(1) relative to itself
-    (test_hetero.py), and is judged against the model's gradient scale instead
-    (tests/support/first_step.py's floor)."""
-    spec = get_model(CONFIG.model)
-    full = _full_moments(reference)
-    floor = FLOOR * max(float(v.abs().max()) for v in full.values())
-    errors: dict[str, float] = {}
-    for rank_moments in run:
-        for (index, box), value in rank_moments["moments"].items():
-            tensor = spec.tensors[index]
-            region = _whole(tensor, full[index]).region(box)
-            scale = max(float(full[index].abs().max()), floor) + 1e-12
-            errors[tensor.name] = max(errors.get(tensor.name, 0.0),
-                                      float((torch.from_numpy(value) - region).abs().max()) / scale)
-    return errors
+    return run_layouts({**{name: (layout, world, CONFIG) for name, (layout, world) in PLAIN_RUNS.items()},
+                        **{name: (layout, world, config) for name, (layout, world, config, _) in VPP_RUNS.items()}},
+                       STEPS)
 
 
 def _references(name: str) -> list[str]:
@@ -117,29 +60,12 @@ def _references(name: str) -> list[str]:
 
 @pytest.mark.parametrize("name", list(VPP_RUNS))
 def test_interleaved_losses_match_a_single_rank_and_the_plain_pipeline(runs, name) -> None:
-    noise = max(abs(a - b) for a, b in zip(runs["single"][0]["losses"], runs["homogeneous"][0]["losses"]))
-    allowed = 3 * max(noise, 1e-3)
-    losses = runs[name][0]["losses"]
-    for rank_result in runs[name]:
-        assert rank_result["losses"] == losses  # every rank reports the global loss
-    for reference in _references(name):
-        for step, (a, b) in enumerate(zip(losses, runs[reference][0]["losses"])):
-            assert abs(a - b) <= allowed, (name, reference, step, a, b, noise)
-    print(name, "noise", f"{noise:.2e}", {r: max(abs(a - b) for a, b in zip(losses, runs[r][0]["losses"]))
-                                         for r in _references(name)})
+    check_loss_parity(runs, name, _references(name))
 
 
 @pytest.mark.parametrize("name", list(VPP_RUNS))
 def test_interleaved_gradients_match_a_single_rank_and_the_plain_pipeline(runs, name) -> None:
-    spec = get_model(CONFIG.model)
-    noise = _errors(runs["homogeneous"], runs["single"])
-    for reference in _references(name):
-        errors = _errors(runs[name], runs[reference])
-        assert set(errors) == {t.name for t in spec.tensors}  # every tensor of both modules checked
-        worst = sorted(errors, key=lambda t: errors[t] / max(noise[t], 0.02))[-3:]
-        print(name, "vs", reference, {t: (round(errors[t], 4), round(noise[t], 4)) for t in worst})
-        for tensor, error in errors.items():
-            assert error <= 3 * max(noise[tensor], 0.02), (name, reference, tensor, error, noise[tensor])
+    check_gradient_parity(runs, name, _references(name), CONFIG.model)
 
 
 @pytest.mark.parametrize("name", list(VPP_RUNS))

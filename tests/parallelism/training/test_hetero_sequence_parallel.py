@@ -25,16 +25,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-import torch
 
-from parallelism.engine.launch import run_ranks
-from parallelism.engine.shards import LocalShard
 from parallelism.layout.catalog import get_config, get_model
 from parallelism.layout.placement import place
-from parallelism.layout.shards import b_dim
-from parallelism.training.hetero import HeteroTrainer, check_hetero_trainable
+from parallelism.training.hetero import check_hetero_trainable
 from parallelism.training.image_text_stage import ImageTextStage
-from parallelism.training.parallel import TrainConfig, TrainingError, initial_shards
+from parallelism.training.parallel import TrainConfig, TrainingError
+from tests.support.hetero_parity import check_gradient_parity, check_loss_parity, run_layouts
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(600)]
 
@@ -52,93 +49,25 @@ PLAIN_RUNS = {"single": ("tp=1", 1), "homogeneous": ("dp=3", 3),
               "tp2": ("encoder:dp=2;llm:tp=2", 2), "tp2-pp2": ("encoder:dp=4;llm:tp=2,pp=2", 4)}
 
 
-def _run(rank: int, world: int, config: TrainConfig, layout: str) -> dict:
-    placement = place(get_model(config.model), layout)
-    shards = initial_shards(placement, rank, config.seed) if rank < placement.world else {}
-    trainer = HeteroTrainer(config, layout, rank, shards)
-    losses = [trainer.step()]
-    shards, scalars = trainer.hand_over()
-    moments = {(k[0], s.box): s.data.float().numpy().copy() for k, s in shards.items() if k[1] == "exp_avg"}
-    trainer = HeteroTrainer(config, layout, rank, shards, scalars)
-    losses += [trainer.step() for _ in range(STEPS - 1)]
-    return {"losses": [None if r is None else r.loss for r in losses], "moments": moments}
-
-
 @pytest.fixture(scope="module")
 def runs() -> dict:
-    out = {name: run_ranks(world, _run, CONFIG, layout, timeout_s=300) for name, (layout, world) in PLAIN_RUNS.items()}
-    out.update({name: run_ranks(world, _run, SP, layout, timeout_s=300) for name, (layout, world, _) in SP_RUNS.items()})
-    return out
+    return run_layouts({**{name: (layout, world, CONFIG) for name, (layout, world) in PLAIN_RUNS.items()},
+                        **{name: (layout, world, SP) for name, (layout, world, _) in SP_RUNS.items()}}, STEPS)
 
 
-def _whole(tensor, value: torch.Tensor) -> LocalShard:
-    bd = b_dim(tensor)
-    return LocalShard(tensor, "exp_avg", (0, tensor.shape[0], 0, tensor.shape[bd] if bd is not None else 0), value)
-
-
-def _full_moments(run: list[dict]) -> dict[int, torch.Tensor]:
-    """A run's exp_avg tensors assembled from every rank's boxes (replicas must agree)."""
-    spec = get_model(CONFIG.model)
-    full: dict[int, torch.Tensor] = {}
-    for rank_result in run:
-        for (index, box), value in rank_result["moments"].items():
-            tensor = spec.tensors[index]
-            whole = full.setdefault(index, torch.full(tensor.shape, float("nan")))
-            shard = _whole(tensor, whole)
-            region = shard.region(box)
-            region.copy_(torch.from_numpy(value))  # region is a view of `whole`
-    for index, whole in full.items():
-        assert not whole.isnan().any(), spec.tensors[index].name
-    return full
-
-
-def _errors(run: list[dict], reference: list[dict]) -> dict[str, float]:
-    """Per tensor: the largest |exp_avg - reference's| over every rank's box, relative to
-    the reference tensor's largest entry."""
-    spec = get_model(CONFIG.model)
-    full = _full_moments(reference)
-    errors: dict[str, float] = {}
-    for rank_moments in run:
-        for (index, box), value in rank_moments["moments"].items():
-            tensor = spec.tensors[index]
-            region = _whole(tensor, full[index]).region(box)
-            scale = float(full[index].abs().max()) + 1e-12
-            errors[tensor.name] = max(errors.get(tensor.name, 0.0),
-                                      float((torch.from_numpy(value) - region).abs().max()) / scale)
-    return errors
-
-
-def _loss_bound(runs) -> tuple[float, float]:
-    noise = max(abs(a - b) for a, b in zip(runs["single"][0]["losses"], runs["homogeneous"][0]["losses"]))
-    return noise, 3 * max(noise, 1e-3)
+def _references(name: str) -> list[str]:
+    return ["single"] + ([SP_RUNS[name][2]] if SP_RUNS[name][2] else [])
 
 
 @pytest.mark.parametrize("name", list(SP_RUNS))
 def test_sequence_parallel_losses_match_a_single_rank_and_the_plain_layout(runs, name) -> None:
-    noise, allowed = _loss_bound(runs)
-    losses = runs[name][0]["losses"]
-    for rank_result in runs[name]:
-        assert rank_result["losses"] == losses  # every rank reports the global loss
-    references = ["single"] + ([SP_RUNS[name][2]] if SP_RUNS[name][2] else [])
-    for reference in references:
-        for step, (a, b) in enumerate(zip(losses, runs[reference][0]["losses"])):
-            assert abs(a - b) <= allowed, (name, reference, step, a, b, noise)
-    print(name, "noise", f"{noise:.2e}", {r: max(abs(a - b) for a, b in zip(losses, runs[r][0]["losses"]))
-                                         for r in references})
+    check_loss_parity(runs, name, _references(name))
 
 
 @pytest.mark.parametrize("name", list(SP_RUNS))
 def test_sequence_parallel_gradients_match_a_single_rank_and_the_plain_layout(runs, name) -> None:
-    spec = get_model(CONFIG.model)
-    noise = _errors(runs["homogeneous"], runs["single"])
-    references = ["single"] + ([SP_RUNS[name][2]] if SP_RUNS[name][2] else [])
-    for reference in references:
-        errors = _errors(runs[name], runs[reference])
-        assert set(errors) == {t.name for t in spec.tensors}  # every tensor of both modules checked
-        worst = sorted(errors, key=lambda t: errors[t] / max(noise[t], 0.02))[-3:]
-        print(name, "vs", reference, {t: (round(errors[t], 4), round(noise[t], 4)) for t in worst})
-        for tensor, error in errors.items():
-            assert error <= 3 * max(noise[tensor], 0.02), (name, reference, tensor, error, noise[tensor])
+    # floor=0: each tensor's error relative to its own largest entry, as this test has always judged it
+    check_gradient_parity(runs, name, _references(name), CONFIG.model, floor=0.0)
 
 
 def test_a_sequence_the_tp_ranks_cannot_split_evenly_is_refused_with_the_rule() -> None:

@@ -9,7 +9,6 @@ noise: the sum order of the reductions differs, nothing else.
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
 import torch
@@ -20,6 +19,7 @@ from parallelism.layout.catalog import get_model
 from parallelism.layout.placement import place
 from parallelism.layout.shards import b_dim
 from parallelism.training.parallel import ParallelTrainer, TrainConfig, TrainingError, check_trainable, initial_shards
+from tests.support.tiny_models import write_tiny_gpt2_style
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
 
@@ -45,12 +45,7 @@ def _whole_box(tensor) -> tuple[int, int, int, int]:
 
 @pytest.fixture(scope="module")
 def tiny_gpt2_style(tmp_path_factory) -> str:
-    """A GPT-2-style decoder (LayerNorm, GELU, learned positions), untied, small enough for CPU ranks."""
-    folder = tmp_path_factory.mktemp("gpt2-style")
-    (folder / "config.json").write_text(json.dumps({
-        "model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "n_inner": 256, "vocab_size": 256,
-        "n_positions": 32, "tie_word_embeddings": False}))
-    return str(folder)
+    return write_tiny_gpt2_style(tmp_path_factory.mktemp("gpt2-style"))
 
 
 @pytest.mark.parametrize("layout,world,style", [("tp=2", 2, "llama"), ("tp=2,pp=2", 4, "llama"), ("tp=2", 2, "gpt")])
