@@ -88,10 +88,14 @@ def refusal(job: Job, report: protocol.JobReport) -> str:
     live and the report come from the world now running."""
     if job.state not in LIVE_JOB_STATES:
         return f"job {job.name} is {job.state}"
-    if report.restore_id != job.restore_id or job.state == JobState.RESTORING:
-        # From a world the job has left (before a restart from a checkpoint), or while no world runs.
+    if report.restore_id != job.restore_id:  # from a world the job has left (before a restart from a checkpoint)
         return (f"job {job.name} is {job.state} (restore {job.restore_id}), the report is from restore "
                 f"{report.restore_id}")
+    if job.state == JobState.RESTORING and report.kind != "step":  # no world runs
+        return f"job {job.name} is {job.state}"
+    # A step of the world being recovered, reported before its ranks lost their peers, can
+    # arrive after another rank's agent said so (rank 0's batch window): it did train, and
+    # the survivors go on after it, so refusing it would leave a gap in the job's history.
     return ""
 
 

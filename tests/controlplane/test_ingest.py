@@ -107,6 +107,22 @@ def test_reports_of_a_finished_job_or_another_world_are_ignored_in_a_batch(job, 
     assert run(batch_ingest, batch=_batch(99999, 1, [_report(99999, step=1)])) is Outcome.UNKNOWN_JOB
 
 
+def test_steps_of_the_world_being_recovered_are_kept_while_it_restores(job, run) -> None:
+    """A node is lost: another rank's agent reports the orphans first (the job is restoring),
+    then rank 0's last batch arrives with the steps it trained before its peers were lost. The
+    survivors go on after those steps, so they belong to the job's history (refusing them
+    left a gap there, seen in the elastic stack test); a report that is not a step is not
+    applied while no world runs, and a step of another world is still refused."""
+    Job.objects.filter(pk=job.pk).update(state="restoring", restore_id=None, step=4)
+    last = _steps(job.pk, 5, 6)
+    other_world = _report(job.pk, step=7, restore_id=3)
+    started = _report(job.pk, "started", step=6, layout="dp=2")
+    assert run(batch_ingest, batch=_batch(job.pk, 1, [*last, other_world, started])) is Outcome.APPLIED
+    job.refresh_from_db()
+    assert (job.state, job.step) == ("restoring", 6)
+    assert _loss_steps(job) == [5.0, 6.0]
+
+
 def test_a_batch_costs_a_fixed_number_of_statements(job, run, django_assert_max_num_queries) -> None:
     run(batch_ingest, batch=_batch(job.pk, 1, _steps(job.pk, 1, 2)))  # the series exist from here on
     # (savepoint) job lock, series, last chunks, chunk update, series update, seqs, job step
