@@ -222,8 +222,12 @@ def tp_plan(stage: DecoderStage, sequence_parallel: bool = False, kv_units: int 
     (SequenceParallel), each sublayer all-gathers its input (PrepareModuleInput) and
     reduce-scatters its output (RowwiseParallel to Shard(1)), as Megatron-LM does.
     `kv_units`: the kv heads when fewer than tp: k and v keep the rank's replicated head
-    (ReplicatedHeadsColwise) and the attention input stays a DTensor, so all three
-    projections' input gradients meet in one all-reduce."""
+    (ReplicatedHeadsColwise).
+    A sublayer with several column-parallel projections of one input (q, k, v; a gated MLP's
+    gate and up) takes that input as a DTensor (PrepareModuleInput), so their input gradients
+    (Partial) are summed locally and meet in one all-reduce (or, with sequence parallelism,
+    one reduce-scatter), as Megatron's fused QKV projection does; each projection converting
+    a plain tensor itself would all-reduce its own gradient (three per attention block)."""
     seq = Shard(1) if sequence_parallel else Replicate()
     plan: dict = {}
     if stage.tied and stage.last and not stage.first:  # the head's copy of a tied embedding: vocab rows split
@@ -253,14 +257,17 @@ def tp_plan(stage: DecoderStage, sequence_parallel: bool = False, kv_units: int 
             plan[f"{p}.attn.{proj}"] = ColwiseParallel()
         if kv_units is not None:
             plan[f"{p}.attn.k"] = plan[f"{p}.attn.v"] = ReplicatedHeadsColwise(kv_units)
-            if not sequence_parallel:
-                plan[f"{p}.attn"] = PrepareModuleInput(input_layouts=(Replicate(), None),
-                                                       desired_input_layouts=(Replicate(), None))
+        if not sequence_parallel:
+            plan[f"{p}.attn"] = PrepareModuleInput(input_layouts=(Replicate(), None),
+                                                   desired_input_layouts=(Replicate(), None))
         plan[f"{p}.attn.o"] = RowwiseParallel(output_layouts=seq)
         if getattr(layer, "mlp", None) is not None:
             if hasattr(layer.mlp, "gate"):
                 plan.update({f"{p}.mlp.gate": ColwiseParallel(), f"{p}.mlp.up": ColwiseParallel(),
                              f"{p}.mlp.down": RowwiseParallel(output_layouts=seq)})
+                if not sequence_parallel:
+                    plan[f"{p}.mlp"] = PrepareModuleInput(input_layouts=(Replicate(),),
+                                                          desired_input_layouts=(Replicate(),))
             else:
                 plan.update({f"{p}.mlp.fc1": ColwiseParallel(), f"{p}.mlp.fc2": RowwiseParallel(output_layouts=seq)})
     return plan

@@ -91,10 +91,14 @@ class ShardedAdamW:
         return out
 
     def accumulate(self, slot: ParamSlot, grad: Tensor) -> None:
+        """One pass over the box per micro-batch: the first gradient is copied into a new fp32
+        buffer, later ones are added into it in place, the add promoting bf16 to fp32 itself
+        (exact, so the sum is bit-identical to adding `grad.float()`, without its temporary: 10
+        bytes a parameter instead of 18; Megatron's main_grad accumulation does the same)."""
         if slot.grad is None:
-            slot.grad = grad.float().clone()
+            slot.grad = grad.to(torch.float32, copy=True)
         else:
-            slot.grad.add_(grad.float())
+            slot.grad.add_(grad)
 
     @torch.no_grad()
     def step(self, lr: float) -> None:
