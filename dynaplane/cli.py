@@ -154,6 +154,17 @@ def _add_emulate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
     p.add_argument("--sequence-parallel", action="store_true",
                    help="Megatron-style sequence parallelism with tp > 1 (llama-style models)")
+    p.add_argument("--attention", default="flash", choices=("flash", "unfused"),
+                   help="attention kernels: fused flash (the program's), or unfused core attention as "
+                        "Megatron-LM ran it before FlashAttention (s x s scores through memory)")
+    p.add_argument("--attention-dropout", type=float, default=0.0,
+                   help="dropout on the attention probabilities (--attention unfused; Megatron's default 0.1)")
+    p.add_argument("--grad-sync", default="program", choices=("program", "step", "overlapped"),
+                   help="when data-parallel gradients are reduced: as the program does, after the last backward, "
+                        "or in 25 MB buckets through the backward (PyTorch DDP, FSDP)")
+    p.add_argument("--grad-accumulation", default="program", choices=("program", "fused"),
+                   help="micro-batch gradients added in a pass of their own (the program), or fused into the "
+                        "weight-gradient GEMMs (Megatron-LM's --gradient-accumulation-fusion)")
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--profile", help="a calibrated device profile (JSON) instead of --gpu's built-in one")
     p.add_argument("--no-cache", action="store_true", help="trace again even when a cached trace exists")

@@ -39,7 +39,9 @@ def emulate_main(args) -> int:
         request = EmulateRequest(model=args.model, layout=args.layout, gpus=args.gpus, gpu=args.gpu,
                                  global_batch=args.global_batch, micro_batch=args.micro_batch, seq=args.seq,
                                  recompute=args.recompute, gpus_per_node=args.gpus_per_node, profile=args.profile,
-                                 sequence_parallel=args.sequence_parallel)
+                                 sequence_parallel=args.sequence_parallel, attention=args.attention,
+                                 attention_dropout=args.attention_dropout, grad_sync=args.grad_sync,
+                                 grad_accumulation=args.grad_accumulation)
         return emulate(request, use_cache=not args.no_cache, progress=progress)
 
     result, code = _run("emulate", args, work)
@@ -48,7 +50,10 @@ def emulate_main(args) -> int:
     r, m, b = result, result["memory"], result["breakdown"]
     print(f"{r['model']} {r['layout']} on {r['gpus']} x {r['gpu']}, global batch {r['global_batch']} "
           f"({r['micro_batches']} micro-batches of {r['micro_batch']}) x seq {r['seq']}, recompute {r['recompute']}"
-          + (", sequence parallel" if r["sequence_parallel"] else ""))
+          + (", sequence parallel" if r["sequence_parallel"] else "")
+          + (f", unfused attention (dropout {r['attention_dropout']:g})" if "attention" in r else "")
+          + (f", gradients reduced {r['grad_sync']}" if "grad_sync" in r else "")
+          + (", gradient accumulation fused" if "grad_accumulation" in r else ""))
     print(f"  step {r['step_seconds']:.3f} s   {r['tokens_per_second']:,.0f} tokens/s   "
           f"{r['model_tflops_per_gpu']:.0f} model TFLOP/s per GPU (MFU {r['mfu']:.1%}), "
           f"{r['hardware_tflops_per_gpu']:.0f} hardware")

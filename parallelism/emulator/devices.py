@@ -253,12 +253,18 @@ def get_profile(name: str) -> DeviceProfile:
     return PROFILES[name]
 
 
+# matmul_max_fraction, the best a large GEMM reaches, is the maximum achievable matmul FLOPS
+# (bf16, the best shape of a sweep) measured with mamf-finder.py: S. Bekman, Machine Learning
+# Engineering, compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS comparison
+# table": A100 SXM 267.9 of 312 TFLOP/s (85.9%), H100 SXM 792.1 of 989 (80.1%), both CUDA 12.1.
+# H200 has H100's compute ("H100/H200 SXM" reads 794.5 in the same book). The tile, wave and k
+# terms only lower it, so no shape is predicted faster than the sweep's best.
 # Spec figures (dense, no sparsity): see docs/emulator.md for the sources.
 _A100 = DeviceProfile(
     name="a100",
     peak_flops={"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
     hbm_bytes=81920 * MiB, hbm_bandwidth=2.039e12, sm_count=108,
-    matmul_max_fraction=0.80, attention_fraction=0.60, memory_fraction=0.80, launch_seconds=2e-6,
+    matmul_max_fraction=0.859, attention_fraction=0.60, memory_fraction=0.80, launch_seconds=2e-6,
     intra_node_bandwidth=300e9, intra_node_efficiency=0.78, intra_node_latency=1e-6,   # NVLink3: 12 x 25 GB/s per direction
     inter_node_bandwidth=25e9, inter_node_efficiency=0.90, inter_node_latency=4e-6,    # HDR InfiniBand 200 Gb/s per GPU
     notes="A100-SXM4-80GB, DGX A100 (NVSwitch, 8x HDR 200 Gb/s)",
@@ -267,7 +273,7 @@ _H100 = DeviceProfile(
     name="h100",
     peak_flops={"bf16": 989.4e12, "fp16": 989.4e12, "fp32": 66.9e12},
     hbm_bytes=81559 * MiB, hbm_bandwidth=3.35e12, sm_count=132,
-    matmul_max_fraction=0.75, attention_fraction=0.40, memory_fraction=0.80, launch_seconds=2e-6,
+    matmul_max_fraction=0.801, attention_fraction=0.40, memory_fraction=0.80, launch_seconds=2e-6,
     intra_node_bandwidth=450e9, intra_node_efficiency=0.80, intra_node_latency=1e-6,   # NVLink4: 18 x 25 GB/s per direction
     inter_node_bandwidth=50e9, inter_node_efficiency=0.90, inter_node_latency=4e-6,    # NDR InfiniBand 400 Gb/s per GPU
     notes="H100-SXM5-80GB, DGX H100 (NVSwitch, 8x NDR 400 Gb/s)",

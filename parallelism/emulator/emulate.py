@@ -18,8 +18,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from parallelism.emulator.attention_kernels import ATTENTION_KERNELS, with_attention
 from parallelism.emulator.devices import DeviceProfile, get_profile, load_profile
 from parallelism.emulator.errors import EmulatorError
+from parallelism.emulator.grad_accumulation import GRAD_ACCUMULATIONS, with_grad_accumulation
+from parallelism.emulator.grad_sync import GRAD_SYNCS, with_grad_sync
 from parallelism.emulator.metrics import (hardware_tflops_per_gpu, mfu, model_flops_per_token, model_tflops_per_gpu,
                                      module_flops, tokens_per_second)
 from parallelism.emulator.simulate import RECOMPUTE, SimResult, simulate
@@ -45,6 +48,17 @@ class EmulateRequest(NamesAModel):
     gpus_per_node: int = 8
     profile: str | None = None  # a calibrated profile file instead of the built-in `gpu`
     sequence_parallel: bool = False  # Megatron-style, with tp > 1 (parallelism/training/parallel.py TrainConfig)
+    # The attention kernels the run uses (attention_kernels.py): the traced program's fused
+    # "flash", or "unfused" core attention as Megatron-LM ran it before FlashAttention, with
+    # dropout on its probabilities.
+    attention: str = "flash"
+    attention_dropout: float = 0.0
+    # When data-parallel gradients are reduced (grad_sync.py): as the traced program does,
+    # after the last backward ("step"), or in buckets through the backward ("overlapped").
+    grad_sync: str = "program"
+    # Where micro-batch gradients are accumulated (grad_accumulation.py): in a pass of their own
+    # as the program does, or "fused" into the weight-gradient GEMMs (Megatron-LM since 2022).
+    grad_accumulation: str = "program"
     model_config: ModelConfig | None = resolved_field()  # `model` resolved once (NamesAModel)
     model_error = EmulatorError
 
@@ -101,6 +115,18 @@ def check_request(request: EmulateRequest) -> int:
 def _checked(request: EmulateRequest) -> tuple[Placement, int]:
     if request.recompute not in RECOMPUTE:
         raise EmulatorError(f"--recompute {request.recompute!r} not in {RECOMPUTE}")
+    if request.grad_accumulation not in GRAD_ACCUMULATIONS:
+        raise EmulatorError(f"--grad-accumulation {request.grad_accumulation!r} not in {GRAD_ACCUMULATIONS}")
+    if request.grad_sync not in GRAD_SYNCS:
+        raise EmulatorError(f"--grad-sync {request.grad_sync!r} not in {GRAD_SYNCS}")
+    if request.attention not in ATTENTION_KERNELS:
+        raise EmulatorError(f"--attention {request.attention!r} not in {ATTENTION_KERNELS}")
+    dropout = request.attention_dropout
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise EmulatorError(f"--attention-dropout {dropout!r} must be a number in [0, 1)")
+    if dropout and request.attention == "flash":
+        raise EmulatorError("--attention-dropout is modelled for --attention unfused only (a flash kernel drops "
+                            "inside the fused kernel, with no pass of its own)")
     for key in ("gpus", "global_batch", "micro_batch", "seq", "gpus_per_node"):
         if getattr(request, key) < 1:
             raise EmulatorError(f"--{key.replace('_', '-')} {getattr(request, key)} must be >= 1")
@@ -151,6 +177,7 @@ def emulate(request: EmulateRequest, *, use_cache: bool = True, progress=None) -
     traced, info = trace(TraceRequest(request.model, request.layout, request.micro_batch, request.seq,
                                       micro_batches, request.gpus_per_node, request.sequence_parallel),
                          use_cache=use_cache, progress=progress)
+    traced = as_run(traced, request)
     sim = simulate(traced, profile, request.gpus_per_node, request.recompute)
     step = sim.step_seconds
     tokens = tokens_per_second(request.global_batch, request.seq, step)
@@ -176,6 +203,10 @@ def emulate(request: EmulateRequest, *, use_cache: bool = True, progress=None) -
         "global_batch": request.global_batch, "micro_batch": request.micro_batch, "micro_batches": micro_batches,
         "seq": request.seq, **{"image_tokens": i.tokens for i in inputs},
         "recompute": request.recompute, "sequence_parallel": request.sequence_parallel,
+        **({"attention": request.attention, "attention_dropout": request.attention_dropout}
+           if request.attention != "flash" else {}),
+        **({"grad_sync": request.grad_sync} if request.grad_sync != "program" else {}),
+        **({"grad_accumulation": request.grad_accumulation} if request.grad_accumulation != "program" else {}),
         "step_seconds": step, "tokens_per_second": tokens,
         **({"llm_tokens_per_second": request.global_batch * (request.seq + sum(i.tokens for i in inputs)) / step}
            if inputs else {}),
@@ -205,6 +236,14 @@ def emulate(request: EmulateRequest, *, use_cache: bool = True, progress=None) -
                    "trace_seconds": info["trace_seconds"],
                    "wall_seconds": time.perf_counter() - started})
     return result
+
+
+def as_run(traced: Trace, request: EmulateRequest) -> Trace:
+    """The traced program as the request's run differs from it: its attention kernels, where it
+    accumulates and when it reduces its gradients (each a no-op at the program's own default)."""
+    traced = with_attention(traced, request.attention, request.attention_dropout)
+    traced = with_grad_accumulation(traced, request.grad_accumulation)
+    return with_grad_sync(traced, request.grad_sync)
 
 
 def memory_rows(sim: SimResult, traced: Trace) -> list[dict]:

@@ -58,6 +58,7 @@ class ComputeRecord:
     phase: str
     dtype: str = "bf16"
     form: str = ""  # matmul operand layout, see matmul_form
+    role: str = ""  # what the program does with it, where the tracer knows (trace.ComputeOp.role)
 
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -226,6 +227,7 @@ class OpRecorder(TorchDispatchMode):
     live: int = 0
     peak: int = 0
     phase_peak: dict = field(default_factory=dict)
+    role: str = ""  # tags the compute ops recorded while it is set (the tracer sets it around a call)
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -322,7 +324,7 @@ class OpRecorder(TorchDispatchMode):
                     flops *= lower_right_causal_fraction(q.shape[2], k.shape[2])
         dtype = _DTYPES.get(outs[0].dtype, "fp32") if outs and outs[0].is_floating_point() else "fp32"
         self.records.append(ComputeRecord(name, kind, flops, moved, tuple(int(d) for d in shape), self.phase,
-                                          dtype, form))
+                                          dtype, form, self.role))
         for t in outs:
             self.track(t)
         return out

@@ -192,7 +192,8 @@ def _pipeline(trace: Trace, profile: DeviceProfile, gpus_per_node: int, recomput
                 end[(kind, mb, k)] = free[r] = start + phase.seconds
                 if record_events:
                     events.append(Event(r, "forward" if kind == "F" else "backward", start, free[r], mb, k))
-                if kind == "B" and (mb == m - 1 or trace.stages[k].grad_sync_each_microbatch):
+                if kind == "B" and (mb == m - 1 or trace.stages[k].grad_sync_each_microbatch) \
+                        and not trace.stages[k].grad_sync_in_step:
                     for offset, (seconds, _) in zip(costs[k].grad_ready, costs[k].grad_buckets):
                         begin = max(dp_stream[r], start + offset)
                         dp_stream[r] = _overlapped_end(begin, seconds, free[r], profile.comm_overlap)
@@ -204,6 +205,14 @@ def _pipeline(trace: Trace, profile: DeviceProfile, gpus_per_node: int, recomput
         if not progressed:  # a schedule bug, not a user error
             raise RuntimeError(f"pipeline schedule deadlocked at {[orders[r][ptr[r]] for r in range(pp) if ptr[r] < len(orders[r])]}")
 
+    for r in range(pp):  # buckets the optimizer step reduces: after the rank's last backward
+        for k in (c * pp + r for c in range(vpp)):
+            if trace.stages[k].grad_sync_in_step:
+                for seconds, _ in costs[k].grad_buckets:
+                    begin = max(dp_stream[r], free[r])
+                    dp_stream[r] = begin + seconds
+                    if record_events:
+                        events.append(Event(r, "grad_sync", begin, dp_stream[r], m - 1, k))
     rank_end = []
     for r in range(pp):
         t = max(free[r], dp_stream[r])

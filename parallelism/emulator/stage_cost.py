@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from parallelism.emulator.attention_kernels import CORE_ATTENTION_FORWARD
 from parallelism.emulator.costs import op_seconds
 from parallelism.emulator.devices import DeviceProfile
 from parallelism.emulator.errors import require
@@ -37,7 +38,8 @@ def recomputed_ops(stage: StageTrace, recompute: str) -> tuple[Op, ...]:
     if recompute == "full":
         return tuple(op for op in stage.forward if not is_p2p(op))
     if recompute == "selective":
-        return tuple(op for op in stage.forward if isinstance(op, ComputeOp) and op.kind == "attention")
+        return tuple(op for op in stage.forward if isinstance(op, ComputeOp)
+                     and (op.kind == "attention" or op.name in CORE_ATTENTION_FORWARD))
     return ()
 
 

@@ -24,6 +24,7 @@ from typing import Literal, Union
 from parallelism.emulator.errors import EmulatorError, require
 
 COMPUTE_KINDS = ("matmul", "attention", "memory", "host")  # host: a DTensor op's dispatch, no kernel
+ROLES = ("", "grad_accumulate")
 COMM_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
 DIMS = ("tp", "dp", "pp", "cp", "ep", "embed", "kv")  # embed: a tied embedding's two end stages;
 # kv: the TP ranks sharing a replicated kv head (kv heads fewer than tp), which sum its gradient
@@ -59,8 +60,12 @@ class ComputeOp:
     shape: tuple[int, ...] = ()
     dtype: str = "bf16"
     form: str = ""
+    # What the program does with the op, where the tracer knows: "grad_accumulate" for the
+    # adds of a micro-batch's gradients into the fp32 buffers (what a fused wgrad GEMM absorbs).
+    role: str = ""
 
     def __post_init__(self) -> None:
+        require(self.role in ROLES, f"compute op {self.name!r}: role={self.role!r} not in {ROLES}")
         require(self.kind in COMPUTE_KINDS, f"compute op {self.name!r}: kind={self.kind!r} not in {COMPUTE_KINDS}")
         _finite_nonneg(self.flops, f"compute op {self.name!r}: flops")
         _finite_nonneg(self.bytes, f"compute op {self.name!r}: bytes")
@@ -165,6 +170,10 @@ class StageTrace:
     grad_sync_each_microbatch: bool = False
     param_sync_phase: tuple[str, ...] = ()
     param_sync_at: tuple[int, ...] = ()
+    # The program reduces gradients in its optimizer step, after the rank's last backward of
+    # every chunk it holds (ShardedAdamW.step): with several chunks (vpp > 1) a chunk's buckets
+    # wait for the other chunks' backwards too, rather than starting when its own ends.
+    grad_sync_in_step: bool = False
 
     def __post_init__(self) -> None:
         for key in ("forward", "backward", "optimizer", "grad_sync", "param_sync", "grad_sync_after",
@@ -375,7 +384,7 @@ def op_from_dict(data: dict) -> Op:
 
 def stage_to_dict(stage: StageTrace) -> dict:
     out = {f: getattr(stage, f) for f in ("stage", "grad_sync_after", "grad_sync_each_microbatch",
-                                          "param_sync_phase", "param_sync_at")}
+                                          "param_sync_phase", "param_sync_at", "grad_sync_in_step")}
     for key in ("forward", "backward", "optimizer", "grad_sync", "param_sync"):
         out[key] = [op_to_dict(op) for op in getattr(stage, key)]
     out["memory"] = asdict(stage.memory)

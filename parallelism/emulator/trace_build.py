@@ -18,7 +18,7 @@ from parallelism.engine.shards import DTYPES, LocalShard, box_shape, rank_boxes
 from parallelism.layout.model_request import ModelConfig, NamesAModel, resolved_field
 from parallelism.layout.placement import layer_stages, place
 
-TRACER_VERSION = 12  # 2: activations_full; vpp traced as pp*vpp flat stages; 3: DTensor dispatch as host ops;
+TRACER_VERSION = 13  # 2: activations_full; vpp traced as pp*vpp flat stages; 3: DTensor dispatch as host ops;
 # 4: causal attention FLOPs, sequence parallelism; 5: matmul operand forms; 6: reduce-scatter bytes = its input;
 # 7: in-place _foreach_ ops count the lists they write; 8: and those writes are not new memory (7 tracked them);
 # 9: a tied embedding under pp > 1 (its gradient sum between the end stages, dim "embed");
@@ -27,6 +27,8 @@ TRACER_VERSION = 12  # 2: activations_full; vpp traced as pp*vpp flat stages; 3:
 # over tp) and ep (all-to-all dispatch, dim "ep"; the experts' gradient sync over their replicas, "dp")
 # 12: context parallelism (cp > 1): the chunk's K/V all-gather and its backward reduce-scatter
 # (dim "cp", told apart from dp's group of the same ranks by group name), the last cp rank traced
+# 13: a steady-state micro-batch when a step has several: the backward adds into the fp32 gradient
+# buffers in place (trace_parallel._hold_accumulated_grads) instead of creating them; grad_sync_in_step
 DIM_OF = {"edp": "dp"}
 
 
@@ -119,7 +121,7 @@ def build_stage_trace(records, stage: int, ml, dims, memory: StageMemory, reques
     for r in records:
         ops = phases[r.phase]
         if isinstance(r, ComputeRecord):
-            ops.append(ComputeOp(r.name, r.kind, r.flops, r.bytes, r.shape, r.dtype, r.form))
+            ops.append(ComputeOp(r.name, r.kind, r.flops, r.bytes, r.shape, r.dtype, r.form, r.role))
             continue
         assert isinstance(r, CommRecord)
         dim = groups.get(r.group) if r.group else None
@@ -139,6 +141,7 @@ def build_stage_trace(records, stage: int, ml, dims, memory: StageMemory, reques
             param_phase.append(r.phase)
             param_at.append(len(ops) if r.phase != "step" else 0)
     n_back = len(phases["backward"])
+    step_phase = list(grad_after)  # -1: issued in the optimizer step
     grad_after = [n_back if a < 0 else a for a in grad_after]
     # bf16 hidden states between stages (the rank's seq/tp slice under sequence parallelism)
     activation = float(request.micro_batch * positions_between_stages(request, ml) * hidden * 2)
@@ -154,4 +157,5 @@ def build_stage_trace(records, stage: int, ml, dims, memory: StageMemory, reques
                       optimizer=tuple(phases["step"]), grad_sync=tuple(grad_sync), param_sync=tuple(param_sync),
                       memory=memory, grad_sync_after=tuple(grad_after),
                       grad_sync_each_microbatch=ml.zero == 3,
+                      grad_sync_in_step=bool(grad_sync) and all(a < 0 for a in step_phase),
                       param_sync_phase=tuple(param_phase), param_sync_at=tuple(param_at))
