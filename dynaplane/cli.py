@@ -201,7 +201,10 @@ def _add_compare_and_search(sub: argparse._SubParsersAction) -> None:
 def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="measure this machine as an emulator device profile (--profile)")
     p.add_argument("--out", required=True, help="the profile JSON to write")
-    p.add_argument("--ranks", type=int, default=2, help="ranks that will share this machine (measured at once)")
+    p.add_argument("--ranks", type=int, default=2, help="ranks that will share this machine (measured at once); "
+                                                        "with --device cuda one per GPU")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="measure the CPU (default) or this machine's CUDA GPUs (NCCL between --ranks GPUs)")
     p.add_argument("--passes", type=int, default=None,
                    help="passes over all measurements, each point their median (default 3; --quick 1)")
     p.add_argument("--merge", nargs="+", metavar="PROFILE",

@@ -1,5 +1,8 @@
 """`dynaplane calibrate`: measure this machine as a device profile for `--profile`.
 
+This is the CPU calibration (`--device cpu`, the default); `--device cuda` measures GPUs
+instead (calibrate_device.py).
+
 All `ranks` processes measure at the same time, as a training run's ranks would share
 the machine: each process's numbers are what one rank gets (on a CPU with fewer cores
 than ranks they share the cores). Measured, per rank:
@@ -48,11 +51,11 @@ import time
 import torch
 import torch.distributed as dist
 
-from parallelism.emulator.calibrate_ops import (SIZE_LADDER, CacheFlush, last_level_cache_bytes, measure_attentions,
-                                           measure_gemms, measure_op_bandwidths, merge_tables, typical_seconds)
+from parallelism.emulator.calibrate_ops import (SIZE_LADDER, CacheFlush, attention_rate, last_level_cache_bytes,
+                                                matmul_rates, measure_attentions, measure_gemms, measure_op_bandwidths,
+                                                collective_call, merge_tables, op_cases)
 from parallelism.emulator.devices import DeviceProfile
 from parallelism.emulator.profile_merge import median_measurement
-from parallelism.emulator.recorder import causal_fraction
 
 GiB = 2**30
 
@@ -80,74 +83,6 @@ FULL = Effort()
 QUICK = Effort(passes=1, repeats=1, gemm_shapes=((512, 768, 768),), bandwidth_tensors=4,
                table_sizes=(1 << 12, 1 << 18, 1 << 22), table_repeats=2, program_steps=5,
                op_sizes=(1 << 12, 1 << 20))
-
-
-def _rate(fn, flops: float, repeats: int = 3) -> float:
-    return flops / typical_seconds(fn, repeats)
-
-
-def _matmul_rates(m: int, n: int, k: int, dtype: torch.dtype, repeats: int = 3) -> tuple[float, float]:
-    """(rate of a linear layer's three GEMMs, rate of its forward GEMM alone) in FLOP/s.
-
-    A linear layer's step runs one GEMM of each operand layout, with equal FLOPs: forward
-    x @ W^T, input gradient g @ W, weight gradient g^T @ x. Their speeds differ a lot
-    where the CPU has no native bf16 (measured on an AVX2 machine: 7-9 GFLOP/s for the
-    first and third, 1 GFLOP/s for g @ W), so the rate the trace's matmuls run at is the
-    three together, not one of them."""
-    x, w, g = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype), torch.randn(m, n, dtype=dtype)
-    flops = 2.0 * m * n * k
-    forward = typical_seconds(lambda: x @ w.t(), repeats)
-    backward = typical_seconds(lambda: g @ w, repeats) + typical_seconds(lambda: g.t() @ x, repeats)
-    return 3 * flops / (forward + backward), flops / forward
-
-
-def _attention_rate(repeats: int = 3) -> float:
-    q = torch.randn(1, 12, 256, 64, dtype=torch.bfloat16)
-    flops = 4.0 * 12 * 256 * 256 * 64 * causal_fraction(256, 256)  # counted as the recorder counts it
-    return _rate(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True), flops, repeats)
-
-
-def _op_cases(elements: int, tensors: int) -> dict:
-    """{op: (work, bytes per call as the recorder counts them, calls per work)} for the
-    memory-bound ops a training step runs, on `tensors` fresh fp32 tensors of `elements`
-    each, as the optimizer and gradient code meet them (the _foreach_ ops take the whole
-    list in one call, the others run once per tensor)."""
-    # Values like an Adam second moment: small, positive. (Exact zeros or denormals, as in
-    # the never-updated rows of an embedding, make sqrt 4-30x slower on x86; a fake trace
-    # cannot know where they are, so the typical dense case is measured.)
-    xs = [(torch.randn(elements) * 1e-3) ** 2 * 1e-3 + 1e-12 for _ in range(tensors)]
-    ys = [torch.rand(elements) + 0.5 for _ in range(tensors)]
-    n = elements * 4.0  # bytes of one fp32 tensor
-
-    def each(fn):
-        def run() -> None:
-            out = [fn(a, b) for a, b in zip(xs, ys)]
-            del out
-        return run
-
-    whole = tensors * n
-    return {
-        "mul": (lambda: torch._foreach_mul(xs, 0.9), 2 * whole, 1),
-        "add": (lambda: torch._foreach_add(xs, ys), 3 * whole, 1),
-        "sqrt": (lambda: torch._foreach_sqrt(xs), 2 * whole, 1),
-        "div": (lambda: torch._foreach_div(xs, ys), 3 * whole, 1),
-        "addcdiv": (lambda: torch._foreach_addcdiv(xs, ys, xs), 4 * whole, 1),
-        "addcmul": (lambda: torch._foreach_addcmul(xs, ys, xs), 4 * whole, 1),
-        "lerp": (lambda: torch._foreach_lerp(xs, ys, 0.1), 3 * whole, 1),
-        "copy": (each(lambda a, h: torch.empty_like(a, dtype=torch.bfloat16).copy_(a)), 1.5 * n, tensors),
-        "_to_copy": (each(lambda a, h: a.to(torch.bfloat16)), 1.5 * n, tensors),
-        "cat": (lambda: torch.cat(xs), 2 * whole, 1),
-        "clone": (each(lambda a, h: a.clone()), 2 * n, tensors),
-        "fill": (each(lambda a, h: torch.empty_like(a).fill_(1.0)), n, tensors),
-        "zero": (each(lambda a, h: torch.empty_like(a).zero_()), n, tensors),
-        "silu": (each(lambda a, h: torch.nn.functional.silu(a)), 2 * n, tensors),
-        "rsqrt": (each(lambda a, h: a.rsqrt()), 2 * n, tensors),
-        "pow": (each(lambda a, h: a.pow(2)), 2 * n, tensors),
-        "mean": (each(lambda a, h: a.mean()), n, tensors),
-        "sum": (each(lambda a, h: a.sum()), n, tensors),
-        "neg": (each(lambda a, h: a.neg()), 2 * n, tensors),
-        "exp": (each(lambda a, h: a.exp()), 2 * n, tensors),
-    }
 
 
 def _op_overhead() -> float:
@@ -230,23 +165,6 @@ def _allreduce_fit(world: int) -> tuple[float, float]:
     return alpha, bandwidth
 
 
-def _collective(kind: str, nbytes: float, world: int):
-    """A callable issuing one collective whose CommOp.bytes would be `nbytes`, into one output
-    buffer every call. FSDP2's and the ZeRO path's outputs are new tensors each step, but
-    the ranks' allocator settings (launch.RANK_MALLOC_ENV) hand back the same memory
-    without page faults in steady state; a fresh 243 MB all-gather output per call here
-    took 0.28-1.04 s, a reused one 0.30-0.36 s (docs/benchmarks-history.md, session 9)."""
-    n = max(int(nbytes) // 4 // world * world, world)
-    if kind == "all_reduce":
-        t = torch.ones(n)
-        return lambda: dist.all_reduce(t)
-    if kind == "all_gather":  # bytes = the gathered output
-        part, out = torch.ones(n // world), torch.empty(n)
-        return lambda: dist.all_gather_single(out, part)
-    inp, out = torch.ones(n), torch.empty(n // world)  # reduce_scatter: bytes = the input
-    return lambda: dist.reduce_scatter_single(out, inp)
-
-
 def _table_sizes(ladder: tuple, extra: list[float]) -> list[float]:
     """The ladder and the trace's own sizes, ascending, each once."""
     return sorted({float(s) for s in ladder} | {float(s) for s in extra})
@@ -296,7 +214,7 @@ def _collective_table(world: int, sizes: tuple, repeats: int = 5, per_sample: in
     for kind in ("all_reduce", "all_gather", "reduce_scatter"):
         table[kind] = []
         for size in _table_sizes(sizes, extra.get(kind, [])):
-            collective = _collective(kind, size, world)
+            collective = collective_call(kind, size, world)
             if size > 1 << 24:
                 seconds = one_at_a_time(collective)
             else:
@@ -485,11 +403,11 @@ def _measure_pass(world: int, effort: Effort, shapes: dict, collectives: dict | 
     r = effort.repeats
     out: dict = {}
     phase("matmul rates")
-    bf16 = max((_matmul_rates(m, n, k, torch.bfloat16, r) for m, n, k in effort.gemm_shapes), key=lambda rates: rates[0])
+    bf16 = max((matmul_rates(m, n, k, torch.bfloat16, r) for m, n, k in effort.gemm_shapes), key=lambda rates: rates[0])
     out["bf16"], out["bf16_forward"] = bf16
-    out["fp32"] = max(_matmul_rates(m, n, k, torch.float32, r)[0]
+    out["fp32"] = max(matmul_rates(m, n, k, torch.float32, r)[0]
                       for m, n, k in {effort.gemm_shapes[0], effort.gemm_shapes[-1]})
-    out["short_k"] = _matmul_rates(512, 768, 32, torch.bfloat16, r)[1]  # inner dimension 32 in the forward GEMM
+    out["short_k"] = matmul_rates(512, 768, 32, torch.bfloat16, r)[1]  # inner dimension 32 in the forward GEMM
     dist.barrier()
     cold, hot = shapes.get("cold", ((), ())), shapes.get("hot", ((), ()))
     phase(f"the traces' {len(cold[0]) + len(hot[0])} GEMM and {len(cold[1]) + len(hot[1])} attention shapes "
@@ -501,8 +419,8 @@ def _measure_pass(world: int, effort: Effort, shapes: dict, collectives: dict | 
                                           measure_attentions(hot[1], r, dist.barrier))
     dist.barrier()
     phase("attention and memory-bound ops")
-    out["attention"] = _attention_rate(r)
-    out["ops_table"] = measure_op_bandwidths(_op_cases, effort.bandwidth_tensors, r, effort.op_sizes, dist.barrier)
+    out["attention"] = attention_rate(r)
+    out["ops_table"] = measure_op_bandwidths(op_cases, effort.bandwidth_tensors, r, effort.op_sizes, dist.barrier)
     phase("per-op overheads")
     out["overhead"] = _op_overhead()
     out["dispatch"] = _dispatch_overhead(world)

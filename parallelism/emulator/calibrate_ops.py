@@ -5,7 +5,8 @@ shapes and operand layouts, and the memory-bound ops by size (into op_tables.py'
 by the trace's working set) and `collective_sizes` their collectives' sizes (made in the
 parent process, before the ranks start); the `measure_*` functions run on every rank at
 once, as a training step's ranks share the machine, and return rows for the profile's
-tables.
+tables. Every `measure_*` function takes a `device` (default the CPU): on a GPU the
+tensors live there and each run is timed by the device (Clock).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import statistics
 import time
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
@@ -95,7 +97,35 @@ def collective_sizes(traces: list[Trace], world: int, tolerance: float = 0.02) -
     return out
 
 
-def typical_seconds(fn, repeats: int, before=None) -> float:
+class Clock:
+    """Seconds of one call's work on `device`. On a CPU eager ops run inside the call: the
+    wall clock around it. On a GPU the call only enqueues kernels: CUDA events recorded on
+    the stream before and after it, waited for (what `torch.cuda.Event(enable_timing=True)`
+    and triton.testing.do_bench use; a wall clock there times the launches, not the
+    kernels). Work enqueued before `time` (a cache flush) runs before the start event."""
+
+    def __init__(self, device=None) -> None:
+        self.device = torch.device(device if device is not None else "cpu")
+        self.cuda = self.device.type == "cuda"
+
+    def time(self, fn) -> float:
+        if not self.cuda:
+            started = time.perf_counter()
+            fn()
+            return time.perf_counter() - started
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+
+    def synchronize(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+
+def typical_seconds(fn, repeats: int, before=None, device=None) -> float:
     """The median of `repeats` runs after one warm-up. `before`, if given, runs untimed
     ahead of every run (e.g. a CacheFlush).
 
@@ -105,15 +135,15 @@ def typical_seconds(fn, repeats: int, before=None) -> float:
     45-56 GB/s within 20 s here); the sum of per-op minima under-predicted even the
     fastest real step of every layout of the CPU validation, by 6-17% (docs/benchmarks-history.md,
     session 9). The median rather than the mean: one preempted run of five would move a
-    mean by its whole stall."""
+    mean by its whole stall. `device`: where fn's work runs (Clock)."""
+    clock = Clock(device)
     fn()
+    clock.synchronize()
     samples = []
     for _ in range(repeats):
         if before is not None:
             before()
-        started = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - started)
+        samples.append(clock.time(fn))
     return statistics.median(samples)
 
 
@@ -137,21 +167,23 @@ class CacheFlush:
     pass and the step's working set (weights, saved activations, optimizer state) is many
     times the cache. Timed hot, the GEMMs of a 124M-parameter step ran 15-50% faster than
     inside the step (docs/benchmarks-history.md, session 8). triton.testing.do_bench clears the
-    GPU's L2 before each run for the same reason."""
+    GPU's L2 before each run for the same reason. On a GPU, `cache_bytes` is its L2
+    (calibrate_device.device_facts) and the buffer lives on `device`."""
 
-    def __init__(self, cache_bytes: int | None = None) -> None:
-        self.buffer = torch.empty(2 * (cache_bytes or last_level_cache_bytes()) // 4, dtype=torch.float32)
+    def __init__(self, cache_bytes: int | None = None, device=None) -> None:
+        self.buffer = torch.empty(2 * (cache_bytes or last_level_cache_bytes()) // 4, dtype=torch.float32,
+                                  device=device)
 
     def __call__(self) -> None:
         self.buffer.fill_(1.0)
 
 
-def _operand(rows: int, cols: int, letter: str, batch: int, dtype: torch.dtype) -> torch.Tensor:
+def _operand(rows: int, cols: int, letter: str, batch: int, dtype: torch.dtype, device=None) -> torch.Tensor:
     """A (batch x) rows x cols matrix stored row by row ('n') or column by column ('t')."""
     lead = (batch,) if batch > 1 else ()
     if letter == "t":
-        return torch.randn(*lead, cols, rows, dtype=dtype).transpose(-2, -1)
-    return torch.randn(*lead, rows, cols, dtype=dtype)
+        return torch.randn(*lead, cols, rows, dtype=dtype, device=device).transpose(-2, -1)
+    return torch.randn(*lead, rows, cols, dtype=dtype, device=device)
 
 
 def _no_sync() -> None:
@@ -174,7 +206,7 @@ class ColdOperands:
         self.index = (self.index + 1) % len(self.copies)
 
 
-def measure_gemms(gemms: list, repeats: int = 3, sync=_no_sync, cold_bytes: int = 0) -> dict:
+def measure_gemms(gemms: list, repeats: int = 3, sync=_no_sync, cold_bytes: int = 0, device=None) -> dict:
     """{dtype: {form: [[batch, m, n, k, flop_per_second], ...]}} for each GEMM. With
     `cold_bytes` (twice the last-level cache) the right operand is cold in every run and
     the left one hot (ColdOperands), as in a step: a linear layer's forward x @ W^T and
@@ -187,71 +219,164 @@ def measure_gemms(gemms: list, repeats: int = 3, sync=_no_sync, cold_bytes: int 
     ranks' barrier) runs before each shape, so that every rank times the same GEMM at the
     same moment, as a training step's ranks run theirs: a rank timing alone while its peer
     waits has the shared cache and memory bandwidth to itself (on this 2-core machine the
-    same GEMM's rate moved by 25% between unsynchronized calibrations)."""
+    same GEMM's rate moved by 25% between unsynchronized calibrations). On a GPU,
+    `cold_bytes` is twice its L2."""
     table: dict = {}
     for dtype, form, batch, m, n, k in gemms:
         sync()
-        a = _operand(m, k, form[0], batch, TORCH_DTYPES[dtype])
+        a = _operand(m, k, form[0], batch, TORCH_DTYPES[dtype], device)
         if cold_bytes:
             b_bytes = batch * k * n * TORCH_DTYPES[dtype].itemsize
-            pool = ColdOperands(lambda: _operand(k, n, form[1], batch, TORCH_DTYPES[dtype]), b_bytes, cold_bytes)
-            seconds = typical_seconds(lambda: torch.matmul(a, pool.current()), repeats, pool.advance)
+            pool = ColdOperands(lambda: _operand(k, n, form[1], batch, TORCH_DTYPES[dtype], device), b_bytes,
+                                cold_bytes)
+            seconds = typical_seconds(lambda: torch.matmul(a, pool.current()), repeats, pool.advance, device)
             del pool
         else:
-            b = _operand(k, n, form[1], batch, TORCH_DTYPES[dtype])
-            seconds = typical_seconds(lambda: torch.matmul(a, b), repeats)
+            b = _operand(k, n, form[1], batch, TORCH_DTYPES[dtype], device)
+            seconds = typical_seconds(lambda: torch.matmul(a, b), repeats, device=device)
         table.setdefault(dtype, {}).setdefault(form, []).append(
             [batch, m, n, k, 2.0 * batch * m * n * k / max(seconds, 1e-9)])
     return table
 
 
-def measure_attentions(attentions: list, repeats: int = 3, sync=_no_sync, flush=None) -> dict:
+def measure_attentions(attentions: list, repeats: int = 3, sync=_no_sync, flush=None, device=None) -> dict:
     """{direction: {dtype: [[batch, heads, seq_q, seq_kv, head_dim, flop_per_second], ...]}},
     causal (the program's decoders are; an encoder's full attention runs at a similar rate
     per FLOP), FLOPs counted as the recorder counts them. The backward is timed as forward
-    + backward minus the forward; every run after `flush` as in measure_gemms."""
+    + backward minus the forward; every run after `flush` as in measure_gemms. On a GPU
+    torch picks the SDPA backend (flash or memory-efficient) as in training."""
     table: dict = {}
     for direction, dtype, batch, heads, seq_q, seq_kv, head_dim in attentions:
         sync()
         causal = seq_q == seq_kv
-        q = torch.randn(batch, heads, seq_q, head_dim, dtype=TORCH_DTYPES[dtype], requires_grad=True)
-        k = torch.randn(batch, heads, seq_kv, head_dim, dtype=TORCH_DTYPES[dtype], requires_grad=True)
+        dt = TORCH_DTYPES[dtype]
+        q = torch.randn(batch, heads, seq_q, head_dim, dtype=dt, device=device, requires_grad=True)
+        k = torch.randn(batch, heads, seq_kv, head_dim, dtype=dt, device=device, requires_grad=True)
         v = torch.randn_like(k, requires_grad=True)
         share = causal_fraction(seq_q, seq_kv) if causal else 1.0
-        forward = typical_seconds(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), repeats, flush)
+        forward = typical_seconds(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), repeats, flush,
+                                  device)
         if direction == "forward":
             flops, seconds = sdpa_flop_count(q.shape, k.shape, v.shape) * share, forward
         else:
-            grad = torch.randn(batch, heads, seq_q, head_dim, dtype=TORCH_DTYPES[dtype])
+            grad = torch.randn(batch, heads, seq_q, head_dim, dtype=dt, device=device)
 
             def both() -> None:
                 F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(grad)
 
             flops = sdpa_backward_flop_count(grad.shape, q.shape, k.shape, v.shape) * share
-            seconds = max(typical_seconds(both, repeats, flush) - forward, forward / 4)
+            seconds = max(typical_seconds(both, repeats, flush, device) - forward, forward / 4)
         table.setdefault(direction, {}).setdefault(dtype, []).append(
             [batch, heads, seq_q, seq_kv, head_dim, flops / max(seconds, 1e-9)])
     return table
+
+
+def matmul_rates(m: int, n: int, k: int, dtype: torch.dtype, repeats: int = 3, device=None) -> tuple[float, float]:
+    """(rate of a linear layer's three GEMMs, rate of its forward GEMM alone) in FLOP/s.
+
+    A linear layer's step runs one GEMM of each operand layout, with equal FLOPs: forward
+    x @ W^T, input gradient g @ W, weight gradient g^T @ x. Their speeds differ a lot
+    where the CPU has no native bf16 (measured on an AVX2 machine: 7-9 GFLOP/s for the
+    first and third, 1 GFLOP/s for g @ W), so the rate the trace's matmuls run at is the
+    three together, not one of them."""
+    x, w, g = (torch.randn(*shape, dtype=dtype, device=device) for shape in ((m, k), (n, k), (m, n)))
+    flops = 2.0 * m * n * k
+    forward = typical_seconds(lambda: x @ w.t(), repeats, device=device)
+    backward = (typical_seconds(lambda: g @ w, repeats, device=device)
+                + typical_seconds(lambda: g.t() @ x, repeats, device=device))
+    return 3 * flops / (forward + backward), flops / forward
+
+
+def attention_rate(repeats: int = 3, shape: tuple = (1, 12, 256, 64), device=None) -> float:
+    """FLOP/s of causal bf16 SDPA forward on q = k = v of `shape` (batch, heads, seq, head_dim)."""
+    batch, heads, seq, head_dim = shape
+    q = torch.randn(*shape, dtype=torch.bfloat16, device=device)
+    flops = 4.0 * batch * heads * seq * seq * head_dim * causal_fraction(seq, seq)  # counted as the recorder counts it
+    return flops / typical_seconds(lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True), repeats,
+                                   device=device)
+
+
+def op_cases(elements: int, tensors: int, device=None) -> dict:
+    """{op: (work, bytes per call as the recorder counts them, calls per work)} for the
+    memory-bound ops a training step runs, on `tensors` fresh fp32 tensors of `elements`
+    each, as the optimizer and gradient code meet them (the _foreach_ ops take the whole
+    list in one call, the others run once per tensor), on `device`."""
+    # Values like an Adam second moment: small, positive. (Exact zeros or denormals, as in
+    # the never-updated rows of an embedding, make sqrt 4-30x slower on x86; a fake trace
+    # cannot know where they are, so the typical dense case is measured.)
+    xs = [(torch.randn(elements, device=device) * 1e-3) ** 2 * 1e-3 + 1e-12 for _ in range(tensors)]
+    ys = [torch.rand(elements, device=device) + 0.5 for _ in range(tensors)]
+    n = elements * 4.0  # bytes of one fp32 tensor
+
+    def each(fn):
+        def run() -> None:
+            out = [fn(a, b) for a, b in zip(xs, ys)]
+            del out
+        return run
+
+    whole = tensors * n
+    return {
+        "mul": (lambda: torch._foreach_mul(xs, 0.9), 2 * whole, 1),
+        "add": (lambda: torch._foreach_add(xs, ys), 3 * whole, 1),
+        "sqrt": (lambda: torch._foreach_sqrt(xs), 2 * whole, 1),
+        "div": (lambda: torch._foreach_div(xs, ys), 3 * whole, 1),
+        "addcdiv": (lambda: torch._foreach_addcdiv(xs, ys, xs), 4 * whole, 1),
+        "addcmul": (lambda: torch._foreach_addcmul(xs, ys, xs), 4 * whole, 1),
+        "lerp": (lambda: torch._foreach_lerp(xs, ys, 0.1), 3 * whole, 1),
+        "copy": (each(lambda a, h: torch.empty_like(a, dtype=torch.bfloat16).copy_(a)), 1.5 * n, tensors),
+        "_to_copy": (each(lambda a, h: a.to(torch.bfloat16)), 1.5 * n, tensors),
+        "cat": (lambda: torch.cat(xs), 2 * whole, 1),
+        "clone": (each(lambda a, h: a.clone()), 2 * n, tensors),
+        "fill": (each(lambda a, h: torch.empty_like(a).fill_(1.0)), n, tensors),
+        "zero": (each(lambda a, h: torch.empty_like(a).zero_()), n, tensors),
+        "silu": (each(lambda a, h: torch.nn.functional.silu(a)), 2 * n, tensors),
+        "rsqrt": (each(lambda a, h: a.rsqrt()), 2 * n, tensors),
+        "pow": (each(lambda a, h: a.pow(2)), 2 * n, tensors),
+        "mean": (each(lambda a, h: a.mean()), n, tensors),
+        "sum": (each(lambda a, h: a.sum()), n, tensors),
+        "neg": (each(lambda a, h: a.neg()), 2 * n, tensors),
+        "exp": (each(lambda a, h: a.exp()), 2 * n, tensors),
+    }
+
+
+def collective_call(kind: str, nbytes: float, world: int, device=None, group=None):
+    """A callable issuing one collective whose CommOp.bytes would be `nbytes`, into one output
+    buffer every call. FSDP2's and the ZeRO path's outputs are new tensors each step, but
+    the ranks' allocator settings (launch.RANK_MALLOC_ENV) hand back the same memory
+    without page faults in steady state; a fresh 243 MB all-gather output per call here
+    took 0.28-1.04 s, a reused one 0.30-0.36 s (docs/benchmarks-history.md, session 9)."""
+    n = max(int(nbytes) // 4 // world * world, world)
+    if kind == "all_reduce":
+        t = torch.ones(n, device=device)
+        return lambda: dist.all_reduce(t, group=group)
+    if kind == "all_gather":  # bytes = the gathered output
+        part, out = torch.ones(n // world, device=device), torch.empty(n, device=device)
+        return lambda: dist.all_gather_single(out, part, group=group)
+    inp, out = torch.ones(n, device=device), torch.empty(n // world, device=device)  # reduce_scatter: bytes = the input
+    return lambda: dist.reduce_scatter_single(out, inp, group=group)
 
 
 # Elements per tensor of the size ladder: 16 KiB (in the L1/L2 caches) to 16 MiB (DRAM).
 SIZE_LADDER = (1 << 12, 1 << 16, 1 << 20, 1 << 22)
 
 
-def measure_op_bandwidths(cases_at, tensors: int = 16, repeats: int = 3, ladder=SIZE_LADDER, sync=_no_sync) -> dict:
+def measure_op_bandwidths(cases_at, tensors: int = 16, repeats: int = 3, ladder=SIZE_LADDER, sync=_no_sync,
+                          device=None) -> dict:
     """{op: [[bytes, bytes_per_second], ...]} with bytes per op call as the recorder counts
     them (inputs + outputs), from `cases_at(elements, tensors) -> {op: (work, bytes per
     call, calls per work)}`. Each rate is net of the per-call host cost, measured on
     one-element tensors, which the cost model charges separately (launch_seconds).
     `sync` runs before each op at each size, as in measure_gemms: two ranks share the
     memory bus, and a step's ranks run their optimizers at the same time (unsynchronized,
-    two calibrations minutes apart read the DRAM-sized ops at 26-29 and 16-19 GB/s)."""
-    tiny = {name: typical_seconds(work, repeats) / calls for name, (work, _, calls) in cases_at(1, tensors).items()}
+    two calibrations minutes apart read the DRAM-sized ops at 26-29 and 16-19 GB/s).
+    `device`: where cases_at's tensors live (it makes them there)."""
+    tiny = {name: typical_seconds(work, repeats, device=device) / calls
+            for name, (work, _, calls) in cases_at(1, tensors).items()}
     table: dict = {}
     for elements in ladder:
         for name, (work, nbytes, calls) in cases_at(elements, tensors).items():
             sync()
-            seconds = typical_seconds(work, repeats) / calls - tiny[name]
+            seconds = typical_seconds(work, repeats, device=device) / calls - tiny[name]
             rate = nbytes / max(seconds, nbytes / 1e12)
             table.setdefault(name, []).append([float(nbytes), rate])
     return table

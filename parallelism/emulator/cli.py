@@ -186,6 +186,8 @@ def calibrate_main(args) -> int:
     if args.passes is not None and args.passes < 1:
         print(f"--passes {args.passes} must be >= 1", file=sys.stderr)
         return 2
+    if getattr(args, "device", "cpu") == "cuda":
+        return _calibrate_cuda(args)
     effort = QUICK if args.quick else FULL
     if args.passes is not None:
         effort = dataclasses.replace(effort, passes=args.passes)
@@ -199,6 +201,44 @@ def calibrate_main(args) -> int:
     print(f"measuring this machine with {args.ranks} ranks at once{' (quick)' if args.quick else ''}; "
           f"this takes minutes on a small CPU machine ...", file=sys.stderr, flush=True)
     profile = calibrate(args.ranks, effort, requests)
+    save_profile(profile, args.out)
+    _describe_profile(args.out, profile)
+    return 0
+
+
+def cuda_refusal(ranks: int) -> str:
+    """Why `calibrate --device cuda --ranks N` cannot run here, or "" when it can."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "--device cuda needs a CUDA GPU: torch.cuda.is_available() is False on this machine"
+    count = torch.cuda.device_count()
+    if ranks > count:
+        return f"--ranks {ranks} with --device cuda runs one rank per GPU; this machine has {count}"
+    return ""
+
+
+def _calibrate_cuda(args) -> int:
+    """`calibrate --device cuda`: calibrate_device.py on --ranks GPUs."""
+    from parallelism.emulator.calibrate_device import DEVICE, QUICK_DEVICE, calibrate_device
+    from parallelism.emulator.devices import save_profile
+
+    refusal = cuda_refusal(args.ranks)
+    if not refusal and args.passes is not None:
+        refusal = "--passes applies to --device cpu (a GPU calibration is one pass, each point a median of runs)"
+    if refusal:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
+    try:
+        requests = shape_requests(args)
+    except EmulatorError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not _writable_out(args.out):
+        return 2
+    say = lambda text: print(f"  calibrate: {text}", file=sys.stderr, flush=True)  # noqa: E731
+    print(f"measuring {args.ranks} GPU(s){' (quick)' if args.quick else ''} ...", file=sys.stderr, flush=True)
+    profile = calibrate_device(args.ranks, requests, "cuda", QUICK_DEVICE if args.quick else DEVICE, say)
     save_profile(profile, args.out)
     _describe_profile(args.out, profile)
     return 0
@@ -231,7 +271,8 @@ def _merge_main(args) -> int:
     from parallelism.emulator.profile_merge import median_profile, quietest_calibration
 
     measuring = [flag for flag, given in (("--model", args.model), ("--layout", args.layout), ("--quick", args.quick),
-                                          ("--passes", args.passes is not None)) if given]
+                                          ("--passes", args.passes is not None),
+                                          ("--device cuda", getattr(args, "device", "cpu") == "cuda")) if given]
     if measuring:
         print(f"error: --merge combines profiles already measured; it takes no {', '.join(measuring)}",
               file=sys.stderr)

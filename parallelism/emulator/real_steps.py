@@ -7,6 +7,7 @@ the CPU validation benchmark times the validated model's steps to compare with
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from dataclasses import dataclass
@@ -22,9 +23,10 @@ class RealSteps:
 
 
 def prepared_trainer(model: str, layout: str, rank: int, global_batch: int, micro_batch: int, seq: int,
-                     steps: int):
+                     steps: int, device=None):
     """ParallelTrainer for `layout` with the batches of its first `steps` steps made ahead:
-    the emulator predicts the training step, not the data pipeline."""
+    the emulator predicts the training step, not the data pipeline. `device`: where the
+    rank's state and batches live (a GPU under an NCCL group; default the CPU)."""
     from parallelism.layout.catalog import get_model
     from parallelism.layout.placement import place
     from parallelism.training.parallel import ParallelTrainer, TrainConfig, initial_shards
@@ -33,14 +35,18 @@ def prepared_trainer(model: str, layout: str, rank: int, global_batch: int, micr
     ml = next(iter(placement.modules.values()))
     config = TrainConfig(model=model, global_batch=global_batch, seq_len=seq,
                          micro_batches=global_batch // (micro_batch * ml.dp))
-    trainer = ParallelTrainer(config, layout, rank, initial_shards(placement, rank, config.seed))
+    shards = initial_shards(placement, rank, config.seed)
+    if device is not None:
+        shards = {key: dataclasses.replace(shard, data=shard.data.to(device)) for key, shard in shards.items()}
+    trainer = ParallelTrainer(config, layout, rank, shards)
     made = {}
     real_batch = trainer.data.batch
     share = global_batch // ml.dp
     for step in range(steps):
         for d in range(ml.dp):
             position = step * global_batch + d * share
-            made[(position, share)] = real_batch(position, share)
+            made[(position, share)] = tuple(t.to(device) if device is not None else t
+                                            for t in real_batch(position, share))
     trainer.data.batch = lambda position, n: made[(position, n)]
     return trainer, ml.zero
 
@@ -70,3 +76,48 @@ def time_steps(model: str, layout: str, rank: int, global_batch: int, micro_batc
         trainer.step()
     return RealSteps(statistics.median(times), sum(state.values()),
                      state["params"] + state["optimizer"] + recorder.peak, min(times), tuple(times))
+
+
+def time_device_steps(rank: int, world: int, model: str, seq: int, micro_batch: int, micro_batches: int = 1,
+                      kind: str = "cuda", warmup: int = 2, measured: int = 5) -> dict:
+    """One rank's ParallelTrainer for tp=1,pp=1,dp=1 (run as launch.run_ranks' fn in a
+    one-rank world: NCCL for kind "cuda", its state in bf16 with fp32 AdamW masters and
+    moments on cuda:0; gloo on a CPU): {"seconds": median step, "all_seconds",
+    "peak_bytes": the device allocator's peak over the measured steps (a CPU: the
+    parameters, optimizer state and one step's live tensors, as time_steps counts them)}.
+    Each step ends on the host reading the loss (trainer.step's .item()), so the wall
+    clock around it is the device's time too; synchronized before each start."""
+    import torch
+
+    from parallelism.emulator.recorder import OpRecorder
+    from parallelism.emulator.trace_build import trainer_static_bytes
+
+    device = torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else torch.device("cpu")
+    cuda = device.type == "cuda"
+    trainer, zero = prepared_trainer(model, "tp=1,pp=1,dp=1", rank, micro_batch * micro_batches, micro_batch, seq,
+                                     warmup + measured + 1, device)
+
+    def synchronize() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    times = []
+    for step in range(warmup + measured):
+        if step == warmup and cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        synchronize()
+        started = time.perf_counter()
+        trainer.step()
+        synchronize()
+        if step >= warmup:
+            times.append(time.perf_counter() - started)
+    if cuda:
+        peak = torch.cuda.max_memory_allocated(device)
+    else:
+        state = trainer_static_bytes(trainer, zero)
+        recorder = OpRecorder()
+        with recorder:
+            trainer.step()
+        peak = state["params"] + state["optimizer"] + recorder.peak
+    return {"seconds": statistics.median(times), "all_seconds": times, "peak_bytes": int(peak),
+            "device": str(device), "world": world}

@@ -477,7 +477,7 @@ class ParallelTrainer:
             return None
         started = time.perf_counter()
         tokens, targets = self._local_batch()
-        loss_sum = torch.zeros(1, dtype=torch.float64)
+        loss_sum = torch.zeros(1, dtype=torch.float64, device=tokens.device)  # NCCL reduces device tensors
         micro = self.config.micro_batches
         if self.pipeline is None:
             for x, y in zip(tokens.chunk(micro), targets.chunk(micro)):
