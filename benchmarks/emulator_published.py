@@ -79,12 +79,14 @@ class PublishedRun:
     grad_sync: str = "step"
     # Megatron-LM's gradient accumulation fusion (in Megatron by early 2022): Korthikanti et al.
     grad_accumulation: str = "program"
+    pipeline_p2p: str = "program"
 
 
-# Megatron-LM's core attention before FlashAttention (Dao et al. 2022): Q K^T, fused
-# scale-mask-softmax and dropout through memory, then the context GEMM; --attention-dropout 0.1
-# is Megatron's default and neither paper's scripts change it.
-MEGATRON_ATTENTION = {"attention": "unfused", "attention_dropout": 0.1}
+# Megatron-LM as both papers ran it: core attention before FlashAttention (Dao et al. 2022):
+# Q K^T, fused scale-mask-softmax and dropout through memory, then the context GEMM
+# (--attention-dropout 0.1 is Megatron's default and neither paper's scripts change it); and
+# its synchronous pipeline exchange with the scatter-gather optimization.
+MEGATRON = {"attention": "unfused", "attention_dropout": 0.1, "pipeline_p2p": "megatron"}
 
 
 def _gpt(name: str, size: str, layers: int, hidden: int, layout: str, gpus: int, gbs: int, mbs: int,
@@ -92,7 +94,7 @@ def _gpt(name: str, size: str, layers: int, hidden: int, layout: str, gpus: int,
     """A row of Table 1; `ddp`: run_table_1.sh's --DDP-impl (torch: PyTorch DDP, overlapped)."""
     return PublishedRun(name, NARAYANAN, f"{MODELS}/{size}", layout, gpus, "a100", gbs, mbs, 2048, "full",
                         "megatron", tflops, notes=notes, arch={"l": layers, "h": hidden, "V": 51200},
-                        grad_sync="overlapped" if ddp == "torch" else "step", **MEGATRON_ATTENTION)
+                        grad_sync="overlapped" if ddp == "torch" else "step", **MEGATRON)
 
 
 def korthikanti_flops(global_batch: int, seq: int, layers: int, hidden: int, vocab: int) -> float:
@@ -112,7 +114,7 @@ def _korthikanti(size: str, layers: int, hidden: int, layout: str, gpus: int, gb
                         "a100", gbs, mbs, 2048, "selective" if present_work else "full", "korthikanti", tflops,
                         notes=notes, arch={"l": layers, "h": hidden, "V": 51200},
                         sequence_parallel=present_work, published_step_seconds=seconds, grad_accumulation="fused",
-                        **MEGATRON_ATTENTION)
+                        **MEGATRON)
 
 
 RUNS: tuple[PublishedRun, ...] = (
@@ -192,7 +194,8 @@ def predict(run: PublishedRun, use_cache: bool) -> dict:
                              global_batch=run.global_batch, micro_batch=run.micro_batch, seq=run.seq,
                              recompute=run.recompute, sequence_parallel=run.sequence_parallel,
                              attention=run.attention, attention_dropout=run.attention_dropout,
-                             grad_sync=run.grad_sync, grad_accumulation=run.grad_accumulation)
+                             grad_sync=run.grad_sync, grad_accumulation=run.grad_accumulation,
+                             pipeline_p2p=run.pipeline_p2p)
     started = time.perf_counter()
     result = emulate(request, use_cache=use_cache)
     if run.metric == "megatron":
@@ -229,6 +232,8 @@ def run_as(run: PublishedRun) -> str:
               "program": "grads reduced as the program"}[run.grad_sync]]
     if run.grad_accumulation == "fused":
         parts.append("accumulation fused")
+    if run.pipeline_p2p == "megatron":
+        parts.append("Megatron p2p")
     return ", ".join(parts)
 
 

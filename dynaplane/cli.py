@@ -165,6 +165,9 @@ def _add_emulate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--grad-accumulation", default="program", choices=("program", "fused"),
                    help="micro-batch gradients added in a pass of their own (the program), or fused into the "
                         "weight-gradient GEMMs (Megatron-LM's --gradient-accumulation-fusion)")
+    p.add_argument("--pipeline-p2p", default="program", choices=("program", "megatron"),
+                   help="pipeline sends: asynchronous (the program), or Megatron-LM's synchronous exchange with "
+                        "the scatter-gather optimization")
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--profile", help="a calibrated device profile (JSON) instead of --gpu's built-in one")
     p.add_argument("--no-cache", action="store_true", help="trace again even when a cached trace exists")

@@ -41,7 +41,7 @@ def emulate_main(args) -> int:
                                  recompute=args.recompute, gpus_per_node=args.gpus_per_node, profile=args.profile,
                                  sequence_parallel=args.sequence_parallel, attention=args.attention,
                                  attention_dropout=args.attention_dropout, grad_sync=args.grad_sync,
-                                 grad_accumulation=args.grad_accumulation)
+                                 grad_accumulation=args.grad_accumulation, pipeline_p2p=args.pipeline_p2p)
         return emulate(request, use_cache=not args.no_cache, progress=progress)
 
     result, code = _run("emulate", args, work)
@@ -53,7 +53,8 @@ def emulate_main(args) -> int:
           + (", sequence parallel" if r["sequence_parallel"] else "")
           + (f", unfused attention (dropout {r['attention_dropout']:g})" if "attention" in r else "")
           + (f", gradients reduced {r['grad_sync']}" if "grad_sync" in r else "")
-          + (", gradient accumulation fused" if "grad_accumulation" in r else ""))
+          + (", gradient accumulation fused" if "grad_accumulation" in r else "")
+          + (", Megatron's pipeline exchange" if "pipeline_p2p" in r else ""))
     print(f"  step {r['step_seconds']:.3f} s   {r['tokens_per_second']:,.0f} tokens/s   "
           f"{r['model_tflops_per_gpu']:.0f} model TFLOP/s per GPU (MFU {r['mfu']:.1%}), "
           f"{r['hardware_tflops_per_gpu']:.0f} hardware")

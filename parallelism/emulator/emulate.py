@@ -23,6 +23,7 @@ from parallelism.emulator.devices import DeviceProfile, get_profile, load_profil
 from parallelism.emulator.errors import EmulatorError
 from parallelism.emulator.grad_accumulation import GRAD_ACCUMULATIONS, with_grad_accumulation
 from parallelism.emulator.grad_sync import GRAD_SYNCS, with_grad_sync
+from parallelism.emulator.pipeline_p2p import PIPELINE_P2PS, with_pipeline_p2p
 from parallelism.emulator.metrics import (hardware_tflops_per_gpu, mfu, model_flops_per_token, model_tflops_per_gpu,
                                      module_flops, tokens_per_second)
 from parallelism.emulator.simulate import RECOMPUTE, SimResult, simulate
@@ -59,6 +60,9 @@ class EmulateRequest(NamesAModel):
     # Where micro-batch gradients are accumulated (grad_accumulation.py): in a pass of their own
     # as the program does, or "fused" into the weight-gradient GEMMs (Megatron-LM since 2022).
     grad_accumulation: str = "program"
+    # How activations move between pipeline stages (pipeline_p2p.py): the program's asynchronous
+    # sends, or Megatron-LM's synchronous scatter-gather exchange.
+    pipeline_p2p: str = "program"
     model_config: ModelConfig | None = resolved_field()  # `model` resolved once (NamesAModel)
     model_error = EmulatorError
 
@@ -117,6 +121,8 @@ def _checked(request: EmulateRequest) -> tuple[Placement, int]:
         raise EmulatorError(f"--recompute {request.recompute!r} not in {RECOMPUTE}")
     if request.grad_accumulation not in GRAD_ACCUMULATIONS:
         raise EmulatorError(f"--grad-accumulation {request.grad_accumulation!r} not in {GRAD_ACCUMULATIONS}")
+    if request.pipeline_p2p not in PIPELINE_P2PS:
+        raise EmulatorError(f"--pipeline-p2p {request.pipeline_p2p!r} not in {PIPELINE_P2PS}")
     if request.grad_sync not in GRAD_SYNCS:
         raise EmulatorError(f"--grad-sync {request.grad_sync!r} not in {GRAD_SYNCS}")
     if request.attention not in ATTENTION_KERNELS:
@@ -207,6 +213,7 @@ def emulate(request: EmulateRequest, *, use_cache: bool = True, progress=None) -
            if request.attention != "flash" else {}),
         **({"grad_sync": request.grad_sync} if request.grad_sync != "program" else {}),
         **({"grad_accumulation": request.grad_accumulation} if request.grad_accumulation != "program" else {}),
+        **({"pipeline_p2p": request.pipeline_p2p} if request.pipeline_p2p != "program" else {}),
         "step_seconds": step, "tokens_per_second": tokens,
         **({"llm_tokens_per_second": request.global_batch * (request.seq + sum(i.tokens for i in inputs)) / step}
            if inputs else {}),
@@ -240,9 +247,11 @@ def emulate(request: EmulateRequest, *, use_cache: bool = True, progress=None) -
 
 def as_run(traced: Trace, request: EmulateRequest) -> Trace:
     """The traced program as the request's run differs from it: its attention kernels, where it
-    accumulates and when it reduces its gradients (each a no-op at the program's own default)."""
+    accumulates and when it reduces its gradients, how its pipeline exchanges (each a no-op at
+    the program's own default)."""
     traced = with_attention(traced, request.attention, request.attention_dropout)
     traced = with_grad_accumulation(traced, request.grad_accumulation)
+    traced = with_pipeline_p2p(traced, request.pipeline_p2p, request.sequence_parallel)
     return with_grad_sync(traced, request.grad_sync)
 
 

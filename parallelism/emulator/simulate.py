@@ -190,6 +190,10 @@ def _pipeline(trace: Trace, profile: DeviceProfile, gpus_per_node: int, recomput
                 for key, value in phase.parts.items():
                     parts[r][key] += value
                 end[(kind, mb, k)] = free[r] = start + phase.seconds
+                if trace.p2p_blocking:  # the sender waits for its send (pipeline_p2p.py)
+                    blocked = costs[k].f_send if kind == "F" else costs[k].b_send
+                    free[r] += blocked
+                    parts[r]["pp_comm"] += blocked
                 if record_events:
                     events.append(Event(r, "forward" if kind == "F" else "backward", start, free[r], mb, k))
                 if kind == "B" and (mb == m - 1 or trace.stages[k].grad_sync_each_microbatch) \

@@ -24,6 +24,11 @@ _CATEGORY = {"tp": "tp_comm", "cp": "tp_comm", "ep": "tp_comm", "dp": "dp_comm",
              "kv": "tp_comm"}  # replicated kv heads' gradient sum inside the TP group
 
 
+# A stage's all-gather of what it received by scatter-gather (pipeline_p2p.py): part of the
+# exchange, not of the layer, so recompute does not run it again.
+RECEIVED_GATHER = "pp_gather_received"
+
+
 def is_p2p(op: Op) -> bool:
     return isinstance(op, CommOp) and op.dim == "pp" and op.kind in ("send", "recv")
 
@@ -36,7 +41,7 @@ def recomputed_ops(stage: StageTrace, recompute: str) -> tuple[Op, ...]:
     """The forward ops a backward re-runs under a recompute mode."""
     require(recompute in RECOMPUTE, f"recompute={recompute!r} not in {RECOMPUTE}")
     if recompute == "full":
-        return tuple(op for op in stage.forward if not is_p2p(op))
+        return tuple(op for op in stage.forward if not is_p2p(op) and op.name != RECEIVED_GATHER)
     if recompute == "selective":
         return tuple(op for op in stage.forward if isinstance(op, ComputeOp)
                      and (op.kind == "attention" or op.name in CORE_ATTENTION_FORWARD))

@@ -309,6 +309,9 @@ class Trace:
     ep: int = 1
     zero: int = 0
     inputs: tuple[InputTrace, ...] = ()
+    # Each pipeline send keeps its sender busy until it is done (pipeline_p2p.py, Megatron's
+    # synchronous exchange); False: sends are asynchronous, as the program's.
+    p2p_blocking: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stages", tuple(self.stages))

@@ -1,0 +1,231 @@
+"""A run that differs from the traced program (issue 30): unfused attention, fused gradient
+accumulation, when gradients are reduced. Each edit of the trace is checked against what it
+must mean: kernels and bytes by formula, positions kept, step times against oracles."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from parallelism.emulator.attention_kernels import (CORE_ATTENTION_FORWARD, kept_bytes, unfused_backward,
+                                                    unfused_forward, with_attention)
+from parallelism.emulator.costs import op_seconds
+from parallelism.emulator.emulate import EmulateRequest, emulate
+from parallelism.emulator.errors import EmulatorError
+from parallelism.emulator.grad_accumulation import with_grad_accumulation
+from parallelism.emulator.grad_sync import BUCKET_BYTES, buckets_of, with_grad_sync
+from parallelism.emulator.network import collective_seconds
+from parallelism.emulator.pipeline_p2p import with_pipeline_p2p
+from parallelism.emulator.simulate import simulate
+from parallelism.emulator.stage_cost import RECEIVED_GATHER, is_p2p, recomputed_ops
+from parallelism.emulator.trace import CommOp, ComputeOp, StageMemory
+from parallelism.emulator.tracer import TraceRequest, trace
+
+from .helpers import PROFILE, stage, timed, uniform_trace, with_stages
+
+pytestmark = [pytest.mark.timeout(300)]
+MS = 1e-3
+SHAPE = (2, 4, 64, 64, 16)  # batch, heads, seq_q, seq_kv, head_dim
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DYNAPLANE_TRACE_CACHE", str(tmp_path / "traces"))
+
+
+def _attention(direction: str = "") -> ComputeOp:
+    b, a, sq, skv, d = SHAPE
+    return ComputeOp(f"_scaled_dot_product_flash_attention{direction}", "attention", 2.0 * b * a * sq * skv * d, 1e6,
+                     SHAPE)
+
+
+# --- attention kernels ----------------------------------------------------------------------------
+
+@given(b=st.integers(1, 8), a=st.integers(1, 32), sq=st.integers(1, 4096), skv=st.integers(1, 4096),
+       d=st.sampled_from([32, 64, 96, 128, 160]), dropout=st.sampled_from([0.0, 0.1]))
+@settings(max_examples=60, deadline=None)
+def test_unfused_kernels_compute_the_whole_square_and_move_the_scores_through_memory(b, a, sq, skv, d, dropout):
+    n = b * a * sq * skv
+    forward, backward = unfused_forward((b, a, sq, skv, d), "bf16", dropout), unfused_backward((b, a, sq, skv, d),
+                                                                                              "bf16", dropout)
+    gemm = lambda ops: sum(op.flops for op in ops if op.kind == "matmul")  # noqa: E731
+    assert gemm(forward) == 2 * 2 * n * d and gemm(backward) == 4 * 2 * n * d  # Q K^T, P V; their 4 gradients
+    assert all(op.shape[0] == b * a for op in forward + backward if op.kind == "matmul")
+    square = lambda ops: sum(op.bytes for op in ops if op.kind == "memory")  # noqa: E731
+    # softmax reads and writes the scores (2+2 bytes); dropout reads them, writes them and a 1-byte mask
+    assert square(forward) == n * (4 + (5 if dropout else 0))
+    assert square(backward) == n * (6 + (5 if dropout else 0))
+    assert kept_bytes((b, a, sq, skv, d), "bf16", dropout) == n * (2 + (3 if dropout else 0))
+    assert [op.name for op in forward] == [x for x in CORE_ATTENTION_FORWARD if dropout or "dropout" not in x]
+
+
+def test_unfused_attention_replaces_each_fused_op_and_keeps_every_position():
+    fwd = (timed("f0", MS), _attention(), timed("f2", MS))
+    bwd = (timed("b0", MS), _attention("_backward"), timed("b2", MS), timed("b3", MS))
+    gather = CommOp("g", "all_gather", 1e6, 2, 1, "dp")
+    s = stage(0, forward=fwd, backward=bwd, grad_sync=(CommOp("r", "reduce_scatter", 1e6, 2, 1, "dp"),),
+              grad_sync_after=(3,), param_sync=(gather, gather), param_sync_phase=("forward", "backward"),
+              param_sync_at=(2, 3), memory=StageMemory(10, 20, 30, 100, 7))
+    out = with_attention(with_stages(uniform_trace(1, 2), [s]), "unfused", 0.1).stages[0]
+    assert [op.name for op in out.forward] == ["f0", *CORE_ATTENTION_FORWARD, "f2"]
+    assert len(out.backward) == 3 + 6  # b0, b2, b3 and the six backward kernels
+    # the ops at the remapped positions are the ones that were there
+    assert out.forward[out.param_sync_at[0]].name == "f2"
+    assert out.backward[out.param_sync_at[1]].name == "b3"
+    assert out.backward[out.grad_sync_after[0] - 1].name == "b2"
+    kept = kept_bytes(SHAPE, "bf16", 0.1)
+    assert out.memory.activations_per_microbatch == 100 + kept
+    assert out.memory.activations_selective == 100  # selective recompute drops exactly the s x s tensors
+    assert with_attention(with_stages(uniform_trace(1, 2), [s]), "flash").stages[0] is s
+
+
+def test_selective_recompute_reruns_the_core_attention_kernels():
+    s = stage(0, forward=(timed("f0", MS), _attention(), timed("f2", MS)), backward=1.0)
+    out = with_attention(with_stages(uniform_trace(1, 1), [s]), "unfused", 0.1).stages[0]
+    assert [op.name for op in recomputed_ops(out, "selective")] == list(CORE_ATTENTION_FORWARD)
+    assert len(recomputed_ops(out, "full")) == len(out.forward)
+
+
+def test_unfused_kernels_cost_the_roofline_of_each_kernel():
+    forward = unfused_forward(SHAPE, "bf16", 0.1)
+    out = with_attention(with_stages(uniform_trace(1, 1), [stage(0, forward=(_attention(),), backward=1.0)]),
+                         "unfused", 0.1)
+    one = simulate(out, PROFILE).per_stage[0]
+    assert one.breakdown["compute"] == pytest.approx(sum(op_seconds(op, PROFILE) for op in forward) + 1.0)
+
+
+# --- gradient reduction ---------------------------------------------------------------------------
+
+def _bucket(seconds: float) -> CommOp:
+    latency = 2 * 7 * PROFILE.inter_node_latency
+    return CommOp("g", "all_reduce", (seconds - latency) * PROFILE.inter_bw * 8 / (2 * 7), 8, 8, "dp")
+
+
+def test_buckets_hold_at_most_the_cap_and_all_the_bytes():
+    op = CommOp("g", "all_reduce", 3.5 * BUCKET_BYTES, 8, 8, "dp")
+    pieces = buckets_of(op)
+    assert len(pieces) == 4 and all(p.bytes <= BUCKET_BYTES for p in pieces)
+    assert sum(p.bytes for p in pieces) == pytest.approx(op.bytes)
+    assert buckets_of(replace(op, bytes=10.0)) == (replace(op, bytes=10.0),)
+
+
+def test_program_reduction_of_interleaved_chunks_waits_for_every_chunks_backward():
+    """vpp=2, one rank: chunk 1's backward ends before chunk 0's; the program reduces both in
+    its optimizer step, so nothing of either bucket hides behind a backward."""
+    bucket = _bucket(5 * MS)
+    t = collective_seconds(bucket, PROFILE)
+    stages = [stage(k, forward=MS, backward=tuple(timed(f"b{i}", MS) for i in range(4)), grad_sync=(bucket,),
+                    grad_sync_after=(4,), grad_sync_in_step=True) for k in range(4)]
+    trace = with_stages(uniform_trace(2, 2, vpp=2), stages)
+    stepped = simulate(trace, PROFILE)
+    overlapped = simulate(with_stages(trace, [replace(s, grad_sync_in_step=False) for s in trace.stages]), PROFILE)
+    rank = stepped.per_stage[0]
+    assert rank.breakdown["dp_comm"] == pytest.approx(2 * t, rel=1e-9)  # both buckets, after the last backward
+    assert stepped.step_seconds > overlapped.step_seconds
+
+
+def test_overlapped_reduction_hides_behind_the_last_backward_and_step_reduction_does_not():
+    buckets = (_bucket(2 * MS),)
+    backward = tuple(timed(f"b{i}", 1 * MS) for i in range(10))
+    s = stage(0, forward=MS, backward=backward, grad_sync=buckets, grad_sync_after=(10,))
+    trace = with_stages(uniform_trace(1, 2), [s])
+    t = collective_seconds(buckets[0], PROFILE)
+    stepped = simulate(with_grad_sync(trace, "step"), PROFILE)
+    assert stepped.breakdown["dp_comm"] == pytest.approx(t, rel=1e-9)
+    over = with_grad_sync(replace(trace, stages=(replace(s, grad_sync=(replace(buckets[0], bytes=60 * 2**20),)),)),
+                          "overlapped")
+    pieces = over.stages[0].grad_sync
+    assert len(pieces) == 3 and over.stages[0].grad_sync_after == (3, 7, 10)
+    assert simulate(over, PROFILE).breakdown["dp_comm"] < sum(collective_seconds(p, PROFILE) for p in pieces)
+    assert with_grad_sync(trace, "program") is trace
+
+
+# --- the traced program ---------------------------------------------------------------------------
+
+def test_the_tracer_tags_each_gradient_accumulation_and_fusing_drops_exactly_their_time():
+    traced, _ = trace(TraceRequest("tiny-gpt", "tp=1,pp=1,dp=1,zero=1", 2, 16, 4))
+    s = traced.stages[0]
+    tagged = [op for op in s.backward if isinstance(op, ComputeOp) and op.role == "grad_accumulate"]
+    params = s.memory.grads // 4  # the fp32 buffers: one element a parameter
+    # a steady-state micro-batch: fp32 += bf16 in place, 4 + 2 read, 4 written
+    assert tagged and all(op.name == "add_" and op.dtype == "fp32" for op in tagged)
+    assert sum(op.bytes for op in tagged) == 10 * params
+    fused = with_grad_accumulation(traced, "fused")
+    assert not any(getattr(op, "role", "") for op in fused.stages[0].backward)
+    cpu = replace(PROFILE, launch_seconds=2e-6)
+    drop = simulate(traced, cpu).step_seconds - simulate(fused, cpu).step_seconds
+    assert drop == pytest.approx(4 * sum(op_seconds(op, cpu) for op in tagged), rel=1e-9)
+
+
+def test_tensor_parallel_backward_reduces_one_input_gradient_per_sublayer():
+    """q, k, v take their input as one DTensor: one all-reduce for the attention block's input
+    gradient and one for the MLP's, as Megatron's fused QKV projection (not one per projection)."""
+    traced, _ = trace(TraceRequest("tiny-gpt", "tp=2,pp=1,dp=1,zero=1", 2, 16, 4))
+    s = traced.stages[0]
+    forward = [op for op in s.forward if isinstance(op, CommOp) and op.dim == "tp" and op.kind == "all_reduce"]
+    backward = [op for op in s.backward if isinstance(op, CommOp) and op.dim == "tp" and op.kind == "all_reduce"]
+    assert len(backward) == len(forward)  # forward: the row-parallel outputs; backward: the column-parallel inputs
+
+
+def test_emulate_refuses_unknown_run_options_naming_the_flag():
+    base = dict(model="tiny-gpt", layout="tp=1,pp=1,dp=2,zero=1", gpus=2, gpu="a100", global_batch=4, micro_batch=1,
+                seq=16)
+    for changes, flag in ((dict(attention="fast"), "--attention"), (dict(attention="unfused", attention_dropout=1.5),
+                                                                    "--attention-dropout"),
+                          (dict(attention_dropout=0.1), "--attention-dropout"), (dict(grad_sync="later"),
+                                                                                 "--grad-sync"),
+                          (dict(grad_accumulation="maybe"), "--grad-accumulation"),
+                          (dict(pipeline_p2p="carrier-pigeon"), "--pipeline-p2p")):
+        with pytest.raises(EmulatorError, match=flag):
+            emulate(EmulateRequest(**base, **changes))
+    flash = emulate(EmulateRequest(**base))
+    unfused = emulate(EmulateRequest(**base, attention="unfused", attention_dropout=0.1, grad_sync="overlapped",
+                                     grad_accumulation="fused"))
+    assert unfused["attention"] == "unfused" and unfused["grad_sync"] == "overlapped"
+    assert "attention" not in flash and unfused["step_seconds"] != flash["step_seconds"]
+
+
+# --- pipeline exchange ----------------------------------------------------------------------------
+
+def test_megatron_exchange_scatters_sends_over_tp_and_gathers_them_on_arrival():
+    traced, _ = trace(TraceRequest("tiny-gpt", "tp=2,pp=2,dp=1,zero=1", 2, 16, 4))
+    out = with_pipeline_p2p(traced, "megatron")
+    first, second = traced.stages
+    sent = [op for op in first.forward if is_p2p(op)][0]
+    sent_back = [op for op in second.backward if is_p2p(op)][0]
+    new_first, new_second = out.stages
+    assert [op.bytes for op in new_first.forward if is_p2p(op)] == [sent.bytes / 2]
+    assert [op.bytes for op in new_second.backward if is_p2p(op)] == [sent_back.bytes / 2]
+    gather = new_second.forward[0]
+    assert (gather.name, gather.kind, gather.bytes, gather.group_size, gather.dim) == (
+        RECEIVED_GATHER, "all_gather", sent.bytes, 2, "tp")
+    assert new_first.backward[0].name == RECEIVED_GATHER and new_first.backward[0].bytes == sent_back.bytes
+    assert RECEIVED_GATHER not in [op.name for op in recomputed_ops(new_second, "full")]
+    assert out.p2p_blocking and not traced.p2p_blocking
+    # sequence parallelism sends the rank's slice already: nothing to scatter or gather
+    sp = with_pipeline_p2p(traced, "megatron", sequence_parallel=True)
+    assert sp.stages == traced.stages and sp.p2p_blocking
+    assert with_pipeline_p2p(traced, "program") is traced
+
+
+@given(pp=st.integers(2, 4), m=st.integers(1, 8), send=st.floats(0.0, 0.5))
+@settings(max_examples=40, deadline=None)
+def test_a_blocking_send_never_shortens_the_step_and_costs_nothing_when_free(pp, m, send):
+    link = 1e-6 + send * PROFILE.intra_bw  # bytes a send of `send` seconds moves over NVLink
+    stages = []
+    for k in range(pp):
+        forward = (timed("f", 1.0),) + ((CommOp("pp_send_activations", "send", link, 2, 1, "pp"),)
+                                        if k < pp - 1 else ())
+        backward = (timed("b", 2.0),) + ((CommOp("pp_send_gradients", "send", link, 2, 1, "pp"),) if k else ())
+        stages.append(stage(k, forward=forward, backward=backward))
+    base = with_stages(uniform_trace(pp, m), stages)
+    blocking = replace(base, p2p_blocking=True)
+    assert simulate(blocking, PROFILE).step_seconds >= simulate(base, PROFILE).step_seconds - 1e-12
+    free = with_stages(base, [replace(s, forward=tuple(replace(op, bytes=0.0) if is_p2p(op) else op
+                                                       for op in s.forward),
+                                      backward=tuple(replace(op, bytes=0.0) if is_p2p(op) else op
+                                                     for op in s.backward)) for s in stages])
+    lat = simulate(replace(free, p2p_blocking=True), PROFILE).step_seconds - simulate(free, PROFILE).step_seconds
+    assert lat <= 2 * m * pp * PROFILE.intra_node_latency + 1e-12  # only the links' latency remains
