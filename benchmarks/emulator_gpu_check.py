@@ -36,6 +36,8 @@ import time
 import traceback
 from pathlib import Path
 
+from benchmarks.gpu_check import machine  # the same machine section as the engine's device check
+
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUT = "tp=1,pp=1,dp=1"
 STARTED = time.monotonic()
@@ -44,23 +46,6 @@ GiB = 2**30
 
 def say(text: str) -> None:
     print(f"[{time.monotonic() - STARTED:6.1f} s] emulator_gpu_check: {text}", file=sys.stderr, flush=True)
-
-
-def machine(device: str) -> dict:
-    import platform
-
-    import torch
-
-    out = {"python": platform.python_version(), "torch": torch.__version__, "device": device,
-           "host_cpus": os.cpu_count()}
-    if device == "cuda":
-        out.update(cuda=torch.version.cuda, nccl=".".join(map(str, torch.cuda.nccl.version())),
-                   gpus=[{"name": torch.cuda.get_device_name(i),
-                          "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / GiB, 1),
-                          "sm_count": torch.cuda.get_device_properties(i).multi_processor_count,
-                          "l2_mib": round(torch.cuda.get_device_properties(i).L2_cache_size / 2**20, 1)}
-                         for i in range(torch.cuda.device_count())])
-    return out
 
 
 def predicted(model: str, seq: int, micro_batch: int, micro_batches: int, gpu: str, profile: str | None = None) -> dict:

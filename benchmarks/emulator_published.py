@@ -73,6 +73,7 @@ class PublishedRun:
     # in 2021-22 ran core attention unfused with dropout 0.1 (its default --attention-dropout).
     attention: str = "flash"
     attention_dropout: float = 0.0
+    hidden_dropout: float = 0.0
     # When the run reduced its gradients (parallelism/emulator/grad_sync.py): Megatron's torch DDP
     # (tp-only rows of Narayanan et al.) and Llama 3's FSDP in buckets through the backward;
     # Megatron's local DDP after the backward.
@@ -84,9 +85,10 @@ class PublishedRun:
 
 # Megatron-LM as both papers ran it: core attention before FlashAttention (Dao et al. 2022):
 # Q K^T, fused scale-mask-softmax and dropout through memory, then the context GEMM
-# (--attention-dropout 0.1 is Megatron's default and neither paper's scripts change it); and
+# (--attention-dropout and --hidden-dropout 0.1 are Megatron's defaults, neither paper's scripts
+# changes them: dropout on the residual stream in the bias-dropout-add kernels too); and
 # its synchronous pipeline exchange with the scatter-gather optimization.
-MEGATRON = {"attention": "unfused", "attention_dropout": 0.1, "pipeline_p2p": "megatron"}
+MEGATRON = {"attention": "unfused", "attention_dropout": 0.1, "hidden_dropout": 0.1, "pipeline_p2p": "megatron"}
 
 
 def _gpt(name: str, size: str, layers: int, hidden: int, layout: str, gpus: int, gbs: int, mbs: int,
@@ -194,6 +196,7 @@ def predict(run: PublishedRun, use_cache: bool) -> dict:
                              global_batch=run.global_batch, micro_batch=run.micro_batch, seq=run.seq,
                              recompute=run.recompute, sequence_parallel=run.sequence_parallel,
                              attention=run.attention, attention_dropout=run.attention_dropout,
+                             hidden_dropout=run.hidden_dropout,
                              grad_sync=run.grad_sync, grad_accumulation=run.grad_accumulation,
                              pipeline_p2p=run.pipeline_p2p)
     started = time.perf_counter()
@@ -227,7 +230,8 @@ def predict(run: PublishedRun, use_cache: bool) -> dict:
 
 def run_as(run: PublishedRun) -> str:
     """How the run differs from the traced program, in a few words."""
-    parts = [f"{run.attention} attention" + (f" (dropout {run.attention_dropout:g})" if run.attention_dropout else ""),
+    parts = [f"{run.attention} attention" + (f" (dropout {run.attention_dropout:g})" if run.attention_dropout else "")
+             + (f", hidden dropout {run.hidden_dropout:g}" if run.hidden_dropout else ""),
              {"step": "grads reduced after backward", "overlapped": "grads reduced in backward",
               "program": "grads reduced as the program"}[run.grad_sync]]
     if run.grad_accumulation == "fused":

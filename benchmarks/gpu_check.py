@@ -44,7 +44,9 @@ def machine(device: str) -> dict:
     if device == "cuda":
         out.update(cuda=torch.version.cuda, nccl=".".join(map(str, torch.cuda.nccl.version())),
                    gpus=[{"name": torch.cuda.get_device_name(i),
-                          "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}
+                          "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1),
+                          "sm_count": torch.cuda.get_device_properties(i).multi_processor_count,
+                          "l2_mib": round(torch.cuda.get_device_properties(i).L2_cache_size / 2**20, 1)}
                          for i in range(torch.cuda.device_count())])
     return out
 

@@ -159,6 +159,8 @@ def _add_emulate(sub: argparse._SubParsersAction) -> None:
                         "Megatron-LM ran it before FlashAttention (s x s scores through memory)")
     p.add_argument("--attention-dropout", type=float, default=0.0,
                    help="dropout on the attention probabilities (--attention unfused; Megatron's default 0.1)")
+    p.add_argument("--hidden-dropout", type=float, default=0.0,
+                   help="dropout on the residual stream, in the bias-dropout-add kernels (Megatron's default 0.1)")
     p.add_argument("--grad-sync", default="program", choices=("program", "step", "overlapped"),
                    help="when data-parallel gradients are reduced: as the program does, after the last backward, "
                         "or in 25 MB buckets through the backward (PyTorch DDP, FSDP)")

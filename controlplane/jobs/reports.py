@@ -88,7 +88,8 @@ def refusal(job: Job, report: protocol.JobReport) -> str:
     live and the report come from the world now running."""
     if job.state not in LIVE_JOB_STATES:
         return f"job {job.name} is {job.state}"
-    if report.restore_id != job.restore_id:  # from a world the job has left (before a restart from a checkpoint)
+    if report.restore_id != job.restore_id and not _trained_before_its_survivors(job, report):
+        # from a world the job has left (before a restart from a checkpoint)
         return (f"job {job.name} is {job.state} (restore {job.restore_id}), the report is from restore "
                 f"{report.restore_id}")
     if job.state == JobState.RESTORING and report.kind != "step":  # no world runs
@@ -97,6 +98,19 @@ def refusal(job: Job, report: protocol.JobReport) -> str:
     # arrive after another rank's agent said so (rank 0's batch window): it did train, and
     # the survivors go on after it, so refusing it would leave a gap in the job's history.
     return ""
+
+
+def _trained_before_its_survivors(job: Job, report: protocol.JobReport) -> bool:
+    """A step of the world the job's survivors were recovered from, at or before the step they
+    hold: rank 0's last batch can arrive after the recovery was planned (a new restore id), and
+    the survivors go on after that step, so it belongs to the job's history."""
+    if report.kind != "step" or job.restore_id is None:
+        return False
+    row = Transition.objects.filter(pk=job.restore_id, job=job, kind=TransitionKind.RESTORE).only(
+        "step", "verification").first()
+    survivors = (row.verification or {}).get("survivors") if row is not None else None
+    return (bool(survivors) and "source_restore" in survivors and survivors["source_restore"] == report.restore_id
+            and row.step is not None and report.step <= row.step)
 
 
 def _to_running(job: Job) -> None:

@@ -118,7 +118,10 @@ def survivors_switch(job: Job, world: SurvivorWorld, *, step: int, cause: str) -
         peak_staging_bytes=summary.get("peak_staging_bytes"),
         history=[{"state": "planned", "at": timezone.now().isoformat(), "reported": False}],
         verification={"survivors": {"ranks": [list(pair) for pair in moves],
-                                    "source_layout": world.source_layout, "step": step}})
+                                    "source_layout": world.source_layout, "step": step,
+                                    # the world the survivors come from: its late step reports
+                                    # up to `step` still belong to the job (reports.refusal)
+                                    "source_restore": job.restore_id}})
     old_nodes = list(dict.fromkeys([*job.nodes, *(slot_of[r]["node"] for r in olds)]))
     job.placement, job.layout, job.world_size = placement, layout, target_world
     job.rendezvous, job.rendezvous_port = rendezvous, port

@@ -40,7 +40,8 @@ def emulate_main(args) -> int:
                                  global_batch=args.global_batch, micro_batch=args.micro_batch, seq=args.seq,
                                  recompute=args.recompute, gpus_per_node=args.gpus_per_node, profile=args.profile,
                                  sequence_parallel=args.sequence_parallel, attention=args.attention,
-                                 attention_dropout=args.attention_dropout, grad_sync=args.grad_sync,
+                                 attention_dropout=args.attention_dropout, hidden_dropout=args.hidden_dropout,
+                                 grad_sync=args.grad_sync,
                                  grad_accumulation=args.grad_accumulation, pipeline_p2p=args.pipeline_p2p)
         return emulate(request, use_cache=not args.no_cache, progress=progress)
 
@@ -52,6 +53,7 @@ def emulate_main(args) -> int:
           f"({r['micro_batches']} micro-batches of {r['micro_batch']}) x seq {r['seq']}, recompute {r['recompute']}"
           + (", sequence parallel" if r["sequence_parallel"] else "")
           + (f", unfused attention (dropout {r['attention_dropout']:g})" if "attention" in r else "")
+          + (f", hidden dropout {r['hidden_dropout']:g}" if "hidden_dropout" in r else "")
           + (f", gradients reduced {r['grad_sync']}" if "grad_sync" in r else "")
           + (", gradient accumulation fused" if "grad_accumulation" in r else "")
           + (", Megatron's pipeline exchange" if "pipeline_p2p" in r else ""))

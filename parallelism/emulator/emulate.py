@@ -23,6 +23,7 @@ from parallelism.emulator.devices import DeviceProfile, get_profile, load_profil
 from parallelism.emulator.errors import EmulatorError
 from parallelism.emulator.grad_accumulation import GRAD_ACCUMULATIONS, with_grad_accumulation
 from parallelism.emulator.grad_sync import GRAD_SYNCS, with_grad_sync
+from parallelism.emulator.hidden_dropout import with_hidden_dropout
 from parallelism.emulator.pipeline_p2p import PIPELINE_P2PS, with_pipeline_p2p
 from parallelism.emulator.metrics import (hardware_tflops_per_gpu, mfu, model_flops_per_token, model_tflops_per_gpu,
                                      module_flops, tokens_per_second)
@@ -54,6 +55,7 @@ class EmulateRequest(NamesAModel):
     # dropout on its probabilities.
     attention: str = "flash"
     attention_dropout: float = 0.0
+    hidden_dropout: float = 0.0  # dropout on the residual stream (hidden_dropout.py; Megatron's default 0.1)
     # When data-parallel gradients are reduced (grad_sync.py): as the traced program does,
     # after the last backward ("step"), or in buckets through the backward ("overlapped").
     grad_sync: str = "program"
@@ -130,6 +132,9 @@ def _checked(request: EmulateRequest) -> tuple[Placement, int]:
     dropout = request.attention_dropout
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
         raise EmulatorError(f"--attention-dropout {dropout!r} must be a number in [0, 1)")
+    hidden = request.hidden_dropout
+    if isinstance(hidden, bool) or not isinstance(hidden, (int, float)) or not 0 <= hidden < 1:
+        raise EmulatorError(f"--hidden-dropout {hidden!r} must be a number in [0, 1)")
     if dropout and request.attention == "flash":
         raise EmulatorError("--attention-dropout is modelled for --attention unfused only (a flash kernel drops "
                             "inside the fused kernel, with no pass of its own)")
@@ -211,6 +216,7 @@ def emulate(request: EmulateRequest, *, use_cache: bool = True, progress=None) -
         "recompute": request.recompute, "sequence_parallel": request.sequence_parallel,
         **({"attention": request.attention, "attention_dropout": request.attention_dropout}
            if request.attention != "flash" else {}),
+        **({"hidden_dropout": request.hidden_dropout} if request.hidden_dropout else {}),
         **({"grad_sync": request.grad_sync} if request.grad_sync != "program" else {}),
         **({"grad_accumulation": request.grad_accumulation} if request.grad_accumulation != "program" else {}),
         **({"pipeline_p2p": request.pipeline_p2p} if request.pipeline_p2p != "program" else {}),
@@ -246,9 +252,10 @@ def emulate(request: EmulateRequest, *, use_cache: bool = True, progress=None) -
 
 
 def as_run(traced: Trace, request: EmulateRequest) -> Trace:
-    """The traced program as the request's run differs from it: its attention kernels, where it
+    """The traced program as the request's run differs from it: its dropout, attention kernels, where it
     accumulates and when it reduces its gradients, how its pipeline exchanges (each a no-op at
     the program's own default)."""
+    traced = with_hidden_dropout(traced, request.hidden_dropout, request.sequence_parallel)
     traced = with_attention(traced, request.attention, request.attention_dropout)
     traced = with_grad_accumulation(traced, request.grad_accumulation)
     traced = with_pipeline_p2p(traced, request.pipeline_p2p, request.sequence_parallel)

@@ -123,6 +123,27 @@ def test_steps_of_the_world_being_recovered_are_kept_while_it_restores(job, run)
     assert _loss_steps(job) == [5.0, 6.0]
 
 
+def test_steps_of_the_world_its_survivors_came_from_are_kept_after_the_recovery_is_planned(job, run) -> None:
+    """The recovery on the survivors is already planned (a new restore id, survivors.py) when
+    rank 0's last batch arrives: its steps up to the one the survivors hold trained and the
+    survivors go on after them (the elastic stack test's step gap, seen again after session
+    19's fix); a later step of that world, or a step of any other world, is still refused."""
+    from controlplane.jobs.models import Transition
+
+    recovery = Transition.objects.create(
+        job=job, kind="restore", source_layout="dp=4", destination_layout="dp=2", source_world=4,
+        destination_world=2, step=6, verification={"survivors": {"ranks": [[0, 0], [1, 1]], "source_layout": "dp=4",
+                                                                  "step": 6, "source_restore": None}})
+    Job.objects.filter(pk=job.pk).update(state="restoring", restore_id=recovery.pk, step=4)
+    late = _steps(job.pk, 5, 6)  # restore_id None: the first world's
+    after_the_recovery_point = _report(job.pk, step=7)
+    other_world = _report(job.pk, step=6, restore_id=99)
+    assert run(batch_ingest, batch=_batch(job.pk, 1, [*late, after_the_recovery_point, other_world])) is Outcome.APPLIED
+    job.refresh_from_db()
+    assert (job.state, job.step) == ("restoring", 6)
+    assert _loss_steps(job) == [5.0, 6.0]
+
+
 def test_a_batch_costs_a_fixed_number_of_statements(job, run, django_assert_max_num_queries) -> None:
     run(batch_ingest, batch=_batch(job.pk, 1, _steps(job.pk, 1, 2)))  # the series exist from here on
     # (savepoint) job lock, series, last chunks, chunk update, series update, seqs, job step

@@ -16,6 +16,7 @@ from parallelism.emulator.emulate import EmulateRequest, emulate
 from parallelism.emulator.errors import EmulatorError
 from parallelism.emulator.grad_accumulation import with_grad_accumulation
 from parallelism.emulator.grad_sync import BUCKET_BYTES, buckets_of, with_grad_sync
+from parallelism.emulator.hidden_dropout import with_hidden_dropout
 from parallelism.emulator.network import collective_seconds
 from parallelism.emulator.pipeline_p2p import with_pipeline_p2p
 from parallelism.emulator.simulate import simulate
@@ -177,7 +178,8 @@ def test_emulate_refuses_unknown_run_options_naming_the_flag():
                           (dict(attention_dropout=0.1), "--attention-dropout"), (dict(grad_sync="later"),
                                                                                  "--grad-sync"),
                           (dict(grad_accumulation="maybe"), "--grad-accumulation"),
-                          (dict(pipeline_p2p="carrier-pigeon"), "--pipeline-p2p")):
+                          (dict(pipeline_p2p="carrier-pigeon"), "--pipeline-p2p"),
+                          (dict(hidden_dropout=-0.5), "--hidden-dropout")):
         with pytest.raises(EmulatorError, match=flag):
             emulate(EmulateRequest(**base, **changes))
     flash = emulate(EmulateRequest(**base))
@@ -229,3 +231,24 @@ def test_a_blocking_send_never_shortens_the_step_and_costs_nothing_when_free(pp,
                                                      for op in s.backward)) for s in stages])
     lat = simulate(replace(free, p2p_blocking=True), PROFILE).step_seconds - simulate(free, PROFILE).step_seconds
     assert lat <= 2 * m * pp * PROFILE.intra_node_latency + 1e-12  # only the links' latency remains
+
+
+# --- dropout on the residual stream ---------------------------------------------------------------
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_hidden_dropout_adds_a_mask_per_sublayer_and_a_backward_kernel_of_its_own(sequence_parallel):
+    s = stage(0, forward=(timed("f0", MS), _attention(), timed("f2", MS)),
+              backward=(_attention("_backward"), timed("b1", MS)), grad_sync=(_bucket(MS),), grad_sync_after=(2,))
+    tp = 4
+    trace = replace(with_stages(uniform_trace(1, 2), [s]), tp=tp)
+    out = with_hidden_dropout(trace, 0.1, sequence_parallel).stages[0]
+    b, heads, sq, _, d = SHAPE
+    residual = b * sq * heads * d * (1 if sequence_parallel else tp)  # the rank's b x s x h (s / tp with SP)
+    assert [op.name for op in out.forward] == ["f0", _attention().name, "hidden_dropout_masks", "f2"]
+    assert out.forward[2].bytes == 2 * residual  # two one-byte masks a layer
+    assert out.backward[1].name == "hidden_dropout_backward" and out.backward[1].bytes == 2 * 5 * residual
+    assert out.grad_sync_after == (3,)  # still after b1
+    assert "hidden_dropout_masks" in [op.name for op in recomputed_ops(out, "full")]
+    assert with_hidden_dropout(trace, 0.0) is trace
+    with pytest.raises(EmulatorError, match="hidden_dropout"):
+        with_hidden_dropout(trace, 1.0)
