@@ -37,6 +37,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from parallelism.emulator.errors import EmulatorError
 from parallelism.emulator.recorder import CommRecord, OpRecorder, ignoring_sharding_propagation
+from parallelism.emulator.trace_accumulation import hold_accumulated_grads, tag_accumulation
 from parallelism.emulator.trace import CommOp, InputTrace, Trace, stage_from_dict, stage_to_dict
 from parallelism.emulator.trace_parallel import interleaved_p2p
 from parallelism.emulator.trace_build import (TRACER_VERSION, TraceRequest, build_stage_trace, fake_shards,
@@ -49,8 +50,9 @@ from parallelism.training.hetero import image_boundary
 from parallelism.training.parallel import TrainConfig, TrainingError
 
 # this program's part of the class keys; 2: the LLM's sequence parallelism; 3: its vpp and cp;
-# 4: zero=3 (FSDP2) per module and a tied LLM embedding (its end stages' gradient sum, dim "embed")
-MODULES_VERSION = 4
+# 4: zero=3 (FSDP2) per module and a tied LLM embedding (its end stages' gradient sum, dim "embed");
+# 5: the LLM's steady-state micro-batch and tagged gradient accumulation (trace_accumulation.py)
+MODULES_VERSION = 5
 CLASS = "class"  # what tracer.py's progress lines call a class
 
 
@@ -268,6 +270,7 @@ def _llm_part(trainer, request: TraceRequest, stage: int, dims, rank: int) -> di
                                   ml.zero)
     x = trainer._encode()  # a colocated rank's encoder work: the encoder class records it
     recorder = OpRecorder()
+    tag_accumulation(trainer.llm_optimizer, recorder)
     with ignoring_sharding_propagation(recorder), recorder:
         recorder.set_phase("boundary_f")
         received = trainer.boundary.apply(x)
@@ -288,6 +291,7 @@ def _llm_part(trainer, request: TraceRequest, stage: int, dims, rank: int) -> di
             out = trainer._loss(out, torch.zeros(mb, out.shape[1], dtype=torch.long))  # the chunk's text
         activations = recorder.live - base
         recorder.set_phase("backward")
+        hold_accumulated_grads(trainer.llm_optimizer, request.micro_batches, recorder, slots)
         out.backward(None if last else torch.empty_like(out))
         del out
         if first:

@@ -30,6 +30,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from parallelism.emulator.errors import EmulatorError
 from parallelism.emulator.recorder import OpRecorder, ignoring_sharding_propagation
 from parallelism.emulator.trace import CommOp, StageTrace, Trace, stage_from_dict, stage_to_dict
+from parallelism.emulator.trace_accumulation import hold_accumulated_grads, tag_accumulation
 from parallelism.emulator.trace_build import (TraceRequest, build_stage_trace, fake_shards, positions_between_stages,
                                          stage_classes, stage_memory, trainer_static_bytes)
 from parallelism.layout.placement import layer_stages, place
@@ -153,13 +154,13 @@ def _run_one_microbatch(trainer: ParallelTrainer, request: TraceRequest, stage: 
         else:
             x = torch.zeros(request.micro_batch, positions, hidden, dtype=torch.bfloat16, requires_grad=True)
         recorder.track(x)
-        _tag_accumulation(trainer, recorder)
+        tag_accumulation(trainer.optimizer, recorder)
         out = trainer.stage(x)
         if last:
             out = cross_entropy_loss(out, torch.zeros(request.micro_batch, chunk, dtype=torch.long))
         activations = recorder.live
         recorder.set_phase("backward")
-        _hold_accumulated_grads(trainer, request, recorder)
+        hold_accumulated_grads(trainer.optimizer, request.micro_batches, recorder)
         out.backward(None if last else torch.empty_like(out))
         del out, x
         fwd_bwd_peak = recorder.peak
@@ -177,39 +178,3 @@ def _run_one_microbatch(trainer: ParallelTrainer, request: TraceRequest, stage: 
                           layers * request.micro_batch * positions * hidden * 2)
     return build_stage_trace(recorder.records, stage, ml, dims, memory, request, hidden, groups=groups)
 
-
-def _hold_accumulated_grads(trainer: ParallelTrainer, request: TraceRequest, recorder: OpRecorder) -> None:
-    """Trace a steady-state micro-batch: with more than one per step, most backwards add
-    into fp32 gradient buffers that earlier micro-batches filled (ShardedAdamW.accumulate's
-    in-place add, 10 bytes a parameter) rather than creating them (the first one's copy, 6).
-    The buffers are made outside the recording, then counted as live from the backward on."""
-    slots = getattr(trainer.optimizer, "slots", None)
-    if request.micro_batches < 2 or not slots:
-        return
-    recorder.suspended += 1
-    try:
-        for slot in slots:
-            slot.grad = torch.zeros(slot.local.shape, dtype=torch.float32)
-    finally:
-        recorder.suspended -= 1
-    for slot in slots:
-        recorder.track(slot.grad)
-
-
-def _tag_accumulation(trainer: ParallelTrainer, recorder: OpRecorder) -> None:
-    """Tag the ops of ShardedAdamW.accumulate (a micro-batch's gradient into its fp32 buffer)
-    "grad_accumulate", so a run whose weight-gradient GEMMs accumulate in place can drop them
-    (grad_accumulation.py). FSDP2 (zero=3) reduce-scatters instead: nothing to tag."""
-    optimizer = trainer.optimizer
-    if not hasattr(optimizer, "slots"):
-        return
-    accumulate = optimizer.accumulate
-
-    def tagged(slot, grad) -> None:
-        recorder.role = "grad_accumulate"
-        try:
-            accumulate(slot, grad)
-        finally:
-            recorder.role = ""
-
-    optimizer.accumulate = tagged  # this traced instance only
