@@ -271,10 +271,14 @@ class Stack:
             "pids": {c.name: c.pid for c in self.broker + self.services + self.agents},
             **{k: self.credentials[k] for k in ("username", "password", "token") if k in self.credentials},
         }
+        # Written beside it and renamed over it: a reader (`dynaplane status`, the tests) never
+        # sees a half-written file while the launcher records a restarted process's pid.
         path = self.options.var_dir / "stack.json"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        partial = path.with_name(f".stack.json.{os.getpid()}")
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
             json.dump(state, handle, indent=2)
+        os.replace(partial, path)
 
     def stop(self) -> None:
         stop_in_tiers([self.agents, self.services, self.broker])

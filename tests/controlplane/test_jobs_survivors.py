@@ -61,7 +61,10 @@ def test_rank_0s_node_lost_the_survivors_are_renumbered_and_go_on_without_a_chec
     assert row.reason == ("node node-2 ranks 2 lost their peers (RuntimeError: Connection closed by peer) at step 14; "
                           "switched on the survivors without a checkpoint (no step redone): ranks 2->0, 3->1 held "
                           "dp=2, switched to dp=2 on 2 GPUs")
-    assert row.verification["survivors"] == {"ranks": [[2, 0], [3, 1]], "source_layout": "dp=2", "step": 14}
+    # source_restore: the world the survivors come from (the first: no restore), whose late
+    # step reports up to step 14 are still the job's (reports.refusal)
+    assert row.verification["survivors"] == {"ranks": [[2, 0], [3, 1]], "source_layout": "dp=2", "step": 14,
+                                             "source_restore": None}
     assert row.plan_fingerprint and row.plan_summary["network_bytes"] == 0  # the replicas stay where they are
     ((message, queue),) = sent_of(sent_tasks, protocol.NODE_JOB_RECOVER)
     order = protocol.JobRecoverOrder.model_validate(message)

@@ -66,7 +66,7 @@ def test_killing_rank_0s_agent_while_training_goes_on_on_the_survivor_without_a_
         assert verification["verified"] is True and verification["matches_plan"] is True
         assert verification["tensors"] and all(t["match"] for t in verification["tensors"])
         assert verification["survivors"] == {"ranks": [[1, 0]], "source_layout": row["destination_layout"],
-                                             "step": step}
+                                             "step": step, "source_restore": None}
         assert row["transfer_seconds"] > 0 and row["verify_seconds"] > 0 and row["pause_seconds"] > 0
         after, _ = wait_for(lambda: (j := read())["state"] == "running" and j, timeout=60)
         assert (after["world_size"], after["error"], after["layout"]) == (1, "", row["destination_layout"])
