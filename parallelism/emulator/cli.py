@@ -175,7 +175,6 @@ def shape_requests(args) -> list:
 
 
 def calibrate_main(args) -> int:
-    from parallelism.emulator.calibrate import FULL, QUICK, calibrate
     from parallelism.emulator.devices import save_profile
 
     if args.merge:
@@ -189,11 +188,11 @@ def calibrate_main(args) -> int:
     if args.passes is not None and args.passes < 1:
         print(f"--passes {args.passes} must be >= 1", file=sys.stderr)
         return 2
-    if getattr(args, "device", "cpu") == "cuda":
-        return _calibrate_cuda(args)
-    effort = QUICK if args.quick else FULL
-    if args.passes is not None:
-        effort = dataclasses.replace(effort, passes=args.passes)
+    cuda = getattr(args, "device", "cpu") == "cuda"
+    refusal = _cuda_args_refusal(args) if cuda else ""
+    if refusal:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
     try:
         requests = shape_requests(args)
     except EmulatorError as exc:
@@ -201,12 +200,21 @@ def calibrate_main(args) -> int:
         return 2
     if not _writable_out(args.out):
         return 2
-    print(f"measuring this machine with {args.ranks} ranks at once{' (quick)' if args.quick else ''}; "
-          f"this takes minutes on a small CPU machine ...", file=sys.stderr, flush=True)
-    profile = calibrate(args.ranks, effort, requests)
+    profile = (_measure_cuda if cuda else _measure_cpu)(args, requests)
     save_profile(profile, args.out)
     _describe_profile(args.out, profile)
     return 0
+
+
+def _measure_cpu(args, requests):
+    from parallelism.emulator.calibrate import FULL, QUICK, calibrate
+
+    effort = QUICK if args.quick else FULL
+    if args.passes is not None:
+        effort = dataclasses.replace(effort, passes=args.passes)
+    print(f"measuring this machine with {args.ranks} ranks at once{' (quick)' if args.quick else ''}; "
+          f"this takes minutes on a small CPU machine ...", file=sys.stderr, flush=True)
+    return calibrate(args.ranks, effort, requests)
 
 
 def cuda_refusal(ranks: int) -> str:
@@ -221,30 +229,20 @@ def cuda_refusal(ranks: int) -> str:
     return ""
 
 
-def _calibrate_cuda(args) -> int:
-    """`calibrate --device cuda`: calibrate_device.py on --ranks GPUs."""
-    from parallelism.emulator.calibrate_device import DEVICE, QUICK_DEVICE, calibrate_device
-    from parallelism.emulator.devices import save_profile
-
+def _cuda_args_refusal(args) -> str:
     refusal = cuda_refusal(args.ranks)
     if not refusal and args.passes is not None:
         refusal = "--passes applies to --device cpu (a GPU calibration is one pass, each point a median of runs)"
-    if refusal:
-        print(f"error: {refusal}", file=sys.stderr)
-        return 2
-    try:
-        requests = shape_requests(args)
-    except EmulatorError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if not _writable_out(args.out):
-        return 2
+    return refusal
+
+
+def _measure_cuda(args, requests):
+    """`calibrate --device cuda`: calibrate_device.py on --ranks GPUs."""
+    from parallelism.emulator.calibrate_device import DEVICE, QUICK_DEVICE, calibrate_device
+
     say = lambda text: print(f"  calibrate: {text}", file=sys.stderr, flush=True)  # noqa: E731
     print(f"measuring {args.ranks} GPU(s){' (quick)' if args.quick else ''} ...", file=sys.stderr, flush=True)
-    profile = calibrate_device(args.ranks, requests, "cuda", QUICK_DEVICE if args.quick else DEVICE, say)
-    save_profile(profile, args.out)
-    _describe_profile(args.out, profile)
-    return 0
+    return calibrate_device(args.ranks, requests, "cuda", QUICK_DEVICE if args.quick else DEVICE, say)
 
 
 def _writable_out(out: str) -> bool:
