@@ -152,5 +152,18 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def leave(code: int) -> None:
+    """End the rank process without the interpreter's finalization: its exit handlers (the
+    report batcher's last flush) run first, then os._exit. Gloo's C++ threads can outlive
+    finalization and abort or crash a process whose run succeeded (pytorch#179291, #190489:
+    seen here as exit codes -6 and -11 after the last step was reported)."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    leave(main(sys.argv[1:]))
