@@ -170,6 +170,9 @@ def _add_emulate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pipeline-p2p", default="program", choices=("program", "megatron"),
                    help="pipeline sends: asynchronous (the program), or Megatron-LM's synchronous exchange with "
                         "the scatter-gather optimization")
+    p.add_argument("--optimizer", default="program", choices=("program", "megatron"),
+                   help="the optimizer step's kernels: the program's foreach AdamW, or Megatron-LM's mixed-precision "
+                        "optimizer with apex's fused Adam (one pass per kernel)")
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--profile", help="a calibrated device profile (JSON) instead of --gpu's built-in one")
     p.add_argument("--no-cache", action="store_true", help="trace again even when a cached trace exists")

@@ -28,6 +28,12 @@ from parallelism.emulator.trace_edit import each_stage, expand_ops, with_ops
 ATTENTION_KERNELS = ("flash", "unfused")
 # The unfused forward's kernels: what Megatron's selective recompute re-runs (stage_cost.py).
 CORE_ATTENTION_FORWARD = ("attention_scores_bmm", "scaled_masked_softmax", "attention_dropout", "attention_context_bmm")
+# Every kernel of it, forward and backward: each reads or writes the s x s scores or
+# probabilities, so each runs at the bandwidth such kernels reach (devices.py, the A100's
+# measured figure).
+SCORE_KERNELS = CORE_ATTENTION_FORWARD + (
+    "attention_grad_values_bmm", "attention_grad_probs_bmm", "attention_dropout_backward",
+    "scaled_masked_softmax_backward", "attention_grad_query_bmm", "attention_grad_key_bmm")
 _BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 

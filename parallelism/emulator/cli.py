@@ -42,7 +42,8 @@ def emulate_main(args) -> int:
                                  sequence_parallel=args.sequence_parallel, attention=args.attention,
                                  attention_dropout=args.attention_dropout, hidden_dropout=args.hidden_dropout,
                                  grad_sync=args.grad_sync,
-                                 grad_accumulation=args.grad_accumulation, pipeline_p2p=args.pipeline_p2p)
+                                 grad_accumulation=args.grad_accumulation, pipeline_p2p=args.pipeline_p2p,
+                                 optimizer=args.optimizer)
         return emulate(request, use_cache=not args.no_cache, progress=progress)
 
     result, code = _run("emulate", args, work)
@@ -56,7 +57,8 @@ def emulate_main(args) -> int:
           + (f", hidden dropout {r['hidden_dropout']:g}" if "hidden_dropout" in r else "")
           + (f", gradients reduced {r['grad_sync']}" if "grad_sync" in r else "")
           + (", gradient accumulation fused" if "grad_accumulation" in r else "")
-          + (", Megatron's pipeline exchange" if "pipeline_p2p" in r else ""))
+          + (", Megatron's pipeline exchange" if "pipeline_p2p" in r else "")
+          + (", Megatron's optimizer" if "optimizer" in r else ""))
     print(f"  step {r['step_seconds']:.3f} s   {r['tokens_per_second']:,.0f} tokens/s   "
           f"{r['model_tflops_per_gpu']:.0f} model TFLOP/s per GPU (MFU {r['mfu']:.1%}), "
           f"{r['hardware_tflops_per_gpu']:.0f} hardware")

@@ -7,7 +7,8 @@ from parallelism.emulator.trace import CommOp, ComputeOp, Op
 
 
 def compute_seconds(op: ComputeOp, profile: DeviceProfile) -> float:
-    """max(compute roof, memory roof) + launch gap. Memory-bound ops compute at the fp32 CUDA-core rate.
+    """max(compute roof, memory roof) + launch gap. Memory-bound ops compute at the fp32 CUDA-core rate;
+    the memory roof is the op's own measured bandwidth where the profile has one (op_bandwidth).
     A host op (DTensor's sharding dispatch) costs the profile's dispatch_seconds and no kernel."""
     if op.kind == "host":
         return profile.dispatch_seconds
@@ -18,7 +19,7 @@ def compute_seconds(op: ComputeOp, profile: DeviceProfile) -> float:
     else:
         rate = profile.peak("fp32")
         return max(op.flops / rate, op.bytes / profile.op_memory_bandwidth(op.name, op.bytes)) + profile.launch_seconds
-    return max(op.flops / rate, op.bytes / profile.memory_bandwidth) + profile.launch_seconds
+    return max(op.flops / rate, op.bytes / profile.op_memory_bandwidth(op.name)) + profile.launch_seconds
 
 
 def op_seconds(op: Op, profile: DeviceProfile, gpus_per_node: int = 8) -> float:

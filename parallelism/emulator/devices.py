@@ -25,6 +25,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from parallelism.emulator.attention_kernels import SCORE_KERNELS
 from parallelism.emulator.errors import EmulatorError, require
 from parallelism.emulator.op_tables import attention_rate, bandwidth_at, check_tables, matmul_rate
 
@@ -56,9 +57,10 @@ class DeviceProfile:
     attention_block: int = 128
     gpus_per_node: int = 8
     notes: str = ""
-    # Measured bytes/s of particular memory-bound ops by aten name (no "_foreach_" prefix, no
-    # trailing "_"): on a CPU, sqrt or a dtype cast is not bandwidth-bound like an add. Empty
-    # for the GPU profiles (there all of them are); `dynaplane calibrate` fills it.
+    # Measured bytes/s of particular ops by name (no "_foreach_" prefix, no trailing "_"), the
+    # memory roof of those ops (a GEMM's too): on a CPU, sqrt or a dtype cast is not
+    # bandwidth-bound like an add; `dynaplane calibrate` fills it. The A100 profile has the
+    # unfused attention's kernels (below); the other GPU profiles have none.
     op_bandwidth: dict = field(default_factory=dict)
     # Measured seconds of collectives inside one node, as a table for `dynaplane calibrate`'s
     # group size: {kind: {"<group size>": [[bytes, seconds], ...]}} (sizes ascending). Where a
@@ -260,6 +262,16 @@ def get_profile(name: str) -> DeviceProfile:
 # H200 has H100's compute ("H100/H200 SXM" reads 794.5 in the same book). The tile, wave and k
 # terms only lower it, so no shape is predicted faster than the sweep's best.
 # Spec figures (dense, no sparsity): see docs/emulator.md for the sources.
+#
+# The unfused attention's kernels (attention_kernels.SCORE_KERNELS: each moves the s x s
+# scores) reach less of the HBM bandwidth than an add. Measured: Dao et al. 2022
+# (FlashAttention, arXiv 2205.14135), Figure 2 left: standard attention, forward + backward,
+# moved 40.3 GB in 41.7 ms on an A100-SXM4-40GB (1.555 TB/s): 62% of it. The A100 profile
+# runs those kernels at that fraction of its own HBM bandwidth (docs/emulator.md, "Device
+# numbers"). No such measurement is known for H100, whose runs here use flash attention.
+FLASH_PAPER_STANDARD_ATTENTION = {"hbm_bytes": 40.3e9, "seconds": 41.7e-3, "device_hbm_bandwidth": 1.555e12}
+SCORE_KERNEL_FRACTION_A100 = (FLASH_PAPER_STANDARD_ATTENTION["hbm_bytes"] / FLASH_PAPER_STANDARD_ATTENTION["seconds"]
+                              / FLASH_PAPER_STANDARD_ATTENTION["device_hbm_bandwidth"])
 _A100 = DeviceProfile(
     name="a100",
     peak_flops={"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
@@ -268,6 +280,7 @@ _A100 = DeviceProfile(
     intra_node_bandwidth=300e9, intra_node_efficiency=0.78, intra_node_latency=1e-6,   # NVLink3: 12 x 25 GB/s per direction
     inter_node_bandwidth=25e9, inter_node_efficiency=0.90, inter_node_latency=4e-6,    # HDR InfiniBand 200 Gb/s per GPU
     notes="A100-SXM4-80GB, DGX A100 (NVSwitch, 8x HDR 200 Gb/s)",
+    op_bandwidth={name: 2.039e12 * SCORE_KERNEL_FRACTION_A100 for name in SCORE_KERNELS},
 )
 _H100 = DeviceProfile(
     name="h100",

@@ -24,6 +24,7 @@ from parallelism.emulator.errors import EmulatorError
 from parallelism.emulator.grad_accumulation import GRAD_ACCUMULATIONS, with_grad_accumulation
 from parallelism.emulator.grad_sync import GRAD_SYNCS, with_grad_sync
 from parallelism.emulator.hidden_dropout import with_hidden_dropout
+from parallelism.emulator.optimizer_step import OPTIMIZERS, with_optimizer
 from parallelism.emulator.pipeline_p2p import PIPELINE_P2PS, with_pipeline_p2p
 from parallelism.emulator.metrics import (hardware_tflops_per_gpu, mfu, model_flops_per_token, model_tflops_per_gpu,
                                      module_flops, tokens_per_second)
@@ -65,6 +66,9 @@ class EmulateRequest(NamesAModel):
     # How activations move between pipeline stages (pipeline_p2p.py): the program's asynchronous
     # sends, or Megatron-LM's synchronous scatter-gather exchange.
     pipeline_p2p: str = "program"
+    # The optimizer step's kernels (optimizer_step.py): the program's foreach AdamW, or
+    # "megatron": Megatron-LM's mixed-precision optimizer with apex's fused Adam.
+    optimizer: str = "program"
     model_config: ModelConfig | None = resolved_field()  # `model` resolved once (NamesAModel)
     model_error = EmulatorError
 
@@ -118,35 +122,39 @@ def check_request(request: EmulateRequest) -> int:
     return _checked(request)[1]
 
 
+# The request's fields with a fixed set of choices, and the choices.
+RUN_CHOICES = (("recompute", RECOMPUTE), ("grad_accumulation", GRAD_ACCUMULATIONS), ("pipeline_p2p", PIPELINE_P2PS),
+               ("grad_sync", GRAD_SYNCS), ("attention", ATTENTION_KERNELS), ("optimizer", OPTIMIZERS))
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
 def _checked(request: EmulateRequest) -> tuple[Placement, int]:
-    if request.recompute not in RECOMPUTE:
-        raise EmulatorError(f"--recompute {request.recompute!r} not in {RECOMPUTE}")
-    if request.grad_accumulation not in GRAD_ACCUMULATIONS:
-        raise EmulatorError(f"--grad-accumulation {request.grad_accumulation!r} not in {GRAD_ACCUMULATIONS}")
-    if request.pipeline_p2p not in PIPELINE_P2PS:
-        raise EmulatorError(f"--pipeline-p2p {request.pipeline_p2p!r} not in {PIPELINE_P2PS}")
-    if request.grad_sync not in GRAD_SYNCS:
-        raise EmulatorError(f"--grad-sync {request.grad_sync!r} not in {GRAD_SYNCS}")
-    if request.attention not in ATTENTION_KERNELS:
-        raise EmulatorError(f"--attention {request.attention!r} not in {ATTENTION_KERNELS}")
+    for key, choices in RUN_CHOICES:
+        if getattr(request, key) not in choices:
+            raise EmulatorError(f"{_flag(key)} {getattr(request, key)!r} not in {choices}")
+    for key in ("attention_dropout", "hidden_dropout"):
+        value = getattr(request, key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise EmulatorError(f"{_flag(key)} {value!r} must be a number in [0, 1)")
     dropout = request.attention_dropout
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-        raise EmulatorError(f"--attention-dropout {dropout!r} must be a number in [0, 1)")
-    hidden = request.hidden_dropout
-    if isinstance(hidden, bool) or not isinstance(hidden, (int, float)) or not 0 <= hidden < 1:
-        raise EmulatorError(f"--hidden-dropout {hidden!r} must be a number in [0, 1)")
     if dropout and request.attention == "flash":
         raise EmulatorError("--attention-dropout is modelled for --attention unfused only (a flash kernel drops "
                             "inside the fused kernel, with no pass of its own)")
     for key in ("gpus", "global_batch", "micro_batch", "seq", "gpus_per_node"):
         if getattr(request, key) < 1:
-            raise EmulatorError(f"--{key.replace('_', '-')} {getattr(request, key)} must be >= 1")
+            raise EmulatorError(f"{_flag(key)} {getattr(request, key)} must be >= 1")
     try:
         placement = place(request.tensors, request.layout)
     except (LayoutError, KeyError) as exc:
         raise EmulatorError(str(exc)) from exc
     modules = len(placement.model.modules) > 1
     ml = placement.modules["llm"]
+    if request.optimizer == "megatron" and ml.zero == 3:
+        raise EmulatorError(f"--optimizer megatron with layout {request.layout}: Megatron-LM's optimizer steps "
+                            "whole or ZeRO-1 shards of parameters, not FSDP's (zero=3)")
     if modules:
         _check_modules(request, placement)
     elif placement.world != request.gpus:
@@ -220,6 +228,7 @@ def emulate(request: EmulateRequest, *, use_cache: bool = True, progress=None) -
         **({"grad_sync": request.grad_sync} if request.grad_sync != "program" else {}),
         **({"grad_accumulation": request.grad_accumulation} if request.grad_accumulation != "program" else {}),
         **({"pipeline_p2p": request.pipeline_p2p} if request.pipeline_p2p != "program" else {}),
+        **({"optimizer": request.optimizer} if request.optimizer != "program" else {}),
         "step_seconds": step, "tokens_per_second": tokens,
         **({"llm_tokens_per_second": request.global_batch * (request.seq + sum(i.tokens for i in inputs)) / step}
            if inputs else {}),
@@ -253,12 +262,13 @@ def emulate(request: EmulateRequest, *, use_cache: bool = True, progress=None) -
 
 def as_run(traced: Trace, request: EmulateRequest) -> Trace:
     """The traced program as the request's run differs from it: its dropout, attention kernels, where it
-    accumulates and when it reduces its gradients, how its pipeline exchanges (each a no-op at
-    the program's own default)."""
+    accumulates and when it reduces its gradients, how its pipeline exchanges, how it steps (each a
+    no-op at the program's own default)."""
     traced = with_hidden_dropout(traced, request.hidden_dropout, request.sequence_parallel)
     traced = with_attention(traced, request.attention, request.attention_dropout)
     traced = with_grad_accumulation(traced, request.grad_accumulation)
     traced = with_pipeline_p2p(traced, request.pipeline_p2p, request.sequence_parallel)
+    traced = with_optimizer(traced, request.optimizer, fp32_grads=request.grad_accumulation == "fused")
     return with_grad_sync(traced, request.grad_sync)
 
 

@@ -8,7 +8,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[3] / "parallelism" / "emulator"
 PURE = ["__init__", "errors", "trace", "devices", "network", "costs", "schedule", "stage_cost", "simulate", "metrics",
-        "trace_edit", "attention_kernels", "grad_accumulation", "grad_sync", "pipeline_p2p", "hidden_dropout"]
+        "trace_edit", "attention_kernels", "grad_accumulation", "grad_sync", "pipeline_p2p", "hidden_dropout",
+        "optimizer_step"]
 ALLOWED = {"__future__", "dataclasses", "json", "math", "pathlib", "typing", "numpy", "parallelism.emulator"}
 
 

@@ -9,15 +9,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parallelism.emulator.attention_kernels import (CORE_ATTENTION_FORWARD, kept_bytes, unfused_backward,
-                                                    unfused_forward, with_attention)
+from parallelism.emulator.attention_kernels import (CORE_ATTENTION_FORWARD, SCORE_KERNELS, kept_bytes,
+                                                    unfused_backward, unfused_forward, with_attention)
 from parallelism.emulator.costs import op_seconds
+from parallelism.emulator.devices import FLASH_PAPER_STANDARD_ATTENTION, get_profile
 from parallelism.emulator.emulate import EmulateRequest, emulate
 from parallelism.emulator.errors import EmulatorError
 from parallelism.emulator.grad_accumulation import with_grad_accumulation
 from parallelism.emulator.grad_sync import BUCKET_BYTES, buckets_of, with_grad_sync
 from parallelism.emulator.hidden_dropout import with_hidden_dropout
 from parallelism.emulator.network import collective_seconds
+from parallelism.emulator.optimizer_step import megatron_step, with_optimizer
 from parallelism.emulator.pipeline_p2p import with_pipeline_p2p
 from parallelism.emulator.simulate import simulate
 from parallelism.emulator.stage_cost import RECEIVED_GATHER, is_p2p, recomputed_ops
@@ -95,6 +97,69 @@ def test_unfused_kernels_cost_the_roofline_of_each_kernel():
                          "unfused", 0.1)
     one = simulate(out, PROFILE).per_stage[0]
     assert one.breakdown["compute"] == pytest.approx(sum(op_seconds(op, PROFILE) for op in forward) + 1.0)
+
+
+def test_every_unfused_kernel_is_named_as_moving_the_scores():
+    shape = (2, 4, 64, 64, 16)
+    names = {op.name for op in unfused_forward(shape, "bf16", 0.1) + unfused_backward(shape, "bf16", 0.1)}
+    assert names == set(SCORE_KERNELS)
+
+
+def test_our_kernel_bytes_match_the_measured_standard_attention():
+    """Dao et al. 2022 measured 40.3 GB of HBM traffic for standard attention (GPT-2 medium: batch
+    64, 16 heads, seq 1024, head dim 64, causal mask and dropout, forward + backward). Megatron's
+    kernels fuse the mask into the softmax; PyTorch's standard attention masks in a kernel of its
+    own (read + write the scores forward, the same backward): with it, ours must land near 40.3 GB."""
+    shape = (64, 16, 1024, 1024, 64)
+    n = 64 * 16 * 1024 * 1024
+    ops = unfused_forward(shape, "fp16", 0.1) + unfused_backward(shape, "fp16", 0.1)
+    # the GEMMs' s x s traffic: what is not their q, k, v or output operands
+    square = sum(op.bytes for op in ops if op.kind == "memory") + sum(
+        op.bytes - 2 * (64 * 16 * 1024 * 64 * 2) for op in ops if op.kind == "matmul")
+    mask = 2 * (2 * n * 2)
+    assert (square + mask) / FLASH_PAPER_STANDARD_ATTENTION["hbm_bytes"] == pytest.approx(1.0, abs=0.08)
+
+
+def test_a100_runs_the_score_kernels_at_the_measured_fraction_of_its_bandwidth():
+    a100, h100 = get_profile("a100"), get_profile("h100")
+    measured = 40.3e9 / 41.7e-3 / 1.555e12
+    for op in unfused_forward(SHAPE, "bf16", 0.1) + unfused_backward((64, 16, 2048, 2048, 64), "bf16", 0.1):
+        assert a100.op_memory_bandwidth(op.name) == pytest.approx(a100.hbm_bandwidth * measured)
+        assert h100.op_memory_bandwidth(op.name) == h100.memory_bandwidth  # no measurement: the generic figure
+    # the memory roof of a GEMM reading the s x s probabilities is that rate too
+    bmm = unfused_backward((64, 16, 2048, 2048, 64), "bf16", 0.0)[0]
+    assert op_seconds(bmm, a100) >= bmm.bytes / (a100.hbm_bandwidth * measured)
+    plain = replace(bmm, name="bmm")
+    assert op_seconds(plain, a100) < op_seconds(bmm, a100)
+
+
+# --- the optimizer step ---------------------------------------------------------------------------
+
+@given(stepped=st.integers(0, 10**10), held=st.integers(0, 10**10), fp32=st.booleans())
+@settings(max_examples=50, deadline=None)
+def test_megatron_step_moves_its_kernels_bytes_per_parameter(stepped, held, fp32):
+    kernels = megatron_step(stepped, held, fp32)
+    assert all(op.kind == "memory" for op in kernels)
+    # unscale 8, norm 4, fused Adam 28, main -> model params 6; then zero the fp32 buffer (4) or copy half grads (6)
+    assert sum(op.bytes for op in kernels) == 46 * stepped + (4 if fp32 else 6) * held
+
+
+def test_megatron_optimizer_replaces_the_programs_step_and_keeps_its_collectives():
+    traced, _ = trace(TraceRequest("tiny-gpt", "tp=2,pp=1,dp=1,zero=1", 2, 16, 4))
+    s = traced.stages[0]
+    norm = CommOp("grad_norm", "all_reduce", 4, 2, 2, "tp")
+    traced = with_stages(traced, [replace(s, optimizer=s.optimizer + (norm,))])
+    out = with_optimizer(traced, "megatron", fp32_grads=True).stages[0]
+    stepped, held = s.memory.optimizer // 12, s.memory.grads // 4
+    assert stepped == held > 0  # no ZeRO: the rank steps every parameter it holds
+    assert [op for op in out.optimizer if isinstance(op, CommOp)] == [norm]
+    assert sum(op.bytes for op in out.optimizer if isinstance(op, ComputeOp)) == 50 * stepped
+    program = sum(op.bytes for op in s.optimizer if isinstance(op, ComputeOp))
+    assert program > 2 * 50 * stepped  # foreach AdamW: a kernel per pass, temporaries written and read back
+    assert out.forward == s.forward and out.backward == s.backward and out.memory == s.memory
+    assert with_optimizer(traced, "program") is traced
+    with pytest.raises(EmulatorError, match="optimizer="):
+        with_optimizer(traced, "lamb")
 
 
 # --- gradient reduction ---------------------------------------------------------------------------
@@ -179,9 +244,10 @@ def test_emulate_refuses_unknown_run_options_naming_the_flag():
                                                                                  "--grad-sync"),
                           (dict(grad_accumulation="maybe"), "--grad-accumulation"),
                           (dict(pipeline_p2p="carrier-pigeon"), "--pipeline-p2p"),
-                          (dict(hidden_dropout=-0.5), "--hidden-dropout")):
+                          (dict(hidden_dropout=-0.5), "--hidden-dropout"), (dict(optimizer="sgd"), "--optimizer"),
+                          (dict(optimizer="megatron", layout="tp=1,pp=1,dp=2,zero=3"), "--optimizer megatron")):
         with pytest.raises(EmulatorError, match=flag):
-            emulate(EmulateRequest(**base, **changes))
+            emulate(EmulateRequest(**{**base, **changes}))
     flash = emulate(EmulateRequest(**base))
     unfused = emulate(EmulateRequest(**base, attention="unfused", attention_dropout=0.1, grad_sync="overlapped",
                                      grad_accumulation="fused"))
