@@ -19,8 +19,10 @@ than ranks they share the cores). Measured, per rank:
   (its noise on a shared CPU would decide the solve otherwise); the emulator predicts the
   same steps with free collectives, and the per-aten-op (launch_seconds), per-DTensor-op
   (dispatch_seconds) and per-side-stream-collective host costs are the non-negative values
-  that best make the predictions meet the measured times (the per-p2p cost keeps its
-  estimate: a pipeline cannot run over a fake group). On a CPU this host work (Python,
+  that best make the predictions meet the measured times. A pipeline cannot run over a
+  fake group: its steps (pp=2) are timed over a real gloo group, and the per-p2p host cost
+  is what makes the emulator's full prediction of them (collectives and transfers at their
+  measured costs) meet them (pipeline_host_seconds). On a CPU this host work (Python,
   module hooks, the autograd engine, the optimizer's loop, DTensor's sharding
   propagation) runs in series with the kernels; a small transformer-like block's forward
   + backward divided by its aten ops gives a first estimate, used where the program's
@@ -278,6 +280,38 @@ def commless_program_step(layout: str, world: int, rank: int = 0, measured: int 
         dist.destroy_process_group()
 
 
+def real_program_step(rank: int, world: int, layout: str, measured: int = 5) -> float:
+    """The median step of the program model's `rank` for `layout` over a real (gloo) group,
+    as launch.run_ranks' fn. For a pipeline: its schedule exchanges tensor shapes over the
+    group at its first step, which a fake group cannot carry, and its sends and receives
+    wait on each other, which is what its host cost per p2p op has to explain."""
+    torch.set_num_threads(1)
+    return _program_step(layout, rank, world, measured)
+
+
+def pipeline_host_seconds(trace, profile: DeviceProfile, world: int, measured: float,
+                          ceiling: float = 1.0) -> float | None:
+    """The p2p_host_seconds that makes the emulator's prediction of a pipeline step (its
+    collectives and transfers at the profile's measured costs) equal `measured` seconds.
+    The predicted step never shrinks as the cost grows, so bisection. 0 where the step is
+    predicted no faster than measured already; None where no cost up to `ceiling` a p2p op
+    explains it (the trace has no sends, or the step is slow for another reason)."""
+    from parallelism.emulator.simulate import simulate
+
+    def predicted(seconds: float) -> float:
+        return simulate(trace, dataclasses.replace(profile, p2p_host_seconds=seconds), world).step_seconds
+
+    if predicted(0.0) >= measured:
+        return 0.0
+    if predicted(ceiling) < measured:
+        return None
+    low, high = 0.0, ceiling
+    while high - low > 1e-7:
+        middle = (low + high) / 2
+        low, high = (middle, high) if predicted(middle) < measured else (low, middle)
+    return high
+
+
 def without_comm(profile: DeviceProfile) -> DeviceProfile:
     """`profile` with every collective free: what a fake process group gives."""
     return dataclasses.replace(profile, collective_table={}, intra_node_bandwidth=1e30, inter_node_bandwidth=1e30,
@@ -480,11 +514,12 @@ def calibrate(ranks: int = 2, effort: Effort = FULL, shapes_from: list = ()) -> 
         return statistics.median(r[key] for r in results)
 
     bf16 = median("bf16")
-    from parallelism.emulator.tracer import in_fresh_processes
+    from parallelism.emulator.tracer import TraceRequest, in_fresh_processes, trace
 
     say("timing the program's steps over a fake process group (real kernels and hooks, no communication)")
     # Not the pipeline: torch.distributed.pipelining exchanges tensor shapes over the group at
-    # its first step, which a fake group cannot carry (p2p_host_seconds keeps its estimate).
+    # its first step, which a fake group cannot carry (its steps are timed over a real group
+    # below, and decide p2p_host_seconds alone).
     layouts = [layout for layout in program_layouts(ranks) if "pp=1" in layout]
     steps = in_fresh_processes({(layout, rank): (commless_program_step, (layout, ranks, rank, effort.program_steps))
                                 for layout in layouts for rank in range(ranks)}, say, "program step")
@@ -510,6 +545,13 @@ def calibrate(ranks: int = 2, effort: Effort = FULL, shapes_from: list = ()) -> 
         notes=f"measured by dynaplane calibrate with {ranks} ranks on {os.cpu_count()} CPUs")
     say("predicting the program steps (traces tiny-gpt)")
     host = dict(zip(HOST_COSTS, program_host_costs(estimated, ranks, program)))
+    for layout in (layout for layout in program_layouts(ranks) if "pp=1" not in layout):
+        say(f"timing the program's {layout} steps over a real group (the pipeline's exchange)")
+        program[layout] = max(run_ranks(ranks, real_program_step, layout, effort.program_steps, timeout_s=600))
+        pipeline = trace(TraceRequest(PROGRAM_MODEL, layout, 1, PROGRAM_SEQ, PROGRAM_MICRO_BATCHES, ranks))[0]
+        solved = pipeline_host_seconds(pipeline, dataclasses.replace(estimated, **host), ranks, program[layout])
+        if solved is not None:
+            host["p2p_host_seconds"] = solved
     steps = ", ".join(f"{layout}: {seconds * 1e3:.1f} ms" for layout, seconds in program.items())
     return dataclasses.replace(
         estimated, **host,

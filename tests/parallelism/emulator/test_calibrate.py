@@ -12,11 +12,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from parallelism.emulator.calibrate import (PROGRAM_MICRO_BATCHES, PROGRAM_MODEL, PROGRAM_SEQ, commless_seconds,
-                                       median_of_passes, nondecreasing, nonnegative_lstsq, program_host_costs,
-                                       program_layouts, shape_traces)
+                                       median_of_passes, nondecreasing, nonnegative_lstsq, pipeline_host_seconds,
+                                       program_host_costs, program_layouts, shape_traces)
 from parallelism.emulator.calibrate_ops import collective_sizes
 from parallelism.emulator.devices import get_profile, load_profile
 from parallelism.emulator.emulate import EmulateRequest, emulate
+from parallelism.emulator.simulate import simulate
 from parallelism.emulator.tracer import TraceRequest, trace
 
 
@@ -62,6 +63,26 @@ def test_a_step_faster_than_the_other_costs_explain_holds_its_own_cost_at_zero()
     launch, dispatch, collective, _ = program_host_costs(estimate, 2, steps)
     assert collective == 0.0  # not negative, and not a fall-back to the estimates
     assert launch == pytest.approx(31e-6, rel=0.1) and dispatch == pytest.approx(13e-6, rel=0.25)
+
+
+def test_the_per_p2p_cost_is_the_one_that_makes_a_real_pipeline_step_meet_its_time() -> None:
+    """Oracle: a machine whose per-p2p host cost is known; its pipeline step, predicted in full
+    (collectives and transfers at their costs), is what calibrate measures over a real group."""
+    pipeline = trace(TraceRequest(PROGRAM_MODEL, "tp=1,pp=2,dp=1,zero=1", 1, PROGRAM_SEQ, PROGRAM_MICRO_BATCHES,
+                                  2))[0]
+    estimate = dataclasses.replace(get_profile("cpu"), launch_seconds=20e-6, p2p_host_seconds=0.0)
+
+    def measured(p2p: float) -> float:
+        return simulate(pipeline, dataclasses.replace(estimate, p2p_host_seconds=p2p), 2).step_seconds
+
+    for truth in (3e-4, 7e-3):
+        assert pipeline_host_seconds(pipeline, estimate, 2, measured(truth)) == pytest.approx(truth, rel=1e-3)
+    # a step no slower than predicted without it: no cost; one no p2p cost up to the ceiling explains: None
+    assert pipeline_host_seconds(pipeline, estimate, 2, 0.9 * measured(0.0)) == 0.0
+    assert pipeline_host_seconds(pipeline, estimate, 2, measured(0.02), ceiling=0.01) is None
+    # without a pipeline there is no send to carry the cost
+    plain = trace(TraceRequest(PROGRAM_MODEL, "tp=1,pp=1,dp=2,zero=1", 1, PROGRAM_SEQ, PROGRAM_MICRO_BATCHES, 2))[0]
+    assert pipeline_host_seconds(plain, estimate, 2, 2 * simulate(plain, estimate, 2).step_seconds) is None
 
 
 def test_nonnegative_least_squares_keeps_the_best_solution_without_negative_entries() -> None:
