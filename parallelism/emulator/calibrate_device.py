@@ -236,6 +236,8 @@ def device_profile(facts: DeviceFacts, results: list[dict], ranks: int) -> Devic
     ops_table = median_measurement([r["ops_table"] for r in results], "ops_table")
     ops = {name: points[-1][1] for name, points in ops_table.items()}  # the largest size: from memory
     memory = statistics.median(ops.values())
+    # rates the part's profile has from elsewhere (the A100's unfused-attention kernels) stay where not measured
+    unmeasured = dict(part.op_bandwidth) if part else {}
     gemm_table = median_measurement([r["gemm_table"] for r in results], "gemm_table")
     # the best bf16 GEMM rate seen: the large shapes' or any traced shape's
     best_bf16 = max([median("bf16")] + [row[-1] for rows in gemm_table.get("bf16", {}).values() for row in rows])
@@ -255,7 +257,7 @@ def device_profile(facts: DeviceFacts, results: list[dict], ranks: int) -> Devic
         dispatch_seconds=0.0, collective_host_seconds=0.0, p2p_host_seconds=0.0,
         comm_overlap=1.0, comm_streams=True, matmul_k_half=k_half,
         attention_seq_half=network.attention_seq_half, attention_block=network.attention_block,
-        gpus_per_node=network.gpus_per_node, op_bandwidth=ops, op_bandwidth_table=ops_table,
+        gpus_per_node=network.gpus_per_node, op_bandwidth=unmeasured | ops, op_bandwidth_table=ops_table,
         matmul_table=gemm_table,
         attention_table=median_measurement([r["attention_table"] for r in results], "attention_table"),
         inter_node_bandwidth=network.inter_node_bandwidth, inter_node_efficiency=network.inter_node_efficiency,

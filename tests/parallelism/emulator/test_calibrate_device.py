@@ -89,6 +89,14 @@ def test_a_known_part_keeps_its_spec_peaks_and_the_measurements_become_fractions
     assert profile.comm_streams and profile.dispatch_seconds == profile.collective_host_seconds == 0.0
 
 
+def test_a_known_part_keeps_the_kernel_rates_it_did_not_measure() -> None:
+    facts = DeviceFacts("cuda", "NVIDIA A100-SXM4-80GB", 80 * GiB, 108, 40 * 2**20, 1)
+    a100 = get_profile("a100")
+    profile = device_profile(facts, [_results(260e12, 1.7e12)], 1)
+    assert profile.op_bandwidth["add"] == 1.7e12  # measured
+    assert a100.op_bandwidth and all(profile.op_bandwidth[name] == rate for name, rate in a100.op_bandwidth.items())
+
+
 def test_an_unknown_part_takes_its_measured_rates_as_peaks() -> None:
     facts = DeviceFacts("cuda", "NVIDIA GeForce RTX 4090", 24 * GiB, 128, 72 * 2**20, 1)
     profile = device_profile(facts, [_results(150e12, 0.9e12)], 1)
