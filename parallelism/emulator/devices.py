@@ -280,8 +280,8 @@ _A100 = DeviceProfile(
     intra_node_bandwidth=300e9, intra_node_efficiency=0.78, intra_node_latency=1e-6,   # NVLink3: 12 x 25 GB/s per direction
     inter_node_bandwidth=25e9, inter_node_efficiency=0.90, inter_node_latency=4e-6,    # HDR InfiniBand 200 Gb/s per GPU
     notes="A100-SXM4-80GB, DGX A100 (NVSwitch, 8x HDR 200 Gb/s)",
-    op_bandwidth={name: 2.039e12 * SCORE_KERNEL_FRACTION_A100 for name in SCORE_KERNELS},
 )
+_A100 = replace(_A100, op_bandwidth={name: _A100.hbm_bandwidth * SCORE_KERNEL_FRACTION_A100 for name in SCORE_KERNELS})
 _H100 = DeviceProfile(
     name="h100",
     peak_flops={"bf16": 989.4e12, "fp16": 989.4e12, "fp32": 66.9e12},
