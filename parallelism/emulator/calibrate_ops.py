@@ -306,6 +306,9 @@ def op_cases(elements: int, tensors: int, device=None) -> dict:
     # cannot know where they are, so the typical dense case is measured.)
     xs = [(torch.randn(elements, device=device) * 1e-3) ** 2 * 1e-3 + 1e-12 for _ in range(tensors)]
     ys = [torch.rand(elements, device=device) + 0.5 for _ in range(tensors)]
+    zs = [x.clone() for x in xs]  # written in place (by factors near 1: the values stay normal)
+    halves = [y.to(torch.bfloat16) for y in ys]  # a micro-batch's bf16 gradients
+    outs = [torch.empty_like(h) for h in halves]  # bf16 parameters, written from fp32 masters
     n = elements * 4.0  # bytes of one fp32 tensor
 
     def each(fn):
@@ -323,8 +326,27 @@ def op_cases(elements: int, tensors: int, device=None) -> dict:
         "addcdiv": (lambda: torch._foreach_addcdiv(xs, ys, xs), 4 * whole, 1),
         "addcmul": (lambda: torch._foreach_addcmul(xs, ys, xs), 4 * whole, 1),
         "lerp": (lambda: torch._foreach_lerp(xs, ys, 0.1), 3 * whole, 1),
+        # In place, as the optimizer's moments and parameters are updated: the same bytes
+        # counted (recorder._written), but on a CPU each output line is one the op just read,
+        # while an out-of-place op first fetches its output's lines (write-allocate) and may
+        # fault fresh pages in: measured 1.5-4x faster per byte here (docs/benchmarks-history.md, session 22).
+        "mul_": (lambda: torch._foreach_mul_(zs, 1.0001), 2 * whole, 1),
+        "add_": (lambda: torch._foreach_add_(zs, ys, alpha=1e-9), 3 * whole, 1),
+        "div_": (lambda: torch._foreach_div_(zs, ys), 3 * whole, 1),
+        # with operands as AdamW passes them: the update p += -lr * m / denom reads three
+        # lists, v += (1 - b2) * g * g two (g twice, counted twice as the recorder counts it)
+        "addcdiv_": (lambda: torch._foreach_addcdiv_(zs, xs, ys, value=1e-9), 4 * whole, 1),
+        "addcmul_": (lambda: torch._foreach_addcmul_(zs, ys, ys, value=1e-9), 4 * whole, 1),
+        "lerp_": (lambda: torch._foreach_lerp_(zs, ys, 1e-9), 3 * whole, 1),
         "copy": (each(lambda a, h: torch.empty_like(a, dtype=torch.bfloat16).copy_(a)), 1.5 * n, tensors),
         "_to_copy": (each(lambda a, h: a.to(torch.bfloat16)), 1.5 * n, tensors),
+        # Casts by direction (ComputeOp.source > dtype), as the program runs them: the bf16
+        # gradient into a new fp32 buffer and added into one (ShardedAdamW.accumulate), the
+        # fp32 master into its bf16 parameter. Without native bf16 conversion the widening
+        # cast ran at 3.9 GB/s here and the narrowing one at 13 (session 22).
+        "_to_copy:bf16>fp32": (lambda: [h.to(torch.float32, copy=True) for h in halves], 1.5 * n, tensors),
+        "add_:bf16>fp32": (lambda: [z.add_(h) for z, h in zip(zs, halves)], 2.5 * n, tensors),
+        "copy_:fp32>bf16": (lambda: [o.copy_(z) for o, z in zip(outs, zs)], 2 * n, tensors),
         "cat": (lambda: torch.cat(xs), 2 * whole, 1),
         "clone": (each(lambda a, h: a.clone()), 2 * n, tensors),
         "fill": (each(lambda a, h: torch.empty_like(a).fill_(1.0)), n, tensors),

@@ -175,12 +175,20 @@ class DeviceProfile:
         measured = attention_rate(self.attention_table, name, dtype, shape)
         return measured if measured is not None else self.peak(dtype) * self.attention_efficiency(shape)
 
-    def op_memory_bandwidth(self, name: str, nbytes: float | None = None) -> float:
+    def op_memory_bandwidth(self, name: str, nbytes: float | None = None, source: str = "",
+                            dtype: str = "") -> float:
         """Achievable bytes/s of one memory-bound op moving `nbytes` (its measured rate
-        by size, else its measured large-tensor rate, else the HBM figure)."""
-        base = name.removeprefix("_foreach_").rstrip("_")
-        if nbytes is not None and base in self.op_bandwidth_table:
-            return bandwidth_at(self.op_bandwidth_table[base], nbytes)
+        by size, else its measured large-tensor rate, else the HBM figure). The table's
+        most specific entry wins: the op converting `source` to `dtype` (`_to_copy:bf16>fp32`,
+        where the op has a source: ComputeOp.source), then the op in place (`mul_`), then its
+        out-of-place twin (`mul`): on a CPU these differ by up to 3x (calibrate_ops.op_cases)."""
+        exact = name.removeprefix("_foreach_")
+        base = exact.rstrip("_")
+        if nbytes is not None:
+            keys = (f"{exact}:{source}>{dtype}", f"{base}:{source}>{dtype}") if source else ()
+            for key in (*keys, exact, base):
+                if key in self.op_bandwidth_table:
+                    return bandwidth_at(self.op_bandwidth_table[key], nbytes)
         return self.op_bandwidth.get(base, self.memory_bandwidth)
 
     @property

@@ -59,6 +59,7 @@ class ComputeRecord:
     dtype: str = "bf16"
     form: str = ""  # matmul operand layout, see matmul_form
     role: str = ""  # what the program does with it, where the tracer knows (trace.ComputeOp.role)
+    source: str = ""  # a memory-bound op's input dtype where it differs from `dtype` (trace.ComputeOp.source)
 
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -137,6 +138,16 @@ def _nbytes(t: torch.Tensor) -> int:
 
 def _tensors(tree) -> list[torch.Tensor]:
     return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
+
+
+def converted_from(ins: list[torch.Tensor], dtype: str) -> str:
+    """The dtype of an op's floating inputs that differs from its output's `dtype` (the
+    first such), "" when there is none."""
+    for t in ins:
+        name = _DTYPES.get(t.dtype, "")
+        if name and name != dtype:
+            return name
+    return ""
 
 
 def _written(func, args, kwargs) -> list[torch.Tensor]:
@@ -323,8 +334,9 @@ class OpRecorder(TorchDispatchMode):
                     # aligned bottom right, which GPU flash kernels run skipping masked blocks.
                     flops *= lower_right_causal_fraction(q.shape[2], k.shape[2])
         dtype = _DTYPES.get(outs[0].dtype, "fp32") if outs and outs[0].is_floating_point() else "fp32"
+        source = converted_from(ins, dtype) if kind == "memory" else ""
         self.records.append(ComputeRecord(name, kind, flops, moved, tuple(int(d) for d in shape), self.phase,
-                                          dtype, form, self.role))
+                                          dtype, form, self.role, source))
         for t in outs:
             self.track(t)
         return out

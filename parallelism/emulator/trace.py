@@ -50,7 +50,10 @@ class ComputeOp:
     `shape` conventions the cost model reads: matmul (m, n, k) or (batch, m, n, k);
     attention (batch, heads, seq_q, seq_kv, head_dim); anything else is ignored.
     `form` is a matmul's operand layout ("nt", "nn", "tn", ...; recorder.matmul_form), ""
-    when unknown or not a matmul.
+    when unknown or not a matmul. `source` is the dtype a memory-bound op converts from where
+    it reads floating tensors of another dtype than `dtype` (a bf16 gradient cast to or added
+    into an fp32 buffer: source "bf16", dtype "fp32"), "" when it reads only `dtype`: on a
+    CPU the two directions of a cast run at rates 3x apart (op_cases in calibrate_ops.py).
     """
 
     name: str
@@ -63,8 +66,11 @@ class ComputeOp:
     # What the program does with the op, where the tracer knows: "grad_accumulate" for the
     # adds of a micro-batch's gradients into the fp32 buffers (what a fused wgrad GEMM absorbs).
     role: str = ""
+    source: str = ""
 
     def __post_init__(self) -> None:
+        require(self.source == "" or self.source in DTYPES,
+                f"compute op {self.name!r}: source={self.source!r} not '' or in {DTYPES}")
         require(self.role in ROLES, f"compute op {self.name!r}: role={self.role!r} not in {ROLES}")
         require(self.kind in COMPUTE_KINDS, f"compute op {self.name!r}: kind={self.kind!r} not in {COMPUTE_KINDS}")
         _finite_nonneg(self.flops, f"compute op {self.name!r}: flops")

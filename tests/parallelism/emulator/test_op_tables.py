@@ -99,6 +99,59 @@ def test_the_cost_model_charges_a_measured_gemm_its_measured_rate() -> None:
     assert compute_seconds(add, measured) == pytest.approx(1e6 / 4e9 + cpu.launch_seconds)
 
 
+def test_a_memory_bound_op_records_the_dtype_it_converts_from() -> None:
+    master, grad = torch.randn(64), torch.randn(64, dtype=torch.bfloat16)
+    param = torch.empty(64, dtype=torch.bfloat16)
+    recorder = OpRecorder()
+    with recorder:
+        widened = grad.to(torch.float32, copy=True)  # a gradient into a new fp32 buffer
+        widened.add_(grad)  # and added into it: fp32 += bf16
+        param.copy_(master)  # a master into its bf16 parameter
+        torch.mul(master, 2.0)  # reads only its own dtype
+        torch.mm(grad.view(8, 8), grad.view(8, 8))  # not memory-bound: no source recorded
+    found = [(r.name, r.source, r.dtype) for r in recorder.records]
+    assert found == [("_to_copy", "bf16", "fp32"), ("add_", "bf16", "fp32"), ("copy_", "fp32", "bf16"),
+                     ("mul", "", "fp32"), ("mm", "", "bf16")]
+
+
+def test_a_memory_bound_op_takes_the_most_specific_measured_rate() -> None:
+    cpu = get_profile("cpu")
+    table = {"add": [[1e3, 1e9]], "add_": [[1e3, 2e9]], "add_:bf16>fp32": [[1e3, 4e9]],
+             "_to_copy": [[1e3, 5e9]]}
+    measured = replace(cpu, op_bandwidth_table=table)
+    rate = {(name, source, dtype): measured.op_memory_bandwidth(name, 1e3, source, dtype)
+            for name, source, dtype in [("add", "", "fp32"), ("add_", "", "fp32"), ("_foreach_add_", "", "fp32"),
+                                        ("add_", "bf16", "fp32"), ("add", "bf16", "fp32"),
+                                        ("add_", "fp16", "fp32"), ("_to_copy", "bf16", "fp32")]}
+    assert rate == {("add", "", "fp32"): 1e9, ("add_", "", "fp32"): 2e9, ("_foreach_add_", "", "fp32"): 2e9,
+                    ("add_", "bf16", "fp32"): 4e9,  # its own cast and place
+                    ("add", "bf16", "fp32"): 1e9,  # out of place: not the in-place cast's rate
+                    ("add_", "fp16", "fp32"): 2e9,  # a cast not measured: the op in place
+                    ("_to_copy", "bf16", "fp32"): 5e9}  # the op's generic rate
+    op = ComputeOp("add_", "memory", 0, 1e3, (), "fp32", source="bf16")
+    assert compute_seconds(op, measured) == pytest.approx(1e3 / 4e9 + cpu.launch_seconds)
+    with pytest.raises(EmulatorError, match="source='int8'"):
+        ComputeOp("add_", "memory", 0, 1e3, (), "fp32", source="int8")
+
+
+def test_calibrate_times_in_place_ops_and_casts_as_the_recorder_counts_them() -> None:
+    """Every measured case moves the bytes the recorder would count for the same call."""
+    cases = calibrate_ops.op_cases(256, 2)
+    for name in ("mul_", "add_", "div_", "addcdiv_", "addcmul_", "lerp_", "_to_copy:bf16>fp32", "add_:bf16>fp32",
+                 "copy_:fp32>bf16", "mul", "add", "_to_copy"):
+        work, nbytes, calls = cases[name]
+        recorder = OpRecorder()
+        with recorder:
+            work()
+        records = [r for r in recorder.records if r.kind == "memory"]
+        assert len(records) == calls, name
+        assert sum(r.bytes for r in records) / calls == nbytes, name
+        op = name.split(":")[0]
+        assert all(r.name.removeprefix("_foreach_") == op for r in records), (name, records[0].name)
+        signature = name.split(":")[1] if ":" in name else ""
+        assert all(f"{r.source}>{r.dtype}" == signature for r in records) if signature else True, name
+
+
 @given(st.lists(st.tuples(st.floats(1e2, 1e9), st.floats(1e6, 1e11)), min_size=2, max_size=5, unique_by=lambda p: p[0]),
        st.floats(1.0, 1e10))
 @example([(100.0, 2148483649.0), (101.0, 1000000.2712228298)], 101.0)  # found by CI: exact at the last size
