@@ -22,7 +22,9 @@ than ranks they share the cores). Measured, per rank:
   that best make the predictions meet the measured times. A pipeline cannot run over a
   fake group: its steps (pp=2) are timed over a real gloo group, and the per-p2p host cost
   is what makes the emulator's full prediction of them (collectives and transfers at their
-  measured costs) meet them (pipeline_host_seconds). On a CPU this host work (Python,
+  measured costs) meet them (solved_host_cost). Likewise a tp=2 step over a real group
+  decides what the ranks' rendezvous at each of tensor parallelism's collectives costs
+  beyond its measured time alone (rendezvous_seconds). On a CPU this host work (Python,
   module hooks, the autograd engine, the optimizer's loop, DTensor's sharding
   propagation) runs in series with the kernels; a small transformer-like block's forward
   + backward divided by its aten ops gives a first estimate, used where the program's
@@ -289,17 +291,31 @@ def real_program_step(rank: int, world: int, layout: str, measured: int = 5) -> 
     return _program_step(layout, rank, world, measured)
 
 
-def pipeline_host_seconds(trace, profile: DeviceProfile, world: int, measured: float,
-                          ceiling: float = 1.0) -> float | None:
-    """The p2p_host_seconds that makes the emulator's prediction of a pipeline step (its
-    collectives and transfers at the profile's measured costs) equal `measured` seconds.
-    The predicted step never shrinks as the cost grows, so bisection. 0 where the step is
-    predicted no faster than measured already; None where no cost up to `ceiling` a p2p op
-    explains it (the trace has no sends, or the step is slow for another reason)."""
+# The costs only a step over a real group shows, and the program model's layout that shows
+# each: a pipeline's per-p2p host cost (a fake group cannot carry its exchange of tensor
+# shapes) and the ranks' rendezvous at tensor parallelism's collectives (over a fake group no
+# rank waits for another).
+REAL_GROUP_COSTS = (("tp=1,pp=2,dp={half},zero=1", "p2p_host_seconds"),
+                    ("tp=2,pp=1,dp={half},zero=1", "rendezvous_seconds"))
+
+
+def real_group_layouts(world: int) -> list[tuple[str, str]]:
+    """[(layout, the host cost its real-group step decides)] for `world` ranks (pairs)."""
+    return [(layout.format(half=world // 2), cost) for layout, cost in REAL_GROUP_COSTS] if world % 2 == 0 else []
+
+
+def solved_host_cost(cost: str, trace, profile: DeviceProfile, world: int, measured: float,
+                     ceiling: float = 1.0) -> float | None:
+    """The value of the profile's `cost` (p2p_host_seconds, rendezvous_seconds) that makes
+    the emulator's prediction of a step over a real group (its collectives and transfers at
+    the profile's measured costs) equal `measured` seconds. The predicted step never shrinks
+    as the cost grows, so bisection. 0 where the step is predicted no faster than measured
+    already; None where no cost up to `ceiling` explains it (the trace has no op that
+    carries it, or the step is slow for another reason)."""
     from parallelism.emulator.simulate import simulate
 
     def predicted(seconds: float) -> float:
-        return simulate(trace, dataclasses.replace(profile, p2p_host_seconds=seconds), world).step_seconds
+        return simulate(trace, dataclasses.replace(profile, **{cost: seconds}), world).step_seconds
 
     if predicted(0.0) >= measured:
         return 0.0
@@ -315,7 +331,7 @@ def pipeline_host_seconds(trace, profile: DeviceProfile, world: int, measured: f
 def without_comm(profile: DeviceProfile) -> DeviceProfile:
     """`profile` with every collective free: what a fake process group gives."""
     return dataclasses.replace(profile, collective_table={}, intra_node_bandwidth=1e30, inter_node_bandwidth=1e30,
-                               intra_node_latency=0.0, inter_node_latency=0.0)
+                               intra_node_latency=0.0, inter_node_latency=0.0, rendezvous_seconds=0.0)
 
 
 def commless_seconds(trace, profile: DeviceProfile, world: int) -> float:
@@ -545,13 +561,14 @@ def calibrate(ranks: int = 2, effort: Effort = FULL, shapes_from: list = ()) -> 
         notes=f"measured by dynaplane calibrate with {ranks} ranks on {os.cpu_count()} CPUs")
     say("predicting the program steps (traces tiny-gpt)")
     host = dict(zip(HOST_COSTS, program_host_costs(estimated, ranks, program)))
-    for layout in (layout for layout in program_layouts(ranks) if "pp=1" not in layout):
-        say(f"timing the program's {layout} steps over a real group (the pipeline's exchange)")
-        program[layout] = max(run_ranks(ranks, real_program_step, layout, effort.program_steps, timeout_s=600))
-        pipeline = trace(TraceRequest(PROGRAM_MODEL, layout, 1, PROGRAM_SEQ, PROGRAM_MICRO_BATCHES, ranks))[0]
-        solved = pipeline_host_seconds(pipeline, dataclasses.replace(estimated, **host), ranks, program[layout])
+    for layout, cost in real_group_layouts(ranks):
+        say(f"timing the program's {layout} steps over a real group (for {cost})")
+        seconds = max(run_ranks(ranks, real_program_step, layout, effort.program_steps, timeout_s=600))
+        program[f"{layout} over gloo"] = seconds
+        steps_of = trace(TraceRequest(PROGRAM_MODEL, layout, 1, PROGRAM_SEQ, PROGRAM_MICRO_BATCHES, ranks))[0]
+        solved = solved_host_cost(cost, steps_of, dataclasses.replace(estimated, **host), ranks, seconds)
         if solved is not None:
-            host["p2p_host_seconds"] = solved
+            host[cost] = solved
     steps = ", ".join(f"{layout}: {seconds * 1e3:.1f} ms" for layout, seconds in program.items())
     return dataclasses.replace(
         estimated, **host,

@@ -23,7 +23,7 @@ host enqueues kernels ahead of the device, so Python, hooks and DTensor dispatch
 the kernels instead of adding to them (the built-in GPU profiles' convention: 0); the CPU
 calibration's solve for them from tiny-gpt steps over a fake process group runs on CPU
 tensors only (a fake group carries no device streams), so it is skipped here and
-dispatch_seconds, collective_host_seconds and p2p_host_seconds are 0.
+dispatch_seconds, collective_host_seconds, p2p_host_seconds and rendezvous_seconds are 0.
 
 The same functions run with device "cpu" over gloo (tests, and the rehearsal of
 benchmarks/emulator_gpu_check.py): real timings of the same code path on CPU tensors.

@@ -307,7 +307,8 @@ def _describe_profile(path: str, profile) -> None:
           f"{profile.peak('fp32') / 1e9:.0f} GFLOP/s, attention {profile.attention_fraction:.0%} of bf16, memory "
           f"{profile.memory_bandwidth / 1e9:.1f} GB/s, {profile.launch_seconds * 1e6:.1f} us per op "
           f"(+{profile.dispatch_seconds * 1e6:.1f} us per DTensor op, {profile.collective_host_seconds * 1e3:.2f} ms "
-          f"per side-stream collective, {profile.p2p_host_seconds * 1e3:.2f} ms per send/recv), "
+          f"per side-stream collective, {profile.p2p_host_seconds * 1e3:.2f} ms per send/recv, "
+          f"{profile.rendezvous_seconds * 1e3:.2f} ms per rendezvous at a layer's collective), "
           f"{_overlap_words(profile)}, all-reduce "
           f"{profile.intra_bw / 1e9:.2f} GB/s + {profile.intra_node_latency * 1e6:.0f} us per hop (per rank)")
     for kind, by_size in profile.collective_table.items():

@@ -80,6 +80,12 @@ class DeviceProfile:
     # Host seconds on the compute thread per pipeline send or recv (the pipelining schedule's
     # Python around each p2p op). 0 for the GPU profiles; calibrate solves it from a pp=2 step.
     p2p_host_seconds: float = 0.0
+    # Seconds each blocking collective inside the layers (tensor, context and expert
+    # parallelism's: the ranks meet at every one) costs in a step beyond its measured time
+    # alone: in a step the ranks arrive apart (noise on the cores they share adds up between
+    # two meetings) and the waiting thread wakes late. 0 for the GPU profiles (the host runs
+    # ahead; a kernel waits on the device); calibrate solves it from a tp=2 step.
+    rendezvous_seconds: float = 0.0
     # Fraction of a collective's time that runs hidden while the rank computes. 1 on GPUs
     # (copy engines and NICs move the bytes); on a CPU whose cores all compute, the
     # collective's copies need the same cores, and `dynaplane calibrate` measures it.
@@ -119,7 +125,7 @@ class DeviceProfile:
         require(isinstance(self.comm_streams, bool),
                 f"profile {self.name}: comm_streams={self.comm_streams!r} must be true or false")
         for key in ("sm_count", "launch_seconds", "intra_node_latency", "inter_node_latency", "dispatch_seconds",
-                    "collective_host_seconds", "p2p_host_seconds"):
+                    "collective_host_seconds", "p2p_host_seconds", "rendezvous_seconds"):
             value = getattr(self, key)
             require(isinstance(value, (int, float)) and math.isfinite(value) and value >= 0,
                     f"profile {self.name}: {key}={value!r} must be >= 0")

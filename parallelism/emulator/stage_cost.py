@@ -37,6 +37,12 @@ def category(op: Op) -> str:
     return "compute" if isinstance(op, ComputeOp) else _CATEGORY[op.dim]
 
 
+def meetings(ops) -> int:
+    """How many of `ops` are collectives inside the layers (tensor, context, expert
+    parallelism's), where the ranks wait for each other (DeviceProfile.rendezvous_seconds)."""
+    return sum(isinstance(op, CommOp) and not is_p2p(op) and category(op) == "tp_comm" for op in ops)
+
+
 def recomputed_ops(stage: StageTrace, recompute: str) -> tuple[Op, ...]:
     """The forward ops a backward re-runs under a recompute mode."""
     require(recompute in RECOMPUTE, f"recompute={recompute!r} not in {RECOMPUTE}")
@@ -138,6 +144,9 @@ def stage_cost(stage: StageTrace, profile: DeviceProfile, gpn: int, recompute: s
     backward = _with_host(backward, len(bwd_gathers) * host + (buckets if stage.grad_sync_each_microbatch else 0.0))
     forward = _with_host(forward, (len(stage.forward) - fwd_index[-1]) * profile.p2p_host_seconds, "pp_comm")
     backward = _with_host(backward, (len(stage.backward) - bwd_index[-1]) * profile.p2p_host_seconds, "pp_comm")
+    meet = profile.rendezvous_seconds
+    forward = _with_host(forward, meetings(stage.forward) * meet, "tp_comm")
+    backward = _with_host(backward, meetings((*recomputed_ops(stage, recompute), *stage.backward)) * meet, "tp_comm")
     ready = []
     for after in stage.grad_ready_after():
         i = len(rec) + bwd_index[after]

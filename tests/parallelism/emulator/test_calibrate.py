@@ -12,12 +12,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from parallelism.emulator.calibrate import (PROGRAM_MICRO_BATCHES, PROGRAM_MODEL, PROGRAM_SEQ, commless_seconds,
-                                       median_of_passes, nondecreasing, nonnegative_lstsq, pipeline_host_seconds,
-                                       program_host_costs, program_layouts, shape_traces)
+                                       median_of_passes, nondecreasing, nonnegative_lstsq, program_host_costs,
+                                       program_layouts, shape_traces, solved_host_cost, without_comm)
 from parallelism.emulator.calibrate_ops import collective_sizes
 from parallelism.emulator.devices import get_profile, load_profile
 from parallelism.emulator.emulate import EmulateRequest, emulate
 from parallelism.emulator.simulate import simulate
+from parallelism.emulator.stage_cost import meetings as count_meetings
 from parallelism.emulator.tracer import TraceRequest, trace
 
 
@@ -76,13 +77,39 @@ def test_the_per_p2p_cost_is_the_one_that_makes_a_real_pipeline_step_meet_its_ti
         return simulate(pipeline, dataclasses.replace(estimate, p2p_host_seconds=p2p), 2).step_seconds
 
     for truth in (3e-4, 7e-3):
-        assert pipeline_host_seconds(pipeline, estimate, 2, measured(truth)) == pytest.approx(truth, rel=1e-3)
+        assert solved_host_cost("p2p_host_seconds", pipeline, estimate, 2, measured(truth)) == pytest.approx(
+            truth, rel=1e-3)
     # a step no slower than predicted without it: no cost; one no p2p cost up to the ceiling explains: None
-    assert pipeline_host_seconds(pipeline, estimate, 2, 0.9 * measured(0.0)) == 0.0
-    assert pipeline_host_seconds(pipeline, estimate, 2, measured(0.02), ceiling=0.01) is None
+    assert solved_host_cost("p2p_host_seconds", pipeline, estimate, 2, 0.9 * measured(0.0)) == 0.0
+    assert solved_host_cost("p2p_host_seconds", pipeline, estimate, 2, measured(0.02), ceiling=0.01) is None
     # without a pipeline there is no send to carry the cost
     plain = trace(TraceRequest(PROGRAM_MODEL, "tp=1,pp=1,dp=2,zero=1", 1, PROGRAM_SEQ, PROGRAM_MICRO_BATCHES, 2))[0]
-    assert pipeline_host_seconds(plain, estimate, 2, 2 * simulate(plain, estimate, 2).step_seconds) is None
+    assert solved_host_cost("p2p_host_seconds", plain, estimate, 2,
+                            2 * simulate(plain, estimate, 2).step_seconds) is None
+
+
+def test_the_rendezvous_cost_is_the_one_that_makes_a_real_tensor_parallel_step_meet_its_time() -> None:
+    """Oracle as above: a machine whose ranks lose a known time meeting at each of tensor
+    parallelism's collectives; only layouts with such collectives can carry it."""
+    tensor = trace(TraceRequest(PROGRAM_MODEL, "tp=2,pp=1,dp=1,zero=1", 1, PROGRAM_SEQ, PROGRAM_MICRO_BATCHES, 2))[0]
+    estimate = dataclasses.replace(get_profile("cpu"), launch_seconds=20e-6, rendezvous_seconds=0.0)
+
+    def measured(meet: float) -> float:
+        return simulate(tensor, dataclasses.replace(estimate, rendezvous_seconds=meet), 2).step_seconds
+
+    stage = tensor.stages[0]
+    meetings = (count_meetings(stage.forward) + count_meetings(stage.backward)) * PROGRAM_MICRO_BATCHES
+    assert meetings > 0
+    assert measured(1e-3) - measured(0.0) == pytest.approx(meetings * 1e-3, rel=1e-6)  # each meeting, once
+    for truth in (2e-4, 3e-3):
+        assert solved_host_cost("rendezvous_seconds", tensor, estimate, 2, measured(truth)) == pytest.approx(
+            truth, rel=1e-3)
+    plain = trace(TraceRequest(PROGRAM_MODEL, "tp=1,pp=1,dp=2,zero=1", 1, PROGRAM_SEQ, PROGRAM_MICRO_BATCHES, 2))[0]
+    assert solved_host_cost("rendezvous_seconds", plain, estimate, 2,
+                            2 * simulate(plain, estimate, 2).step_seconds) is None
+    # a fake group never waits: the host-cost solve sees no rendezvous
+    assert without_comm(dataclasses.replace(estimate, rendezvous_seconds=1e-3)).rendezvous_seconds == 0.0
+
 
 
 def test_nonnegative_least_squares_keeps_the_best_solution_without_negative_entries() -> None:
