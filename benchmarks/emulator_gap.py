@@ -10,6 +10,11 @@ pipeline's waits); one more step under torch.profiler gives its matmul and atten
 kernels' self time (the profiler's per-op cost inflates everything else, so only those are
 read from it). Beside each: the trace's ops priced by the profile one by one, without
 overlap or bubble (stage 0's for a pipeline). Prints a markdown table.
+
+With --by-op, rank 0 also profiles its optimizer step alone in three more steps and prints
+each op's median self time beside the trace's optimizer ops priced by name (in-place and
+_foreach_ variants pooled under the op's name; a clone's or cast's kernel is its copy, so
+those pool under "copy"): where a step's optimizer parts from the prediction, op by op.
 """
 from __future__ import annotations
 
@@ -79,8 +84,45 @@ def phase_seconds(trainer, totals: dict) -> float:
     return wall
 
 
+def op_family(name: str) -> str:
+    """A profiler event's or a trace op's name without its namespace, _foreach_ prefix and
+    in-place suffix; clones and casts as "copy" (their kernel is a copy_)."""
+    base = name.split("::")[-1].removeprefix("_foreach_").rstrip("_")
+    return "copy" if base in ("clone", "_to_copy", "to", "copy") else base
+
+
+def optimizer_op_seconds(trainer, steps: int = 3) -> dict[str, float]:
+    """{op family: median over `steps` steps of its self CPU seconds in the optimizer step},
+    the optimizer profiled alone (few, large ops: the profiler's per-op cost is negligible)."""
+    import statistics
+
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    step, tables = trainer.optimizer.step, []
+
+    def profiled(*args, **kwargs):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            out = step(*args, **kwargs)
+        table: dict[str, float] = collections.defaultdict(float)
+        for event in prof.key_averages():
+            if event.key.startswith("aten::"):
+                table[op_family(event.key)] += event.self_cpu_time_total / 1e6
+        tables.append(table)
+        return out
+
+    trainer.optimizer.step = profiled
+    try:
+        for _ in range(steps):
+            dist.barrier()
+            trainer.step()
+    finally:
+        trainer.optimizer.step = step
+    return {name: statistics.median(t.get(name, 0.0) for t in tables) for name in set().union(*tables)}
+
+
 def profiled_rank(rank: int, world: int, layout: str, global_batch: int, seq: int, warmup: int = 2,
-                  steps: int = 3) -> dict:
+                  steps: int = 3, by_op: bool = False) -> dict:
     """The fastest of `steps` timed steps (phase_seconds), then one step under torch.profiler
     for the self CPU time of its matmuls and attention."""
     import torch.distributed as dist
@@ -88,7 +130,7 @@ def profiled_rank(rank: int, world: int, layout: str, global_batch: int, seq: in
 
     from parallelism.emulator.real_steps import prepared_trainer
 
-    trainer, _ = prepared_trainer(MODEL, layout, rank, global_batch, MICRO_BATCH, seq, warmup + steps + 1)
+    trainer, _ = prepared_trainer(MODEL, layout, rank, global_batch, MICRO_BATCH, seq, warmup + 2 * steps + 1)
     for _ in range(warmup):
         trainer.step()
     best: dict = {}
@@ -106,6 +148,8 @@ def profiled_rank(rank: int, world: int, layout: str, global_batch: int, seq: in
         if kind := kernel_kind(event.key):
             kernels[kind] += event.self_cpu_time_total / 1e6
     best["kernels"] = kernels
+    if by_op:
+        best["optimizer ops"] = optimizer_op_seconds(trainer, steps)
     return best
 
 
@@ -141,24 +185,39 @@ def predicted(profile_path: str, layout: str, global_batch: int, seq: int) -> di
     add(stage.grad_sync, [micro if stage.grad_sync_each_microbatch else 1] * len(stage.grad_sync), "sync")
     # ZeRO-3 gathers in every micro-batch's forward and backward, ZeRO-1 once after the optimizer
     add(stage.param_sync, [1 if phase == "step" else micro for phase in stage.phases()], "sync")
+    for op in stage.optimizer:
+        if not isinstance(op, CommOp):
+            out[f"optimizer op {op_family(op.name)}"] += op_seconds(op, profile, WORLD)
     return dict(out)
 
 
-def main(profile_path: str, layout: str, global_batch: int = GLOBAL_BATCH, seq: int = SEQ) -> None:
+def main(profile_path: str, layout: str, global_batch: int = GLOBAL_BATCH, seq: int = SEQ,
+         by_op: bool = False) -> None:
     from parallelism.engine.launch import run_ranks
 
-    real = run_ranks(WORLD, profiled_rank, layout, global_batch, seq, timeout_s=1800)[0]
+    real = run_ranks(WORLD, profiled_rank, layout, global_batch, seq, 2, 3, by_op, timeout_s=1800)[0]
     guess = predicted(profile_path, layout, global_batch, seq)
     rows = {**real["categories"], **{f"{k} kernels (profiled step)": v for k, v in real["kernels"].items()}}
     predicted_rows = {**guess, **{f"{k} kernels (profiled step)": guess.get(k, 0.0) for k in real["kernels"]}}
-    phases = [k for k in rows if "kernels" not in k]
+    phases = [k for k in rows if "kernels" not in k and k != "optimizer ops"]
     print(f"{layout}: fastest timed step {real['wall']:.3f} s; the trace's ops priced one by one "
           f"{sum(guess.get(k, 0.0) for k in phases):.3f} s")
     print("| part | real s | predicted s | predicted - real |")
     print("|---|---|---|---|")
     for name, seconds in rows.items():
+        if name == "optimizer ops":
+            continue
         p = predicted_rows.get(name, 0.0)
         print(f"| {name} | {seconds:.3f} | {p:.3f} | {p - seconds:+.3f} |")
+    if by_op:
+        ops = real["optimizer ops"]
+        names = {*ops, *(k.removeprefix("optimizer op ") for k in guess if k.startswith("optimizer op "))}
+        print("\n| optimizer op (rank 0, median of 3 steps) | real s | predicted s | predicted - real |")
+        print("|---|---|---|---|")
+        for name in sorted(names, key=lambda n: -max(ops.get(n, 0.0), guess.get(f"optimizer op {n}", 0.0))):
+            r, p = ops.get(name, 0.0), guess.get(f"optimizer op {name}", 0.0)
+            if max(r, p) >= 0.001:
+                print(f"| {name} | {r:.3f} | {p:.3f} | {p - r:+.3f} |")
 
 
 if __name__ == "__main__":
@@ -169,5 +228,7 @@ if __name__ == "__main__":
     parser.add_argument("layout", help="one of the validation's layouts, e.g. tp=1,pp=2,dp=1,zero=1")
     parser.add_argument("--global-batch", type=int, default=GLOBAL_BATCH)
     parser.add_argument("--seq", type=int, default=SEQ, help="as the validation's (32 on a CPU without native bf16)")
+    parser.add_argument("--by-op", action="store_true",
+                        help="also rank 0's optimizer step op by op (profiled alone), against the trace's")
     args = parser.parse_args()
-    main(args.profile, args.layout, args.global_batch, args.seq)
+    main(args.profile, args.layout, args.global_batch, args.seq, args.by_op)
