@@ -121,8 +121,8 @@ def optimizer_op_seconds(trainer, steps: int = 3) -> dict[str, float]:
     return {name: statistics.median(t.get(name, 0.0) for t in tables) for name in set().union(*tables)}
 
 
-def profiled_rank(rank: int, world: int, layout: str, global_batch: int, seq: int, warmup: int = 2,
-                  steps: int = 3, by_op: bool = False) -> dict:
+def profiled_rank(rank: int, world: int, layout: str, global_batch: int, seq: int, by_op: bool = False,
+                  warmup: int = 2, steps: int = 3) -> dict:
     """The fastest of `steps` timed steps (phase_seconds), then one step under torch.profiler
     for the self CPU time of its matmuls and attention."""
     import torch.distributed as dist
@@ -195,7 +195,7 @@ def main(profile_path: str, layout: str, global_batch: int = GLOBAL_BATCH, seq: 
          by_op: bool = False) -> None:
     from parallelism.engine.launch import run_ranks
 
-    real = run_ranks(WORLD, profiled_rank, layout, global_batch, seq, 2, 3, by_op, timeout_s=1800)[0]
+    real = run_ranks(WORLD, profiled_rank, layout, global_batch, seq, by_op, timeout_s=1800)[0]
     guess = predicted(profile_path, layout, global_batch, seq)
     rows = {**real["categories"], **{f"{k} kernels (profiled step)": v for k, v in real["kernels"].items()}}
     predicted_rows = {**guess, **{f"{k} kernels (profiled step)": guess.get(k, 0.0) for k in real["kernels"]}}

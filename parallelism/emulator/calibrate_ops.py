@@ -342,8 +342,9 @@ def op_cases(elements: int, tensors: int, device=None) -> dict:
         "_to_copy": (each(lambda a, h: a.to(torch.bfloat16)), 1.5 * n, tensors),
         # Casts by direction (ComputeOp.source > dtype), as the program runs them: the bf16
         # gradient into a new fp32 buffer and added into one (ShardedAdamW.accumulate), the
-        # fp32 master into its bf16 parameter. Without native bf16 conversion the widening
-        # cast ran at 3.9 GB/s here and the narrowing one at 13 (session 22).
+        # fp32 master into its bf16 parameter. Calibrated on two ranks (session 22): the
+        # mixed add at 13 GB/s against 23 for fp32 += fp32; the copy into an existing bf16
+        # tensor at 16 against 11 into a new one; the widening cast alone like the narrowing one.
         "_to_copy:bf16>fp32": (lambda: [h.to(torch.float32, copy=True) for h in halves], 1.5 * n, tensors),
         "add_:bf16>fp32": (lambda: [z.add_(h) for z, h in zip(zs, halves)], 2.5 * n, tensors),
         "copy_:fp32>bf16": (lambda: [o.copy_(z) for o, z in zip(outs, zs)], 2 * n, tensors),

@@ -187,7 +187,7 @@ class DeviceProfile:
         by size, else its measured large-tensor rate, else the HBM figure). The table's
         most specific entry wins: the op converting `source` to `dtype` (`_to_copy:bf16>fp32`,
         where the op has a source: ComputeOp.source), then the op in place (`mul_`), then its
-        out-of-place twin (`mul`): on a CPU these differ by up to 3x (calibrate_ops.op_cases)."""
+        out-of-place twin (`mul`): on a CPU these differ by up to 2x (calibrate_ops.op_cases)."""
         exact = name.removeprefix("_foreach_")
         base = exact.rstrip("_")
         if nbytes is not None:
