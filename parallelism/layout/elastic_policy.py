@@ -16,10 +16,17 @@ How it decides:
    GPUs until that job ends, so GPUs that come free would be backfilled away from the
    arrival for good; an elastic grow may still take them, as they come back (a shrink) at
    the latest one interval later.
-3. The counts are placed: shrinking jobs drop their last ranks; starts and grows, highest
-   priority first, put their joining ranks on free GPUs, whole tensor-parallel blocks on one
-   node, the node with the most free GPUs first (parallelism.layout.allocate's rule). A block that
-   finds no node caps that job below the size it failed at, and the decision is made again.
+3. The counts are placed: shrinking jobs drop their last ranks; starts and grows put their
+   joining ranks on free GPUs, whole tensor-parallel blocks on one node, the largest blocks
+   first, each job's on the nodes with the most free GPUs first (parallelism.layout.
+   allocate's rule; place() says why the largest blocks go first). Counts
+   whose blocks find no room are set aside and the next best counts are tried, in the order
+   of step 2 (Lawler's k-best enumeration: the counts left are split into disjoint sets, each
+   solved by the same knapsack). So a job that could only fit once a job of its level
+   shrinks gets that packing now, not a worse one now and the better one a decision later.
+   After MAX_SOLVES knapsacks without a placeable answer (many jobs whose blocks fragment the
+   nodes), the job whose block found no node is capped below that size instead, until the
+   counts fit.
 
 Applying a decision (holdings as decided, the changed jobs' last_resize_at = now) and
 deciding again at the same time changes nothing: every changed job is then inside its
@@ -28,16 +35,19 @@ test_elastic_policy.py).
 """
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from parallelism.layout.elastic_inputs import Change, Decision, ElasticJob, ElasticSettings, EndedJob, Node
+from parallelism.layout.elastic_placement import block_of, fits_no_node, place
 from parallelism.layout.elastic_sizes import Payoff, allowed_sizes, payoff
 from parallelism.layout.errors import require
 
 NEG = -(2 ** 60)
+MAX_SOLVES = 400  # knapsacks the search for placeable counts may solve (each well under a millisecond)
 
 
 def check_state(nodes: Sequence[Node], jobs: Sequence[ElasticJob]) -> None:
@@ -52,10 +62,11 @@ def check_state(nodes: Sequence[Node], jobs: Sequence[ElasticJob]) -> None:
         require(count <= capacity[node], f"node {node!r} has {capacity[node]} GPUs but jobs hold {count}")
 
 
-def level_sizes(level: Sequence[ElasticJob], sizes: dict[int, list[int]], budget: int) -> dict[int, int]:
+def level_sizes(level: Sequence[ElasticJob], sizes: dict[int, list[int]], budget: int,
+                arrivals: frozenset[int]) -> dict[int, int] | None:
     """The sizes of one priority level's jobs that use the most GPUs within `budget`, then
-    leave the fewest arrivals waiting, then change the fewest jobs. Ties go to each job's
-    first listed size (its current one)."""
+    leave the fewest arrivals waiting, then change the fewest jobs; None if no choice fits.
+    Ties go to each job's first listed size (its current one)."""
     k = len(level) + 1
     best = np.full(budget + 1, NEG, dtype=np.int64)
     best[0] = 0
@@ -67,12 +78,13 @@ def level_sizes(level: Sequence[ElasticJob], sizes: dict[int, list[int]], budget
             if size > budget:
                 continue
             shifted = np.full(budget + 1, NEG, dtype=np.int64)
-            score = size * k * k - k * int(waits(job, sizes[job.id], size)) - int(size != job.current)
+            score = size * k * k - k * int(waits(job, arrivals, size)) - int(size != job.current)
             shifted[size:] = best[:budget + 1 - size] + score
             better = shifted > new  # (from an unreachable total it stays below NEG // 2)
             new[better] = shifted[better]
             pick[better] = index
-        require(bool((new > NEG // 2).any()), f"priority {level[0].priority}: its jobs cannot fit {budget} GPUs")
+        if not (new > NEG // 2).any():
+            return None
         best = np.where(new > NEG // 2, new, NEG)
         picks.append(pick)
     used = int(np.argmax(best))
@@ -84,14 +96,18 @@ def level_sizes(level: Sequence[ElasticJob], sizes: dict[int, list[int]], budget
     return out
 
 
-def waits(job: ElasticJob, sizes: list[int], size: int) -> bool:
-    """A pending arrival left waiting: it could start (some allowed size) but gets 0."""
-    return not job.running and size == 0 and any(sizes)
+def waits(job: ElasticJob, arrivals: frozenset[int], size: int) -> bool:
+    """A pending arrival left waiting: `arrivals` are the pending jobs with an allowed size."""
+    return job.id in arrivals and size == 0
 
 
-def choose_counts(jobs: Sequence[ElasticJob], sizes: dict[int, list[int]], total: int) -> dict[int, int]:
-    """GPUs per job, priority levels served from the highest down (module docstring). Once
-    an arrival waits, no lower priority starts a job (no backfill past it)."""
+def choose_counts(jobs: Sequence[ElasticJob], sizes: dict[int, list[int]], total: int,
+                  arrivals: frozenset[int]) -> dict[int, int] | None:
+    """GPUs per job, priority levels served from the highest down (module docstring); None
+    if the sizes cannot fit `total`. Once an arrival waits, no lower priority starts a job
+    (no backfill past it)."""
+    if any(not sizes[j.id] for j in jobs):
+        return None
     floors = {j.id: min(sizes[j.id]) for j in jobs}
     counts: dict[int, int] = {}
     taken = 0
@@ -100,57 +116,76 @@ def choose_counts(jobs: Sequence[ElasticJob], sizes: dict[int, list[int]], total
         level = sorted((j for j in jobs if j.priority == priority), key=lambda j: j.id)
         lower = sum(floors[j.id] for j in jobs if j.priority < priority)
         allowed = {j.id: [s for s in sizes[j.id] if not blocked or j.running or s == 0] for j in level}
-        chosen = level_sizes(level, allowed, total - taken - lower)
-        blocked = blocked or any(waits(j, allowed[j.id], chosen[j.id]) for j in level)
+        budget = total - taken - lower
+        chosen = level_sizes(level, allowed, budget, arrivals) if budget >= 0 else None
+        if chosen is None:
+            return None
+        blocked = blocked or any(waits(j, arrivals, chosen[j.id]) for j in level)
         counts.update(chosen)
         taken += sum(chosen.values())
     return counts
 
 
-def joining_nodes(holding: tuple[str, ...], need: int, block: int, free: dict[str, int]) -> list[str] | None:
-    """Nodes for `need` joining ranks after `holding` (rank order), taken from `free`
-    (changed only on success): a block the current ranks started is finished on the node of
-    its last rank; then whole blocks, the node with the most free GPUs first (ties by name),
-    each node filled before the next. None: they do not fit."""
-    trial = dict(free)
-    out: list[str] = []
-    if holding and len(holding) % block:
-        rest = min(block - len(holding) % block, need)
-        if trial[holding[-1]] < rest:
-            return None
-        trial[holding[-1]] -= rest
-        out += [holding[-1]] * rest
-        need -= rest
-    for node in sorted(trial, key=lambda n: (-trial[n], n)):
-        while need >= block and trial[node] >= block:
-            trial[node] -= block
-            out += [node] * block
-            need -= block
-    if need:
-        return None
-    free.update(trial)
-    return out
+def rank_of(jobs: Sequence[ElasticJob], arrivals: frozenset[int], counts: dict[int, int]) -> tuple[int, ...]:
+    """What choose_counts maximizes, as a tuple to compare counts by: per priority level from
+    the highest, (GPUs used, -arrivals left waiting, -jobs changed)."""
+    out: list[int] = []
+    for priority in sorted({j.priority for j in jobs}, reverse=True):
+        level = [j for j in jobs if j.priority == priority]
+        out += [sum(counts[j.id] for j in level), -sum(waits(j, arrivals, counts[j.id]) for j in level),
+                -sum(counts[j.id] != j.current for j in level)]
+    return tuple(out)
 
 
-def place(nodes: Sequence[Node], jobs: Sequence[ElasticJob],
-          counts: dict[int, int]) -> tuple[dict[int, tuple[str, ...]], tuple[int, int] | None]:
-    """Holdings for the counts, or the first (job id, size) whose joining ranks find no room."""
-    free = {n.name: n.gpus for n in nodes}
-    for node in (node for job in jobs for node in job.holding):
-        free[node] -= 1
-    holdings: dict[int, tuple[str, ...]] = {}
-    for job in jobs:
-        if counts[job.id] <= job.current:
-            holdings[job.id] = job.holding[:counts[job.id]]
-            for node in job.holding[counts[job.id]:]:
-                free[node] += 1
-    for job in sorted((j for j in jobs if counts[j.id] > j.current), key=lambda j: (-j.priority, j.id)):
-        option = job.option(counts[job.id])
-        added = joining_nodes(job.holding, counts[job.id] - job.current, option.block if option else 1, free)
-        if added is None:
-            return holdings, (job.id, counts[job.id])
-        holdings[job.id] = job.holding + tuple(added)
-    return holdings, None
+def placeable_alone(nodes: Sequence[Node], jobs: Sequence[ElasticJob],
+                    sizes: dict[int, list[int]]) -> dict[int, list[int]]:
+    """Each job's sizes without the grows that cannot place even with every other job at its
+    smallest size (the most room it can get): no counts holding them would place, and
+    leaving them to the search below would make it try them in every combination."""
+    floors = {j.id: min(sizes[j.id]) for j in jobs}
+    return {j.id: [s for s in sizes[j.id] if s <= j.current or place(nodes, jobs, {**floors, j.id: s})[1] is None]
+            for j in jobs}
+
+
+def placeable_counts(nodes: Sequence[Node], jobs: Sequence[ElasticJob], sizes: dict[int, list[int]], total: int,
+                     arrivals: frozenset[int]) -> tuple[dict[int, int], dict[int, tuple[str, ...]]] | None:
+    """The best counts (choose_counts' order) whose joining ranks all find room, with their
+    holdings; None if MAX_SOLVES knapsacks found none. Lawler's k-best search: counts that
+    do not place are removed by splitting what is left of their set into disjoint parts
+    (the first j jobs as in those counts, job j+1 not), each part solved again; the best
+    part's answer is tried next."""
+    counts = choose_counts(jobs, sizes, total, arrivals)
+    require(counts is not None, f"the jobs' current sizes cannot fit the {total} GPUs")
+    heap = [(tuple(-x for x in rank_of(jobs, arrivals, counts)), 0, counts, sizes)]
+    solves = 1
+    while heap and solves < MAX_SOLVES:
+        _, _, counts, part = heapq.heappop(heap)
+        holdings, failed = place(nodes, jobs, counts)
+        if failed is None:
+            return counts, holdings
+        order = sorted(jobs, key=lambda j: j.id != failed[0])  # the job that found no room first
+        for i, job in enumerate(order):
+            split = {**part, **{k.id: [counts[k.id]] for k in order[:i]},
+                     job.id: [s for s in part[job.id] if s != counts[job.id]]}
+            answer = choose_counts(jobs, split, total, arrivals)
+            solves += 1
+            if answer is not None:
+                heapq.heappush(heap, (tuple(-x for x in rank_of(jobs, arrivals, answer)), solves, answer, split))
+    return None
+
+
+def capped_counts(nodes: Sequence[Node], jobs: Sequence[ElasticJob], sizes: dict[int, list[int]], total: int,
+                  arrivals: frozenset[int]) -> tuple[dict[int, int], dict[int, tuple[str, ...]]]:
+    """The fallback when the search gives up: a job whose block finds no room is capped below
+    that size and the counts are chosen again (the current sizes always place)."""
+    caps: dict[int, int] = {}
+    while True:
+        capped = {j.id: [s for s in sizes[j.id] if s == j.current or s < caps.get(j.id, s + 1)] for j in jobs}
+        counts = choose_counts(jobs, capped, total, arrivals)
+        holdings, failed = place(nodes, jobs, counts)
+        if failed is None:
+            return counts, holdings
+        caps[failed[0]] = failed[1]
 
 
 def _names(jobs: Iterable[tuple[ElasticJob, int]], verb: str) -> str:
@@ -187,17 +222,14 @@ def decide(nodes: Sequence[Node], jobs: Sequence[ElasticJob], settings: ElasticS
     after one ended names it)."""
     check_state(nodes, jobs)
     total = sum(n.gpus for n in nodes)
-    caps: dict[int, int] = {}
-    while True:
-        sizes = {j.id: [s for s in allowed_sizes(j, settings, now) if s == j.current or s < caps.get(j.id, s + 1)]
-                 for j in jobs}
-        counts = choose_counts(jobs, sizes, total)
-        holdings, failed = place(nodes, jobs, counts)
-        if failed is None:
-            break
-        caps[failed[0]] = failed[1]
-    by_name = {n.name: n for n in nodes}
     by_id = {j.id: j for j in jobs}
+    allowed = {j.id: allowed_sizes(j, settings, now) for j in jobs}
+    arrivals = frozenset(j.id for j in jobs if not j.running and any(allowed[j.id]))
+    never = {j.id for j in jobs if j.id in arrivals and fits_no_node(nodes, j, allowed[j.id])}
+    sizes = placeable_alone(nodes, jobs, allowed)
+    counts, holdings = (placeable_counts(nodes, jobs, sizes, total, arrivals)
+                        or capped_counts(nodes, jobs, sizes, total, arrivals))
+    by_name = {n.name: n for n in nodes}
     gainers = [(j, counts[j.id] - j.current) for j in jobs if counts[j.id] > j.current]
     givers = [(j, j.current - counts[j.id]) for j in jobs if counts[j.id] < j.current]
     changes, waiting = [], []
@@ -206,9 +238,11 @@ def decide(nodes: Sequence[Node], jobs: Sequence[ElasticJob], settings: ElasticS
         new = counts[job.id]
         if new == job.current:
             if not job.running:
-                smallest = min((s for s in allowed_sizes(job, settings, now) if s), default=job.gpus)
+                smallest = min((s for s in allowed[job.id] if s), default=job.gpus)
                 first = next((by_id[w] for w, _ in waiting if by_id[w].priority > job.priority), None)
-                why = (f"job {first.name!r} (priority {first.priority}) waits first" if first else
+                why = (f"its {block_of(job, smallest)}-GPU tensor-parallel blocks fit no node"
+                       if job.id in never and smallest <= total
+                       else f"job {first.name!r} (priority {first.priority}) waits first" if first else
                        f"{free_after} free after this decision")
                 waiting.append((job.id, f"waiting: needs {smallest} GPUs at priority {job.priority}; {why}"))
             continue

@@ -208,6 +208,46 @@ def test_the_counts_are_what_a_brute_force_search_finds_best(state) -> None:
     assert level_vector(jobs, allowed, after) == oracle_vector(jobs, sum(n.gpus for n in nodes))
 
 
+
+def placeable(nodes: list[Node], jobs: list[ElasticJob], got: dict[int, int]) -> bool:
+    """Brute force: some node for every joining block (whole blocks on one node, a block the
+    current ranks started finished on its last rank's node), any order, any node."""
+    free = Counter({n.name: n.gpus for n in nodes})
+    free.subtract(node for job in jobs for node in job.holding[:got[job.id]])
+    blocks = []
+    for job in jobs:
+        if got[job.id] > job.current:
+            block = job.option(got[job.id]).block
+            rest = min(-job.current % block, got[job.id] - job.current) if job.holding else 0
+            if rest:
+                free[job.holding[-1]] -= rest
+            blocks += [block] * ((got[job.id] - job.current - rest) // block)
+    if any(v < 0 for v in free.values()):
+        return False
+
+    def fit(i: int, left: tuple[int, ...]) -> bool:
+        return i == len(blocks) or any(
+            room >= blocks[i] and fit(i + 1, left[:n] + (room - blocks[i],) + left[n + 1:])
+            for n, room in enumerate(left))
+    return fit(0, tuple(free[n.name] for n in nodes))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(states(max_nodes=3, max_jobs=4, blocks=(1, 2, 4), max_size=8))
+def test_the_decision_is_the_best_that_a_brute_force_placement_can_place(state) -> None:
+    """With tensor-parallel blocks: the decision's counts are the best (level_vector) of all
+    the combinations that fit the GPUs and whose blocks some assignment to nodes can place,
+    so deciding again cannot find a better packing the first decision missed."""
+    nodes, jobs = state
+    decision = decide(nodes, jobs, SETTINGS, NOW)
+    after = {j.id: j.current for j in apply(jobs, decision, NOW)}
+    allowed = {j.id: allowed_sizes(j, SETTINGS, NOW) for j in jobs}
+    total = sum(n.gpus for n in nodes)
+    vectors = [level_vector(jobs, allowed, got) for got in (dict(zip(allowed, c)) for c in
+               itertools.product(*allowed.values())) if sum(got.values()) <= total and placeable(nodes, jobs, got)]
+    assert level_vector(jobs, allowed, after) == max(v for v in vectors if v is not None)
+
+
 def elastic(job_id, name, holding, *, priority=0, lo=2, hi=8, **kw) -> ElasticJob:
     options = tuple(SizeOption(g, f"dp={g}", 1.6 / g, 1, 10**9) for g in (1, 2, 4, 8))
     return ElasticJob(id=job_id, name=name, gpus=len(holding), priority=priority, elastic=True, min_gpus=lo,
@@ -266,6 +306,44 @@ def test_a_tensor_parallel_block_that_finds_no_node_caps_the_job() -> None:
                      options=options, step_seconds=0.5)
     change = decide(nodes, [job, other], SETTINGS, NOW).change_of(1)
     assert change.gpus_to == 4 and change.holding == ("n2", "n2", "n3", "n3")
+
+
+
+def test_a_start_that_fits_only_if_a_job_of_its_level_shrinks_gets_that_packing_at_once() -> None:
+    """7 GPUs (1 + 3 + 3). j1 holds 3 (n0, n1, n1) but may shrink to 1; j2 needs 4 in tp=2
+    blocks; j3 needs 1. The most GPUs (j1 3 + j2 4) cannot place j2's blocks; the next best
+    (j1 1, j2 4, j3 1) can: the decision takes it, not j3 alone now and the rest a decision
+    later (hypothesis found that: deciding again changed something)."""
+    nodes = [Node("n0", 1), Node("n1", 3), Node("n2", 3)]
+    j1 = ElasticJob(id=1, name="j1", gpus=3, elastic=True, min_gpus=1, max_gpus=1, holding=("n0", "n1", "n1"),
+                    options=tuple(SizeOption(g, f"dp={g}") for g in (1, 2, 3)))
+    j2 = ElasticJob(id=2, name="j2", gpus=4, options=(SizeOption(4, "tp=2,dp=2", block=2),))
+    j3 = ElasticJob(id=3, name="j3", gpus=1, options=(SizeOption(1, "dp=1"),))
+    decision = decide(nodes, [j1, j2, j3], SETTINGS, NOW)
+    assert {c.job: (c.gpus_to, c.holding) for c in decision.changes} == {
+        "j1": (1, ("n0",)), "j2": (4, ("n1", "n1", "n2", "n2")), "j3": (1, ("n1",))}
+    assert decide(nodes, apply([j1, j2, j3], decision, NOW), SETTINGS, NOW).changes == ()
+
+
+def test_the_largest_blocks_are_placed_first() -> None:
+    """n0 1 GPU, n1 2: a 1-GPU job placed first on the emptier node would leave no node for
+    the other job's 2-GPU block; both start."""
+    nodes = [Node("n0", 1), Node("n1", 2)]
+    small = ElasticJob(id=1, name="small", gpus=1, options=(SizeOption(1, "dp=1"),))
+    wide = ElasticJob(id=2, name="wide", gpus=2, options=(SizeOption(2, "tp=2", block=2),))
+    decision = decide(nodes, [small, wide], SETTINGS, NOW)
+    assert {c.job: c.holding for c in decision.changes} == {"small": ("n0",), "wide": ("n1", "n1")}
+
+
+def test_a_job_whose_blocks_fit_no_node_waits_and_says_so() -> None:
+    nodes = [Node("n0", 3), Node("n1", 1)]
+    wide = ElasticJob(id=1, name="wide", gpus=4, priority=1, options=(SizeOption(4, "tp=4", block=4),))
+    small = ElasticJob(id=2, name="small", gpus=1, options=(SizeOption(1, "dp=1"),))
+    decision = decide(nodes, [wide, small], SETTINGS, NOW)
+    assert decision.changes == ()  # (it still waits, first: a node with 4 GPUs may join)
+    assert decision.waiting == (
+        (1, "waiting: needs 4 GPUs at priority 1; its 4-GPU tensor-parallel blocks fit no node"),
+        (2, "waiting: needs 1 GPUs at priority 0; job 'wide' (priority 1) waits first"))
 
 
 def test_inconsistent_input_is_refused_naming_the_node() -> None:
