@@ -219,6 +219,37 @@ def unswitched_losses(client, url: str, tmp_path, start: protocol.JobStartOrder,
     return [[r["loss"] for r in reports_of_job(client, job_id) if r["kind"] == "step"] for job_id, _, _ in runs]
 
 
+
+def restarted_losses(client, url: str, tmp_path, start: protocol.JobStartOrder, steps: int, switch_step: int,
+                     src: tuple[int, str], dst: tuple[int, str]) -> tuple[list[float], list[float]]:
+    """The exact reference of a run switched online from src to dst after `switch_step`:
+    the same job trained on src (job id, layout) up to that step, checkpointed there with
+    DCP, and restarted from the checkpoint on dst up to `steps`. Both state transfers (the
+    switch and DCP's resharding) are exact, so the switched run's losses must equal these
+    bit for bit; returns (src losses, dst losses after the restart)."""
+    failed: list = []
+    reference = JobRunner(failed.append, "node-1", "cpu", url, tmp_path / "ref")
+    root = tmp_path / "ref-ckpt"
+
+    def run(job_id: int, layout: str, **fields) -> None:
+        world = start.world
+        reference.start(start.model_copy(update={
+            "job_id": job_id, "layout": layout, "rendezvous": f"127.0.0.1:{free_loopback_port()}",
+            "ranks": tuple(protocol.RankSlot(rank=r, gpu=r) for r in range(world)), **fields}))
+        wait_until(lambda: not reference.running(), 180, f"the reference run on {layout}")
+    try:
+        run(src[0], src[1], max_steps=switch_step, checkpoint_interval=switch_step, checkpoint_dir=str(root))
+        (saved,) = [r for r in reports_of_job(client, src[0]) if r["kind"] == "checkpoint"]
+        assert saved["step"] == switch_step
+        run(dst[0], dst[1], max_steps=steps, restore_from=saved["checkpoint_path"], restore_id=1)
+    finally:
+        reference.shutdown()
+    assert failed == []
+    (restored,) = [r for r in reports_of_job(client, dst[0]) if r["kind"] == "restored"]
+    assert (restored["step"], restored["verified"]) == (switch_step, True)
+    return tuple([r["loss"] for r in reports_of_job(client, job_id) if r["kind"] == "step"] for job_id in (src[0], dst[0]))
+
+
 @pytest.mark.timeout(420)
 def test_a_job_grows_from_two_to_four_ranks_and_shrinks_to_three_while_training(broker, tmp_path):
     """The issue's resize: 2 -> 4 -> 3 ranks over two agents, online. Each switch is
