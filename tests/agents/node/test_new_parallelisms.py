@@ -15,7 +15,8 @@ import pytest
 from agents import protocol
 from agents.node.jobs import JobRunner
 from tests.agents.node.test_job_runner import (broker, broker_messages, free_loopback_port,  # noqa: F401 (fixture)
-                                               reports_of_job, restarted_losses, wait_until)
+                                               reports_of_job, restarted_losses, switch_steps,
+                                               wait_until)
 
 CASES = [("tiny-gpt-5l", "tp=4,zero=1", "pp=2,vpp=2,dp=2,zero=1", 71),
          ("tiny-moe", "dp=4,ep=4,zero=1", "tp=2,dp=2,ep=2,zero=1", 74),
@@ -62,10 +63,8 @@ def test_new_parallelisms_switch_online_through_an_agent(broker, tmp_path, model
     finally:
         node.shutdown()
 
-    switch_step = max(r["step"] for r in steps if r["layout"] == src)
-    assert [r["layout"] for r in steps] == [src] * switch_step + [dst] * (len(steps) - switch_step)
-    before, after = restarted_losses(client, url, tmp_path, start, len(steps), switch_step,
-                                     (job + 1, src), (job + 2, dst))
+    ends = switch_steps(steps, [src, dst])
     # Equal, not close: a switch that lost or perturbed any state (a moment, a step count,
     # a shard placed on the wrong rank) changes the losses after it.
-    assert [r["loss"] for r in steps] == before + after
+    assert [r["loss"] for r in steps] == restarted_losses(client, url, tmp_path, start,
+                                                          ((job + 1, src, 4, ends[0]), (job + 2, dst, 4, ends[1])))
