@@ -309,6 +309,8 @@ def op_cases(elements: int, tensors: int, device=None) -> dict:
     zs = [x.clone() for x in xs]  # written in place (by factors near 1: the values stay normal)
     halves = [y.to(torch.bfloat16) for y in ys]  # a micro-batch's bf16 gradients
     outs = [torch.empty_like(h) for h in halves]  # bf16 parameters, written from fp32 masters
+    moments, second = [y.clone() for y in ys], [x.clone() for x in xs]  # Adam's, for the fused step
+    steps = [torch.tensor(1.0, device=device) for _ in range(tensors)]
     n = elements * 4.0  # bytes of one fp32 tensor
 
     def each(fn):
@@ -338,6 +340,13 @@ def op_cases(elements: int, tensors: int, device=None) -> dict:
         "addcdiv_": (lambda: torch._foreach_addcdiv_(zs, xs, ys, value=1e-9), 4 * whole, 1),
         "addcmul_": (lambda: torch._foreach_addcmul_(zs, ys, ys, value=1e-9), 4 * whole, 1),
         "lerp_": (lambda: torch._foreach_lerp_(zs, ys, 1e-9), 3 * whole, 1),
+        # torch's fused AdamW, the ZeRO path's update (parallelism/training/zero.py): one kernel
+        # reads the parameter, gradient and both moments and writes three back. Its schema
+        # marks the gradients written too (for an in-place unscale), so the recorder counts
+        # 8 lists and the step counters; priced per those bytes, the rate absorbs it.
+        "_fused_adamw_": (lambda: torch._fused_adamw_(
+            zs, ys, moments, second, [], steps, lr=1e-9, beta1=0.9, beta2=0.95, weight_decay=0.0, eps=1e-8,
+            amsgrad=False, maximize=False), 8 * whole + 4 * tensors, 1),
         "copy": (each(lambda a, h: torch.empty_like(a, dtype=torch.bfloat16).copy_(a)), 1.5 * n, tensors),
         "_to_copy": (each(lambda a, h: a.to(torch.bfloat16)), 1.5 * n, tensors),
         # Casts by direction (ComputeOp.source > dtype), as the program runs them: the bf16

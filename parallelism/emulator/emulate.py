@@ -66,7 +66,7 @@ class EmulateRequest(NamesAModel):
     # How activations move between pipeline stages (pipeline_p2p.py): the program's asynchronous
     # sends, or Megatron-LM's synchronous scatter-gather exchange.
     pipeline_p2p: str = "program"
-    # The optimizer step's kernels (optimizer_step.py): the program's foreach AdamW, or
+    # The optimizer step's kernels (optimizer_step.py): the program's (fused AdamW), or
     # "megatron": Megatron-LM's mixed-precision optimizer with apex's fused Adam.
     optimizer: str = "program"
     model_config: ModelConfig | None = resolved_field()  # `model` resolved once (NamesAModel)

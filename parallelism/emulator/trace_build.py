@@ -18,7 +18,7 @@ from parallelism.engine.shards import DTYPES, LocalShard, box_shape, rank_boxes
 from parallelism.layout.model_request import ModelConfig, NamesAModel, resolved_field
 from parallelism.layout.placement import layer_stages, place
 
-TRACER_VERSION = 14  # 2: activations_full; vpp traced as pp*vpp flat stages; 3: DTensor dispatch as host ops;
+TRACER_VERSION = 15  # 2: activations_full; vpp traced as pp*vpp flat stages; 3: DTensor dispatch as host ops;
 # 4: causal attention FLOPs, sequence parallelism; 5: matmul operand forms; 6: reduce-scatter bytes = its input;
 # 7: in-place _foreach_ ops count the lists they write; 8: and those writes are not new memory (7 tracked them);
 # 9: a tied embedding under pp > 1 (its gradient sum between the end stages, dim "embed");
@@ -30,6 +30,7 @@ TRACER_VERSION = 14  # 2: activations_full; vpp traced as pp*vpp flat stages; 3:
 # 13: a steady-state micro-batch when a step has several: the backward adds into the fp32 gradient
 # buffers in place (trace_parallel._hold_accumulated_grads) instead of creating them; grad_sync_in_step
 # 14: a memory-bound op's input dtype where it differs from its output's (ComputeOp.source)
+# 15: the program's optimizer is torch's fused AdamW (parallelism/training/zero.py), one kernel
 DIM_OF = {"edp": "dp"}
 
 

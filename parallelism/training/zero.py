@@ -11,6 +11,13 @@ torch.optim.AdamW, casts it to bf16 and the chunks are all-gathered back into ev
 rank's bf16 box (one flat all-gather). zero=2 keeps the same state as zero=1 (it only
 shards gradients, which are not training state) and runs the same way here.
 
+The update is torch's fused AdamW (one kernel reads the master, gradient and both moments
+and writes them back), as Megatron's apex FusedAdam is, not the foreach one (a kernel per
+pass, about four times the memory traffic). On a CPU the foreach step of 24.6M parameters
+took 780 ms against 55 ms fused (one thread), and its square root runs 2.5-6.5x slower on
+exact zeros, which an embedding's second moment holds in every row no batch has reached yet
+(docs/benchmarks.md, "What is left: sqrt on exact zeros", session 22).
+
 Why not FSDP2 for these stages: fully_shard always shards the parameter itself (ZeRO-3);
 with zero < 3 the contract has each rank hold the whole bf16 box, which is this path.
 """
@@ -73,11 +80,11 @@ class ShardedAdamW:
         no_decay = [s.master for s in slots if s.master.dim() < 2]
         self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
                                             {"params": no_decay, "weight_decay": 0.0}],
-                                           lr=lr, betas=betas, eps=eps, foreach=True)
+                                           lr=lr, betas=betas, eps=eps, fused=True)
         moments = moments or {}
         for s in slots:  # state up front: it is training state a switch moves, even before step 1
             exp_avg, exp_avg_sq = moments.get(s.name) or (torch.zeros_like(s.master), torch.zeros_like(s.master))
-            self.optimizer.state[s.master] = {"step": torch.tensor(float(step)), "exp_avg": exp_avg,
+            self.optimizer.state[s.master] = {"step": torch.tensor(float(step), device=s.master.device), "exp_avg": exp_avg,
                                               "exp_avg_sq": exp_avg_sq}
 
     def moments(self, slot: ParamSlot) -> tuple[Tensor, Tensor]:

@@ -51,7 +51,13 @@ def test_host_costs_are_the_ones_that_make_the_program_steps_meet_their_measured
     plain = {layout: seconds for layout, seconds in _steps(truth, 2).items() if layout.startswith("tp=1,pp=1")
              and layout.endswith("zero=1")}
     launch, dispatch, collective, p2p = program_host_costs(estimate, 2, plain)
-    assert (dispatch, collective, p2p) == (2e-6, 1e-4, 1e-4) and launch == pytest.approx(31e-6, rel=0.05)
+    assert (dispatch, collective, p2p) == (2e-6, 1e-4, 1e-4)
+    # (the per-op cost takes up what the kept estimates miss: above the truth, by as much as
+    # the plain steps' few DTensor ops need, 5% with the fused optimizer's fewer kernels)
+    assert 31e-6 < launch < 31e-6 * 1.1
+    solved = dataclasses.replace(estimate, launch_seconds=launch)
+    assert _steps(solved, 2).keys() >= plain.keys()
+    assert all(_steps(solved, 2)[layout] == pytest.approx(seconds, rel=1e-3) for layout, seconds in plain.items())
 
 
 def test_a_step_faster_than_the_other_costs_explain_holds_its_own_cost_at_zero() -> None:

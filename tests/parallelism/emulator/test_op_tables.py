@@ -138,7 +138,7 @@ def test_calibrate_times_in_place_ops_and_casts_as_the_recorder_counts_them() ->
     """Every measured case moves the bytes the recorder would count for the same call."""
     cases = calibrate_ops.op_cases(256, 2)
     for name in ("mul_", "add_", "div_", "addcdiv_", "addcmul_", "lerp_", "_to_copy:bf16>fp32", "add_:bf16>fp32",
-                 "copy_:fp32>bf16", "mul", "add", "_to_copy"):
+                 "copy_:fp32>bf16", "mul", "add", "_to_copy", "_fused_adamw_"):
         work, nbytes, calls = cases[name]
         recorder = OpRecorder()
         with recorder:
