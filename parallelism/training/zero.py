@@ -16,7 +16,7 @@ and writes them back), as Megatron's apex FusedAdam is, not the foreach one (a k
 pass, about four times the memory traffic). On a CPU the foreach step of 24.6M parameters
 took 780 ms against 55 ms fused (one thread), and its square root runs 2.5-6.5x slower on
 exact zeros, which an embedding's second moment holds in every row no batch has reached yet
-(docs/benchmarks.md, "What is left: sqrt on exact zeros", session 22).
+(docs/benchmarks.md, "Emulator against real CPU runs": "What changed: the program's optimizer").
 
 Why not FSDP2 for these stages: fully_shard always shards the parameter itself (ZeRO-3);
 with zero < 3 the contract has each rank hold the whole bf16 box, which is this path.
