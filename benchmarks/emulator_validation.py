@@ -33,7 +33,9 @@ of them (`calibrate --merge`), so that the calibration and the real steps sample
 stretch of time; a calibration taken minutes before the real runs carries whatever spell
 the host was in then (session 9: two calibrations twelve minutes apart differed by a fifth
 in their memory-bound rates, the real steps did not move). Each round's calibration alone
-is scored too, as is every --also PROFILE.
+is scored too, as is every --also PROFILE. And paired: each round's calibration against that
+round's own fastest steps (paired_error), beside the pooled figure (the median calibration
+against every round's fastest step), for when the machine's speed moves between rounds.
 
 On a CPU without native bf16 (AVX2: bf16 GEMMs at 1-10 GFLOP/s) run both commands with
 --seq 32 --global-batch 2: a step at the defaults takes minutes there.
@@ -76,6 +78,16 @@ def round_spread(fastest_per_round: list[float]) -> float | None:
         return None
     return statistics.mean(abs(x / statistics.median(fastest_per_round[:i] + fastest_per_round[i + 1:]) - 1)
                            for i, x in enumerate(fastest_per_round))
+
+
+def paired_error(predicted_by_round: list[list[float]], fastest_by_round: list[list[float]]) -> float:
+    """Each round's prediction (from the calibration taken just before it) against that
+    round's own fastest real steps: the mean over rounds and layouts of |predicted / real - 1|.
+    The machine drifts between rounds (session 23: one round ran 11-24% faster than the
+    others), so a prediction is scored against the steps measured in its own stretch of time."""
+    pairs = [(p, f) for ps, fs in zip(predicted_by_round, fastest_by_round, strict=True)
+             for p, f in zip(ps, fs, strict=True)]
+    return statistics.mean(abs(p / f - 1) for p, f in pairs)
 
 
 def calibrate_now(out: str, global_batch: int, seq: int) -> None:
@@ -163,14 +175,22 @@ def main(profile: str, global_batch: int = GLOBAL_BATCH, seq: int = SEQ, rounds:
               + f" (mean {statistics.mean(spreads.values()):.1%})")
     fastest = [min(pooled[layout]) for layout in LAYOUTS]
     medians = [statistics.median(pooled[layout]) for layout in LAYOUTS]
-    means = {}
+    means, alone_by_path = {}, {}
     for n, path in enumerate([*calibrations, *others]):  # how far one calibration alone lands
-        alone = [predicted(path, layout, global_batch, seq)["step_seconds"] for layout in LAYOUTS]
+        alone = alone_by_path[path] = [predicted(path, layout, global_batch, seq)["step_seconds"] for layout in LAYOUTS]
         means[path] = statistics.mean(abs(a / f - 1) for a, f in zip(alone, fastest))
         speed = f", machine speed {speeds[n]:.3f}" if n < len(speeds) else ""
         print(f"{path} alone{speed}: " + ", ".join(f"{a / f - 1:+.1%}" for a, f in zip(alone, fastest))
               + f" (mean {means[path]:.1%} against the fastest, "
               f"{statistics.mean(abs(a / m - 1) for a, m in zip(alone, medians)):.1%} against the median)")
+    if calibrations:
+        fastest_by_round = [[min(runs[layout][n][0]["steps"]) for layout in LAYOUTS] for n in range(rounds)]
+        by_round = [alone_by_path[path] for path in calibrations]
+        print(f"paired, each round's calibration against that round's fastest steps: mean "
+              f"{paired_error(by_round, fastest_by_round):.1%} ("
+              + "; ".join(f"round {n + 1}: " + ", ".join(f"{p / f - 1:+.1%}" for p, f in zip(ps, fs))
+                          for n, (ps, fs) in enumerate(zip(by_round, fastest_by_round)))
+              + f"); pooled, the median calibration against every round's fastest: {statistics.mean(errors):.1%}")
     if quietest and len(calibrations) > 1:
         # Like for like: the fastest real step is the machine at its least disturbed, and so
         # is the calibration taken while it ran fastest (`calibrate --merge ... --quietest`).

@@ -136,9 +136,20 @@ def run_ranks(world: int, fn: Callable[..., Any], *args: Any, timeout_s: float =
                 if p.is_alive():
                     p.kill()
         if errors:
-            # A traceback first, and the cause before the peers it took down with it.
-            first = min(errors, key=lambda r: ("died with exit code" in errors[r],
-                                               "closed by peer" in errors[r], r))
-            raise EngineError(f"{len(errors)} of {world} ranks failed ({sorted(errors)}); rank {first}:\n"
-                              f"{errors[first]}")
+            first = min(errors, key=lambda r: (failure_rank(errors[r]), r))
+            each = "; ".join(f"rank {r}: {errors[r].strip().splitlines()[0][:160]}" for r in sorted(errors))
+            raise EngineError(f"{len(errors)} of {world} ranks failed ({each}); rank {first}:\n{errors[first]}")
     return [out[r] for r in range(world)]
+
+
+# How a peer's failure shows on the ranks it takes down with it (gloo's words).
+PEER_WORDS = ("closed by peer", "reset by peer", "Connection refused", "Broken pipe", "Timed out")
+
+
+def failure_rank(error: str) -> int:
+    """Which failure to show first: 0 a rank's own traceback, 1 a rank that died without a
+    word (a signal, the OOM killer: the likely cause of its peers' errors), 2 a rank that
+    only saw a peer go (its connection closed or reset, a collective timed out)."""
+    if "died with exit code" in error:
+        return 1
+    return 2 if any(word in error.splitlines()[0] for word in PEER_WORDS) else 0

@@ -119,7 +119,8 @@ def test_a_worker_killed_mid_resize_is_restarted_and_the_resize_commits(tmp_path
         os.kill(worker, signal.SIGKILL)
         done, seconds = wait_for(lambda: (t := _transition(stack, transition))["state"]
                                  in ("committed", "aborted", "rolled_back") and t, timeout=60)
-        assert done["state"] == "committed" and done["verification"]["verified"] is True, done
+        assert done["state"] == "committed", f"{done['state']}: {done['reason']!r}; {done}"
+        assert done["verification"]["verified"] is True, done
         after = stack.get(f"api/jobs/{job['id']}", token=True)
         assert (after["state"], after["layout"]) == ("running", "dp=2")
         seen = len(_steps(stack, job))

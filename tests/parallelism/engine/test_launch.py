@@ -38,3 +38,39 @@ def test_a_variable_removed_by_the_caller_is_gone_in_the_ranks(monkeypatch) -> N
     monkeypatch.delenv("DYNAPLANE_TEST_LAUNCH_GONE")
     assert run_ranks(1, _environment, ["DYNAPLANE_TEST_LAUNCH_GONE"], timeout_s=60)[0]["env"] == {
         "DYNAPLANE_TEST_LAUNCH_GONE": None}
+
+
+def _killed_in_an_all_reduce(rank: int, world: int) -> None:
+    import signal
+
+    import torch
+    import torch.distributed as dist
+
+    dist.barrier()
+    if rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer does: no traceback, no report
+    dist.all_reduce(torch.ones(4))
+
+
+def test_a_killed_rank_is_shown_as_the_cause_and_every_rank_is_named() -> None:
+    """The ranks a killed peer takes down report its connection closed or reset; the error
+    shows the killed rank first (it is the cause) and one line for every rank."""
+    from parallelism.engine.errors import EngineError
+
+    with pytest.raises(EngineError) as failure:
+        run_ranks(3, _killed_in_an_all_reduce, timeout_s=30)
+    message = str(failure.value)
+    head, shown = message.split("\n", 1)
+    assert "rank 2: rank 2 died with exit code -9" in head, message
+    assert all(f"rank {r}: " in head for r in (0, 1)), message
+    assert shown.startswith("rank 2 died with exit code -9"), message
+
+
+def test_a_rank_that_raises_is_shown_before_a_killed_one() -> None:
+    from parallelism.engine.launch import failure_rank
+
+    gloo = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:35508: "
+            "Connection reset by peer. This is typically caused by a remote worker hanging")
+    assert failure_rank("ValueError: bad shape\nTraceback ...") < failure_rank("rank 1 died with exit code -9 and no "
+                                                                           "report") < failure_rank(gloo)
+    assert failure_rank("RuntimeError: Connection closed by peer [127.0.0.1]:1234\n...") == failure_rank(gloo)
