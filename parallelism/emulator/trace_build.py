@@ -18,7 +18,7 @@ from parallelism.engine.shards import DTYPES, LocalShard, box_shape, rank_boxes
 from parallelism.layout.model_request import ModelConfig, NamesAModel, resolved_field
 from parallelism.layout.placement import layer_stages, place
 
-TRACER_VERSION = 15  # 2: activations_full; vpp traced as pp*vpp flat stages; 3: DTensor dispatch as host ops;
+TRACER_VERSION = 16  # 2: activations_full; vpp traced as pp*vpp flat stages; 3: DTensor dispatch as host ops;
 # 4: causal attention FLOPs, sequence parallelism; 5: matmul operand forms; 6: reduce-scatter bytes = its input;
 # 7: in-place _foreach_ ops count the lists they write; 8: and those writes are not new memory (7 tracked them);
 # 9: a tied embedding under pp > 1 (its gradient sum between the end stages, dim "embed");
@@ -31,6 +31,7 @@ TRACER_VERSION = 15  # 2: activations_full; vpp traced as pp*vpp flat stages; 3:
 # buffers in place (trace_parallel._hold_accumulated_grads) instead of creating them; grad_sync_in_step
 # 14: a memory-bound op's input dtype where it differs from its output's (ComputeOp.source)
 # 15: the program's optimizer is torch's fused AdamW (parallelism/training/zero.py), one kernel
+# 16: and zero=3's (FSDP2, parallelism/training/fsdp.py) too, on its DTensor shards
 DIM_OF = {"edp": "dp"}
 
 

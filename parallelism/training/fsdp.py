@@ -77,10 +77,11 @@ class FullyShardedState:
         no_decay = [p for p in self.params.values() if p.dim() < 2]
         self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
                                             {"params": no_decay, "weight_decay": 0.0}],
-                                           lr=lr, betas=(0.9, 0.95), eps=1e-8, foreach=False)
+                                           lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
         for name, p in self.params.items():
             _, _, exp_avg, exp_avg_sq = state[name]
-            self.optimizer.state[p] = {"step": torch.tensor(float(step)), "exp_avg": _like(p, exp_avg),
+            # The fused kernel takes its step count on the parameters' device.
+            self.optimizer.state[p] = {"step": torch.tensor(float(step), device=device), "exp_avg": _like(p, exp_avg),
                                        "exp_avg_sq": _like(p, exp_avg_sq)}
 
     @torch.no_grad()
