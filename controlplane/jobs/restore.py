@@ -116,8 +116,9 @@ def restore_begin(job: Job, *, cause: str, known_lost: bool, lost_nodes: set[str
     publish_job(job, "upsert")
     # A dead node is marked lost lost-after + 2 heartbeats after it stopped: decide then. When
     # the survivors may take over, a first look comes sooner: the ranks that outlived their
-    # world have all reported by then, and if they may go on they need not wait for the
-    # sweep (the dead node's ranks are left out either way).
+    # world have usually all reported by then, and if they may go on they need not wait for
+    # the sweep (the dead node's ranks are left out either way). It acts only if no rank
+    # beside a reporting one is still silent (unreported_beside); else the final look decides.
     delay = 0.5 if known_lost else settings.DYNAPLANE_NODE_LOST_AFTER_SECONDS + 2 * protocol.HEARTBEAT_SECONDS
     if possible and EARLY_LOOK_SECONDS < delay:
         transaction.on_commit(lambda: _queue_restore(job.pk, EARLY_LOOK_SECONDS, early=True))
@@ -165,6 +166,16 @@ def _queue_restore(job_id: int, delay: float, *, early: bool = False) -> None:
         job_fail(job_id=job_id, error=f"the restore could not be queued: {exc}")
 
 
+def unreported_beside(placement: list[dict], orphans: dict[int, int], alive: set[tuple[str, int]]) -> list[int]:
+    """Ranks on a live GPU of a node some of whose ranks reported waiting, that have not
+    reported themselves (pure). Such a node is up, so these ranks are most likely still
+    finding out that their world is gone (on a busy host a rank can take seconds longer than
+    its neighbour): the first look must not switch the job on the others without them."""
+    reporting = {slot["node"] for slot in placement if slot["rank"] in orphans}
+    return sorted(slot["rank"] for slot in placement if slot["node"] in reporting and slot["rank"] not in orphans
+                  and (slot["node"], slot["gpu"]) in alive)
+
+
 def _live_orphans(job: Job, alive: list[Gpu]) -> dict[int, int]:
     """Rank -> step of the ranks that reported waiting with their state and are still there:
     on a healthy node whose agent did not report a failure (it kills the job's ranks), on
@@ -198,6 +209,11 @@ def job_restore(*, job_id: int, early: bool = False) -> Transition | None:
                              transition_active=not recovery.get("eligible", False), no_checkpoint=no_restore_reason(job))
         if early and rule.action != SURVIVORS:
             log.info("job %s: not on the survivors yet (%s); deciding once lost nodes are known", job.name, rule.why)
+            return None
+        silent = unreported_beside(job.placement, orphans, {(g.node.name, g.index) for g in alive})
+        if early and silent:
+            log.info("job %s: ranks %s, on nodes whose other ranks reported waiting, have not reported yet; "
+                     "deciding once lost nodes are known", job.name, silent)
             return None
         if rule.action == SURVIVORS:
             row = survivors_switch(job, rule.world, step=next(iter(orphans.values())), cause=cause)

@@ -229,3 +229,31 @@ def test_the_survivors_of_a_pipeline_job_switch_under_the_device_map(token_clien
     assert set(orders) == {"node.node-1", "node.node-2"}
     assert {order.process_of for order in orders.values()} == {(0, 2, 1, 3)}
     assert [orders["node.node-1"].rank_of(p) for p in range(4)] == [0, 2, 1, 3]
+
+
+def test_the_first_look_waits_for_a_rank_whose_neighbour_reported(two_nodes, token_client, sent_tasks, run) -> None:
+    """CI, session 24: node-1's rank 0 reported waiting, its rank 1 had not yet when the first
+    look came (a busy host), and the job went on on rank 0 alone (dp=1), leaving a live rank
+    and its GPU out. The first look now leaves such a job to the final one."""
+    job = started_job(run, token_client, gpus=4, checkpoint_interval=0)  # dp=4: ranks 0, 1 on node-1; 2, 3 on node-2
+    trained_to(run, job, 14, None)
+    _orphaned(run, job, "node-1", (0,), 14)
+    assert restore.unreported_beside(job.placement, {0: 14}, {("node-1", 0), ("node-1", 1), ("node-2", 0)}) == [1]
+    assert run(restore.job_restore, job_id=job.pk, early=True) is None
+    job.refresh_from_db()
+    assert (job.state, job.world_size) == ("restoring", 4)
+    _orphaned(run, job, "node-1", (1,), 14)  # it reports before the final look
+    assert lose_node(run, "node-2", keep="node-1") == ["node-2"]
+    row = run(restore.job_restore, job_id=job.pk)
+    job.refresh_from_db()
+    assert (row.kind, row.destination_layout, job.layout, job.world_size) == ("restore", "dp=2", "dp=2", 2)
+    assert [(s["node"], s["rank"]) for s in job.placement] == [("node-1", 0), ("node-1", 1)]
+
+
+def test_unreported_beside_is_the_silent_ranks_of_reporting_nodes_only() -> None:
+    placement = [{"rank": r, "node": f"node-{1 + r // 2}", "gpu": r % 2} for r in range(6)]
+    alive = {(f"node-{n}", g) for n in (1, 2, 3) for g in (0, 1)}
+    assert restore.unreported_beside(placement, {}, alive) == []
+    assert restore.unreported_beside(placement, {0: 5, 1: 5}, alive) == []
+    assert restore.unreported_beside(placement, {0: 5, 3: 5}, alive) == [1, 2]
+    assert restore.unreported_beside(placement, {0: 5, 3: 5}, alive - {("node-1", 1)}) == [2]  # its GPU is gone
