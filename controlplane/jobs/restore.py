@@ -210,8 +210,7 @@ def job_restore(*, job_id: int, early: bool = False) -> Transition | None:
         if early and rule.action != SURVIVORS:
             log.info("job %s: not on the survivors yet (%s); deciding once lost nodes are known", job.name, rule.why)
             return None
-        silent = unreported_beside(job.placement, orphans, {(g.node.name, g.index) for g in alive})
-        if early and silent:
+        if early and (silent := unreported_beside(job.placement, orphans, {(g.node.name, g.index) for g in alive})):
             log.info("job %s: ranks %s, on nodes whose other ranks reported waiting, have not reported yet; "
                      "deciding once lost nodes are known", job.name, silent)
             return None
