@@ -470,7 +470,9 @@ def _measure_pass(world: int, effort: Effort, shapes: dict, collectives: dict | 
     dist.barrier()
     phase("attention and memory-bound ops")
     out["attention"] = attention_rate(r)
-    out["ops_table"] = measure_op_bandwidths(op_cases, effort.bandwidth_tensors, r, effort.op_sizes, dist.barrier)
+    out["ops_table"] = measure_op_bandwidths(op_cases, effort.bandwidth_tensors, r, effort.op_sizes, dist.barrier,
+                                             flush=flush)
+    del flush
     phase("per-op overheads")
     out["overhead"] = _op_overhead()
     out["dispatch"] = _dispatch_overhead(world)

@@ -195,12 +195,12 @@ def measure_device_rank(rank: int, world: int, kind: str, effort: DeviceEffort, 
                                      measure_gemms(hot[0], r, sync, device=device))
     out["attention_table"] = merge_tables(measure_attentions(cold[1], r, sync, flush, device),
                                           measure_attentions(hot[1], r, sync, device=device))
-    del flush
     phase("attention and memory-bound ops")
     sync()
     out["attention"] = attention_rate(r, effort.attention_shape, device)
     out["ops_table"] = measure_op_bandwidths(lambda elements, tensors: op_cases(elements, tensors, device),
-                                             effort.bandwidth_tensors, r, effort.op_sizes, sync, device)
+                                             effort.bandwidth_tensors, r, effort.op_sizes, sync, device, flush)
+    del flush
     out["gap"] = kernel_gap_seconds(device, effort.gap_kernels)
     if world >= 2:
         phase(f"collectives over {world} ranks")

@@ -219,18 +219,34 @@ def measure_gemms(gemms: list, repeats: int = 3, sync=_no_sync, cold_bytes: int 
     ranks' barrier) runs before each shape, so that every rank times the same GEMM at the
     same moment, as a training step's ranks run theirs: a rank timing alone while its peer
     waits has the shared cache and memory bandwidth to itself (on this 2-core machine the
-    same GEMM's rate moved by 25% between unsynchronized calibrations). On a GPU,
+    same GEMM's rate moved by 25% between unsynchronized calibrations). With `cold_bytes`
+    the output is cold too: a step's GEMM writes a new tensor on memory the allocator took
+    back from tensors freed long before, while `torch.matmul` in a loop writes the lines its
+    previous call just wrote. A weight gradient's output is the weight's size: timed into a
+    hot output, 768x2048x32 `tn` ran 0.48 ms here, into a cold one 0.84 ms, inside the step
+    1.0-1.3 ms (benchmarks.emulator_op_prices, session 25); outputs as small as an
+    activation's (the forward and input gradient, 32 rows) did not move. On a GPU,
     `cold_bytes` is twice its L2."""
     table: dict = {}
     for dtype, form, batch, m, n, k in gemms:
         sync()
         a = _operand(m, k, form[0], batch, TORCH_DTYPES[dtype], device)
         if cold_bytes:
-            b_bytes = batch * k * n * TORCH_DTYPES[dtype].itemsize
-            pool = ColdOperands(lambda: _operand(k, n, form[1], batch, TORCH_DTYPES[dtype], device), b_bytes,
-                                cold_bytes)
-            seconds = typical_seconds(lambda: torch.matmul(a, pool.current()), repeats, pool.advance, device)
-            del pool
+            size = TORCH_DTYPES[dtype].itemsize
+            lead = (batch,) if batch > 1 else ()
+            pool = ColdOperands(lambda: _operand(k, n, form[1], batch, TORCH_DTYPES[dtype], device),
+                                batch * k * n * size, cold_bytes)
+            # zeros, not empty: each output's pages are touched once here, as the step's reused heap is
+            outs = ColdOperands(lambda: torch.zeros(*lead, m, n, dtype=TORCH_DTYPES[dtype], device=device),
+                                batch * m * n * size, cold_bytes)
+
+            def advance() -> None:
+                pool.advance()
+                outs.advance()
+
+            seconds = typical_seconds(lambda: torch.matmul(a, pool.current(), out=outs.current()), repeats, advance,
+                                      device)
+            del pool, outs
         else:
             b = _operand(k, n, form[1], batch, TORCH_DTYPES[dtype], device)
             seconds = typical_seconds(lambda: torch.matmul(a, b), repeats, device=device)
@@ -356,6 +372,11 @@ def op_cases(elements: int, tensors: int, device=None) -> dict:
         # tensor at 16 against 11 into a new one; the widening cast alone like the narrowing one.
         "_to_copy:bf16>fp32": (lambda: [h.to(torch.float32, copy=True) for h in halves], 1.5 * n, tensors),
         "add_:bf16>fp32": (lambda: [z.add_(h) for z, h in zip(zs, halves)], 2.5 * n, tensors),
+        # The same two as the program's gradient accumulation runs them (ComputeOp.role), timed
+        # cold (COLD_CASES): into fp32 buffers the step last touched a whole backward before.
+        "grad_accumulate:_to_copy:bf16>fp32": (lambda: [h.to(torch.float32, copy=True) for h in halves], 1.5 * n,
+                                               tensors),
+        "grad_accumulate:add_:bf16>fp32": (lambda: [z.add_(h) for z, h in zip(zs, halves)], 2.5 * n, tensors),
         "copy_:fp32>bf16": (lambda: [o.copy_(z) for o, z in zip(outs, zs)], 2 * n, tensors),
         "cat": (lambda: torch.cat(xs), 2 * whole, 1),
         "clone": (each(lambda a, h: a.clone()), 2 * n, tensors),
@@ -391,9 +412,20 @@ def collective_call(kind: str, nbytes: float, world: int, device=None, group=Non
 # Elements per tensor of the size ladder: 16 KiB (in the L1/L2 caches) to 16 MiB (DRAM).
 SIZE_LADDER = (1 << 12, 1 << 16, 1 << 20, 1 << 22)
 
+# The op_cases timed after a cache flush: the program's gradient accumulation (the ops its
+# tracer tags role "grad_accumulate"), whose fp32 buffers a step last touched one whole
+# backward before (and a new buffer, for the first micro-batch's cast, lands on memory
+# freed long before). Timed in a loop, their 16 tensors stayed in the cache at the
+# ladder's middle sizes: `fp32 += bf16` of a 768x768 weight priced at 18 GB/s ran at
+# 10-13 inside the step (benchmarks.emulator_op_prices, session 25). The same casts
+# elsewhere stay warm: FSDP2's cast of a layer's gradient for its reduce-scatter writes a
+# buffer the layer before just freed. So do the forward's and backward's elementwise ops
+# (they read what the op before wrote) and the optimizer's (its lists exceed the cache anyway).
+COLD_CASES = frozenset({"grad_accumulate:add_:bf16>fp32", "grad_accumulate:_to_copy:bf16>fp32"})
+
 
 def measure_op_bandwidths(cases_at, tensors: int = 16, repeats: int = 3, ladder=SIZE_LADDER, sync=_no_sync,
-                          device=None) -> dict:
+                          device=None, flush=None) -> dict:
     """{op: [[bytes, bytes_per_second], ...]} with bytes per op call as the recorder counts
     them (inputs + outputs), from `cases_at(elements, tensors) -> {op: (work, bytes per
     call, calls per work)}`. Each rate is net of the per-call host cost, measured on
@@ -401,14 +433,16 @@ def measure_op_bandwidths(cases_at, tensors: int = 16, repeats: int = 3, ladder=
     `sync` runs before each op at each size, as in measure_gemms: two ranks share the
     memory bus, and a step's ranks run their optimizers at the same time (unsynchronized,
     two calibrations minutes apart read the DRAM-sized ops at 26-29 and 16-19 GB/s).
-    `device`: where cases_at's tensors live (it makes them there)."""
+    `device`: where cases_at's tensors live (it makes them there). `flush` (a CacheFlush)
+    runs before each timed run of the COLD_CASES."""
     tiny = {name: typical_seconds(work, repeats, device=device) / calls
             for name, (work, _, calls) in cases_at(1, tensors).items()}
     table: dict = {}
     for elements in ladder:
         for name, (work, nbytes, calls) in cases_at(elements, tensors).items():
             sync()
-            seconds = typical_seconds(work, repeats, device=device) / calls - tiny[name]
+            before = flush if name in COLD_CASES else None
+            seconds = typical_seconds(work, repeats, before, device) / calls - tiny[name]
             rate = nbytes / max(seconds, nbytes / 1e12)
             table.setdefault(name, []).append([float(nbytes), rate])
     return table

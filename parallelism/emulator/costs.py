@@ -18,7 +18,7 @@ def compute_seconds(op: ComputeOp, profile: DeviceProfile) -> float:
         rate = profile.attention_rate(op.name, op.dtype, op.shape)
     else:
         rate = profile.peak("fp32")
-        bandwidth = profile.op_memory_bandwidth(op.name, op.bytes, op.source, op.dtype)
+        bandwidth = profile.op_memory_bandwidth(op.name, op.bytes, op.source, op.dtype, op.role)
         return max(op.flops / rate, op.bytes / bandwidth) + profile.launch_seconds
     return max(op.flops / rate, op.bytes / profile.op_memory_bandwidth(op.name)) + profile.launch_seconds
 

@@ -33,6 +33,13 @@ GiB = 1024**3
 MiB = 1024**2
 
 
+# Ops priced at another measured op's rate, where that op is what their time goes on.
+# embedding_dense_backward zero-fills a vocabulary-sized gradient and adds a micro-batch's
+# rows into it: 49 MB in 5.9 ms inside the step here, the `zero` case's 8.3 GB/s
+# (benchmarks.emulator_op_prices, session 25); priced at the generic rate it took 3.5 ms.
+RATE_OF = {"embedding_dense_backward": "zero"}
+
+
 @dataclass(frozen=True)
 class DeviceProfile:
     name: str
@@ -182,17 +189,20 @@ class DeviceProfile:
         return measured if measured is not None else self.peak(dtype) * self.attention_efficiency(shape)
 
     def op_memory_bandwidth(self, name: str, nbytes: float | None = None, source: str = "",
-                            dtype: str = "") -> float:
+                            dtype: str = "", role: str = "") -> float:
         """Achievable bytes/s of one memory-bound op moving `nbytes` (its measured rate
         by size, else its measured large-tensor rate, else the HBM figure). The table's
-        most specific entry wins: the op converting `source` to `dtype` (`_to_copy:bf16>fp32`,
-        where the op has a source: ComputeOp.source), then the op in place (`mul_`), then its
-        out-of-place twin (`mul`): on a CPU these differ by up to 2x (calibrate_ops.op_cases)."""
-        exact = name.removeprefix("_foreach_")
+        most specific entry wins: the op in its role (`grad_accumulate:add_:bf16>fp32`, timed
+        as the program runs it: calibrate_ops.COLD_CASES), then the op converting `source` to
+        `dtype` (`_to_copy:bf16>fp32`, where the op has a source: ComputeOp.source), then the op
+        in place (`mul_`), then its out-of-place twin (`mul`): on a CPU these differ by up to
+        2x (calibrate_ops.op_cases)."""
+        exact = RATE_OF.get(name, name.removeprefix("_foreach_"))
         base = exact.rstrip("_")
         if nbytes is not None:
             keys = (f"{exact}:{source}>{dtype}", f"{base}:{source}>{dtype}") if source else ()
-            for key in (*keys, exact, base):
+            roles = tuple(f"{role}:{key}" for key in (*keys, exact)) if role else ()
+            for key in (*roles, *keys, exact, base):
                 if key in self.op_bandwidth_table:
                     return bandwidth_at(self.op_bandwidth_table[key], nbytes)
         return self.op_bandwidth.get(base, self.memory_bandwidth)

@@ -242,7 +242,7 @@ def _pipeline(trace: Trace, profile: DeviceProfile, gpus_per_node: int, recomput
     for r in range(pp):
         breakdown = dict(parts[r])
         breakdown["bubble"] = max(0.0, step - sum(breakdown.values()))
-        per_stage.append(_memory(trace, r, orders[r], costs, breakdown, rank_end[r]))
+        per_stage.append(_memory(trace, r, orders[r], costs, breakdown, rank_end[r], recompute))
     critical = min(range(pp), key=lambda r: per_stage[r].breakdown["bubble"])
     peak = max(s.peak for s in per_stage)
     return SimResult(step, dict(per_stage[critical].breakdown), tuple(per_stage), critical, peak,
@@ -250,9 +250,11 @@ def _pipeline(trace: Trace, profile: DeviceProfile, gpus_per_node: int, recomput
 
 
 def _memory(trace: Trace, r: int, order, costs: list[StageCost], breakdown: dict[str, float],
-            end_seconds: float) -> StageResult:
+            end_seconds: float, recompute: str = "none") -> StageResult:
     """Static state summed over the rank's chunks; activations from walking its order
-    (a forward allocates its micro-batch's activations, the backward frees them)."""
+    (a forward allocates its micro-batch's activations, the backward frees them). The
+    traced overlap (StageMemory.overlap) comes off the peak only where it was traced: one
+    chunk, one micro-batch in flight, the activations as traced (no recompute)."""
     pp = trace.pp
     chunks = [trace.stages[c * pp + r] for c in range(trace.vpp)]
     held = count = peak_held = peak_count = 0
@@ -266,8 +268,10 @@ def _memory(trace: Trace, r: int, order, costs: list[StageCost], breakdown: dict
     grads = sum(s.memory.grads for s in chunks)
     optimizer = sum(s.memory.optimizer for s in chunks)
     temporary = max(s.memory.temporary for s in chunks)
+    overlap = chunks[0].memory.overlap if len(chunks) == 1 and peak_count <= 1 and recompute == "none" else 0
     return StageResult(r, params, grads, optimizer, peak_held, temporary,
-                       params + grads + optimizer + peak_held + temporary, peak_count, breakdown, end_seconds)
+                       params + grads + optimizer + peak_held + temporary - overlap, peak_count, breakdown,
+                       end_seconds)
 
 
 # --- input modules --------------------------------------------------------------------

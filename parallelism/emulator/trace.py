@@ -123,10 +123,15 @@ class StageMemory:
     temporary: int
     activations_selective: int | None = None
     activations_full: int | None = None
+    # Gradient bytes made only as the backward frees activations: a rank running one
+    # micro-batch (no gradients accumulated before it) peaks this far below static +
+    # activations. FSDP2 reduce-scatters each layer's gradients into their fp32 shards as
+    # that layer's activations go (0 where the traced peak already holds all gradients).
+    overlap: int = 0
 
     def __post_init__(self) -> None:
         for key in ("params", "grads", "optimizer", "activations_per_microbatch", "temporary",
-                    "activations_selective", "activations_full"):
+                    "activations_selective", "activations_full", "overlap"):
             value = getattr(self, key)
             if value is None and key.startswith("activations_"):
                 continue

@@ -18,7 +18,7 @@ from parallelism.engine.shards import DTYPES, LocalShard, box_shape, rank_boxes
 from parallelism.layout.model_request import ModelConfig, NamesAModel, resolved_field
 from parallelism.layout.placement import layer_stages, place
 
-TRACER_VERSION = 16  # 2: activations_full; vpp traced as pp*vpp flat stages; 3: DTensor dispatch as host ops;
+TRACER_VERSION = 17  # 2: activations_full; vpp traced as pp*vpp flat stages; 3: DTensor dispatch as host ops;
 # 4: causal attention FLOPs, sequence parallelism; 5: matmul operand forms; 6: reduce-scatter bytes = its input;
 # 7: in-place _foreach_ ops count the lists they write; 8: and those writes are not new memory (7 tracked them);
 # 9: a tied embedding under pp > 1 (its gradient sum between the end stages, dim "embed");
@@ -32,6 +32,8 @@ TRACER_VERSION = 16  # 2: activations_full; vpp traced as pp*vpp flat stages; 3:
 # 14: a memory-bound op's input dtype where it differs from its output's (ComputeOp.source)
 # 15: the program's optimizer is torch's fused AdamW (parallelism/training/zero.py), one kernel
 # 16: and zero=3's (FSDP2, parallelism/training/fsdp.py) too, on its DTensor shards
+# 17: StageMemory.overlap, the gradients made as the backward frees activations (one micro-batch);
+# allocation-only ops (recorder.ALLOCATE_ONLY) move no bytes
 DIM_OF = {"edp": "dp"}
 
 
@@ -93,13 +95,14 @@ def trainer_static_bytes(trainer, zero: int) -> dict[str, int]:
 def stage_memory(static: dict, activations: int, fwd_bwd_peak: int, step_peak: int, grads_live: int,
                  full: int) -> StageMemory:
     """A traced rank's memory: its static state, the activations one micro-batch keeps, the
-    temporary above them at the peak; `full`: the activations under full recompute (capped
-    at the traced ones)."""
+    temporary above them at the peak, or the overlap below them where the gradients are made
+    as the activations go (the traced peak under static + activations); `full`: the
+    activations under full recompute (capped at the traced ones)."""
     grads = static["grads"]
-    temporary = max(0, max(fwd_bwd_peak, step_peak) - activations - max(grads, grads_live))
+    above = max(fwd_bwd_peak, step_peak) - activations - max(grads, grads_live)
     return StageMemory(params=static["params"], grads=grads, optimizer=static["optimizer"],
-                       activations_per_microbatch=int(activations), temporary=int(temporary),
-                       activations_full=int(min(activations, full)))
+                       activations_per_microbatch=int(activations), temporary=int(max(0, above)),
+                       activations_full=int(min(activations, full)), overlap=int(max(0, -above)))
 
 
 def positions_between_stages(request: TraceRequest, ml) -> int:

@@ -99,6 +99,18 @@ def test_the_cost_model_charges_a_measured_gemm_its_measured_rate() -> None:
     assert compute_seconds(add, measured) == pytest.approx(1e6 / 4e9 + cpu.launch_seconds)
 
 
+def test_an_allocation_moves_no_bytes_but_its_storage_is_live() -> None:
+    recorder = OpRecorder()
+    with recorder:
+        buffer = torch.empty(1 << 20)
+        other = torch.empty_strided((1024, 1024), (1024, 1))
+        filled = torch.zeros(1 << 20)
+    assert [(r.name, r.bytes) for r in recorder.records] == [("empty", 0.0), ("empty_strided", 0.0),
+                                                               ("zeros", 4.0 * (1 << 20))]
+    assert recorder.live == 3 * 4 * (1 << 20)  # all three hold memory
+    del buffer, other, filled
+
+
 def test_a_memory_bound_op_records_the_dtype_it_converts_from() -> None:
     master, grad = torch.randn(64), torch.randn(64, dtype=torch.bfloat16)
     param = torch.empty(64, dtype=torch.bfloat16)
@@ -130,8 +142,24 @@ def test_a_memory_bound_op_takes_the_most_specific_measured_rate() -> None:
                     ("_to_copy", "bf16", "fp32"): 5e9}  # the op's generic rate
     op = ComputeOp("add_", "memory", 0, 1e3, (), "fp32", source="bf16")
     assert compute_seconds(op, measured) == pytest.approx(1e3 / 4e9 + cpu.launch_seconds)
+    # the gradient accumulation's own (cold) rate, where measured, before the cast's
+    roles = replace(cpu, op_bandwidth_table={**table, "grad_accumulate:add_:bf16>fp32": [[1e3, 3e9]]})
+    accumulate = ComputeOp("add_", "memory", 0, 1e3, (), "fp32", role="grad_accumulate", source="bf16")
+    assert compute_seconds(accumulate, roles) == pytest.approx(1e3 / 3e9 + cpu.launch_seconds)
+    assert compute_seconds(op, roles) == pytest.approx(1e3 / 4e9 + cpu.launch_seconds)  # no role: the warm cast
+    assert compute_seconds(accumulate, measured) == pytest.approx(1e3 / 4e9 + cpu.launch_seconds)  # not measured
     with pytest.raises(EmulatorError, match="source='int8'"):
         ComputeOp("add_", "memory", 0, 1e3, (), "fp32", source="int8")
+
+
+def test_the_embedding_gradient_is_priced_as_the_zero_fill_of_its_output() -> None:
+    cpu = get_profile("cpu")
+    measured = replace(cpu, op_bandwidth_table={"zero": [[1e6, 8e9], [1e8, 8e9]]}, op_bandwidth={})
+    op = ComputeOp("embedding_dense_backward", "memory", 0, 49e6, (), "bf16")
+    assert compute_seconds(op, measured) == pytest.approx(49e6 / 8e9 + cpu.launch_seconds)
+    # no zero-fill measured: the generic memory rate, as for any unmeasured op
+    assert replace(cpu, op_bandwidth_table={}, op_bandwidth={}).op_memory_bandwidth(
+        "embedding_dense_backward", 49e6) == cpu.memory_bandwidth
 
 
 def test_calibrate_times_in_place_ops_and_casts_as_the_recorder_counts_them() -> None:
@@ -313,3 +341,40 @@ def test_calibrate_times_the_traces_collectives_at_their_own_sizes() -> None:
     sizes = collective_sizes([Trace("tiny-gpt", 1, 1, 2, 1, 1, 8, (stage,))], world=2)
     # 4100 is within 2% of 4096: one table point; other group sizes, other nodes and p2p are not ours
     assert sizes == {"all_reduce": [4096.0], "all_gather": [2e8, 5e8], "reduce_scatter": [3e8]}
+
+
+def test_cold_gemms_write_each_run_into_an_output_the_previous_run_did_not_touch(monkeypatch) -> None:
+    written = []
+    real_matmul = torch.matmul
+
+    def recording(a, b, out=None):
+        written.append(None if out is None else out.data_ptr())
+        return real_matmul(a, b, out=out)
+
+    monkeypatch.setattr(torch, "matmul", recording)
+    measure_gemms([("fp32", "tn", 1, 64, 32, 8)], repeats=4, cold_bytes=3 * 64 * 32 * 4)
+    assert None not in written  # every run writes into a ready output, not a new allocation
+    assert all(a != b for a, b in zip(written, written[1:]))  # never the lines the run before wrote
+    written.clear()
+    measure_gemms([("fp32", "tn", 1, 64, 32, 8)], repeats=2)  # hot: as torch.matmul in a loop
+    assert written == [None] * 3
+
+
+def test_only_the_gradient_accumulation_cases_are_timed_after_a_cache_flush() -> None:
+    from parallelism.emulator.calibrate_ops import COLD_CASES
+
+    cases_measured = calibrate_ops.op_cases(4, 1)
+    assert {"grad_accumulate:add_:bf16>fp32", "grad_accumulate:_to_copy:bf16>fp32"} <= COLD_CASES <= set(cases_measured)
+    assert {"add_:bf16>fp32", "_to_copy:bf16>fp32"} <= set(cases_measured) - COLD_CASES  # the same casts elsewhere: warm
+    timeline = []
+
+    def cases(elements, tensors):
+        x = torch.ones(elements)
+        return {"grad_accumulate:add_:bf16>fp32": (lambda: timeline.append("cold") or x.add_(1.0), 12.0 * elements, 1),
+                "neg": (lambda: timeline.append("warm") or x.neg(), 8.0 * elements, 1)}
+
+    measure_op_bandwidths(cases, tensors=1, repeats=2, ladder=(1 << 10, 1 << 12), flush=lambda: timeline.append("flush"))
+    sized = timeline[6:]  # after the one-element runs (warm-up + 2 of each case), which are not flushed
+    assert timeline[:6] == ["cold"] * 3 + ["warm"] * 3
+    # at each size: the cold case's warm-up, then flush before each timed run; the warm case never
+    assert sized == ["cold", "flush", "cold", "flush", "cold", "warm", "warm", "warm"] * 2
