@@ -61,6 +61,22 @@ def timed_recorder():
     return TimedRecorder()
 
 
+class _CurrentRecorder:
+    """Stands for whichever section's recorder is active, for trace_accumulation.tag_accumulation
+    (which sets `role` on the recorder it was given)."""
+
+    recorder = None
+
+    @property
+    def role(self) -> str:
+        return self.recorder.role if self.recorder is not None else ""
+
+    @role.setter
+    def role(self, value: str) -> None:
+        if self.recorder is not None:
+            self.recorder.role = value
+
+
 def recorded_rank(rank: int, world: int, layout: str, global_batch: int, seq: int, warmup: int = 2,
                   steps: int = 5) -> dict:
     """Every backward (a pipeline's `backward_one_chunk`, else `Tensor.backward`) and the
@@ -73,13 +89,15 @@ def recorded_rank(rank: int, world: int, layout: str, global_batch: int, seq: in
 
     from parallelism.emulator.real_steps import prepared_trainer
     from parallelism.emulator.recorder import ComputeRecord
+    from parallelism.emulator.trace_accumulation import tag_accumulation
     from parallelism.layout.spec import parse_layout
 
     sections: list[tuple[str, list, list, float]] = []
+    current = _CurrentRecorder()
 
     def recorded(method, kind: str):
         def run(*args, **kwargs):
-            recorder = timed_recorder()
+            recorder = current.recorder = timed_recorder()
             started = time.perf_counter()
             with recorder:
                 out = method(*args, **kwargs)
@@ -99,6 +117,7 @@ def recorded_rank(rank: int, world: int, layout: str, global_batch: int, seq: in
     try:
         trainer, _ = prepared_trainer(MODEL, layout, rank, global_batch, MICRO_BATCH, seq, warmup + steps + 1)
         trainer.optimizer.step = recorded(trainer.optimizer.step, "optimizer")
+        tag_accumulation(trainer.optimizer, current)  # the roles the trace gives (priced by them)
         for n in range(warmup + steps):
             dist.barrier()
             sections.clear()

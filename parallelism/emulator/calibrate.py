@@ -462,14 +462,14 @@ def _measure_pass(world: int, effort: Effort, shapes: dict, collectives: dict | 
     cold, hot = shapes.get("cold", ((), ())), shapes.get("hot", ((), ()))
     phase(f"the traces' {len(cold[0]) + len(hot[0])} GEMM and {len(cold[1]) + len(hot[1])} attention shapes "
           f"({len(cold[0]) + len(cold[1])} from memory)")
-    flush = CacheFlush()
     out["gemm_table"] = merge_tables(measure_gemms(cold[0], r, dist.barrier, 2 * last_level_cache_bytes()),
                                      measure_gemms(hot[0], r, dist.barrier))
-    out["attention_table"] = merge_tables(measure_attentions(cold[1], r, dist.barrier, flush),
+    out["attention_table"] = merge_tables(measure_attentions(cold[1], r, dist.barrier, 2 * last_level_cache_bytes()),
                                           measure_attentions(hot[1], r, dist.barrier))
     dist.barrier()
     phase("attention and memory-bound ops")
     out["attention"] = attention_rate(r)
+    flush = CacheFlush()
     out["ops_table"] = measure_op_bandwidths(op_cases, effort.bandwidth_tensors, r, effort.op_sizes, dist.barrier,
                                              flush=flush)
     del flush

@@ -190,14 +190,14 @@ def measure_device_rank(rank: int, world: int, kind: str, effort: DeviceEffort, 
     out["short_k"], out["short_k_inner"] = matmul_rates(m, n, k, torch.bfloat16, r, device)[1], k
     cold, hot = shapes.get("cold", ((), ())), shapes.get("hot", ((), ()))
     phase(f"the traces' {len(cold[0]) + len(hot[0])} GEMM and {len(cold[1]) + len(hot[1])} attention shapes")
-    flush = CacheFlush(cache_bytes, device)
     out["gemm_table"] = merge_tables(measure_gemms(cold[0], r, sync, 2 * cache_bytes, device),
                                      measure_gemms(hot[0], r, sync, device=device))
-    out["attention_table"] = merge_tables(measure_attentions(cold[1], r, sync, flush, device),
+    out["attention_table"] = merge_tables(measure_attentions(cold[1], r, sync, 2 * cache_bytes, device),
                                           measure_attentions(hot[1], r, sync, device=device))
     phase("attention and memory-bound ops")
     sync()
     out["attention"] = attention_rate(r, effort.attention_shape, device)
+    flush = CacheFlush(cache_bytes, device)
     out["ops_table"] = measure_op_bandwidths(lambda elements, tensors: op_cases(elements, tensors, device),
                                              effort.bandwidth_tensors, r, effort.op_sizes, sync, device, flush)
     del flush

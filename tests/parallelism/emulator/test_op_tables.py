@@ -378,3 +378,29 @@ def test_only_the_gradient_accumulation_cases_are_timed_after_a_cache_flush() ->
     assert timeline[:6] == ["cold"] * 3 + ["warm"] * 3
     # at each size: the cold case's warm-up, then flush before each timed run; the warm case never
     assert sized == ["cold", "flush", "cold", "flush", "cold", "warm", "warm", "warm"] * 2
+
+
+def test_cold_attentions_read_a_new_operand_set_each_run_and_time_the_backward_alone(monkeypatch) -> None:
+    import torch.nn.functional as F
+
+    calls = []
+    real_sdpa, real_grad = F.scaled_dot_product_attention, torch.autograd.grad
+
+    def sdpa(q, k, v, **kwargs):
+        calls.append(("forward", q.data_ptr()))
+        return real_sdpa(q, k, v, **kwargs)
+
+    def grad(outputs, inputs, grad_outputs, **kwargs):
+        assert kwargs.get("retain_graph")  # the forward it runs through is kept for the next run of this set
+        calls.append(("backward", inputs[0].data_ptr()))
+        return real_grad(outputs, inputs, grad_outputs, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", sdpa)
+    monkeypatch.setattr(torch.autograd, "grad", grad)
+    one_set = 4 * 2 * 16 * 8 * 4  # q, k, v and the gradient of [1, 2, 16, 8] fp32
+    rates = measure_attentions([("backward", "fp32", 1, 2, 16, 16, 8)], repeats=3, cold_bytes=3 * one_set)
+    made = [c for c in calls if c[0] == "forward"]  # one forward per set of the pool, none timed
+    timed = [c for c in calls if c[0] == "backward"]
+    assert len(made) >= 3 and len(timed) == 4  # warm-up + 3
+    assert all(a[1] != b[1] for a, b in zip(timed, timed[1:]))  # each run reads the next set's q
+    assert rates["backward"]["fp32"][0][5] > 0
