@@ -2,8 +2,8 @@
 
 One rank process per GPU (`--ranks N`, rank r on cuda:r, NCCL between them), all measuring
 at once. Every op runs on the device and is timed by CUDA events (calibrate_ops.Clock);
-where calibrate_ops flushes the CPU's last-level cache, a buffer twice the GPU's L2
-(`L2_cache_size`) is written instead. Measured, per rank:
+where calibrate_ops reads past the CPU's last-level cache (operand pools, a flush), it
+reads past twice the GPU's L2 (`L2_cache_size`) instead. Measured, per rank:
 - bf16 / fp32 GEMM rates at a few large shapes (the best against the part's spec peak is
   matmul_max_fraction) and the fall-off at a short inner dimension (matmul_k_half);
 - the traced steps' GEMMs and fused attentions (SDPA, flash or memory-efficient as torch
@@ -297,7 +297,7 @@ def calibrate_device(ranks: int = 1, requests: list = (), kind: str = "cuda", ef
         say(f"tracing {request.model} {request.layout} for its op shapes ({n + 1}/{len(requests)})")
         traces.append(trace(request)[0])
     shapes = shapes_by_residency(traces, facts.cache_bytes)
-    say(f"measuring {ranks} x {facts.name} (L2/LLC {facts.cache_bytes / 2**20:.0f} MiB flushed before cold ops)")
+    say(f"measuring {ranks} x {facts.name} (cold ops read past its {facts.cache_bytes / 2**20:.0f} MiB L2/LLC)")
     results = run_ranks(ranks, measure_device_rank, kind, effort, shapes, collective_sizes(traces, ranks),
                         facts.cache_bytes, timeout_s=900, backend="nccl" if kind == "cuda" else "gloo")
     return device_profile(facts, results, ranks)
