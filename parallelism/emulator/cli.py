@@ -71,7 +71,9 @@ def emulate_main(args) -> int:
     for s in m["per_stage"]:
         print(f"    {s.get('module', 'stage')} {s['stage']:3d}: params {s['params'] / GiB:6.2f}  grads {s['grads'] / GiB:6.2f}  "
               f"optimizer {s['optimizer'] / GiB:6.2f}  activations {s['activations'] / GiB:6.2f}  "
-              f"peak {s['peak'] / GiB:6.2f} GiB")
+              f"peak {s['peak'] / GiB:6.2f} GiB"
+              + (f" ({s['overlap'] / GiB:.2f} GiB below the parts: gradients made as activations go)"
+                 if s.get("overlap") else ""))
     print(f"  {r['ranks_emulated']} ranks emulated from {r['ranks_traced']} traced stage classes "
           f"in {r['wall_seconds']:.1f} s" + (" (trace cached)" if r["trace_cached"] else ""))
     return 0 if m["fits"] else 3

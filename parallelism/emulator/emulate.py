@@ -278,7 +278,7 @@ def memory_rows(sim: SimResult, traced: Trace) -> list[dict]:
     rows = []
     for s in sim.per_stage:
         row = {"stage": s.stage, "params": s.params, "grads": s.grads, "optimizer": s.optimizer,
-               "activations": s.activations, "temporary": s.temporary, "peak": s.peak}
+               "activations": s.activations, "temporary": s.temporary, "overlap": s.overlap, "peak": s.peak}
         if traced.inputs:
             row = {"module": "llm", **row, **{i.module: s.inputs for i in traced.inputs if i.colocated}}
         rows.append(row)

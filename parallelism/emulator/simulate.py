@@ -93,6 +93,7 @@ class StageResult:
     breakdown: dict[str, float]
     end_seconds: float
     inputs: int = 0      # bytes colocated input modules hold on this rank (in `peak`)
+    overlap: int = 0     # bytes `peak` sits below the parts above (StageMemory.overlap)
 
 
 @dataclass(frozen=True)
@@ -271,7 +272,7 @@ def _memory(trace: Trace, r: int, order, costs: list[StageCost], breakdown: dict
     overlap = chunks[0].memory.overlap if len(chunks) == 1 and peak_count <= 1 and recompute == "none" else 0
     return StageResult(r, params, grads, optimizer, peak_held, temporary,
                        params + grads + optimizer + peak_held + temporary - overlap, peak_count, breakdown,
-                       end_seconds)
+                       end_seconds, overlap=overlap)
 
 
 # --- input modules --------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from parallelism.emulator.emulate import memory_rows
 from parallelism.emulator.simulate import simulate
 from parallelism.emulator.trace_build import stage_memory
 
@@ -32,11 +33,17 @@ def test_gradients_made_as_activations_go_come_off_the_peak_only_with_one_micro_
     memory = stage_memory({"params": 1000, "grads": 60, "optimizer": 2000}, 100, 120, 90, 60, full=10)
     assert (memory.temporary, memory.overlap) == (0, 40)
     single = with_stages(uniform_trace(1, 1), [stage(0, memory=memory)])
-    assert simulate(single, PROFILE).peak_bytes == 1000 + 2000 + 120
+    result = simulate(single, PROFILE)
+    assert result.peak_bytes == 1000 + 2000 + 120
+    # the rows `emulate` returns say why the peak is below its parts
+    row = memory_rows(result, single)[0]
+    assert row["overlap"] == 40
+    assert row["params"] + row["grads"] + row["optimizer"] + row["activations"] + row["temporary"] - row["overlap"] \
+        == row["peak"]
     # several micro-batches accumulate: the trace held the gradients then (overlap 0); one
     # traced with an overlap is not credited where two micro-batches' activations are held
     two_stages = with_stages(uniform_trace(2, 4), [stage(0, memory=memory), stage(1, memory=memory)])
     first = simulate(two_stages, PROFILE).per_stage[0]
-    assert first.in_flight == 2 and first.peak == 1000 + 60 + 2000 + 2 * 100
+    assert first.in_flight == 2 and first.peak == 1000 + 60 + 2000 + 2 * 100 and first.overlap == 0
     # nor under full recompute, whose activations are not the traced ones
     assert simulate(single, PROFILE, recompute="full").peak_bytes == 1000 + 60 + 2000 + 10
