@@ -136,10 +136,9 @@ def recorded_rank(rank: int, world: int, layout: str, global_batch: int, seq: in
 def priced(records, profile) -> list[float]:
     """The emulator's seconds for each recorded op, as trace_build and costs make them."""
     from parallelism.emulator.costs import compute_seconds
-    from parallelism.emulator.trace import ComputeOp
+    from parallelism.emulator.trace_build import compute_op
 
-    return [compute_seconds(ComputeOp(r.name, r.kind, r.flops, r.bytes, r.shape, r.dtype, r.form, r.role, r.source),
-                            profile) for r in records]
+    return [compute_seconds(compute_op(r), profile) for r in records]
 
 
 def by_name(names: list[str], real: list[float], price: list[float]) -> list[tuple[str, int, float, float]]:

@@ -112,6 +112,11 @@ def positions_between_stages(request: TraceRequest, ml) -> int:
     return chunk // ml.tp if request.sequence_parallel and ml.tp > 1 else chunk
 
 
+def compute_op(r: ComputeRecord) -> ComputeOp:
+    """The trace's op for one recorded kernel."""
+    return ComputeOp(r.name, r.kind, r.flops, r.bytes, r.shape, r.dtype, r.form, r.role, r.source)
+
+
 def build_stage_trace(records, stage: int, ml, dims, memory: StageMemory, request: TraceRequest, hidden: int,
                       offset: int = 0, groups: dict[str, str] | None = None) -> StageTrace:
     """A stage's ops from its recorded program (`dims`: the tp/dp/pp groups' ranks; `groups`:
@@ -127,7 +132,7 @@ def build_stage_trace(records, stage: int, ml, dims, memory: StageMemory, reques
     for r in records:
         ops = phases[r.phase]
         if isinstance(r, ComputeRecord):
-            ops.append(ComputeOp(r.name, r.kind, r.flops, r.bytes, r.shape, r.dtype, r.form, r.role, r.source))
+            ops.append(compute_op(r))
             continue
         assert isinstance(r, CommRecord)
         dim = groups.get(r.group) if r.group else None
