@@ -267,11 +267,13 @@ class JobStarted(_JobReportBase):
 
 
 class JobStepped(_JobReportBase):
-    """Rank 0, every `report_every` steps: a finished step's metrics."""
+    """Rank 0, every `report_every` steps: a finished step's metrics. `loss` None: the step
+    trained (its optimizer update is done on every surviving rank) but a peer was lost in the
+    all-reduce that sums its loss, so nobody knows it (agents/runtime/orphan.py)."""
 
     kind: Literal["step"]
     step: int = Field(ge=0)
-    loss: float
+    loss: float | None = None
     step_seconds: float = Field(ge=0)
     tokens_per_second: float = Field(ge=0)
 

@@ -9,6 +9,8 @@ import os
 def faults() -> frozenset[str]:
     """Fault injection for the tests: DYNAPLANE_FAULT, comma-separated: `exit-in-transfer:R`,
     `hold-in-transfer:R:SECONDS` (a joining rank R), `exit-after-step:R:S` (rank R exits
-    once step S is done, before the step boundary: its peers all fail after that step).
+    once step S is done, before the step boundary: its peers all fail after that step),
+    `exit-before-loss-sum:R:S` (rank R exits once step S's update is done, before the
+    all-reduce of its loss: its peers fail in that all-reduce, with step S trained).
     Read once per process (the step loop asks after every step)."""
     return frozenset(item.strip() for item in os.environ.get("DYNAPLANE_FAULT", "").split(",") if item.strip())

@@ -25,12 +25,15 @@ def train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: Re
     boundary = Boundary(settings, rank, run_dir, reporter)
     boundary.done_switches |= done_switches
     steps = 0  # committed: (transition id, report, pause start, phases) until the next step
+    if any(fault.startswith(f"exit-before-loss-sum:{rank}:") for fault in faults()) and hasattr(trainer, "on_update"):
+        trainer.on_update = lambda step: os._exit(17) if f"exit-before-loss-sum:{rank}:{step}" in faults() else None
     while True:
         step_started = time.perf_counter()
+        step_before = trainer.scalars.step
         try:
             result = trainer.step()
         except RuntimeError as exc:  # only the errors of a lost peer (orphan.peer_lost) are kept
-            orphaned(trainer, rank, exc)
+            orphaned(trainer, rank, exc, reporter, settings, step_before)
             raise
         steps += 1
         if rank == 0 and result is not None:
@@ -49,9 +52,7 @@ def train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: Re
                                     tensors=report.checks)
             if steps == 1:  # rank 0 is in every layout: it started with the job
                 reporter.job("started", step=result.step, layout=str(trainer.placement.layout))
-            if result.step % settings.report_every == 0:
-                reporter.job("step", step=result.step, loss=result.loss, step_seconds=result.seconds,
-                             tokens_per_second=result.tokens / result.seconds, layout=str(trainer.placement.layout))
+            report_step(reporter, settings, result, trainer)
         committed = None
         if f"exit-after-step:{rank}:{trainer.scalars.step}" in faults():
             os._exit(17)
@@ -63,7 +64,7 @@ def train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: Re
         try:
             stop, order = boundary.decide(trainer)
         except RuntimeError as exc:
-            orphaned(trainer, rank, exc)
+            orphaned(trainer, rank, exc, reporter)
             raise
         if stop:
             if rank == 0:
@@ -90,14 +91,35 @@ def train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: Re
             committed = (order.transition_id, report, paused_at, phases)
 
 
-def orphaned(trainer, rank: int, exc: RuntimeError) -> None:
+def report_step(reporter: Reporter, settings: JobSettings, result, trainer) -> None:
+    """Rank 0's report of a finished step (StepResult), every `report_every` steps."""
+    if result.step % settings.report_every == 0:
+        reporter.job("step", step=result.step, loss=result.loss, step_seconds=result.seconds,
+                     tokens_per_second=result.tokens / max(result.seconds, 1e-9), layout=str(trainer.placement.layout))
+
+
+def orphaned(trainer, rank: int, exc: RuntimeError, reporter: Reporter | None = None,
+             settings: JobSettings | None = None, step_before: int | None = None) -> None:
     """Raise Orphaned with this rank's state when `exc` is a lost peer's error and the state
-    is whole; else return (the caller re-raises `exc`: the rank exits, its agent reports it)."""
+    is whole; else return (the caller re-raises `exc`: the rank exits, its agent reports it).
+
+    A peer lost in a step's loss all-reduce leaves the step trained (the state moved on with
+    it, orphan.py point 1): rank 0 reports that step with its loss unknown, so that the
+    control plane's record of trained steps has no hole, and sends its waiting reports
+    before it waits for the recovery order (its successor reports on a new stream)."""
     from agents.runtime.orphan import Orphaned, orphan_of, peer_lost
 
     orphan = orphan_of(trainer, rank, exc) if peer_lost(exc) else None
-    if orphan is not None:
-        raise Orphaned(orphan) from None
+    if orphan is None:
+        return
+    if rank == 0 and reporter is not None:
+        trained = getattr(trainer, "trained", None)
+        if (settings is not None and step_before is not None and trained is not None
+                and trained.step == orphan.scalars.step > step_before):
+            report_step(reporter, settings, trained, trainer)
+        if reporter.batcher is not None:
+            reporter.batcher.flush()
+    raise Orphaned(orphan) from None
 
 
 def survive(orphan, settings: JobSettings, run_dir: Path, node: str, broker: str | None):

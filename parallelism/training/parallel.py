@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -97,7 +98,7 @@ class TrainScalars:
 @dataclass(frozen=True)
 class StepResult:
     step: int
-    loss: float
+    loss: float | None  # None: not summed yet (ParallelTrainer.trained)
     seconds: float
     tokens: int
 
@@ -309,6 +310,10 @@ class ParallelTrainer:
         check_trainable(config, self.placement)
         self.ml = next(iter(self.placement.modules.values()))
         self.scalars = scalars or TrainScalars()
+        # The last step whose update is done, its loss not yet summed: a rank whose peer is
+        # lost in the loss all-reduce still tells what it trained (agents/runtime/train_loop.py).
+        self.trained: StepResult | None = None
+        self.on_update: Callable[[int], None] | None = None  # fault injection: (step) once it is trained
         self.meshes = meshes or LayoutMeshes.build(self.placement)  # collective
         coordinate = self.meshes.mesh.get_coordinate()
         self.active = coordinate is not None
@@ -498,13 +503,17 @@ class ParallelTrainer:
         # lost there keeps a consistent state after the step (agents/runtime/orphan.py).
         self.scalars.step += 1
         self.scalars.data = self.scalars.data.advance(self.config.global_batch)
+        tokens = self.config.global_batch * self.config.seq_len
+        self.trained = StepResult(self.scalars.step, None, time.perf_counter() - started, tokens)
+        if self.on_update is not None:
+            self.on_update(self.scalars.step)
         # Global mean loss: the last stage's TP rank 0 of every data index contributes (the
         # cp chunks of a sequence are equally long, so the mean of their means is the mean).
         if not (self.pp_rank == self.ml.pp - 1 and self.tp_rank == 0):
             loss_sum.zero_()
         dist.all_reduce(loss_sum, group=self.meshes.everyone)
         return StepResult(self.scalars.step, float(loss_sum.item()) / (micro * self.ml.dp * self.ml.cp),
-                          time.perf_counter() - started, self.config.global_batch * self.config.seq_len)
+                          time.perf_counter() - started, tokens)
 
 
 def cross_entropy_loss(logits: Tensor, targets: Tensor) -> Tensor:

@@ -211,17 +211,18 @@ def test_report_flow_started_steps_stopped(two_nodes, token_client, sent_tasks, 
     before = job_live_snapshot(job_id=job.pk)
     run(job_report, _report(job.pk, "started").model_dump(mode="json"))
     assert Job.objects.get(pk=job.pk).state == "running"
-    for step in range(1, 4):
-        run(job_report, _report(job.pk, "step", step=step, loss=4.0 / step, step_seconds=0.5,
+    for step in range(1, 5):  # step 4 trained, its loss lost with a peer (loss None)
+        run(job_report, _report(job.pk, "step", step=step, loss=4.0 / step if step < 4 else None, step_seconds=0.5,
                                 tokens_per_second=2048.0, layout="dp=4").model_dump(mode="json"))
     series = {s.name: s for s in job.metric_series.all()}
     assert set(series) == {"loss", "step_seconds", "tokens_per_second"}
     assert metric_points(series_id=series["loss"].pk) == ([1.0, 2.0, 3.0], [4.0, 2.0, 4.0 / 3])
-    assert series["step_seconds"].unit == "s"
+    assert metric_points(series_id=series["step_seconds"].pk) == ([1.0, 2.0, 3.0, 4.0], [0.5] * 4)
+    assert series["step_seconds"].unit == "s" and Job.objects.get(pk=job.pk).step == 4
 
     metrics = [e for e in sent_events if isinstance(e, MetricsEvent)]
-    assert [(e.step, e.loss) for e in metrics] == [(1, 4.0), (2, 2.0), (3, 4.0 / 3)]
-    assert [b.seq - a.seq for a, b in zip(metrics, metrics[1:])] == [1, 1]  # nothing else in between here
+    assert [(e.step, e.loss) for e in metrics] == [(1, 4.0), (2, 2.0), (3, 4.0 / 3), (4, None)]
+    assert [b.seq - a.seq for a, b in zip(metrics, metrics[1:])] == [1, 1, 1]  # nothing else in between here
     for event in metrics:
         job_event_adapter.validate_python(event.model_dump(mode="json"))
 

@@ -68,8 +68,11 @@ class Jobs:
     def get(self, job: dict) -> dict:
         return self.stack.get(f"api/jobs/{job['id']}", token=True)
 
+    def metric(self, job: dict, name: str = "loss") -> dict:
+        return self.stack.get(f"api/jobs/{job['id']}/live", token=True)["metrics"].get(name, {"x": [], "y": []})
+
     def loss(self, job: dict) -> dict:
-        return self.stack.get(f"api/jobs/{job['id']}/live", token=True)["metrics"].get("loss", {"x": [], "y": []})
+        return self.metric(job, "loss")
 
     def history(self, job: dict) -> list[dict]:
         """The job's transitions, oldest first."""
@@ -94,14 +97,18 @@ class Jobs:
         wait_for(lambda: max(self.loss(job)["x"], default=0) >= seen + steps, timeout=120, interval=0.5)
         return self.get(job)
 
-    def continuous(self, job: dict, switched_at: list[int]) -> None:
-        """Every step trained once (none lost or redone), the loss finite, falling, and
-        without a jump at any switch."""
+    def continuous(self, job: dict, switched_at: list[int], lost_at: list[int] = ()) -> None:
+        """Every step trained once (none lost or redone: each reports its time), the loss
+        finite, falling, and without a jump at any switch. Only a step a node was lost after
+        (`lost_at`: the step its survivors went on from) may lack a loss: the node's loss may
+        have broken the all-reduce that sums it, after the step's update."""
+        trained = self.metric(job, "step_seconds")["x"]
+        assert len(set(trained)) == len(trained), "a step was reported twice"
+        assert sorted(trained) == list(range(1, len(trained) + 1)), sorted(trained)
         series = self.loss(job)
         by_step = dict(zip(series["x"], series["y"]))
-        assert len(by_step) == len(series["x"]), "a step was reported twice"
-        assert sorted(by_step) == list(range(1, len(by_step) + 1)), sorted(by_step)
-        first, last = by_step[1], by_step[len(by_step)]
+        assert set(trained) - set(by_step) <= set(lost_at), sorted(set(trained) - set(by_step))
+        first, last = by_step[1], by_step[max(by_step)]
         assert all(0 < v < first + 0.5 for v in by_step.values()) and last < first - 0.5, series
         for step in switched_at:
             if step + 1 in by_step:
@@ -167,7 +174,8 @@ def test_elastic_jobs_shrink_for_a_priority_job_grow_back_and_ride_out_a_lost_no
         assert story == [
             "shrank to 2 (dp=2): job 'eval' (priority 10) needed 4 GPUs",
             "grew to 4 (dp=4): job 'eval' (priority 10) ended", f"grew to 4 (dp=4): {lost} joined"], story
-        jobs.continuous(a, [t["step"] for t in (shrinks[0], grows[0], survivors, regrow) if t["step"]])
+        jobs.continuous(a, [t["step"] for t in (shrinks[0], grows[0], survivors, regrow) if t["step"]],
+                        lost_at=[survivors["step"]])
         jobs.continuous(b, [t["step"] for t in (shrinks[1], grows[1]) if t["step"]])
         print(f"queued -> both shrunk and eval running: {hand_off:.1f} s; eval ended -> both grown back: {back:.1f} s; "
               f"{lost} killed -> survivors' switch committed: {recovered:.1f} s; agent started again -> grown "

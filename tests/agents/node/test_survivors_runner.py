@@ -20,11 +20,12 @@ from tests.agents.node.test_job_runner import (free_loopback_port, reports_of_jo
 pytestmark = pytest.mark.timeout(240)
 
 
-def _two_nodes(url, tmp_path, job_id: int, timeout: float = 60):
-    """Runners node-1 (rank 0) and node-2 (rank 1) of a dp=2 job, and what each agent reported."""
+def _two_nodes(url, tmp_path, job_id: int, timeout: float = 60, env: dict | None = None):
+    """Runners node-1 (rank 0) and node-2 (rank 1) of a dp=2 job, and what each agent
+    reported; `env`: {node: environment} for its ranks."""
     reports: dict[str, list] = {"node-1": [], "node-2": []}
-    runners = [JobRunner(reports[f"node-{i}"].append, f"node-{i}", "cpu", url, tmp_path / f"node-{i}")
-               for i in (1, 2)]
+    runners = [JobRunner(reports[f"node-{i}"].append, f"node-{i}", "cpu", url, tmp_path / f"node-{i}",
+                         env=(env or {}).get(f"node-{i}")) for i in (1, 2)]
     port = free_loopback_port()
     for runner, rank in zip(runners, (0, 1)):
         runner.start(start_order(job_id, 2, [rank], port).model_copy(update={"timeout_seconds": timeout}))
@@ -75,6 +76,28 @@ def test_the_survivor_becomes_rank_0_of_a_new_world_and_trains_on_from_its_memor
         assert [r.kind for r in reports["node-2"]] == ["orphaned"]  # nothing failed on node-2
         print(f"survivor switched on in {committed.pause_seconds:.2f} s from the loss to its first step "
               f"(transfer {committed.transfer_seconds:.3f} s, verify {committed.verify_seconds:.3f} s)")
+    finally:
+        for runner in runners:
+            runner.shutdown()
+
+
+def test_a_peer_lost_in_the_loss_sum_leaves_its_step_trained_and_reported_without_a_loss(broker, tmp_path):
+    """Rank 1 dies once step 3's update is done, before the all-reduce that sums its loss
+    (the state moved on with the step, orphan.py point 1). Rank 0 fails in that all-reduce:
+    it reports step 3 with its loss unknown and waits, orphaned after step 3. The control
+    plane's record of trained steps (CI once saw it skip the step) has no hole."""
+    url, client = broker
+    runners, reports = _two_nodes(url, tmp_path, 26, env={"node-2": {"DYNAPLANE_FAULT": "exit-before-loss-sum:1:3"}})
+    try:
+        (orphaned,) = wait_until(lambda: [r for r in reports["node-1"] if r.kind == "orphaned"], 90,
+                                 "the orphaned report")
+        assert orphaned.ranks == (0,) and orphaned.step == 3
+        steps = wait_until(lambda: (s := [r for r in reports_of_job(client, 26) if r["kind"] == "step"])
+                           and s[-1]["step"] == 3 and s, 30, "step 3's report")
+        assert [r["step"] for r in steps] == [1, 2, 3]
+        assert all(0 < r["loss"] < 20 for r in steps[:2]) and steps[2]["loss"] is None
+        assert steps[2]["step_seconds"] > 0 and steps[2]["tokens_per_second"] > 0
+        assert runners[0].running() == {26: [0]}  # rank 0 waits, with its state
     finally:
         for runner in runners:
             runner.shutdown()
