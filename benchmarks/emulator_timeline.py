@@ -1,12 +1,14 @@
-"""A pipeline step's timeline, real against emulated, action by action.
+"""A step's timeline, real against emulated, action by action.
 
     .venv/bin/python -m benchmarks.emulator_timeline var/cpu-profile.json tp=1,pp=2,dp=1,zero=1 --seq 32 --global-batch 2
 
-Runs the validation's program (llama-124m on 2 local ranks) for a pipeline layout. Every
-rank times its forward and backward of each micro-batch (torch's
-`PipelineStage.forward_one_chunk` / `backward_one_chunk`) and its optimizer step, from the
-step's start, in the fastest of a few steps; the simulator's events for the same
-configuration (`simulate(..., record_events=True)`) are printed beside them. Where the
+Runs the validation's program (llama-124m on 2 local ranks) for any of its layouts. Every
+rank times its forward and backward of each micro-batch and its optimizer step, from the
+step's start, in the fastest of a few steps: in a pipeline torch's
+`PipelineStage.forward_one_chunk` / `backward_one_chunk`; otherwise the forward from the
+model's first module to the loss's `backward()` (the loss included, as the trace has it)
+and that call. The simulator's events for the same configuration
+(`simulate(..., record_events=True)`) are printed beside them. Where the
 validation's error on a pipeline row comes from (session 24: each stage's last backward
 ran 19 ms longer than its first, while the emulator prices both alike) shows here as the
 actions whose durations or starts part.
@@ -24,6 +26,7 @@ def timed_rank(rank: int, world: int, layout: str, global_batch: int, seq: int, 
                steps: int = 5) -> dict:
     """The fastest of `steps` steps: its wall time and its (kind, start, end) actions, seconds
     from the step's start."""
+    import torch
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage
 
@@ -44,8 +47,18 @@ def timed_rank(rank: int, world: int, layout: str, global_batch: int, seq: int, 
     saved = {name: getattr(PipelineStage, name) for name in ("forward_one_chunk", "backward_one_chunk")}
     PipelineStage.forward_one_chunk = timed(saved["forward_one_chunk"], "forward")
     PipelineStage.backward_one_chunk = timed(saved["backward_one_chunk"], "backward")
+    saved_backward = torch.Tensor.backward
     try:
         trainer, _ = prepared_trainer(MODEL, layout, rank, global_batch, MICRO_BATCH, seq, warmup + steps + 1)
+        if trainer.pipeline is None:  # forward: the stage's first call to the loss's backward()
+            forward_started = [0.0]
+            trainer.stage.register_forward_pre_hook(lambda *_: forward_started.__setitem__(0, time.perf_counter()))
+
+            def backward(tensor, *args, **kwargs):
+                events.append(("forward", forward_started[0] - origin[0], time.perf_counter() - origin[0]))
+                return timed(saved_backward, "backward")(tensor, *args, **kwargs)
+
+            torch.Tensor.backward = backward
         trainer.optimizer.step = timed(trainer.optimizer.step, "optimizer")
         best: dict = {}
         for n in range(warmup + steps):
@@ -59,6 +72,7 @@ def timed_rank(rank: int, world: int, layout: str, global_batch: int, seq: int, 
     finally:
         for name, method in saved.items():
             setattr(PipelineStage, name, method)
+        torch.Tensor.backward = saved_backward
     return best
 
 
@@ -98,12 +112,8 @@ def paired_actions(real: list[list[tuple[str, float, float]]], emulated: list[tu
 
 
 def main(profile_path: str, layout: str, global_batch: int, seq: int) -> None:
-    from parallelism.emulator.errors import EmulatorError
     from parallelism.engine.launch import run_ranks
-    from parallelism.layout.spec import parse_layout
 
-    if max(m.pp for m in parse_layout(layout).modules) < 2:
-        raise EmulatorError(f"layout {layout}: a timeline of pipeline actions needs pp >= 2")
     real = run_ranks(WORLD, timed_rank, layout, global_batch, seq, timeout_s=1800)
     step, emulated = emulated_events(profile_path, layout, global_batch, seq)
     print(f"{layout}: real step {max(r['wall'] for r in real):.3f} s (slowest rank of the fastest steps), "
@@ -125,7 +135,7 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("profile", help="a profile written by `dynaplane calibrate`")
-    parser.add_argument("layout", help="a pipeline layout of the validation, e.g. tp=1,pp=2,dp=1,zero=1")
+    parser.add_argument("layout", help="a layout of the validation, e.g. tp=1,pp=2,dp=1,zero=1")
     parser.add_argument("--global-batch", type=int, default=2)
     parser.add_argument("--seq", type=int, default=32, help="as the validation's on a CPU without native bf16")
     args = parser.parse_args()

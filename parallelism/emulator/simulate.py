@@ -187,7 +187,8 @@ def _pipeline(trace: Trace, profile: DeviceProfile, gpus_per_node: int, recomput
                 arrival = end[dep] + edge if dep is not None else (input_ready[mb] if input_ready else 0.0)
                 start = max(free[r], arrival)
                 parts[r]["pp_comm"] += min(start - free[r], edge)
-                phase = costs[k].forward if kind == "F" else costs[k].backward
+                # (micro-batch 0's backward is each stage's first: it makes the fp32 gradient buffers)
+                phase = costs[k].forward if kind == "F" else costs[k].first_backward if mb == 0 else costs[k].backward
                 for key, value in phase.parts.items():
                     parts[r][key] += value
                 end[(kind, mb, k)] = free[r] = start + phase.seconds

@@ -14,6 +14,7 @@ from parallelism.emulator.attention_kernels import CORE_ATTENTION_FORWARD
 from parallelism.emulator.costs import op_seconds
 from parallelism.emulator.devices import DeviceProfile
 from parallelism.emulator.errors import require
+from parallelism.emulator.grad_accumulation import first_backward
 from parallelism.emulator.trace import CommOp, ComputeOp, Op, StageTrace
 
 RECOMPUTE = ("none", "selective", "full")
@@ -93,7 +94,7 @@ def _run_phase(timed: list[tuple[float, str]], gathers: list[tuple[int, float, s
 @dataclass
 class StageCost:
     forward: Phase
-    backward: Phase
+    backward: Phase                    # a steady-state micro-batch's
     grad_ready: list[float]            # offset in the backward at which each bucket is issued
     grad_buckets: list[tuple[float, str]]
     f_send: float
@@ -103,6 +104,7 @@ class StageCost:
     optimizer: dict[str, float]
     step_syncs: list[tuple[float, str]]
     activations: int
+    first_backward: Phase              # the step's first micro-batch's (grad_accumulation.first_backward)
 
 
 def stage_cost(stage: StageTrace, profile: DeviceProfile, gpn: int, recompute: str) -> StageCost:
@@ -132,21 +134,26 @@ def stage_cost(stage: StageTrace, profile: DeviceProfile, gpn: int, recompute: s
     # runs where the program waits for it, in series.
     overlap = profile.comm_overlap if profile.comm_streams else 0.0
     forward = _run_phase(timed(stage.forward), [(fwd_index[a], s, c) for a, s, c in fwd_gathers], overlap)
-    backward = _run_phase(rec + timed(stage.backward),
-                          [(bwd_index[a] + len(rec), s, c) for a, s, c in bwd_gathers], overlap)
     # Host work on the compute thread around the side-stream collectives (a phase's gathers
     # every micro-batch; the gradient buckets in every backward when they sync each
     # micro-batch, else once, before the optimizer) and around each pipeline send/recv
     # (p2p ops are the ones _index_without_p2p leaves out).
     host = profile.collective_host_seconds
     buckets = len(stage.grad_sync) * host
-    forward = _with_host(forward, len(fwd_gathers) * host)
-    backward = _with_host(backward, len(bwd_gathers) * host + (buckets if stage.grad_sync_each_microbatch else 0.0))
-    forward = _with_host(forward, (len(stage.forward) - fwd_index[-1]) * profile.p2p_host_seconds, "pp_comm")
-    backward = _with_host(backward, (len(stage.backward) - bwd_index[-1]) * profile.p2p_host_seconds, "pp_comm")
     meet = profile.rendezvous_seconds
+
+    def backward_of(ops) -> Phase:  # (first_backward keeps the ops' count and places)
+        phase = _run_phase(rec + timed(ops), [(bwd_index[a] + len(rec), s, c) for a, s, c in bwd_gathers], overlap)
+        phase = _with_host(phase, len(bwd_gathers) * host + (buckets if stage.grad_sync_each_microbatch else 0.0))
+        phase = _with_host(phase, (len(ops) - bwd_index[-1]) * profile.p2p_host_seconds, "pp_comm")
+        return _with_host(phase, meetings((*recomputed_ops(stage, recompute), *ops)) * meet, "tp_comm")
+
+    backward = backward_of(stage.backward)
+    first = first_backward(stage.backward)
+    first = backward if first == stage.backward else backward_of(first)
+    forward = _with_host(forward, len(fwd_gathers) * host)
+    forward = _with_host(forward, (len(stage.forward) - fwd_index[-1]) * profile.p2p_host_seconds, "pp_comm")
     forward = _with_host(forward, meetings(stage.forward) * meet, "tp_comm")
-    backward = _with_host(backward, meetings((*recomputed_ops(stage, recompute), *stage.backward)) * meet, "tp_comm")
     ready = []
     for after in stage.grad_ready_after():
         i = len(rec) + bwd_index[after]
@@ -162,14 +169,14 @@ def stage_cost(stage: StageTrace, profile: DeviceProfile, gpn: int, recompute: s
     if not profile.comm_streams:  # the buckets block the thread that issues them: in series, no DP stream
         blocking = sum(s for s, _ in grad_buckets)
         if stage.grad_sync_each_microbatch:
-            backward = _with_host(backward, blocking)
+            backward, first = _with_host(backward, blocking), _with_host(first, blocking)
         else:
             optimizer["dp_comm"] += blocking
         ready, grad_buckets = [], []
     return StageCost(forward, backward, ready, grad_buckets,
                       p2p(stage.forward, "send"), p2p(stage.forward, "recv"),
                       p2p(stage.backward, "send"), p2p(stage.backward, "recv"),
-                      optimizer, steps, stage.memory.activations(recompute))
+                      optimizer, steps, stage.memory.activations(recompute), first)
 
 
 def _with_host(phase: Phase, seconds: float, category: str = "dp_comm") -> Phase:

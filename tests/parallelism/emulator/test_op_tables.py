@@ -162,11 +162,25 @@ def test_the_embedding_gradient_is_priced_as_the_zero_fill_of_its_output() -> No
         "embedding_dense_backward", 49e6) == cpu.memory_bandwidth
 
 
+def test_a_copy_into_a_tensor_of_its_own_dtype_is_priced_as_one_not_as_a_cast() -> None:
+    """ZeRO's gathered bf16 parameters copied back into the model: `copy_` with no source
+    takes the measured same-dtype copy_, never `copy` (a cast into a new tensor)."""
+    cpu = get_profile("cpu")
+    measured = replace(cpu, op_bandwidth={}, op_bandwidth_table={
+        "copy": [[1e6, 10e9], [1e9, 10e9]], "copy_": [[1e6, 20e9], [1e9, 20e9]], "copy_:fp32>bf16": [[1e6, 15e9]]})
+    same = ComputeOp("copy_", "memory", 0, 1.5e8, (), "bf16")
+    cast = ComputeOp("copy_", "memory", 0, 1.5e8, (), "bf16", source="fp32")
+    assert compute_seconds(same, measured) == pytest.approx(1.5e8 / 20e9 + cpu.launch_seconds)
+    assert compute_seconds(cast, measured) == pytest.approx(1.5e8 / 15e9 + cpu.launch_seconds)
+    unmeasured = replace(measured, op_bandwidth_table={"copy": [[1e6, 10e9]]})  # an older profile: as before
+    assert compute_seconds(same, unmeasured) == pytest.approx(1.5e8 / 10e9 + cpu.launch_seconds)
+
+
 def test_calibrate_times_in_place_ops_and_casts_as_the_recorder_counts_them() -> None:
     """Every measured case moves the bytes the recorder would count for the same call."""
     cases = calibrate_ops.op_cases(256, 2)
     for name in ("mul_", "add_", "div_", "addcdiv_", "addcmul_", "lerp_", "_to_copy:bf16>fp32", "add_:bf16>fp32",
-                 "copy_:fp32>bf16", "mul", "add", "_to_copy", "_fused_adamw_"):
+                 "copy_:fp32>bf16", "copy_", "mul", "add", "_to_copy", "_fused_adamw_"):
         work, nbytes, calls = cases[name]
         recorder = OpRecorder()
         with recorder:

@@ -15,7 +15,7 @@ from parallelism.emulator.costs import op_seconds
 from parallelism.emulator.devices import FLASH_PAPER_STANDARD_ATTENTION, get_profile
 from parallelism.emulator.emulate import EmulateRequest, emulate
 from parallelism.emulator.errors import EmulatorError
-from parallelism.emulator.grad_accumulation import with_grad_accumulation
+from parallelism.emulator.grad_accumulation import first_backward, with_grad_accumulation
 from parallelism.emulator.grad_sync import BUCKET_BYTES, buckets_of, with_grad_sync
 from parallelism.emulator.hidden_dropout import with_hidden_dropout
 from parallelism.emulator.network import collective_seconds
@@ -229,7 +229,48 @@ def test_the_tracer_tags_each_gradient_accumulation_and_fusing_drops_exactly_the
     assert not any(getattr(op, "role", "") for op in fused.stages[0].backward)
     cpu = replace(PROFILE, launch_seconds=2e-6)
     drop = simulate(traced, cpu).step_seconds - simulate(fused, cpu).step_seconds
-    assert drop == pytest.approx(4 * sum(op_seconds(op, cpu) for op in tagged), rel=1e-9)
+    # micro-batches 2-4 add into the buffers; the first makes them (a cast, 6 bytes a parameter)
+    casts = [op for op in first_backward(s.backward) if isinstance(op, ComputeOp) and op.role == "grad_accumulate"]
+    assert [op.name for op in casts] == ["_to_copy"] * len(tagged) and sum(op.bytes for op in casts) == 6 * params
+    assert drop == pytest.approx(3 * sum(op_seconds(op, cpu) for op in tagged) + sum(op_seconds(op, cpu) for op in casts),
+                                 rel=1e-9)
+
+
+def test_a_step_of_one_micro_batch_traces_its_casts_and_prices_them_as_traced():
+    traced, _ = trace(TraceRequest("tiny-gpt", "tp=1,pp=1,dp=1,zero=1", 2, 16, 1))
+    backward = traced.stages[0].backward
+    tagged = [op for op in backward if isinstance(op, ComputeOp) and op.role == "grad_accumulate"]
+    assert tagged and all(op.name == "_to_copy" for op in tagged)
+    assert first_backward(backward) == backward
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["add_", "_to_copy", "mm", "mul"]), st.sampled_from(["", "grad_accumulate"]),
+                          st.floats(0, 1e9)), max_size=12))
+def test_the_first_backward_swaps_only_the_tagged_adds_for_casts_in_place(ops):
+    backward = tuple(ComputeOp(name, "memory", 0.0, nbytes, (), "fp32", role=role, source="bf16")
+                     for name, role, nbytes in ops)
+    first = first_backward(backward)
+    assert len(first) == len(backward)
+    for before, after in zip(backward, first):
+        if before.role == "grad_accumulate" and before.name == "add_":
+            assert after == replace(before, name="_to_copy", bytes=before.bytes * 6 / 10)
+        else:
+            assert after is before
+
+
+def test_each_stage_pays_the_cast_on_its_first_micro_batch_and_the_add_after():
+    """Two stages, four micro-batches: in the 1F1B order each stage's backward of
+    micro-batch 0 is its first, and only that one is cheaper (by the add's 4 bytes a
+    parameter the cast does not move)."""
+    add = ComputeOp("add_", "memory", 0.0, 10 * PROFILE.memory_bandwidth, (), "fp32", role="grad_accumulate",
+                    source="bf16")
+    traced = with_stages(uniform_trace(2, 4), [stage(i, 1.0, (timed("b", 2.0), add)) for i in range(2)])
+    sim = simulate(traced, PROFILE, record_events=True)
+    for rank in (0, 1):
+        backwards = sorted((e for e in sim.events if e.rank == rank and e.kind == "backward"), key=lambda e: e.start)
+        lengths = {e.micro_batch: e.end - e.start for e in backwards}
+        assert lengths == pytest.approx({0: 2.0 + 6.0, 1: 12.0, 2: 12.0, 3: 12.0})
 
 
 def test_tensor_parallel_backward_reduces_one_input_gradient_per_sublayer():
