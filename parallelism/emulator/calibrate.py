@@ -81,12 +81,18 @@ class Effort:
     table_repeats: int = 3
     program_steps: int = 8
     op_sizes: tuple = SIZE_LADDER  # elements per tensor of the memory-bound ops' size ladder
+    # Launches of fresh rank processes that time each real-group program step (its median
+    # launch decides the host cost): the tiny-gpt tp=2 step over gloo is half waiting at its
+    # 76 collectives, and one launch's median step read 211-263 ms between calibrations
+    # (rendezvous_seconds 0.46 against 0.99 ms, llama-124m's tp=2 step 0.79 against 0.88 s),
+    # 217-244 ms in five launches back to back (session 26).
+    real_group_launches: int = 5
 
 
 FULL = Effort()
 QUICK = Effort(passes=1, repeats=1, gemm_shapes=((512, 768, 768),), bandwidth_tensors=4,
                table_sizes=(1 << 12, 1 << 18, 1 << 22), table_repeats=2, program_steps=5,
-               op_sizes=(1 << 12, 1 << 20))
+               op_sizes=(1 << 12, 1 << 20), real_group_launches=1)
 
 
 def _op_overhead() -> float:
@@ -565,7 +571,8 @@ def calibrate(ranks: int = 2, effort: Effort = FULL, shapes_from: list = ()) -> 
     host = dict(zip(HOST_COSTS, program_host_costs(estimated, ranks, program)))
     for layout, cost in real_group_layouts(ranks):
         say(f"timing the program's {layout} steps over a real group (for {cost})")
-        seconds = max(run_ranks(ranks, real_program_step, layout, effort.program_steps, timeout_s=600))
+        seconds = statistics.median(max(run_ranks(ranks, real_program_step, layout, effort.program_steps,
+                                                  timeout_s=600)) for _ in range(effort.real_group_launches))
         program[f"{layout} over gloo"] = seconds
         steps_of = trace(TraceRequest(PROGRAM_MODEL, layout, 1, PROGRAM_SEQ, PROGRAM_MICRO_BATCHES, ranks))[0]
         solved = solved_host_cost(cost, steps_of, dataclasses.replace(estimated, **host), ranks, seconds)
