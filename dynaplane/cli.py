@@ -130,6 +130,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                    help="Megatron-style sequence parallelism with tp > 1 (llama-style models)")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dataset", metavar="DIR", default=None,
+                   help="a dataset directory (`dynaplane data prepare`); default: synthetic tokens")
     p.add_argument("--staging-mb", type=float, default=64.0)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before a silent rank fails the run")
     p.add_argument("--json", action="store_true", help="print rank 0's steps and switches as JSON at the end")
@@ -261,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_commands(sub)
     _add_bench(sub)
     _add_train(sub)
+    from dynaplane.data_commands import add_data_commands
+
+    add_data_commands(sub)
     _add_emulate(sub)
     _add_compare_and_search(sub)
     _add_calibrate(sub)

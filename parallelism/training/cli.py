@@ -33,13 +33,21 @@ def _rank(rank: int, world: int, config: TrainConfig, layout: str, steps: int, s
     return {"steps": [asdict(s) for s in log.steps], "switches": [asdict(s) for s in log.switches]}
 
 
+def _dataset_dir(path: str | None) -> str | None:
+    """An absolute path: every rank process opens the same directory whatever its working directory."""
+    import os
+
+    return os.path.abspath(path) if path else None
+
+
 def train_main(args) -> int:
     try:
         switches = [parse_switch(s) for s in args.switch or []]
         check_schedule(args.steps, switches)
         config = TrainConfig(model=args.model, global_batch=args.global_batch, seq_len=args.seq,
                              micro_batches=args.micro_batches, seed=args.seed, lr=args.lr,
-                             total_steps=max(args.steps, 1), sequence_parallel=args.sequence_parallel)
+                             total_steps=max(args.steps, 1), sequence_parallel=args.sequence_parallel,
+                             dataset=_dataset_dir(args.dataset))
         for layout in [args.layout, *(s.layout for s in switches)]:
             check_layout(config, layout)
         needed = union_world(config, args.layout, switches)
@@ -51,7 +59,8 @@ def train_main(args) -> int:
     except (TrainingError, LayoutError, KeyError, ValueError) as exc:
         print(f"dynaplane train: {exc}", file=sys.stderr)
         return 2
-    print(f"training {config.model} on {world} local ranks: {args.layout}"
+    data = f" on {config.dataset}" if config.dataset else " on synthetic tokens"
+    print(f"training {config.model}{data} on {world} local ranks: {args.layout}"
           + "".join(f", then {s.layout} at step {s.step}" for s in switches), flush=True)
     try:
         ranks = run_ranks(world, _rank, config, args.layout, args.steps, switches,

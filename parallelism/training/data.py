@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 from torch import Tensor
@@ -95,3 +96,42 @@ class SyntheticImages:
         shape = (self.channels, self.image, self.image)
         return torch.stack([torch.randn(shape, generator=_generator(self.seed, "images", position + i))
                             for i in range(batch_size)])
+
+
+@lru_cache(maxsize=8)
+def _dataset(directory: str, seq_len: int, seed: int, split: str):
+    from parallelism.datasets.dataset import TokenDataset
+
+    return TokenDataset(directory, seq_len, seed, split)
+
+
+def training_data(config, split: str = "train"):
+    """What a trainer reads `batch(position, n)` from: the config's dataset (one open copy per
+    process and setting, so a switch reuses its memmaps and epoch index), else synthetic tokens."""
+    if config.dataset is None:
+        if split != "train":
+            raise ValueError("synthetic data has no validation split")
+        return SyntheticTokens(config.model_config.llm.vocab, config.seq_len, seed=config.seed)
+    return _dataset(config.dataset, config.seq_len, config.seed, split)
+
+
+def check_training_data(config) -> None:
+    """Raise DatasetError (a ValueError naming the file and the rule) when the config's dataset
+    cannot feed its model: unreadable, too small for one sample, or a vocab above the model's."""
+    if config.dataset is None:
+        return
+    data = training_data(config)
+    vocab = config.model_config.llm.vocab
+    if data.vocab_size > vocab:
+        from parallelism.datasets.errors import DatasetError
+
+        raise DatasetError(f"{data.manifest.name}: its tokenizer's vocab of {data.vocab_size} exceeds the model's "
+                           f"{vocab} ({config.model}): token ids past {vocab - 1} have no embedding row")
+
+
+def sample_digest(data, first: int, count: int) -> str:
+    """16 hex digits over the identities of samples first .. first + count - 1 (a dataset's
+    `sample_ids`: where each sample's tokens lie; synthetic data: the indices themselves)."""
+    ids = data.sample_ids(first, count) if hasattr(data, "sample_ids") else range(first, first + count)
+    return hashlib.blake2b(b"".join(int(i).to_bytes(8, "little", signed=True) for i in ids),
+                           digest_size=8).hexdigest()

@@ -74,6 +74,9 @@ def check_hetero_trainable(config: TrainConfig, placement: Placement) -> None:
     mc = config.model_config
     if mc.encoder is None:
         raise TrainingError(f"{config.model} has no encoder: train it with the decoder trainer")
+    if config.dataset is not None:
+        raise TrainingError(f"{config.model} is multimodal: it trains on synthetic image-text pairs; a token "
+                            "dataset holds no images (datasets feed decoder-only models)")
     refused = hetero_refusal(placement)
     if refused:
         raise TrainingError(refused)

@@ -40,7 +40,7 @@ from parallelism.layout.shards import b_dim
 from parallelism.layout.spec import DEFAULT_MODULE, ModuleLayout
 from parallelism.layout.tensors import STATES
 from parallelism.training.context_parallel import ContextShard, context_group, parallelize_context, split_sequence
-from parallelism.training.data import DataPosition, SyntheticTokens
+from parallelism.training.data import DataPosition, check_training_data, sample_digest, training_data
 from parallelism.training.expert_parallel import parallelize_moe
 from parallelism.training.init import initial_value
 from parallelism.training.kv_heads import ReplicatedHeadsColwise, head_groups, is_replicated, replicated_units
@@ -74,6 +74,9 @@ class TrainConfig(NamesAModel):
     # residual adds run on seq/tp positions; the TP all-reduces become reduce-scatter +
     # all-gather. Same state layout, so switches are unaffected.
     sequence_parallel: bool = False
+    # A dataset directory (parallelism/datasets/manifest.py) to train on; None: the synthetic
+    # tokens of parallelism/training/data.py. Either way sample i is a pure function of (data, seed, i).
+    dataset: str | None = None
     model_config: ModelConfig | None = resolved_field()  # `model` resolved once (NamesAModel)
 
     def lr_at(self, step: int) -> float:
@@ -101,6 +104,11 @@ class StepResult:
     loss: float | None  # None: not summed yet (ParallelTrainer.trained)
     seconds: float
     tokens: int
+    # What this rank read: global samples first_sample .. first_sample + samples - 1, and a digest
+    # of their identities (data.sample_digest): the record that proves the sample order.
+    first_sample: int = -1
+    samples: int = 0
+    sample_digest: str = ""
 
 
 def check_trainable(config: TrainConfig, placement: Placement) -> None:
@@ -125,6 +133,10 @@ def check_trainable(config: TrainConfig, placement: Placement) -> None:
     if config.global_batch % (ml.dp * config.micro_batches):
         raise TrainingError(f"global batch {config.global_batch} must divide into dp={ml.dp} x "
                             f"{config.micro_batches} micro-batches (got {per_rank:g} samples per dp rank)")
+    try:
+        check_training_data(config)
+    except ValueError as exc:
+        raise TrainingError(f"dataset {config.dataset}: {exc}") from None
 
 
 def check_interleaved(config: TrainConfig, ml: ModuleLayout, module: str = "") -> None:
@@ -322,7 +334,7 @@ class ParallelTrainer:
         # data_rank: the data index d = cp_rank + cp * dp_rank (docs/contracts.md section 2).
         self.pp_rank, self.data_rank, self.tp_rank = coordinate
         self.dp_rank, self.cp_rank = divmod(self.data_rank, self.ml.cp)
-        self.data = SyntheticTokens(config.model_config.llm.vocab, config.seq_len, seed=config.seed)
+        self.data = training_data(config)
         # zero=3 keeps fp32 parameters (FSDP2's shards are the masters); otherwise the model is bf16.
         dtype = torch.float32 if self.ml.zero == 3 else torch.bfloat16
         model = build_training_model(config.model_config, device="meta", dtype=dtype)
@@ -472,7 +484,10 @@ class ParallelTrainer:
     def _local_batch(self) -> tuple[Tensor, Tensor]:
         """The dp replica's samples; under context parallelism this rank's chunk of their sequences."""
         per_dp = self.config.global_batch // self.ml.dp
-        tokens, targets = self.data.batch(self.scalars.data.samples + self.dp_rank * per_dp, per_dp)
+        first = self.scalars.data.samples + self.dp_rank * per_dp
+        tokens, targets = self.data.batch(first, per_dp)
+        self.read = {"first_sample": first, "samples": per_dp,
+                     "sample_digest": sample_digest(self.data, first, per_dp)}
         return split_sequence(tokens, targets, self.context) if self.context is not None else (tokens, targets)
 
     def step(self) -> StepResult | None:
@@ -504,7 +519,7 @@ class ParallelTrainer:
         self.scalars.step += 1
         self.scalars.data = self.scalars.data.advance(self.config.global_batch)
         tokens = self.config.global_batch * self.config.seq_len
-        self.trained = StepResult(self.scalars.step, None, time.perf_counter() - started, tokens)
+        self.trained = StepResult(self.scalars.step, None, time.perf_counter() - started, tokens, **self.read)
         if self.on_update is not None:
             self.on_update(self.scalars.step)
         # Global mean loss: the last stage's TP rank 0 of every data index contributes (the
@@ -513,7 +528,7 @@ class ParallelTrainer:
             loss_sum.zero_()
         dist.all_reduce(loss_sum, group=self.meshes.everyone)
         return StepResult(self.scalars.step, float(loss_sum.item()) / (micro * self.ml.dp * self.ml.cp),
-                          time.perf_counter() - started, tokens)
+                          time.perf_counter() - started, tokens, **self.read)
 
 
 def cross_entropy_loss(logits: Tensor, targets: Tensor) -> Tensor:

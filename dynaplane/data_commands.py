@@ -1,0 +1,74 @@
+"""`dynaplane data ...`: prepare a dataset from text, JSONL or Parquet; describe one."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_data_commands(sub: argparse._SubParsersAction) -> None:
+    data = sub.add_parser("data", help="datasets: prepare text into tokens, describe a dataset")
+    verbs = data.add_subparsers(dest="data_command", required=True)
+    p = verbs.add_parser("prepare", help="tokenize text, JSONL or Parquet into a Megatron indexed dataset")
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="files or directories (searched recursively)")
+    p.add_argument("--out", required=True, metavar="DIR", help="the dataset directory to write")
+    p.add_argument("--tokenizer", metavar="TOKENIZER_JSON", default=None,
+                   help="a Hugging Face tokenizer.json (default: bytes, vocab 257)")
+    p.add_argument("--eos-token", default=None, help="the token that ends each document (default: the tokenizer's)")
+    p.add_argument("--validation-fraction", type=float, default=0.01,
+                   help="share of documents held out for validation (default 0.01)")
+    p.add_argument("--text-field", default="text", help="the JSONL field / Parquet column holding text")
+    p.add_argument("--name", default=None, help="the dataset's name (default: the directory's)")
+    p.add_argument("--force", action="store_true", help="replace a dataset already in --out")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=_prepare)
+    d = verbs.add_parser("describe", help="check a dataset directory and print what it holds")
+    d.add_argument("directory")
+    d.add_argument("--seq", type=int, default=2048, help="sequence length to count samples for")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=_describe)
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    from parallelism.datasets.errors import DatasetError
+    from parallelism.datasets.prepare import prepare
+    from parallelism.datasets.tokenizer import HFTokenizer
+
+    try:
+        tokenizer = HFTokenizer(args.tokenizer, args.eos_token) if args.tokenizer else None
+        result = prepare(args.inputs, args.out, tokenizer, validation_fraction=args.validation_fraction,
+                         name=args.name, text_field=args.text_field, force=args.force, progress=not args.quiet)
+    except DatasetError as exc:
+        print(f"dynaplane data prepare: {exc}", file=sys.stderr)
+        return 2
+    m = result.manifest
+    summary = {"directory": str(result.directory), "documents": result.documents, "skipped": result.skipped,
+               "tokens": result.tokens, "input_bytes": result.input_bytes, "seconds": round(result.seconds, 3),
+               "mb_per_second": round(result.mb_per_second, 2),
+               "tokens_per_second": round(result.tokens / max(result.seconds, 1e-9)),
+               "vocab_size": m.vocab_size, "fingerprint": m.fingerprint}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"prepared {result.directory}: {result.documents} documents ({result.skipped} empty skipped), "
+              f"{result.tokens:,} tokens, vocab {m.vocab_size}, from {result.input_bytes / 1e6:.1f} MB in "
+              f"{result.seconds:.2f} s: {summary['mb_per_second']} MB/s, {summary['tokens_per_second']:,} tokens/s")
+    return 0
+
+
+def _describe(args: argparse.Namespace) -> int:
+    from parallelism.datasets.describe import describe
+    from parallelism.datasets.errors import DatasetError
+
+    try:
+        info = describe(args.directory, args.seq)
+    except DatasetError as exc:
+        print(f"dynaplane data describe: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(info))
+    else:
+        for key, value in info.items():
+            print(f"{key:>22}: {value}")
+    return 0

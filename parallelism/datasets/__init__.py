@@ -1,0 +1,1 @@
+"""Token datasets: on-disk formats, exact sample order, preparation (docs/datasets.md)."""
