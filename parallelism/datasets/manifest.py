@@ -74,7 +74,8 @@ def _require(raw: dict, key: str, kind, where: str, *, minimum=None, default=...
     ok = isinstance(value, kind) and not (kind in (int, (int, float)) and isinstance(value, bool))
     if not ok or (minimum is not None and value < minimum):
         bound = f" >= {minimum}" if minimum is not None else ""
-        raise DatasetError(f"{where}: {key}={value!r} must be a {getattr(kind, '__name__', 'number')}{bound}")
+        noun = {int: "an integer", str: "a string", list: "a list", dict: "an object"}.get(kind, "a number")
+        raise DatasetError(f"{where}: {key}={value!r} must be {noun}{bound}")
     return value
 
 

@@ -59,9 +59,10 @@ def train_main(args) -> int:
     except (TrainingError, LayoutError, KeyError, ValueError) as exc:
         print(f"dynaplane train: {exc}", file=sys.stderr)
         return 2
-    data = f" on {config.dataset}" if config.dataset else " on synthetic tokens"
-    print(f"training {config.model}{data} on {world} local ranks: {args.layout}"
+    print(f"training {config.model} on {world} local ranks: {args.layout}"
           + "".join(f", then {s.layout} at step {s.step}" for s in switches), flush=True)
+    if config.dataset:
+        print(f"data: {config.dataset}, seed {config.seed}", flush=True)
     try:
         ranks = run_ranks(world, _rank, config, args.layout, args.steps, switches,
                           int(args.staging_mb * 2**20), timeout_s=args.timeout)
