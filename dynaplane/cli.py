@@ -132,6 +132,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dataset", metavar="DIR", default=None,
                    help="a dataset directory (`dynaplane data prepare`); default: synthetic tokens")
+    p.add_argument("--eval-every", type=int, default=0, metavar="N",
+                   help="validation loss every N steps on the dataset's held-out split (default: never)")
+    p.add_argument("--eval-batches", type=int, default=4, metavar="B",
+                   help="global batches of the validation split each evaluation reads (default 4)")
     p.add_argument("--staging-mb", type=float, default=64.0)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before a silent rank fails the run")
     p.add_argument("--json", action="store_true", help="print rank 0's steps and switches as JSON at the end")

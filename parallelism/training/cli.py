@@ -2,20 +2,26 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import asdict
 
 from parallelism.engine.errors import EngineError
 from parallelism.engine.launch import run_ranks
 from parallelism.layout.errors import LayoutError
+from parallelism.training.data import training_data
 from parallelism.training.parallel import StepResult, TrainConfig, TrainingError
-from parallelism.training.run import (SwitchReport, Switch, check_layout, check_schedule, parse_switch, train_rank,
-                                union_world)
+from parallelism.training.run import (EvalResult, SwitchReport, Switch, check_layout, check_schedule, parse_switch,
+                                      train_rank, union_world)
 
 
-def _print_progress(rank: int, event: StepResult | SwitchReport) -> None:
+def _print_progress(rank: int, event: StepResult | SwitchReport | EvalResult) -> None:
     """Rank 0 speaks for the run (it is in every layout)."""
     if rank != 0:
+        return
+    if isinstance(event, EvalResult):
+        print(f"eval after step {event.step}: validation loss {event.loss:.4f} "
+              f"({event.loss / math.log(2):.4f} bits per token)", flush=True)
         return
     if isinstance(event, StepResult):
         print(f"step {event.step:5d}  loss {event.loss:.4f}  {event.seconds * 1000:7.1f} ms  "
@@ -28,9 +34,11 @@ def _print_progress(rank: int, event: StepResult | SwitchReport) -> None:
 
 
 def _rank(rank: int, world: int, config: TrainConfig, layout: str, steps: int, switches: list[Switch],
-          staging_bytes: int) -> dict:
-    log = train_rank(rank, world, config, layout, steps, switches, staging_bytes, on_step=_print_progress)
-    return {"steps": [asdict(s) for s in log.steps], "switches": [asdict(s) for s in log.switches]}
+          staging_bytes: int, eval_every: int, eval_batches: int) -> dict:
+    log = train_rank(rank, world, config, layout, steps, switches, staging_bytes, on_step=_print_progress,
+                     eval_every=eval_every, eval_batches=eval_batches)
+    return {"steps": [asdict(s) for s in log.steps], "switches": [asdict(s) for s in log.switches],
+            "evals": [asdict(e) for e in log.evals]}
 
 
 def _dataset_dir(path: str | None) -> str | None:
@@ -56,6 +64,13 @@ def train_main(args) -> int:
             raise TrainingError(f"--world {world} is smaller than the {needed} ranks the layouts need")
         if args.steps < 1:
             raise TrainingError(f"--steps {args.steps}: train at least one step")
+        if args.eval_every < 0 or args.eval_batches < 1:
+            raise TrainingError(f"--eval-every {args.eval_every} must be >= 0 and --eval-batches "
+                                f"{args.eval_batches} >= 1")
+        if args.eval_every:
+            if config.dataset is None:
+                raise TrainingError("--eval-every needs --dataset: synthetic tokens have no validation split")
+            training_data(config, "validation")
     except (TrainingError, LayoutError, KeyError, ValueError) as exc:
         print(f"dynaplane train: {exc}", file=sys.stderr)
         return 2
@@ -65,7 +80,7 @@ def train_main(args) -> int:
         print(f"data: {config.dataset}, seed {config.seed}", flush=True)
     try:
         ranks = run_ranks(world, _rank, config, args.layout, args.steps, switches,
-                          int(args.staging_mb * 2**20), timeout_s=args.timeout)
+                          int(args.staging_mb * 2**20), args.eval_every, args.eval_batches, timeout_s=args.timeout)
     except EngineError as exc:
         print(f"dynaplane train: {exc}", file=sys.stderr)
         return 1

@@ -27,10 +27,17 @@ class Switch:
     layout: str
 
 
+@dataclass(frozen=True)
+class EvalResult:
+    step: int          # evaluated after this many steps
+    loss: float        # mean validation loss (nats per token)
+
+
 @dataclass
 class RankLog:
     steps: list[StepResult] = field(default_factory=list)
     switches: list[SwitchReport] = field(default_factory=list)
+    evals: list[EvalResult] = field(default_factory=list)
 
 
 def parse_switch(text: str) -> Switch:
@@ -88,8 +95,11 @@ def switch_trainer(trainer: ParallelTrainer | HeteroTrainer, layout: str,
 
 
 def train_rank(rank: int, world: int, config: TrainConfig, layout: str, steps: int, switches: list[Switch],
-               staging_bytes: int = 64 * 2**20, on_step=None) -> RankLog:
-    """The whole run on one rank; `on_step(rank, StepResult | SwitchReport)` sees progress."""
+               staging_bytes: int = 64 * 2**20, on_step=None, eval_every: int = 0, eval_batches: int = 1) -> RankLog:
+    """The whole run on one rank; `on_step(rank, StepResult | SwitchReport | EvalResult)` sees progress.
+    eval_every > 0: the validation loss after every eval_every steps (parallelism/training/evaluate.py)."""
+    from parallelism.training.evaluate import evaluate
+
     check_schedule(steps, switches)
     for text in [layout, *(s.layout for s in switches)]:
         check_layout(config, text)
@@ -110,4 +120,10 @@ def train_rank(rank: int, world: int, config: TrainConfig, layout: str, steps: i
             log.steps.append(result)
             if on_step:
                 on_step(rank, result)
+        if eval_every and (step + 1) % eval_every == 0:
+            loss = evaluate(trainer, eval_batches) if trainer.active else None
+            if loss is not None:
+                log.evals.append(EvalResult(step + 1, loss))
+                if on_step:
+                    on_step(rank, log.evals[-1])
     return log
