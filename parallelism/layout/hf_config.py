@@ -6,13 +6,15 @@ import os
 from typing import Any
 
 from parallelism.layout.errors import LayoutError
-from parallelism.layout.model_config import DecoderConfig, ModelConfig
+from parallelism.layout.model_config import ACTIVATIONS, DecoderConfig, ModelConfig, RopeScaling
 
 SUPPORTED_TYPES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt2")
 # transformers' per-class defaults for keys a config.json may leave out (shape keys have none: they are required).
 _TIED_DEFAULT = {"gpt2": True}  # every other supported class defaults to untied
 _HEAD_DIM_DEFAULT = {"qwen3": 128, "qwen3_moe": 128}  # others: hidden // heads
 _TOP_K_DEFAULT = {"mixtral": 2, "qwen3_moe": 8}
+_ROPE_THETA_DEFAULT = {"mixtral": 1e6}  # others: transformers' default_theta, 1e4
+_NORM_EPS_DEFAULT = {"llama": 1e-6, "qwen2": 1e-6, "qwen3": 1e-6, "qwen3_moe": 1e-6, "mixtral": 1e-5, "gpt2": 1e-5}
 
 
 class _Reader:
@@ -41,6 +43,16 @@ class _Reader:
         if not isinstance(value, bool):
             raise self.fail(f"{key}={value!r} must be true or false")
         return value
+
+    def get_float(self, *keys: str, default: float, source: dict[str, Any] | None = None) -> float:
+        raw = self.raw if source is None else source
+        key = next((k for k in keys if raw.get(k) is not None), None)
+        if key is None:
+            return default
+        value = raw[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise self.fail(f"{key}={value!r} must be a positive number")
+        return float(value)
 
     def int_list(self, key: str) -> list[int]:
         value = self.raw.get(key) or []
@@ -77,6 +89,35 @@ def _head_dim(r: _Reader, hidden: int, heads: int) -> int:
     return r.get_int("head_dim", default=default or hidden // heads)
 
 
+def _activation(r: _Reader, *keys: str) -> str:
+    key = next((k for k in keys if r.raw.get(k) is not None), None)
+    if key is None:
+        return ""
+    value = r.raw[key]
+    if value not in ACTIVATIONS:
+        raise r.fail(f"{key}={value!r} is not an activation the trainer computes ({', '.join(ACTIVATIONS)})")
+    return value
+
+
+def _rope(r: _Reader) -> tuple[float, RopeScaling | None]:
+    """(base, scaling) from transformers 5's `rope_parameters` or the older top-level `rope_theta`
+    with `rope_scaling`; rope types other than default are kept as RopeScaling."""
+    params = r.raw.get("rope_parameters") or r.raw.get("rope_scaling") or {}
+    if not isinstance(params, dict):
+        raise r.fail(f"rope_parameters={params!r} must be an object")
+    theta = r.get_float("rope_theta", default=_ROPE_THETA_DEFAULT.get(r.model_type, 1e4))  # older configs
+    theta = r.get_float("rope_theta", default=theta, source=params)  # rope_parameters' own wins
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "default":
+        return theta, None
+    if not isinstance(kind, str):
+        raise r.fail(f"rope_type={kind!r} must be a string")
+    original = params.get("original_max_position_embeddings") or r.raw.get("max_position_embeddings") or 8192
+    return theta, RopeScaling(kind, r.get_float("factor", default=1.0, source=params),
+                              r.get_float("low_freq_factor", default=1.0, source=params),
+                              r.get_float("high_freq_factor", default=4.0, source=params), int(original))
+
+
 def _llama_like(r: _Reader) -> DecoderConfig:
     mt = r.model_type
     hidden, layers = r.get_int("hidden_size"), r.get_int("num_hidden_layers")
@@ -89,7 +130,9 @@ def _llama_like(r: _Reader) -> DecoderConfig:
     if mt == "mixtral":
         experts, moe_ffn = r.get_int("num_local_experts"), r.get_int("intermediate_size")
     elif mt == "qwen3_moe":
-        experts, moe_ffn = r.get_int("num_experts", minimum=0), r.get_int("moe_intermediate_size")
+        # transformers 5 saves num_experts under its attribute_map name, num_local_experts.
+        experts = r.get_int("num_experts", "num_local_experts", minimum=0)
+        moe_ffn = r.get_int("moe_intermediate_size")
         step, only = r.get_int("decoder_sparse_step", default=1), set(r.int_list("mlp_only_layers"))
         # transformers' Qwen3MoeDecoderLayer: sparse iff not in mlp_only_layers and (i + 1) % step == 0.
         dense = {i for i in range(layers) if experts == 0 or i in only or (i + 1) % step}
@@ -101,6 +144,7 @@ def _llama_like(r: _Reader) -> DecoderConfig:
     needs_ffn = experts == 0 or len(dense) > 0
     ffn = r.get_int("intermediate_size") if needs_ffn else r.get_int("intermediate_size", default=moe_ffn)
     attention_bias = r.get_bool("attention_bias", False)
+    theta, scaling = _rope(r)
     return DecoderConfig(
         "llama", hidden, layers, heads, kv, _head_dim(r, hidden, heads), ffn, r.get_int("vocab_size"),
         tied=r.get_bool("tie_word_embeddings", _TIED_DEFAULT.get(mt, False)),
@@ -110,6 +154,10 @@ def _llama_like(r: _Reader) -> DecoderConfig:
         qk_norm=mt in ("qwen3", "qwen3_moe"),
         experts=experts, top_k=top_k, moe_ffn=moe_ffn,
         dense_layers=frozenset(dense) if experts else frozenset(),
+        rope_theta=theta, rope_scaling=scaling,
+        norm_eps=r.get_float("rms_norm_eps", default=_NORM_EPS_DEFAULT[mt]),
+        norm_topk_prob=r.get_bool("norm_topk_prob", False) if mt == "qwen3_moe" else True,  # Mixtral: always
+        hidden_act=_activation(r, "hidden_act"),
     )
 
 
@@ -122,4 +170,6 @@ def _gpt2(r: _Reader) -> DecoderConfig:
         r.get_int("n_inner", default=4 * hidden), r.get_int("vocab_size"),
         tied=r.get_bool("tie_word_embeddings", True), positions=r.get_int("n_positions", "max_position_embeddings"),
         qkv_bias=True, o_bias=True, mlp_bias=True,
+        norm_eps=r.get_float("layer_norm_epsilon", default=_NORM_EPS_DEFAULT["gpt2"]),
+        hidden_act=_activation(r, "activation_function"),
     )

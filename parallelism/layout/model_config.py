@@ -5,6 +5,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+ROPE_THETA = 500_000.0  # Llama 3's RoPE base: the catalog's llama-style models use it
+# Activations the trainer computes, by their Hugging Face names (ACT2FN's): SiLU, exact GELU and
+# GELU's tanh approximation under its three names. "" is a style's own: silu (llama), gelu_new (gpt).
+ACTIVATIONS: tuple[str, ...] = ("silu", "swish", "gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+
+
+@dataclass(frozen=True, slots=True)
+class RopeScaling:
+    """A config's non-default RoPE (`rope_parameters` / `rope_scaling`). rope_type "llama3" (Llama 3.1+)
+    is computed as transformers does; other types are recorded so the weight loader can refuse them."""
+
+    rope_type: str
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_positions: int = 8192
+
 
 @dataclass(frozen=True, slots=True)
 class DecoderConfig:
@@ -28,6 +45,12 @@ class DecoderConfig:
     top_k: int = 0
     moe_ffn: int = 0
     dense_layers: frozenset[int] = field(default_factory=frozenset)  # MoE models: layers with a dense MLP
+    # Numerics a Hugging Face checkpoint fixes (hf_config.py reads them); the defaults are the catalog's.
+    rope_theta: float = ROPE_THETA  # RoPE base (llama style)
+    rope_scaling: RopeScaling | None = None  # None: plain RoPE
+    norm_eps: float = 1e-5  # RMSNorm / LayerNorm epsilon
+    norm_topk_prob: bool = True  # MoE: renormalize the top-k gates to sum to 1 (Mixtral; Qwen3-MoE's flag)
+    hidden_act: str = ""  # "": the style's own, silu (llama) or gelu_new, GELU's tanh form (gpt)
 
     def is_moe_layer(self, i: int) -> bool:
         return self.experts > 0 and i not in self.dense_layers

@@ -1,19 +1,35 @@
 """Transformer building blocks whose parameter names match the catalog: norms, RoPE, attention, MLPs, layers."""
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from parallelism.layout.model_config import DecoderConfig
+from parallelism.layout.model_config import DecoderConfig, RopeScaling
 from parallelism.training.moe import MoE
 
 Factory = dict[str, Any]  # {"device": ..., "dtype": ...}: passed to every parameter's constructor
 Rope = tuple[Tensor, Tensor]  # (cos, sin), each [T, head_dim], float32
 
 NORM_EPS = 1e-5
+_TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")  # one formula, 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3)))
+
+
+def activation(name: str, style: str = "llama") -> Callable[[Tensor], Tensor]:
+    """A Hugging Face activation name (model_config.ACTIVATIONS) as a function; "" is the style's own:
+    silu for llama, GELU's tanh form (GPT-2's gelu_new) for gpt."""
+    name = name or ("silu" if style == "llama" else "gelu_new")
+    if name in ("silu", "swish"):
+        return F.silu
+    if name == "gelu":
+        return F.gelu
+    if name in _TANH_GELU:
+        return lambda x: F.gelu(x, approximate="tanh")
+    raise ValueError(f"unknown activation {name!r}")
 
 
 class RMSNorm(nn.Module):
@@ -30,16 +46,34 @@ class RMSNorm(nn.Module):
         return (xf * self.weight.float()).to(x.dtype)
 
 
-def rope_cos_sin(positions: int, head_dim: int, theta: float, device: torch.device, start: int = 0) -> Rope:
+def rope_cos_sin(positions: int, head_dim: int, theta: float, device: torch.device, start: int = 0,
+                 scaling: RopeScaling | None = None) -> Rope:
     """Rotary tables for positions start..start+positions-1 (a context-parallel chunk starts
     past 0), computed on the fly: no buffers, nothing to checkpoint or shard.
 
     Half-split layout (as Hugging Face's Llama): dims i and i + head_dim/2 rotate together by pos * theta^(-2i/hd).
+    `scaling` of rope_type "llama3" rescales the frequencies as transformers' llama3 RoPE does; other
+    types are not computed here (plain RoPE; the Hugging Face weight loader refuses them).
     """
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    if scaling is not None and scaling.rope_type == "llama3":
+        inv_freq = llama3_frequencies(inv_freq, scaling)
     angles = torch.outer(torch.arange(start, start + positions, device=device, dtype=torch.float32), inv_freq)
     angles = torch.cat((angles, angles), dim=-1)
     return angles.cos(), angles.sin()
+
+
+def llama3_frequencies(inv_freq: Tensor, s: RopeScaling) -> Tensor:
+    """Llama 3.1's long-context RoPE: wavelengths past original/low_freq_factor divided by `factor`,
+    those under original/high_freq_factor kept, a smooth blend between (transformers' llama3 rope)."""
+    low_wavelen = s.original_max_positions / s.low_freq_factor
+    high_wavelen = s.original_max_positions / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_positions / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
 
 
 def apply_rope(x: Tensor, rope: Rope) -> Tensor:
@@ -55,15 +89,15 @@ class Attention(nn.Module):
     """Multi-head attention with grouped kv heads; optional q/k/v and o biases, Qwen3's per-head q/k norms, RoPE."""
 
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, fk: Factory, *, qkv_bias: bool,
-                 o_bias: bool, qk_norm: bool = False, causal: bool = True) -> None:
+                 o_bias: bool, qk_norm: bool = False, causal: bool = True, eps: float = NORM_EPS) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim, self.causal = heads, kv_heads, head_dim, causal
         # Registration order q, k, v, q_norm, k_norm, o is the catalog's order, so named_parameters() follows it.
         self.q = nn.Linear(hidden, heads * head_dim, bias=qkv_bias, **fk)
         self.k = nn.Linear(hidden, kv_heads * head_dim, bias=qkv_bias, **fk)
         self.v = nn.Linear(hidden, kv_heads * head_dim, bias=qkv_bias, **fk)
-        self.q_norm = RMSNorm(head_dim, fk) if qk_norm else None
-        self.k_norm = RMSNorm(head_dim, fk) if qk_norm else None
+        self.q_norm = RMSNorm(head_dim, fk, eps) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, fk, eps) if qk_norm else None
         self.o = nn.Linear(heads * head_dim, hidden, bias=o_bias, **fk)
         # Context parallelism: a ContextShard (parallelism/training/context_parallel.py) whose
         # attend() gathers the sequence's keys and values; None attends over x alone.
@@ -88,28 +122,31 @@ class Attention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """Llama's MLP: down(silu(gate(x)) * up(x))."""
+    """Llama's MLP: down(silu(gate(x)) * up(x)) (`act` in place of silu when a config names another)."""
 
-    def __init__(self, hidden: int, ffn: int, fk: Factory, *, bias: bool = False) -> None:
+    def __init__(self, hidden: int, ffn: int, fk: Factory, *, bias: bool = False, act: str = "silu") -> None:
         super().__init__()
+        self.act = activation(act)
         self.gate = nn.Linear(hidden, ffn, bias=bias, **fk)
         self.up = nn.Linear(hidden, ffn, bias=bias, **fk)
         self.down = nn.Linear(ffn, hidden, bias=bias, **fk)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down(F.silu(self.gate(x)) * self.up(x))
+        return self.down(self.act(self.gate(x)) * self.up(x))
 
 
 class GeluMLP(nn.Module):
-    """fc2(gelu(fc1(x))) with biases: the GPT/ViT MLP and the vision projector (whose widths differ)."""
+    """fc2(gelu(fc1(x))) with biases: the GPT/ViT MLP and the vision projector (whose widths differ).
+    GELU's tanh form (GPT-2's gelu_new) unless `act` names another."""
 
-    def __init__(self, d_in: int, d_mid: int, d_out: int, fk: Factory) -> None:
+    def __init__(self, d_in: int, d_mid: int, d_out: int, fk: Factory, act: str = "gelu_new") -> None:
         super().__init__()
+        self.act = activation(act, "gpt")
         self.fc1 = nn.Linear(d_in, d_mid, **fk)
         self.fc2 = nn.Linear(d_mid, d_out, **fk)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+        return self.fc2(self.act(self.fc1(x)))
 
 
 class LlamaBlock(nn.Module):
@@ -117,13 +154,15 @@ class LlamaBlock(nn.Module):
 
     def __init__(self, c: DecoderConfig, index: int, fk: Factory) -> None:
         super().__init__()
-        self.attn_norm = RMSNorm(c.hidden, fk)
+        self.attn_norm = RMSNorm(c.hidden, fk, c.norm_eps)
         self.attn = Attention(c.hidden, c.heads, c.kv_heads, c.head_dim, fk, qkv_bias=c.qkv_bias,
-                              o_bias=c.o_bias, qk_norm=c.qk_norm)
-        self.mlp_norm = RMSNorm(c.hidden, fk)
+                              o_bias=c.o_bias, qk_norm=c.qk_norm, eps=c.norm_eps)
+        self.mlp_norm = RMSNorm(c.hidden, fk, c.norm_eps)
         moe = c.is_moe_layer(index)  # MoE layers hold `moe.*` and no `mlp.*`, as the catalog names them
-        self.mlp = None if moe else SwiGLU(c.hidden, c.ffn, fk, bias=c.mlp_bias)
-        self.moe = MoE(c.hidden, c.moe_ffn, c.experts, c.top_k, fk) if moe else None
+        act = c.hidden_act or "silu"
+        self.mlp = None if moe else SwiGLU(c.hidden, c.ffn, fk, bias=c.mlp_bias, act=act)
+        self.moe = (MoE(c.hidden, c.moe_ffn, c.experts, c.top_k, fk, norm_topk_prob=c.norm_topk_prob,
+                        act=activation(act)) if moe else None)
 
     def forward(self, x: Tensor, rope: Rope | None = None) -> Tensor:
         x = x + self.attn(self.attn_norm(x), rope)
@@ -137,12 +176,13 @@ class LlamaBlock(nn.Module):
 class GptBlock(nn.Module):
     """Pre-LN GPT/ViT layer with biases everywhere and plain multi-head attention; causal for GPT, not for ViT."""
 
-    def __init__(self, hidden: int, heads: int, head_dim: int, ffn: int, fk: Factory, *, causal: bool) -> None:
+    def __init__(self, hidden: int, heads: int, head_dim: int, ffn: int, fk: Factory, *, causal: bool,
+                 eps: float = NORM_EPS, act: str = "gelu_new") -> None:
         super().__init__()
-        self.ln1 = nn.LayerNorm(hidden, eps=NORM_EPS, **fk)
+        self.ln1 = nn.LayerNorm(hidden, eps=eps, **fk)
         self.attn = Attention(hidden, heads, heads, head_dim, fk, qkv_bias=True, o_bias=True, causal=causal)
-        self.ln2 = nn.LayerNorm(hidden, eps=NORM_EPS, **fk)
-        self.mlp = GeluMLP(hidden, ffn, hidden, fk)
+        self.ln2 = nn.LayerNorm(hidden, eps=eps, **fk)
+        self.mlp = GeluMLP(hidden, ffn, hidden, fk, act or "gelu_new")
 
     def forward(self, x: Tensor, rope: Rope | None = None) -> Tensor:
         x = x + self.attn(self.ln1(x), rope)

@@ -7,10 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from parallelism.layout.model_config import DecoderConfig, ModelConfig, VisionConfig
+from parallelism.layout.model_config import ACTIVATIONS, ROPE_THETA, DecoderConfig, ModelConfig, VisionConfig
 from parallelism.training.layers import NORM_EPS, Factory, GeluMLP, GptBlock, LlamaBlock, RMSNorm, rope_cos_sin
 
-ROPE_THETA = 500_000.0  # Llama 3's base; used for every llama-style config
+__all__ = ["ROPE_THETA", "Decoder", "TrainingModel", "VisionEncoder", "build_training_model"]
 
 
 def require(condition: bool, message: str) -> None:
@@ -19,20 +19,23 @@ def require(condition: bool, message: str) -> None:
 
 
 class Decoder(nn.Module):
-    """The LLM: embed (+ learned positions for GPT), layers, final norm, head (absent when tied)."""
+    """The LLM: embed (+ learned positions for GPT), layers, final norm, head (absent when tied).
+    RoPE base, norm epsilon, activation and MoE gating are the config's (`rope_theta` overrides its base)."""
 
-    def __init__(self, c: DecoderConfig, fk: Factory, rope_theta: float = ROPE_THETA) -> None:
+    def __init__(self, c: DecoderConfig, fk: Factory, rope_theta: float | None = None) -> None:
         super().__init__()
-        self.config, self.rope_theta = c, rope_theta
+        self.config, self.rope_theta = c, c.rope_theta if rope_theta is None else rope_theta
         self.gpt = c.style == "gpt"
         self.embed = nn.Embedding(c.vocab, c.hidden, **fk)
         self.pos_embed = nn.Embedding(c.positions, c.hidden, **fk) if self.gpt else None
         blocks: list[nn.Module] = [
-            GptBlock(c.hidden, c.heads, c.head_dim, c.ffn, fk, causal=True) if self.gpt else LlamaBlock(c, i, fk)
+            GptBlock(c.hidden, c.heads, c.head_dim, c.ffn, fk, causal=True, eps=c.norm_eps, act=c.hidden_act)
+            if self.gpt else LlamaBlock(c, i, fk)
             for i in range(c.layers)
         ]
         self.layers = nn.ModuleList(blocks)
-        self.final_norm: nn.Module = nn.LayerNorm(c.hidden, eps=NORM_EPS, **fk) if self.gpt else RMSNorm(c.hidden, fk)
+        self.final_norm: nn.Module = (nn.LayerNorm(c.hidden, eps=c.norm_eps, **fk) if self.gpt
+                                      else RMSNorm(c.hidden, fk, c.norm_eps))
         self.head = None if c.tied else nn.Linear(c.hidden, c.vocab, bias=False, **fk)
 
     def forward(self, tokens: Tensor, prefix: Tensor | None = None) -> Tensor:
@@ -49,7 +52,8 @@ class Decoder(nn.Module):
                      f"sequence of {length} positions exceeds the {self.config.positions}-row position table")
             x = x + self.pos_embed(torch.arange(length, device=x.device))
         else:
-            rope = rope_cos_sin(length, self.config.head_dim, self.rope_theta, x.device)
+            rope = rope_cos_sin(length, self.config.head_dim, self.rope_theta, x.device,
+                                scaling=self.config.rope_scaling)
         for layer in self.layers:
             x = layer(x, rope)
         # Only text positions predict tokens: skipping the image positions saves the vocab-sized matmul there.
@@ -105,7 +109,7 @@ class VisionEncoder(nn.Module):
 class TrainingModel(nn.Module):
     """encoder (multimodal configs only, registered first, as in the catalog's global order) then llm."""
 
-    def __init__(self, config: ModelConfig, fk: Factory, rope_theta: float = ROPE_THETA) -> None:
+    def __init__(self, config: ModelConfig, fk: Factory, rope_theta: float | None = None) -> None:
         super().__init__()
         self.config = config
         self.encoder = VisionEncoder(config.encoder, fk) if config.encoder is not None else None
@@ -134,6 +138,7 @@ def _validate(config: ModelConfig) -> None:
         require(c.head_dim % 2 == 0, f"{config.name}: RoPE needs an even head_dim, got {c.head_dim}")
     else:
         require(c.positions > 0, f"{config.name}: a gpt-style decoder needs positions > 0")
+    require(c.hidden_act in ("", *ACTIVATIONS), f"{config.name}: unknown activation {c.hidden_act!r}")
     if v is not None:
         require(v.hidden % v.heads == 0, f"{config.name}: encoder hidden {v.hidden} not a multiple of {v.heads} heads")
         require(v.image % v.patch == 0, f"{config.name}: image {v.image} not a multiple of patch {v.patch}")
@@ -141,7 +146,7 @@ def _validate(config: ModelConfig) -> None:
 
 
 def build_training_model(config: ModelConfig, *, device: torch.device | str = "cpu",
-                         dtype: torch.dtype = torch.float32, rope_theta: float = ROPE_THETA) -> TrainingModel:
+                         dtype: torch.dtype = torch.float32, rope_theta: float | None = None) -> TrainingModel:
     """The model of `config`, parameters created directly on `device` in `dtype`.
 
     On device="meta" nothing is allocated (shapes only): use `model.to_empty(device=...)` then

@@ -8,6 +8,7 @@ either way, so a parallel run computes what a single rank does.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -32,15 +33,17 @@ class Experts(nn.Module):
     rank's experts only, indexed from 0.
     """
 
-    def __init__(self, experts: int, hidden: int, ffn: int, fk: dict[str, Any]) -> None:
+    def __init__(self, experts: int, hidden: int, ffn: int, fk: dict[str, Any],
+                 act: Callable[[Tensor], Tensor] = F.silu) -> None:
         super().__init__()
+        self.act = act
         self.gate = ExpertWeight((experts, ffn, hidden), fk)
         self.up = ExpertWeight((experts, ffn, hidden), fk)
         self.down = ExpertWeight((experts, hidden, ffn), fk)
 
     def forward(self, x: Tensor, expert: int) -> Tensor:
         """Expert `expert` (this module's index) applied to the tokens x [n, H] routed to it."""
-        h = F.silu(F.linear(x, self.gate.weight[expert])) * F.linear(x, self.up.weight[expert])
+        h = self.act(F.linear(x, self.gate.weight[expert])) * F.linear(x, self.up.weight[expert])
         return F.linear(h, self.down.weight[expert])
 
 
@@ -84,26 +87,30 @@ class LocalDispatch:
 
 
 class MoE(nn.Module):
-    """Top-k routing: softmax over all experts, keep the k best, renormalize their gates to sum to 1 (Qwen3/Mixtral).
+    """Top-k routing: softmax over all experts, keep the k best, renormalize their gates to sum to 1
+    (Mixtral's rule; Qwen3-MoE's with norm_topk_prob, which without it keeps the softmax values).
 
     With top_k == 1 the renormalized gate is always 1 and the router gets no gradient (as in Mixtral's
     formulation); the catalog's MoE models use top_k >= 2. No load-balancing loss is added here.
     """
 
-    def __init__(self, hidden: int, ffn: int, experts: int, top_k: int, fk: dict[str, Any]) -> None:
+    def __init__(self, hidden: int, ffn: int, experts: int, top_k: int, fk: dict[str, Any], *,
+                 norm_topk_prob: bool = True, act: Callable[[Tensor], Tensor] = F.silu) -> None:
         super().__init__()
         if not 1 <= top_k <= experts:
             raise ValueError(f"MoE needs 1 <= top_k <= experts, got top_k={top_k}, experts={experts}")
-        self.num_experts, self.top_k = experts, top_k
+        self.num_experts, self.top_k, self.norm_topk_prob = experts, top_k, norm_topk_prob
         self.router = nn.Linear(hidden, experts, bias=False, **fk)
-        self.experts = Experts(experts, hidden, ffn, fk)
+        self.experts = Experts(experts, hidden, ffn, fk, act)
         self.dispatch: Any = LocalDispatch()
 
     def route(self, flat: Tensor) -> tuple[Tensor, Tensor]:
         """(gates, chosen experts), each [N, k], of the tokens flat [N, H]."""
         probs = F.softmax(self.router(flat).float(), dim=-1)
         top, chosen = probs.topk(self.top_k, dim=-1)
-        return (top / top.sum(-1, keepdim=True)).to(flat.dtype), chosen
+        if self.norm_topk_prob:
+            top = top / top.sum(-1, keepdim=True)
+        return top.to(flat.dtype), chosen
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.dispatch.enter(x)
