@@ -47,6 +47,7 @@ HEARTBEAT_SECONDS = 2.0
 # A checkpoint folder is complete once its ranks wrote this file (agents/runtime/checkpoints.py);
 # the control plane checks for it before a job resumes from the folder.
 CHECKPOINT_COMPLETE_MARKER = "complete.json"
+DATASET_PATH_MAX = 4096  # a dataset directory's absolute path (PATH_MAX)
 PROTOCOL_VERSION = 1
 
 NODE_NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
@@ -223,6 +224,9 @@ class JobStartOrder(_Message):
     # checkpoint_dir) instead of initialising the model; `restore_id` names the restore row.
     restore_from: str = Field(default="", max_length=1000)
     restore_id: int | None = Field(default=None, gt=0)
+    # The dataset directory the ranks read (a registered dataset under the data root, which every
+    # node of the job sees at this path); empty: synthetic tokens.
+    dataset: str = Field(default="", max_length=DATASET_PATH_MAX)
 
     @field_validator("ranks")
     @classmethod
@@ -408,6 +412,7 @@ class JobSwitchOrder(_Message):
     checkpoint_interval: int = Field(default=0, ge=0)
     checkpoint_dir: str = Field(default="", max_length=1000)
     process_of: tuple[int, ...] | None = None
+    dataset: str = Field(default="", max_length=DATASET_PATH_MAX)  # as in JobStartOrder
 
     @model_validator(mode="after")
     def _a_device_map(self) -> "JobSwitchOrder":

@@ -93,6 +93,7 @@ INSTALLED_APPS = [
     "channels",
     "controlplane.common",
     "controlplane.cluster",
+    "controlplane.datasets",
     "controlplane.jobs",
     "controlplane.emulation",
     "frontend",
@@ -254,6 +255,9 @@ DYNAPLANE_ELASTIC_GROW_HORIZON_SECONDS = float(os.environ.get("DYNAPLANE_ELASTIC
 # Every checkpoint folder a job names (checkpoint_dir, resume_from) lies under this root; on a
 # cluster, shared storage every node mounts at the same path.
 DYNAPLANE_CHECKPOINT_ROOT = os.environ.get("DYNAPLANE_CHECKPOINT_ROOT") or str(VAR_DIR / "checkpoints")
+# Every registered dataset directory lies under this root (docs/datasets.md); on a cluster, shared
+# storage every node mounts at the same path: the ranks read the data from there.
+DYNAPLANE_DATA_ROOT = os.environ.get("DYNAPLANE_DATA_ROOT") or str(VAR_DIR / "data")
 # Ports ("first-last") from which each live job gets the lowest unused one for its
 # torch.distributed rendezvous on rank 0's node (docs/elastic.md).
 DYNAPLANE_RENDEZVOUS_PORTS = os.environ.get("DYNAPLANE_RENDEZVOUS_PORTS", "29400-29599")

@@ -7,6 +7,7 @@ from rest_framework.routers import DefaultRouter
 
 from controlplane.cluster.api import ClusterSnapshotView, GpuViewSet, NodeViewSet
 from controlplane.common.api import HealthView, ModelViewSet
+from controlplane.datasets.api import DatasetViewSet
 from controlplane.emulation.api import EmulationRunViewSet
 from controlplane.jobs.api import JobViewSet, TransitionViewSet
 from controlplane.jobs.elastic_api import ElasticPlanView
@@ -18,6 +19,7 @@ router.register("jobs", JobViewSet, basename="job")
 router.register("transitions", TransitionViewSet, basename="transition")
 router.register("emulations", EmulationRunViewSet, basename="emulation")
 router.register("models", ModelViewSet, basename="model")
+router.register("datasets", DatasetViewSet, basename="dataset")
 
 def not_found(request, exception=None):
     """A path under /api/ that names no route (e.g. /api/jobs/0.5) answers as the API does:

@@ -36,6 +36,9 @@ FORBIDDEN = {
     # The inventory is the jobs app's floor: GPU writes and reads are the cluster app's, and
     # what a lost node means for a job is composed above it (jobs/node_loss.py).
     "controlplane/cluster": ["controlplane.jobs", "controlplane.emulation"],
+    # Datasets are the jobs app's floor too: a job names one, never the reverse (a dataset's jobs are
+    # read through the foreign key's reverse relation).
+    "controlplane/datasets": ["controlplane.jobs", "controlplane.emulation", "controlplane.cluster"],
     "controlplane/common/events.py": ["controlplane.cluster", "controlplane.jobs", "controlplane.emulation"],
     "controlplane/common/errors.py": ["controlplane.cluster", "controlplane.jobs", "controlplane.emulation"],
     "frontend": ["torch", "dynaplane", "parallelism.engine", "parallelism.training", "parallelism.emulator",

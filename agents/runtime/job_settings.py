@@ -26,13 +26,14 @@ class JobSettings(NamesAModel):
     checkpoint_interval: int = 0
     checkpoint_dir: str = ""
     restore_id: int | None = None
+    dataset: str = ""  # the dataset directory the ranks read; "": synthetic tokens
     model_config: ModelConfig | None = resolved_field()  # `model` resolved once per rank process
 
     @classmethod
     def of(cls, order) -> "JobSettings":
         return cls(order.job_id, order.model, order.global_batch, order.micro_batch, order.seq, order.seed,
                    order.max_steps, order.report_every, order.timeout_seconds, order.checkpoint_interval,
-                   order.checkpoint_dir, order.restore_id)
+                   order.checkpoint_dir, order.restore_id, order.dataset)
 
     def checkpointer(self, rank: int):
         from agents.runtime.checkpoints import Checkpointer
@@ -48,7 +49,7 @@ class JobSettings(NamesAModel):
         dp = batch_dp(place(self.tensors, layout))
         return TrainConfig(model=self.model, global_batch=self.global_batch, seq_len=self.seq,
                            micro_batches=self.global_batch // (self.micro_batch * dp), seed=self.seed,
-                           total_steps=SCHEDULE_STEPS)
+                           total_steps=SCHEDULE_STEPS, dataset=self.dataset or None)
 
 
 def rank_trainer(settings: JobSettings, layout: str, rank: int, shards: dict, scalars, ckpt):

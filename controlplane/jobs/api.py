@@ -3,7 +3,7 @@ and transitions, the layout history (read)."""
 from __future__ import annotations
 
 from django.db.models import Q
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -12,7 +12,7 @@ from agents.protocol import LOG_TAIL_LINES
 from controlplane.common import inputs
 from controlplane.jobs import elastic_settings, resize, resize_preview, scheduling, services
 from controlplane.jobs.models import Job, Transition
-from controlplane.jobs.selectors import job_live_snapshot, job_log_view
+from controlplane.jobs.selectors import job_data_progress, job_live_snapshot, job_log_view
 
 
 class RankPlacementSerializer(serializers.Serializer):
@@ -21,9 +21,32 @@ class RankPlacementSerializer(serializers.Serializer):
     gpu = serializers.IntegerField(min_value=0, help_text="device index on the node")
 
 
+class DatasetRefSerializer(serializers.Serializer):
+    id = serializers.IntegerField(help_text="GET /api/datasets/{id}")
+    name = serializers.CharField()
+
+
+class DataProgressSerializer(serializers.Serializer):
+    """How far the job has read its data: the trainer's one data scalar is the samples consumed
+    (step x global batch, in every layout)."""
+
+    samples = serializers.IntegerField(help_text="samples consumed: step x global_batch")
+    tokens = serializers.IntegerField(help_text="tokens consumed: samples x seq_len")
+    epoch = serializers.FloatField(allow_null=True, help_text="samples / samples_per_epoch (null: synthetic data)")
+    samples_per_epoch = serializers.IntegerField(allow_null=True, help_text="of the dataset's train split at the "
+                                                                            "job's seq_len (null: synthetic data)")
+
+
 class JobSerializer(serializers.ModelSerializer):
     gpus = serializers.SlugRelatedField(slug_field="id", many=True, read_only=True)
     placement = RankPlacementSerializer(many=True, read_only=True)
+    dataset = DatasetRefSerializer(read_only=True, allow_null=True,
+                                   help_text="what the job trains on; null: synthetic tokens")
+    data_progress = serializers.SerializerMethodField()
+
+    @extend_schema_field(DataProgressSerializer)
+    def get_data_progress(self, job: Job) -> dict:
+        return job_data_progress(job)
 
     class Meta:
         model = Job
@@ -31,7 +54,7 @@ class JobSerializer(serializers.ModelSerializer):
                   "max_steps", "error", "gpus", "placement", "rendezvous", "created_at", "updated_at",
                   "step", "checkpoint_interval", "checkpoint_dir", "checkpoint_step", "checkpoint_path",
                   "checkpoint_seconds", "checkpoint_at", "elastic", "min_gpus", "max_gpus", "priority", "queued",
-                  "started_at", "resize_failures", "resize_failed_at"]
+                  "started_at", "resize_failures", "resize_failed_at", "dataset", "data_progress"]
         read_only_fields = ["world_size", "state", "error", "gpus", "placement", "rendezvous", "created_at",
                             "updated_at", "step", "checkpoint_step", "checkpoint_path", "checkpoint_seconds",
                             "checkpoint_at", "queued", "started_at", "resize_failures", "resize_failed_at"]
@@ -81,6 +104,10 @@ class JobCreateSerializer(serializers.Serializer):
                                                                 "cluster's GPUs")
     priority = serializers.IntegerField(min_value=-inputs.INT32_MAX, max_value=inputs.INT32_MAX, default=0,
                                         help_text="a higher priority gets GPUs first, from elastic jobs of lower ones")
+    dataset = serializers.CharField(max_length=63, required=False, allow_null=True, allow_blank=True, default=None,
+                                    help_text="a registered dataset (GET /api/datasets) by its name or id; its vocab "
+                                              "must fit the model's and it must hold a sample of seq_len + 1 tokens; "
+                                              "omitted, null or empty: synthetic tokens")
 
     def validate(self, attrs: dict) -> dict:
         if ("layout" in attrs) == ("gpus" in attrs):
@@ -127,6 +154,11 @@ class JobCheckSerializer(serializers.Serializer):
     min_gpus = serializers.IntegerField(allow_null=True)
     max_gpus = serializers.IntegerField(allow_null=True)
     priority = serializers.IntegerField()
+    dataset = serializers.CharField(source="dataset.name", read_only=True, allow_null=True,
+                                    help_text="the dataset it would train on (null: synthetic tokens)")
+    samples_per_epoch = serializers.IntegerField(source="dataset_samples_per_epoch", allow_null=True,
+                                                 help_text="samples of seq_len + 1 tokens per epoch of the dataset's "
+                                                           "train split (null: synthetic tokens)")
 
 
 class JobResizeSerializer(serializers.Serializer):
@@ -252,7 +284,7 @@ class PlanPreviewSerializer(serializers.Serializer):
 
 class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
                  mixins.DestroyModelMixin, viewsets.GenericViewSet):
-    queryset = Job.objects.prefetch_related("gpus")
+    queryset = Job.objects.select_related("dataset").prefetch_related("gpus")
     serializer_class = JobSerializer
 
     def get_serializer_class(self):

@@ -67,6 +67,12 @@ class Job(models.Model):
         default=0, help_text="resizes that failed in a row (aborted, rolled back, or refused when the elastic "
                              "scheduler asked); a committed one resets it; the scheduler backs off")
     resize_failed_at = models.DateTimeField(null=True, blank=True, help_text="when the last one failed")
+    dataset = models.ForeignKey(
+        "datasets.Dataset", on_delete=models.PROTECT, null=True, blank=True, related_name="jobs",
+        help_text="what the job trains on (the ranks read its directory under the data root); none: synthetic tokens")
+    dataset_samples_per_epoch = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="samples of seq_len + 1 tokens in one epoch of the dataset's train split, "
+                                         "at the job's seq_len (the dataset library's count, at creation)")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -102,7 +102,14 @@ def start_orders(job: Job) -> dict[str, protocol.JobStartOrder]:
         global_batch=job.global_batch, micro_batch=job.micro_batch, seq=job.seq_len, rendezvous=job.rendezvous,
         ranks=tuple(ranks), max_steps=job.max_steps, checkpoint_interval=job.checkpoint_interval,
         checkpoint_dir=job.checkpoint_dir, restore_id=job.restore_id,
-        restore_from=job.checkpoint_path if job.restore_id else "") for node, ranks in slots.items()}
+        restore_from=job.checkpoint_path if job.restore_id else "", dataset=dataset_directory(job))
+        for node, ranks in slots.items()}
+
+
+def dataset_directory(job: Job) -> str:
+    """The absolute path of the job's dataset directory its ranks read ("": synthetic tokens):
+    every order that starts ranks carries it (start, restore, the joining ranks of a switch)."""
+    return job.dataset.directory if job.dataset_id is not None else ""
 
 
 def send(task: str, node: str, order: Order) -> None:

@@ -36,7 +36,7 @@ from controlplane.jobs.failures import send_orders_or_fail
 from controlplane.jobs.layouts import STAGING_BYTES, batch_error, layout_for_resize
 from controlplane.jobs.lifecycle import RESIZABLE_JOB_STATES, JobState, JobTrigger, TransitionState, job_next_state
 from controlplane.jobs.models import Job, Transition
-from controlplane.jobs.orders import free_port, rendezvous_address
+from controlplane.jobs.orders import dataset_directory, free_port, rendezvous_address
 from controlplane.jobs.services import layout_check, publish_job
 
 log = logging.getLogger(__name__)
@@ -211,7 +211,7 @@ def switch_orders(job: Job, transition: Transition) -> dict[str, protocol.JobSwi
         world=transition.destination_world, rendezvous=transition.rendezvous, ranks=tuple(ranks),
         staging_bytes=transition.staging_bytes, gpus_per_node=transition.gpus_per_node,
         checkpoint_interval=job.checkpoint_interval, checkpoint_dir=job.checkpoint_dir, restore_id=job.restore_id,
-        process_of=None if process_of is None else tuple(process_of))
+        process_of=None if process_of is None else tuple(process_of), dataset=dataset_directory(job))
         for node, ranks in slots.items()}
 
 

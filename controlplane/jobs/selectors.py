@@ -71,3 +71,18 @@ def job_log_view(*, job_id: int, lines: int | None = None) -> JobLogView:
     return JobLogView(job=job_id, node=row.node, rank=row.rank, lines=tuple(kept),
                       truncated=row.truncated or len(kept) < len(row.lines), finished=row.finished,
                       sent_at=_iso(row.sent_at))
+
+
+def data_progress(*, step: int | None, global_batch: int, seq_len: int, samples_per_epoch: int | None) -> dict:
+    """How far a job has read its data after `step` steps (the trainer's one data scalar is the
+    samples consumed, step x global batch, in every layout): samples, tokens (samples x seq) and,
+    on a dataset, epochs (samples / samples per epoch at the job's seq). frontend job-store.js's
+    dataProgress is its twin for the live page."""
+    samples = (step or 0) * global_batch
+    epoch = samples / samples_per_epoch if samples_per_epoch else None
+    return {"samples": samples, "tokens": samples * seq_len, "epoch": epoch, "samples_per_epoch": samples_per_epoch}
+
+
+def job_data_progress(job) -> dict:
+    return data_progress(step=job.step, global_batch=job.global_batch, seq_len=job.seq_len,
+                         samples_per_epoch=job.dataset_samples_per_epoch)

@@ -20,6 +20,7 @@ from controlplane.cluster.services import gpus_release
 from controlplane.common import inputs
 from controlplane.common.errors import Conflict, InvalidInput
 from controlplane.common.events import next_seq, publish_on_commit
+from controlplane.datasets.selectors import dataset_of, dataset_samples_per_epoch
 from controlplane.jobs.elastic_range import range_problems
 from controlplane.jobs.elastic_trigger import elastic_nudge
 from controlplane.jobs.lifecycle import DELETABLE_JOB_STATES
@@ -79,6 +80,7 @@ def job_check(
     micro_batch: int = 1, seq_len: int = 128, max_steps: int | None = None,
     checkpoint_interval: int | None = None, checkpoint_dir: str = "", resume_from: str = "",
     elastic: bool = False, min_gpus: int | None = None, max_gpus: int | None = None, priority: int = 0,
+    dataset: str | None = None,
 ) -> dict:
     """Every rule a new job passes, without writing anything: the fields job_create stores
     (layout resolved from `gpus`, world_size, folders made absolute, checkpoint_step of a
@@ -107,6 +109,17 @@ def job_check(
                                        field="gpus" if gpus is not None else "layout"))
     problems.update(range_problems(min_gpus=min_gpus, max_gpus=max_gpus, world_size=placement.world,
                                    cluster_gpus=inventory_capacity()[0]))
+    data, samples_per_epoch = None, None
+    if dataset not in (None, ""):
+        data = dataset_of(dataset)
+        why = _dataset_problem(config, data)
+        if why is None and "seq_len" not in problems:
+            try:
+                samples_per_epoch = dataset_samples_per_epoch(data, seq_len)
+            except InvalidInput as exc:
+                why = exc.errors["dataset"][0]
+        if why is not None:
+            problems["dataset"] = [why]
     if problems:
         raise InvalidInput(problems)
     resumed = checkpoint_info(path=resume_from, model=spec) if resume_from else None
@@ -122,7 +135,20 @@ def job_check(
         checkpoint_dir=checkpoint_dir,
         checkpoint_step=resumed["step"] if resumed else None, checkpoint_path=resume_from if resumed else "",
         elastic=elastic, min_gpus=min_gpus, max_gpus=max_gpus, priority=priority,
+        dataset=data, dataset_samples_per_epoch=samples_per_epoch,
     )
+
+
+def _dataset_problem(config, dataset) -> str | None:
+    """Why the model cannot train on the dataset (None: it can): token ids its embedding has no
+    row for, or images it would need (datasets hold tokens for decoder-only models)."""
+    if config.encoder is not None:
+        return (f"{config.name} is multimodal; datasets feed decoder-only models (leave `dataset` empty for "
+                f"synthetic data)")
+    if dataset.vocab_size > config.llm.vocab:
+        return (f"dataset {dataset.name!r} has a vocab of {dataset.vocab_size:,} tokens, more than the "
+                f"{config.llm.vocab:,} of {config.name}: token ids past {config.llm.vocab - 1} have no embedding row")
+    return None
 
 
 def job_create(*, created_by=None, queued: bool = False, **fields) -> Job:
