@@ -1,7 +1,8 @@
 """`dynaplane up`: the whole stack on one machine, embedded defaults when nothing is set.
 
 Order: var dir -> broker (embedded Valkey unless REDIS_URL) -> database migrations and
-bootstrap (admin user, API token, demo job) -> web (daphne, ASGI) -> control-plane worker
+bootstrap (admin user, API token, demo job and its dataset: the Python standard library's
+source, prepared once under the data root) -> web (daphne, ASGI) -> control-plane worker
 (Celery + beat) -> agents -> the demo job started (POST /api/jobs/{id}/start, when it is
 pending; `--no-demo`: no demo job). Ctrl-C stops agents, then worker and web, then the broker.
 
@@ -145,6 +146,13 @@ class Stack:
         out = self.manage("dynaplane_bootstrap", *(["--demo"] if self.options.demo else []))
         self.credentials = json.loads(out.strip().splitlines()[-1])
         self.say(f"database: {self.credentials['database']} migrated")
+        dataset = self.credentials.get("dataset") or {}
+        if dataset.get("error"):
+            self.say(f"demo dataset not prepared ({dataset['error']}); the demo job trains on synthetic tokens")
+        elif dataset.get("prepared_seconds") is not None:
+            self.say(f"demo dataset {dataset['name']}: the Python standard library's source, {dataset['documents']:,} "
+                     f"files ({dataset['tokens']:,} byte tokens), prepared in {dataset['prepared_seconds']:.1f} s "
+                     f"(once: reused from now on)")
 
     def start_services(self) -> None:
         o = self.options

@@ -159,13 +159,17 @@ def test_job_page_embeds_its_action_states_and_draws_no_ranks_once_stopped(brows
 
 def test_bootstrap_reports_the_demo_job_pending_for_the_launcher_to_start(settings, tmp_path) -> None:
     settings.VAR_DIR = tmp_path
+    settings.DYNAPLANE_DATA_ROOT = str(tmp_path / "data")
+    source = tmp_path / "source"  # (a stand-in for the standard library: tests/controlplane/test_demo_dataset.py)
+    source.mkdir()
+    (source / "a.py").write_text("print('hello')\n" * 200)
     out = io.StringIO()
-    call_command("dynaplane_bootstrap", "--demo", stdout=out)
+    call_command("dynaplane_bootstrap", "--demo", "--demo-source", str(source), stdout=out)
     first = json.loads(out.getvalue())
     demo = Job.objects.get(name="demo")
     assert first["demo"] == {"id": demo.pk, "state": "pending"} and demo.layout == "tp=2"
     out = io.StringIO()
-    call_command("dynaplane_bootstrap", "--demo", stdout=out)
+    call_command("dynaplane_bootstrap", "--demo", "--demo-source", str(source), stdout=out)
     assert json.loads(out.getvalue())["demo"] == first["demo"] and Job.objects.count() == 1
     out = io.StringIO()
     call_command("dynaplane_bootstrap", stdout=out)

@@ -1,9 +1,13 @@
-"""Make a fresh installation usable: an admin user, its API token, optionally the demo job.
+"""Make a fresh installation usable: an admin user, its API token, optionally the demo job and
+its dataset.
 
-Prints one JSON line: {"username", "password", "token", "database", "demo"}; "demo" is the
-demo job's {"id", "state"} with --demo (`dynaplane up` then starts it once the agents are
-up, when it is pending), else null. The password comes
-from $DYNAPLANE_ADMIN_PASSWORD, else is generated once and kept in the var dir (0600).
+Prints one JSON line: {"username", "password", "token", "database", "demo", "dataset"}; "demo"
+is the demo job's {"id", "state"} with --demo (`dynaplane up` then starts it once the agents are
+up, when it is pending), else null; "dataset" (with --demo) is the demo's dataset
+{"id", "name", "documents", "tokens", "prepared_seconds"} (prepared_seconds: null when it was
+prepared before) or {"error"} when it could not be prepared (the demo job then trains on
+synthetic tokens), else null. The password comes from $DYNAPLANE_ADMIN_PASSWORD, else is
+generated once and kept in the var dir (0600).
 """
 from __future__ import annotations
 
@@ -17,12 +21,17 @@ from django.core.management.base import BaseCommand
 from django.db import connection
 from rest_framework.authtoken.models import Token
 
+from parallelism.datasets.errors import DatasetError
+from controlplane.common.errors import InvalidInput
+from controlplane.datasets.demo import DEMO_DATASET, demo_dataset_ensure
 from controlplane.jobs.models import Job
 from controlplane.jobs.services import job_create
 
 # Two of the four GPUs of `dynaplane up`'s default cluster: the other two stay free for a job
-# made on the "New job" form, or for resizing the demo to tp=2,dp=2.
-DEMO_JOB = {"name": "demo", "model": "tiny-gpt", "layout": "tp=2", "global_batch": 8, "seq_len": 128}
+# made on the "New job" form, or for resizing the demo to tp=2,dp=2. It trains on the Python
+# standard library's source (controlplane/datasets/demo.py), byte tokens: tiny-gpt's vocab of 512 holds them.
+DEMO_JOB = {"name": "demo", "model": "tiny-gpt", "layout": "tp=2", "global_batch": 8, "seq_len": 128,
+            "dataset": DEMO_DATASET}
 
 
 def _stored_password() -> str:
@@ -44,9 +53,12 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--username", default=os.environ.get("DYNAPLANE_ADMIN_USER", "admin"))
-        parser.add_argument("--demo", action="store_true", help="create the demo job if it does not exist")
+        parser.add_argument("--demo", action="store_true",
+                            help="create the demo job and its dataset if they do not exist")
+        parser.add_argument("--demo-source", default=None, metavar="DIR",
+                            help="the .py files the demo dataset is prepared from (default: the standard library)")
 
-    def handle(self, *args, username: str, demo: bool, **options) -> None:
+    def handle(self, *args, username: str, demo: bool, demo_source: str | None = None, **options) -> None:
         password = _stored_password()
         user, created = get_user_model().objects.get_or_create(
             username=username, defaults={"is_staff": True, "is_superuser": True}
@@ -55,10 +67,25 @@ class Command(BaseCommand):
             user.set_password(password)
             user.save()
         token, _ = Token.objects.get_or_create(user=user)
-        demo_job = None
+        demo_job = dataset = None
         if demo:
-            demo_job = Job.objects.filter(name=DEMO_JOB["name"]).first() or job_create(**DEMO_JOB, created_by=user)
+            demo_job = Job.objects.filter(name=DEMO_JOB["name"]).first()
+            dataset = _demo_dataset(demo_source, user) if demo_job is None or demo_job.dataset_id else None
+            if demo_job is None:
+                job = DEMO_JOB if "error" not in dataset else {k: v for k, v in DEMO_JOB.items() if k != "dataset"}
+                demo_job = job_create(**job, created_by=user)
         database = f"{connection.vendor} {connection.settings_dict['NAME']}"
         self.stdout.write(json.dumps({"username": username, "password": password, "token": token.key,
                                       "database": database,
-                                      "demo": {"id": demo_job.pk, "state": demo_job.state} if demo_job else None}))
+                                      "demo": {"id": demo_job.pk, "state": demo_job.state} if demo_job else None,
+                                      "dataset": dataset}))
+
+
+def _demo_dataset(source: str | None, user) -> dict:
+    """The demo dataset, prepared and registered when it is not yet (its summary), or why not."""
+    try:
+        dataset, seconds = demo_dataset_ensure(source=source, created_by=user)
+    except (DatasetError, OSError, InvalidInput) as exc:
+        return {"error": str(exc)}
+    return {"id": dataset.pk, "name": dataset.name, "documents": dataset.documents, "tokens": dataset.tokens,
+            "prepared_seconds": None if seconds is None else round(seconds, 2)}
