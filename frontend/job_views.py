@@ -12,6 +12,7 @@ from agents.protocol import EMULATOR_DEVICES
 from controlplane.cluster.selectors import cluster_snapshot
 from controlplane.common.errors import InvalidInput
 from controlplane.common.model_store import model_list
+from controlplane.datasets.selectors import dataset_list
 from controlplane.jobs.events import METRIC_NAMES
 from controlplane.jobs.lifecycle import (DELETABLE_JOB_STATES, LIVE_JOB_STATES, RESIZABLE_JOB_STATES,
                                         STARTABLE_JOB_STATES, STOPPABLE_JOB_STATES, JobState, TransitionKind)
@@ -68,6 +69,8 @@ def job_data(job: Job) -> dict:
     data["checkpoint_step"] = job.checkpoint_step
     data["ranks"] = rank_coordinates(job.layout, job.placement) if job.state in LIVE_JOB_STATES else []
     data["modules"] = module_legend(job.layout)  # heterogeneous layouts: each module's layout and ranks
+    data["dataset"] = {"id": job.dataset_id, "name": job.dataset.name} if job.dataset_id is not None else None
+    data["samples_per_epoch"] = job.dataset_samples_per_epoch  # the page counts data progress (job-store.js)
     return data
 
 
@@ -149,6 +152,8 @@ def jobs_list(request: HttpRequest):
         job.range_text = range_text(job.min_gpus, job.max_gpus, job.world_size)
     total_gpus = len(cluster_snapshot().gpus)
     models = model_list()
+    datasets = [{"id": d.pk, "name": d.name, "tokens": d.tokens, "documents": d.documents, "vocab_size": d.vocab_size,
+                 "tokenizer": d.tokenizer} for d in dataset_list()]
     view, problems = parse_jobs_query(request.GET)
     columns = [(key, label, aria_sort(view, key)) for key, label in zip(SORT_COLUMNS, (
         "Name", "Model", "Layout", "GPUs", "State", "Step", "Loss", "Switches", "Elastic range", "Priority",
@@ -158,7 +163,7 @@ def jobs_list(request: HttpRequest):
         "sort_defaults": SORT_COLUMNS,
         "jobs": jobs, "live_states": sorted(s.value for s in LIVE_JOB_STATES),
         "catalog_models": [m for m in models if m["source"] == "catalog"],
-        "stored_models": [m for m in models if m["source"] == "stored" and not m["error"]],
+        "stored_models": [m for m in models if m["source"] == "stored" and not m["error"]], "datasets": datasets,
         "defaults": new_job_defaults(total_gpus), "suggested_name": free_name({job.name for job in jobs}),
         "total_gpus": total_gpus, "deleted": request.GET.get("deleted", "")[:63],
     }, status=400 if problems else 200)
@@ -166,7 +171,7 @@ def jobs_list(request: HttpRequest):
 
 @login_required
 def job_detail(request: HttpRequest, job_id: int):
-    job = get_object_or_404(Job, pk=job_id)
+    job = get_object_or_404(Job.objects.select_related("dataset"), pk=job_id)
     live = job_live_snapshot(job_id=job.pk).model_dump(mode="json")
     steps = live["metrics"].get("loss", {}).get("x") or [0]
     bands = history_bands(job.layout, live["transitions"], steps[-1])
@@ -184,7 +189,7 @@ def job_detail(request: HttpRequest, job_id: int):
 @login_required
 def job_state(request: HttpRequest, job_id: int) -> JsonResponse:
     """The job's row and its ranks' coordinates (the page redraws the layout after a switch)."""
-    return JsonResponse(job_data(get_object_or_404(Job, pk=job_id)))
+    return JsonResponse(job_data(get_object_or_404(Job.objects.select_related("dataset"), pk=job_id)))
 
 
 @login_required

@@ -1,6 +1,6 @@
 """Template filters of the one formatter (frontend/formatting.py, the twin of format.js):
 {% load dynaformat %} then {{ seconds|duration }}, {{ n|binary_bytes }}, {{ x|count }},
-{{ fraction|percent }}, {{ when|reltime }} (a <time> element: relative text, the time on
+{{ fraction|percent }}, {{ n|integer }}, {{ when|reltime }} (a <time> element: relative text, the time on
 hover; format.js's liveTimes keeps it fresh and puts the browser's local time there)."""
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ register.filter("binary_bytes", formatting.binary_bytes)
 register.filter("count", formatting.count)
 register.filter("percent", formatting.percent)
 register.filter("sig", formatting.sig)
+register.filter("integer", formatting.integer)
 
 
 @register.filter

@@ -3,17 +3,19 @@
 // created), and each refusal is shown beside the field it names; submit posts the same
 // body to POST /api/jobs (session + CSRF, as the resize flow) and opens the new job's page.
 // An uploaded config.json goes to POST /api/models and becomes a choice of the model list.
-import { integer } from "./format.js";
+import { count, integer } from "./format.js";
 import { rangeText } from "./elastic-view.js";
 
 const $ = (id) => document.getElementById(id);
-const FIELDS = ["name", "model", "gpus", "layout", "global_batch", "micro_batch", "seq_len", "max_steps",
+const FIELDS = ["name", "model", "dataset", "gpus", "layout", "global_batch", "micro_batch", "seq_len", "max_steps",
   "checkpoint_interval", "elastic", "min_gpus", "max_gpus", "priority"];
 const NUMBERS = ["gpus", "global_batch", "micro_batch", "seq_len", "max_steps", "checkpoint_interval", "min_gpus",
   "max_gpus", "priority"];
-const OPTIONAL = ["max_steps", "checkpoint_interval", "min_gpus", "max_gpus", "priority"]; // empty: left out
+// empty: left out (no dataset: synthetic tokens)
+const OPTIONAL = ["dataset", "max_steps", "checkpoint_interval", "min_gpus", "max_gpus", "priority"];
 const models = new Map([...JSON.parse($("model-catalog").textContent), ...JSON.parse($("model-stored").textContent)]
   .map((m) => [m.name, m]));
+const datasets = new Map(JSON.parse($("dataset-list").textContent).map((d) => [d.name, d]));
 const token = () => document.querySelector("[name=csrfmiddlewaretoken]").value;
 const form = $("new-job-form");
 let asked = 0; // the latest validation asked; older answers are dropped
@@ -84,6 +86,12 @@ function describeModel() {
     m.positions ? `${m.positions} learned positions` : ""].filter(Boolean).join(" · ");
 }
 
+function describeDataset() {
+  const d = datasets.get(form.elements.dataset.value);
+  $("dataset-facts").textContent = !d ? "deterministic random tokens with a learnable pattern"
+    : `${count(d.tokens)} tokens · ${integer(d.documents)} documents · vocab ${integer(d.vocab_size)} (${d.tokenizer})`;
+}
+
 async function validate() {
   const mine = ++asked;
   const { status, body: answer } = await post("/api/jobs/validate", body());
@@ -92,6 +100,8 @@ async function validate() {
   if (status === 200) {
     showErrors({});
     $("new-job-preview").textContent = `Runs ${answer.layout} on ${answer.world_size} GPU${answer.world_size === 1 ? "" : "s"}` +
+      (answer.dataset ? ` on ${answer.dataset} (${integer(answer.samples_per_epoch)} samples of ${integer(answer.seq_len)}` +
+        " tokens per epoch)" : " on synthetic tokens") +
       `, ${answer.max_steps ? `${answer.max_steps} steps` : "until stopped"}` +
       (answer.checkpoint_interval ? `, a checkpoint every ${answer.checkpoint_interval} steps` : ", no checkpoints") +
       (answer.elastic ? `; elastic within ${rangeText(answer)}` : "; not elastic") +
@@ -112,6 +122,7 @@ function validateSoon() {
 
 form.addEventListener("input", (event) => {
   if (event.target.name === "model") describeModel();
+  if (event.target.name === "dataset") describeDataset();
   if (event.target.closest("#upload")) return;
   validateSoon();
 });
@@ -154,7 +165,7 @@ form.addEventListener("submit", async (event) => {
 function toggle(open) {
   $("new-job").hidden = !open;
   $("new-job-open").setAttribute("aria-expanded", String(open));
-  if (open) { describeModel(); form.elements.name.focus(); validateSoon(); }
+  if (open) { describeModel(); describeDataset(); form.elements.name.focus(); validateSoon(); }
 }
 $("new-job-open").addEventListener("click", () => toggle($("new-job").hidden));
 $("new-job-cancel").addEventListener("click", () => { toggle(false); $("new-job-open").focus(); });
@@ -200,4 +211,5 @@ $("upload-button").addEventListener("click", async () => {
 });
 
 describeModel();
+describeDataset();
 window.dynaplaneJobForm = { validate };

@@ -30,6 +30,15 @@ export function applyJobEvent(snapshot, event) {
   return { snapshot: { ...snapshot, seq: event.seq, metrics }, gap: false, appended };
 }
 
+// How far a job has read its data after `step` steps (mirrors controlplane/jobs/selectors.py:
+// data_progress): samples = step x global batch, tokens = samples x seq, epoch = samples /
+// samples per epoch of its dataset (null: synthetic tokens).
+export function dataProgress(step, globalBatch, seqLen, samplesPerEpoch) {
+  const samples = (step || 0) * globalBatch;
+  return { samples, tokens: samples * seqLen, epoch: samplesPerEpoch ? samples / samplesPerEpoch : null,
+    samples_per_epoch: samplesPerEpoch ?? null };
+}
+
 export function historyBands(sourceLayout, transitions, lastStep) {
   const committed = transitions.filter((t) => t.state === "committed" && t.step !== null && t.step !== undefined);
   const first = committed.length ? committed[0].source_layout : sourceLayout;

@@ -1,7 +1,7 @@
 // Job page: live charts (extended in place), the layout drawn on the GPUs, the layout
 // history (bands + table), kept live over /ws/jobs/<id>/ and /ws/cluster/.
 import { applyEvent } from "./cluster-store.js";
-import { applyJobEvent, historyBands, METRIC_NAMES, TERMINAL } from "./job-store.js";
+import { applyJobEvent, dataProgress, historyBands, METRIC_NAMES, TERMINAL } from "./job-store.js";
 import { ACTION_STATES, startJobActions } from "./job-actions.js";
 import { startResizeFlow } from "./resize.js";
 import { startElasticCard } from "./job-elastic.js";
@@ -9,7 +9,7 @@ import { startLogPanel } from "./log-view.js";
 import { draw } from "./plots.js";
 import { metricFigure } from "./metric-charts.js";
 import { hostText, liveTimes } from "./format.js";
-import { duration } from "./format.js";
+import { count, duration, sig } from "./format.js";
 
 const readJson = (id) => JSON.parse(document.getElementById(id).textContent);
 export const el = (tag, attrs = {}, text = "") => {
@@ -171,6 +171,12 @@ function drawHeader() {
   const step = Math.max(lastStep(), job.step || 0);
   document.getElementById("job-step").textContent = step ? `step ${step}` : "";
   document.getElementById("job-step").dataset.step = String(step);
+  const data = dataProgress(step, job.global_batch, job.seq_len, job.samples_per_epoch);
+  const progress = document.getElementById("job-data-progress");
+  progress.textContent = step ? `${count(data.samples)} samples · ${count(data.tokens)} tokens` +
+    (data.epoch === null ? "" : ` · epoch ${sig(data.epoch)}`) : "";
+  Object.assign(progress.dataset, { samples: String(data.samples), tokens: String(data.tokens),
+    epoch: data.epoch === null ? "" : String(data.epoch) });
   document.getElementById("job-error").textContent = job.error || "";
   document.getElementById("job-error").hidden = !job.error;
   document.body.dataset.jobSeq = String(live.seq);
