@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -143,7 +144,9 @@ def write_export(plan: ExportPlan, out_dir: str, fetch: Fetch) -> list[str]:
         tensors = {n: hf_tensor(n, parts[n], logical, plan.dtypes[n]) for n in names}
         del logical
         writer = HuggingFaceStorageWriter(out_dir, fqn_to_index_mapping=plan.files)
-        dcp.save(tensors, storage_writer=writer, no_dist=True)
+        with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.save(tensors, storage_writer=writer, no_dist=True)
         written.append(os.path.join(out_dir, f"model-{index:05d}-of-{count:05d}.safetensors"))
     index_path = os.path.join(out_dir, INDEX)
     if count == 1:  # one file: model.safetensors and no index, as save_pretrained writes it

@@ -3,6 +3,7 @@ or read (fp32 masters) from one of the project's DCP checkpoints, resharded by D
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -62,5 +63,7 @@ def read_checkpoint_masters(checkpoint_dir: str, model: Model, names: Sequence[s
 
     specs = {t.name: t for t in model.tensors}
     state = {f"{n}/master": torch.empty(specs[n].shape, dtype=torch.float32) for n in names}
-    dcp.load(state, storage_reader=FileSystemReader(checkpoint_dir), no_dist=True)
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, storage_reader=FileSystemReader(checkpoint_dir), no_dist=True)
     return {n: state[f"{n}/master"] for n in names}

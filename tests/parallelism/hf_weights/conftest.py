@@ -37,6 +37,8 @@ def save_fused(kind: str, folder: Path) -> str:
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "model.safetensors"),
               metadata={"format": "pt"})
     model.config.save_pretrained(str(folder))
+    model.generation_config.save_pretrained(str(folder))
+    (folder / "tokenizer_config.json").write_text('{"model_max_length": 128}')  # a companion file to copy
     return str(folder)
 
 

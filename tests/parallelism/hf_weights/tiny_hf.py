@@ -77,6 +77,22 @@ def save_hf_model(kind: str, folder: Path, *, dtype: torch.dtype = torch.float32
     return str(folder)
 
 
+def pack(obj) -> bytes:
+    """An object holding tensors as bytes: a rank's result crosses run_ranks' queue as plain data
+    (torch's shared-memory tensor passing needs the rank process alive when the parent reads)."""
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def unpack(data: bytes):
+    import io
+
+    return torch.load(io.BytesIO(data), weights_only=False)
+
+
 def tokens(batch: int = 2, length: int = 16) -> torch.Tensor:
     return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(TOKENS_SEED))
 
