@@ -9,6 +9,7 @@ no rank waits on another and a node with a private copy of the data builds its o
 from __future__ import annotations
 
 import os
+import threading
 from collections import OrderedDict
 from pathlib import Path
 
@@ -59,24 +60,50 @@ class PackedSplit:
                                f"tokens, fewer than one sample of seq {seq_len} + 1")
         self.cache_dir = manifest.directory / CACHE_DIR if cache else None
         self._epochs: OrderedDict[int, EpochIndex] = OrderedDict()
+        self._lock = threading.Lock()
+        self._ahead: dict[int, threading.Thread] = {}
 
     def epoch_key(self, epoch: int) -> int:
         return stream_key(self.manifest.fingerprint, self.split, self.manifest.validation_fraction, self.seq_len,
                           self.seed, epoch)
 
     def epoch(self, e: int) -> EpochIndex:
-        if e in self._epochs:
-            self._epochs.move_to_end(e)
-            return self._epochs[e]
+        with self._lock:
+            if e in self._epochs:
+                self._epochs.move_to_end(e)
+                return self._epochs[e]
+            ahead = self._ahead.get(e)
+        if ahead is not None:
+            ahead.join()
+        index = self._built(e)
+        with self._lock:
+            self._epochs[e] = index
+            while len(self._epochs) > 3:  # this epoch, the one a batch may straddle into, the prefetched one
+                self._epochs.popitem(last=False)
+        return index
+
+    def _built(self, e: int) -> EpochIndex:
         key = self.epoch_key(e)
         index = self._load(key)
         if index is None:
             index = build_epoch(self.ids, self.doc_lengths[self.ids], self.seq_len, key)
             self._store(key, index)
-        self._epochs[e] = index
-        while len(self._epochs) > 2:  # a batch spans at most an epoch boundary
-            self._epochs.popitem(last=False)
         return index
+
+    def prefetch(self, e: int) -> None:
+        """Build (or load) epoch e in a background thread: a large dataset's next epoch index
+        (an argsort over every sample) is ready before the boundary, so no step waits for it."""
+        with self._lock:
+            if e in self._epochs or e in self._ahead:
+                return
+
+            def run() -> None:
+                index = self._built(e)
+                with self._lock:
+                    self._epochs[e] = index
+
+            thread = self._ahead[e] = threading.Thread(target=run, name=f"epoch-{e}", daemon=True)
+        thread.start()
 
     def _paths(self, key: int) -> dict[str, Path]:
         assert self.cache_dir is not None
@@ -111,6 +138,8 @@ class PackedSplit:
 
     def sample(self, i: int) -> np.ndarray:
         e, j = divmod(i, self.per_epoch)
+        if 2 * j >= self.per_epoch:
+            self.prefetch(e + 1)
         pieces = [self.view[self.doc_starts[d] + off: self.doc_starts[d] + off + n]
                   for d, off, n in sample_spans(self.epoch(e), j, self.seq_len)]
         return np.concatenate(pieces).astype(np.int64)
