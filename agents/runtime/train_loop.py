@@ -12,6 +12,7 @@ from agents.runtime.faults import faults
 from agents.runtime.job_settings import JobSettings, rank_trainer
 from agents.runtime.rank_reports import Reporter
 from agents.runtime.run_files import STOP_FILE
+from agents.runtime.sample_log import SampleLog
 from agents.runtime.step_boundary import Boundary
 from agents.runtime.switching import RolledBack, switch_old_rank
 
@@ -25,6 +26,8 @@ def train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: Re
     boundary = Boundary(settings, rank, run_dir, reporter)
     boundary.done_switches |= done_switches
     steps = 0  # committed: (transition id, report, pause start, phases) until the next step
+    logged = settings.dataset and settings.checkpoint_dir  # the record of what was read (sample_log.py)
+    samples = SampleLog(settings.checkpoint_dir, reporter.node) if logged else None
     if any(fault.startswith(f"exit-before-loss-sum:{rank}:") for fault in faults()) and hasattr(trainer, "on_update"):
         trainer.on_update = lambda step: os._exit(17) if f"exit-before-loss-sum:{rank}:{step}" in faults() else None
     while True:
@@ -33,8 +36,13 @@ def train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: Re
         try:
             result = trainer.step()
         except RuntimeError as exc:  # only the errors of a lost peer (orphan.peer_lost) are kept
+            trained = getattr(trainer, "trained", None)
+            if samples is not None and trained is not None and trained.step > step_before:
+                samples.record(trained, str(trainer.placement.layout))  # the state moved on with this step
             orphaned(trainer, rank, exc, reporter, settings, step_before)
             raise
+        if samples is not None:
+            samples.record(result, str(trainer.placement.layout))
         steps += 1
         if rank == 0 and result is not None:
             if committed is not None:

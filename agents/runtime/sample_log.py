@@ -1,0 +1,62 @@
+"""The record of what each rank read: one JSON line per trained step (step, the global samples it
+read, their digest, the layout), in a file of its own per rank process under the job's checkpoint
+folder (shared storage, so it outlives nodes, restores and stack restarts). Reading every file back
+shows whether the run consumed each sample of its range once, in order (`consumed`)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+FOLDER = "samples"
+
+
+class SampleLog:
+    def __init__(self, checkpoint_dir: str, node: str) -> None:
+        self.path = Path(checkpoint_dir) / FOLDER / f"{node}-{os.getpid()}.jsonl"
+        self._file = None
+
+    def record(self, result, layout: str) -> None:
+        if result is None or result.samples < 1:
+            return
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "a", buffering=1, encoding="utf-8")  # a line at a time
+        self._file.write(json.dumps({"step": result.step, "first": result.first_sample, "count": result.samples,
+                                     "digest": result.sample_digest, "layout": layout}) + "\n")
+
+
+def read_records(checkpoint_dir: str | Path) -> list[dict]:
+    out = []
+    for path in sorted((Path(checkpoint_dir) / FOLDER).glob("*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                out.append(json.loads(line))
+    return out
+
+
+def consumed(records: list[dict]) -> dict[int, list[tuple[int, int, str]]]:
+    """step -> the distinct (first, count, digest) read at that step, in sample order. A step
+    retrained after a restore from a checkpoint appears once per time it was trained with the
+    same reads (a retrained step reads the same samples), so equal reads collapse."""
+    steps: dict[int, set] = {}
+    for r in records:
+        steps.setdefault(r["step"], set()).add((r["first"], r["count"], r["digest"]))
+    return {step: sorted(reads) for step, reads in sorted(steps.items())}
+
+
+def gaps_and_repeats(reads: dict[int, list[tuple[int, int, str]]], global_batch: int) -> list[str]:
+    """Every way the reads break "each sample of the run's range once, in order": a step whose
+    ranks' slices do not tile its global batch exactly, or a step missing."""
+    problems = []
+    for step, slices in reads.items():
+        covered = [i for first, n, _ in slices for i in range(first, first + n)]
+        expected = list(range((step - 1) * global_batch, step * global_batch))
+        if covered != expected:
+            problems.append(f"step {step}: read samples {covered[:3]}...{covered[-3:]} ({len(covered)}), "
+                            f"expected {expected[0]}..{expected[-1]}")
+    if reads:
+        missing = sorted(set(range(1, max(reads) + 1)) - set(reads))
+        if missing:
+            problems.append(f"steps never recorded: {missing[:10]}")
+    return problems
