@@ -121,13 +121,34 @@ def test_a_job_trains_on_the_agents_and_stops_on_request(stack) -> None:
         wait_stopped(stack, job, read)
 
 
+def _real_text_dataset(stack, name: str) -> Path:
+    """Two packages of the standard library's source, prepared under the stack's data root and registered."""
+    import sysconfig
+
+    from parallelism.datasets.prepare import prepare
+
+    lib = Path(sysconfig.get_paths()["stdlib"])
+    directory = stack.var_dir / "data" / name
+    if not (directory / "dataset.json").exists():
+        prepare([lib / "json", lib / "email"], directory, progress=False)
+        stack.post("api/datasets", {"path": name})
+    return directory
+
+
 def test_a_job_resizes_online_from_two_to_four_and_back_to_three_gpus(stack) -> None:
     """Issue 6's main path through the whole stack: the control plane plans each resize and
     sends the switch orders, the agents start the joining ranks while the job trains, the
     ranks switch at a step boundary and verify every tensor, the history keeps both rows
-    with their timings, and the GPUs of the leaving rank are free again."""
+    with their timings, and the GPUs of the leaving rank are free again. On real text
+    (issue 42): the ranks' records of what they read show every sample of the run's range
+    read once, in order, the samples an unswitched run reads."""
+    from agents.runtime.sample_log import consumed, gaps_and_repeats, read_records
+    from parallelism.datasets.dataset import TokenDataset
+    from parallelism.training.data import sample_digest
+
+    directory = _real_text_dataset(stack, "stdlib-code")
     job = stack.post("api/jobs", {"name": "elastic", "model": "tiny-gpt", "gpus": 2, "global_batch": 12,
-                                  "seq_len": 16})
+                                  "seq_len": 16, "dataset": "stdlib-code"})
 
     read, live = job_reads(stack, job)
 
@@ -135,6 +156,13 @@ def test_a_job_resizes_online_from_two_to_four_and_back_to_three_gpus(stack) -> 
         _resize_two_to_four_to_three(stack, job, read, live)
     finally:
         wait_stopped(stack, job, read)
+    reads = consumed(read_records(read()["checkpoint_dir"]))
+    assert len(reads) == read()["step"] and gaps_and_repeats(reads, 12) == []
+    layouts = {r["layout"] for r in read_records(read()["checkpoint_dir"])}
+    assert {"dp=2", "dp=4", "dp=3"} <= layouts, layouts
+    data = TokenDataset(directory, 16, seed=0)  # the control plane starts every job with seed 0
+    for step, slices in reads.items():  # each rank read those samples: the same an unswitched run reads
+        assert all(digest == sample_digest(data, first, n) for first, n, digest in slices), step
 
 
 def wait_stopped(stack, job: dict, read) -> None:
