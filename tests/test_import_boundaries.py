@@ -25,6 +25,11 @@ FORBIDDEN = {
     "parallelism/engine": [*LIBRARY, "parallelism.training", "parallelism.emulator"],
     "parallelism/training": [*LIBRARY, "parallelism.emulator"],
     "parallelism/emulator": LIBRARY,
+    # Hugging Face weights in and out: on the layouts and the engine's shards, beside the trainer;
+    # its name/shape maps and config rules are pure (no torch).
+    "parallelism/hf_weights": [*LIBRARY, "parallelism.training", "parallelism.emulator", "parallelism.planner"],
+    **{f"parallelism/hf_weights/{name}.py": ["torch", "safetensors", "parallelism.engine"]
+       for name in ("pieces", "families", "config_rules", "config_out")},
     "agents/protocol.py": ["torch", "django", "controlplane", "frontend", "dynaplane", "parallelism"],
     "agents/processes.py": ["torch", "django", "celery", "controlplane", "frontend", "dynaplane", "agents.node",
                             "parallelism.engine", "parallelism.training", "parallelism.emulator", "agents.runtime"],

@@ -75,12 +75,13 @@ def open_hf_source(hf_dir: str, model: Model | None = None) -> HFSource:
     """Every header-level check of `hf_dir` (and, given `model`, that it is config.json's model);
     reads no tensor data."""
     config = hf_model_config(hf_dir)
+    config_path = os.path.join(hf_dir, CONFIG)
+    if model is not None:
+        check_same_model(model, model_from_config(config), config_path)
     hf = read_hf_dir(hf_dir)
-    check_computable(hf.raw_config, config, hf.config_path)
+    check_computable(hf.raw_config, config, config_path)
     hfmap = hf_map(config.llm, hf.model_type, detect_variant(hf.model_type, list(hf.files)))
     check_tensors(hf, hfmap)
-    if model is not None:
-        check_same_model(model, model_from_config(config), hf.config_path)
     return HFSource(hf, config, hfmap)
 
 
@@ -90,17 +91,20 @@ def check_same_model(model: Model, expected: Model, config_path: str) -> None:
     theirs = [(t.name, t.shape) for t in expected.tensors]
     if ours == theirs:
         return
-    for (name, shape), (other, other_shape) in zip(ours, theirs):
+    for (name, _), (other, _) in zip(ours, theirs):
         if name != other:
             raise HFWeightsError(f"{config_path}: describes another model than {model.name!r}: its tensor {other!r} "
                                  f"stands where {model.name!r} has {name!r}")
+    if len(ours) != len(theirs):
+        raise HFWeightsError(f"{config_path}: describes another model than {model.name!r}: {len(theirs)} tensors, "
+                             f"{model.name!r} has {len(ours)}")
+    for (name, shape), (_, other_shape) in zip(ours, theirs):
         if shape != other_shape:
             if name in ("llm.embed.weight", "llm.head.weight") and shape[1:] == other_shape[1:]:
                 side = "larger" if other_shape[0] > shape[0] else "smaller"
                 raise HFWeightsError(f"{config_path}: vocab_size {other_shape[0]}, but {model.name!r} has a vocabulary "
                                      f"of {shape[0]}: the checkpoint's vocabulary is {side}")
             raise HFWeightsError(f"{config_path}: {name} has shape {other_shape} there, {shape} in {model.name!r}")
-    raise HFWeightsError(f"{config_path}: describes {len(theirs)} tensors, {model.name!r} has {len(ours)}")
 
 
 def box_ranges(tensor: TensorSpec, box: Box) -> tuple[Range, ...]:
