@@ -44,6 +44,10 @@ def dataset_folder(value: str, field: str = "path") -> tuple[str, str]:
     if "\x00" in value:
         raise InvalidInput({field: ["must not contain NUL characters"]})
     text = value.strip()
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput({field: ["must be UTF-8 text (it holds a lone surrogate)"]}) from None
     if not text:
         raise InvalidInput({field: ["give the dataset directory, relative to the data root (e.g. python-stdlib)"]})
     root = data_root()

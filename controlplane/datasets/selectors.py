@@ -11,7 +11,7 @@ from django.db.models import Count, QuerySet
 from controlplane.common import inputs
 from controlplane.common.errors import InvalidInput
 from controlplane.datasets.folders import READ_ERRORS, read_problem
-from controlplane.datasets.models import Dataset
+from controlplane.datasets.models import NAME_RE, Dataset
 
 
 def dataset_list() -> QuerySet[Dataset]:
@@ -23,7 +23,11 @@ def dataset_of(value: str, field: str = "dataset") -> Dataset:
     """The dataset an API input names: its name, or its id (names are never digits alone)."""
     text = str(value).strip()
     pk = inputs.whole_number(text)
-    found = (Dataset.objects.filter(pk=pk) if pk is not None else Dataset.objects.filter(name=text)).first()
+    found = None
+    if pk is not None:
+        found = Dataset.objects.filter(pk=pk).first()
+    elif NAME_RE.match(text):  # (anything else names no dataset: never sent to the database)
+        found = Dataset.objects.filter(name=text).first()
     if found is None:
         raise InvalidInput({field: [f"no dataset {text[:100]!r} is registered (GET /api/datasets lists them; "
                                     f"POST /api/datasets or `dynaplane data register` registers one)"]})

@@ -8,6 +8,7 @@ Real PostgreSQL (or SQLite), real dataset directories (the library's prepare and
 only the control plane's Celery send_task is replaced, by a recorder, since no agent runs here."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -112,9 +113,11 @@ def test_a_dataset_without_one_sample_of_the_job_s_seq_is_refused(token_client, 
 
 
 def test_an_unknown_or_changed_dataset_is_refused(token_client, two_nodes, code, data_root, tmp_path) -> None:
-    for value in ("nope", "99999", 99999):
-        response = token_client.post("/api/jobs/validate", job_body(dataset=value), format="json")
-        assert response.status_code == 400 and "is registered" in response.json()["dataset"][0], response.content
+    for value in ("nope", "99999", 99999, "lone\ud800", "../code", "x" * 63):
+        response = token_client.post("/api/jobs/validate", json.dumps(job_body(dataset=value)),
+                                     content_type="application/json")
+        message = response.json()["dataset"][0]
+        assert response.status_code == 400 and ("is registered" in message or "Surrogate" in message), message
     text_dataset(data_root / "code", texts=["something else entirely\n" * 30] * 3, validation_fraction=0.25)
     response = token_client.post("/api/jobs/validate", job_body(dataset="code"), format="json")
     assert response.status_code == 400 and "holds other data than when it was registered" in \
