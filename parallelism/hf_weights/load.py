@@ -3,21 +3,21 @@
 the rank holds, master = the fp32 value, param = its bf16 cast, Adam moments zero.
 
 Every check that needs no tensor data runs first, on every rank: config.json (model_type,
-settings the trainer computes differently), the index and every shard file's header
-(names, shapes, dtypes) against the adapter's map, and the placement's model against
-config.json. Then each rank reads only its boxes.
+settings the trainer computes differently), the placement's model against config.json,
+then the index and every shard file's header (names, shapes, dtypes) against the
+adapter's map. Then each rank reads only its boxes.
 
-Why safetensors' `safe_open(...).get_slice` and not torch's HuggingFaceStorageReader: the
-reader reads boxes with that same get_slice, but only of tensors that are one DCP
-state-dict entry each, in HF's names, shapes and dim order, loaded through `dcp.load`, a
-collective over the process group. Our boxes are boxes of *our* tensors: a per-expert
+Why safetensors' `safe_open(...).get_slice` and not torch's HuggingFaceStorageReader
+(torch 2.13): the reader does read only a box (with that same get_slice), but a box of an
+HF tensor, in HF's name, shape and dim order, requested by `dcp.load` for a DTensor (or a
+whole tensor) keyed by the HF name. Our boxes are boxes of *our* tensors: a per-expert
 checkpoint's experts are E HF tensors stacked into one of ours, GPT-2's q/k/v are column
-ranges of the fused, transposed c_attn, and a ZeRO chunk of q is a column range of it. So
-the reader would have to load HF-shaped tensors (whole, or as DTensors on meshes built
-for HF's shapes) and copy the boxes out, while get_slice reads exactly each box's region.
-The reader also lists every *.safetensors file in the folder rather than following
-model.safetensors.index.json, so a missing shard would surface as a missing tensor,
-and a stray file would be read.
+ranges of the fused, transposed c_attn (a ZeRO chunk of q is a column range of it), a
+fused gate_up_proj holds two of ours. Those boxes are no DTensor shard of an HF tensor (a
+stack of E tensors, a transposed column range), so the reader would load whole HF tensors
+to copy boxes out of; get_slice reads exactly each box's region, per rank, no collective. The reader also lists
+every *.safetensors file in the folder instead of following model.safetensors.index.json,
+so a missing shard would surface as a missing tensor, and a stray file would be read.
 """
 from __future__ import annotations
 

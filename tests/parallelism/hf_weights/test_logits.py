@@ -16,11 +16,16 @@ GPT-2's key bias, which softmax cannot see (a constant added to every score of a
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from parallelism.engine.shards import rank_boxes
-from parallelism.hf_weights import assemble, hf_initial_shards, hf_model_config, read_hf_tensors
+from parallelism.hf_weights import (HFMap, assemble, hf_initial_shards, hf_model_config, open_hf_source,
+                                    read_hf_tensors)
+from parallelism.hf_weights.convert import from_hf
 from parallelism.layout.catalog import model_from_config
 from parallelism.layout.placement import place
 from tests.parallelism.hf_weights.conftest import CASES
@@ -94,3 +99,22 @@ def test_swapped_experts_and_fused_halves_are_caught(hf_dir) -> None:
     swapped = tensors[gate][[1, 0, 2, 3]]
     for wrong in ({gate: swapped}, {gate: tensors[up], up: tensors[gate]}):
         assert (our_logits(config, {**tensors, **wrong}, x) - ref).abs().max() > 100 * FP32_ATOL
+
+
+@pytest.mark.parametrize(("case", "first", "second"), [
+    ("gpt2", "llm.layers.0.attn.q.weight", "llm.layers.0.attn.k.weight"),  # c_attn's column ranges exchanged
+    ("mixtral", "llm.layers.0.moe.experts.gate.weight", "llm.layers.0.moe.experts.up.weight"),  # w1 <-> w3
+])
+def test_a_wrong_map_is_caught(hf_dir, case: str, first: str, second: str) -> None:
+    """An adapter with two same-shaped tensors' pieces exchanged loads tensors whose logits are far
+    from transformers': the fp32 equality checks the adapter itself."""
+    path = hf_dir(case)
+    source = open_hf_source(path)
+    pieces = dict(source.hfmap.pieces)
+    pieces[first], pieces[second] = pieces[second], pieces[first]
+    wrong = HFMap(source.hfmap.model_type, source.hfmap.variant, pieces, source.hfmap.ignored)
+    stored = load_file(os.path.join(path, "model.safetensors"))
+    x = tokens()
+    moved = (our_logits(source.config, from_hf(wrong, stored), x) - hf_logits(path, x)).abs().max()
+    assert moved > 100 * FP32_ATOL
+    assert (our_logits(source.config, from_hf(source.hfmap, stored), x) - hf_logits(path, x)).abs().max() <= FP32_ATOL
