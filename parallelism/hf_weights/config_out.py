@@ -14,7 +14,7 @@ from parallelism.layout.model_config import DecoderConfig, ModelConfig
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                   "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM", "gpt2": "GPT2LMHeadModel"}
-_DTYPE_NAMES = {"BF16": "bfloat16", "F32": "float32", "F16": "float16"}
+DTYPE_JSON_NAMES = {"BF16": "bfloat16", "F32": "float32", "F16": "float16"}  # safetensors' -> config.json's
 
 
 def hf_config_dict(config: ModelConfig, model_type: str, dtype: str = "BF16") -> dict[str, Any]:
@@ -44,7 +44,7 @@ def hf_config_dict(config: ModelConfig, model_type: str, dtype: str = "BF16") ->
             raw.update(num_experts=c.experts, num_experts_per_tok=c.top_k, moe_intermediate_size=c.moe_ffn,
                        decoder_sparse_step=1, mlp_only_layers=sorted(c.dense_layers), norm_topk_prob=c.norm_topk_prob)
     raw = {"architectures": [_ARCHITECTURES[model_type]], "model_type": model_type,
-           "dtype": _DTYPE_NAMES.get(dtype, "bfloat16"), **raw}
+           "dtype": DTYPE_JSON_NAMES.get(dtype, "bfloat16"), **raw}
     _check_round_trip(raw, config, model_type)
     return raw
 

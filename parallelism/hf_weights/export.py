@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from parallelism.hf_weights.config_out import hf_config_dict
+from parallelism.hf_weights.config_out import DTYPE_JSON_NAMES, hf_config_dict
 from parallelism.hf_weights.convert import hf_tensor
 from parallelism.hf_weights.errors import HFWeightsError
 from parallelism.hf_weights.families import hf_map, model_type_of
@@ -100,7 +100,7 @@ def plan_export(config: ModelConfig | None = None, *, source_dir: str | None = N
     if source is not None:
         config_json = dict(source.dir.raw_config)
         key = "torch_dtype" if "torch_dtype" in config_json and "dtype" not in config_json else "dtype"
-        config_json[key] = {"BF16": "bfloat16", "F32": "float32", "F16": "float16"}[dtype_name]
+        config_json[key] = DTYPE_JSON_NAMES[dtype_name]
     else:
         config_json = hf_config_dict(config, model_type, dtype_name)
     return ExportPlan(config, hfmap, files, dtypes, config_json, source)
@@ -160,8 +160,11 @@ def write_export(plan: ExportPlan, out_dir: str, fetch: Fetch) -> list[str]:
         with open(index_path, "w", encoding="utf-8") as f:
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
         written.append(index_path)
-    with open(os.path.join(out_dir, CONFIG), "w", encoding="utf-8") as f:
-        json.dump(plan.config_json, f, indent=2)
+    if plan.source is not None and plan.config_json == plan.source.dir.raw_config:
+        shutil.copyfile(plan.source.dir.config_path, os.path.join(out_dir, CONFIG))  # unchanged: the same bytes
+    else:
+        with open(os.path.join(out_dir, CONFIG), "w", encoding="utf-8") as f:
+            json.dump(plan.config_json, f, indent=2)
     written.append(os.path.join(out_dir, CONFIG))
     if plan.source is not None:
         for name in COMPANION_FILES:

@@ -51,7 +51,7 @@ def assert_byte_identical(source: str, exported: str) -> None:
         assert index[0] == index[1]
     else:
         assert not os.path.exists(os.path.join(exported, INDEX))
-    assert json.loads(Path(source, "config.json").read_text()) == json.loads(Path(exported, "config.json").read_text())
+    assert Path(source, "config.json").read_bytes() == Path(exported, "config.json").read_bytes()
     for name in COMPANION_FILES:  # generation_config.json, tokenizer files: copied unchanged
         if Path(source, name).exists():
             assert Path(source, name).read_bytes() == Path(exported, name).read_bytes()
@@ -163,3 +163,18 @@ def test_catalog_models_export_with_a_generated_config(tmp_path: Path, config: M
     x = tokens() % config.llm.vocab
     assert (hf_logits(out, x) - our_logits(config, tensors, x)).abs().max() <= FP32_ATOL
     assert json.loads(Path(out, "config.json").read_text())["dtype"] == "float32"
+
+
+def test_bf16_export_of_an_fp32_source(hf_dir, tmp_path: Path) -> None:
+    """dtype=bf16: every tensor the bf16 cast of the source's, config.json's dtype says so, the
+    source's file split kept; transformers' fp32 run of it is our fp32 model's on the cast weights."""
+    path = hf_dir("llama")
+    out = str(tmp_path / "out")
+    export_hf(out, masters_of(path), source_dir=path, dtype=torch.bfloat16)
+    source, exported = weights(path), weights(out)
+    assert {n: f for n, (f, _) in source.items()} == {n: f for n, (f, _) in exported.items()}
+    assert all(torch.equal(exported[n][1], t.bfloat16()) for n, (_, t) in source.items())
+    assert json.loads(Path(out, "config.json").read_text())["dtype"] == "bfloat16"
+    x = tokens()
+    cast = {n: v.bfloat16().float() for n, v in masters_of(path).items()}
+    assert (hf_logits(out, x) - our_logits(hf_model_config(path), cast, x)).abs().max() <= FP32_ATOL
