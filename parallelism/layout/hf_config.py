@@ -113,9 +113,11 @@ def _rope(r: _Reader) -> tuple[float, RopeScaling | None]:
     if not isinstance(kind, str):
         raise r.fail(f"rope_type={kind!r} must be a string")
     original = params.get("original_max_position_embeddings") or r.raw.get("max_position_embeddings") or 8192
+    if isinstance(original, bool) or not isinstance(original, int) or original < 1:
+        raise r.fail(f"original_max_position_embeddings={original!r} must be an integer >= 1")
     return theta, RopeScaling(kind, r.get_float("factor", default=1.0, source=params),
                               r.get_float("low_freq_factor", default=1.0, source=params),
-                              r.get_float("high_freq_factor", default=4.0, source=params), int(original))
+                              r.get_float("high_freq_factor", default=4.0, source=params), original)
 
 
 def _llama_like(r: _Reader) -> DecoderConfig:
