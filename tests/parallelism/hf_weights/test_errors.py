@@ -181,7 +181,8 @@ def test_unreadable_file_and_dtype(copy) -> None:
 @pytest.mark.parametrize(("changes", "rule"), [
     ({"rope_parameters": {**LLAMA3_ROPE, "rope_type": "yarn"}}, r"rope_type 'yarn' is not implemented"),
     ({"sliding_window": 8, "use_sliding_window": True}, r"sliding_window=8: sliding-window attention"),
-    ({"layer_types": ["sliding_attention", "full_attention"]}, r"layer_types \['full_attention', 'sliding_attention'\]"),
+    ({"layer_types": ["sliding_attention", "full_attention"]},
+     r"layer_types \['full_attention', 'sliding_attention'\]"),
 ])
 def test_settings_computed_otherwise_are_refused(copy, changes: dict, rule: str) -> None:
     folder = copy("qwen2")
