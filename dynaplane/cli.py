@@ -117,7 +117,8 @@ def _run_bench_switch(args: argparse.Namespace) -> int:
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train on local ranks (one process each), with online layout switches")
-    p.add_argument("--model", default="tiny-gpt")
+    p.add_argument("--model", default=None,
+                   help="a catalog name or a config.json (default: --init-from's config.json, else tiny-gpt)")
     p.add_argument("--layout", required=True, help="e.g. tp=2,pp=1,dp=2,zero=1")
     p.add_argument("--world", type=int, default=0, help="local processes (default: the largest layout's ranks)")
     p.add_argument("--steps", type=int, required=True)
@@ -132,6 +133,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dataset", metavar="DIR", default=None,
                    help="a dataset directory (`dynaplane data prepare`); default: synthetic tokens")
+    p.add_argument("--init-from", metavar="HF_DIR", default=None,
+                   help="start from a Hugging Face model directory (config.json + safetensors)")
+    p.add_argument("--export", metavar="HF_DIR", default=None,
+                   help="write the final weights as a Hugging Face model directory")
     p.add_argument("--eval-every", type=int, default=0, metavar="N",
                    help="validation loss every N steps on the dataset's held-out split (default: never)")
     p.add_argument("--eval-batches", type=int, default=4, metavar="B",

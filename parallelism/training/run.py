@@ -95,16 +95,26 @@ def switch_trainer(trainer: ParallelTrainer | HeteroTrainer, layout: str,
 
 
 def train_rank(rank: int, world: int, config: TrainConfig, layout: str, steps: int, switches: list[Switch],
-               staging_bytes: int = 64 * 2**20, on_step=None, eval_every: int = 0, eval_batches: int = 1) -> RankLog:
+               staging_bytes: int = 64 * 2**20, on_step=None, eval_every: int = 0, eval_batches: int = 1,
+               init_from: str | None = None, export: str | None = None) -> RankLog:
     """The whole run on one rank; `on_step(rank, StepResult | SwitchReport | EvalResult)` sees progress.
-    eval_every > 0: the validation loss after every eval_every steps (parallelism/training/evaluate.py)."""
+    eval_every > 0: the validation loss after every eval_every steps (parallelism/training/evaluate.py).
+    init_from: a Hugging Face model directory the weights start from (each rank reads its boxes);
+    export: a directory the final weights go to as a Hugging Face model (collective, at the end)."""
     from parallelism.training.evaluate import evaluate
 
     check_schedule(steps, switches)
     for text in [layout, *(s.layout for s in switches)]:
         check_layout(config, text)
     placement = place(config.tensors, layout)
-    shards = initial_shards(placement, rank, config.seed) if rank < placement.world else {}
+    if rank >= placement.world:
+        shards = {}
+    elif init_from:
+        from parallelism.hf_weights import hf_initial_shards
+
+        shards = hf_initial_shards(placement, rank, init_from)
+    else:
+        shards = initial_shards(placement, rank, config.seed)
     trainer = build_trainer(config, layout, rank, shards, TrainScalars())
     del shards
     pending = {s.step: s for s in switches}
@@ -126,4 +136,10 @@ def train_rank(rank: int, world: int, config: TrainConfig, layout: str, steps: i
                 log.evals.append(EvalResult(step + 1, loss))
                 if on_step:
                     on_step(rank, log.evals[-1])
+    if export:
+        from parallelism.hf_weights.export import export_hf_from_shards
+
+        final, _ = trainer.hand_over()
+        export_hf_from_shards(trainer.placement, rank, final, export, config=config.model_config,
+                              source_dir=init_from)
     return log
