@@ -78,3 +78,14 @@ def test_the_standard_library_sources_are_its_py_files_without_installed_package
     root = Path(sysconfig.get_paths()["stdlib"])
     assert len(files) > 500 and root / "os.py" in files and files == sorted(files)
     assert all(p.suffix == ".py" and "site-packages" not in p.parts for p in files)
+
+
+def test_a_registered_demo_dataset_whose_data_changed_leaves_a_new_demo_on_synthetic_tokens(source, tmp_path) -> None:
+    from tests.support.datasets import text_dataset
+
+    bootstrap(source)
+    Job.objects.all().delete()
+    text_dataset(tmp_path / "data" / "python-stdlib", texts=["other data\n" * 50] * 3, name=DEMO_DATASET)
+    out = bootstrap(source)
+    assert "holds other data than when it was registered" in out["dataset"]["error"]
+    assert Job.objects.get(name="demo").dataset is None

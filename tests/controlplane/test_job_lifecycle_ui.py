@@ -43,7 +43,8 @@ def test_validate_answers_the_job_it_would_create_and_creates_nothing(token_clie
     assert response.status_code == 200, response.content
     assert response.json() == {"name": "v", "model": "tiny-gpt", "layout": "dp=2", "world_size": 2, "global_batch": 12,
                                "micro_batch": 1, "seq_len": 16, "max_steps": None, "checkpoint_interval": 100,
-                               "elastic": False, "min_gpus": None, "max_gpus": None, "priority": 0}
+                               "elastic": False, "min_gpus": None, "max_gpus": None, "priority": 0,
+                               "dataset": None, "samples_per_epoch": None}
     assert not Job.objects.exists() and sent_events == []
 
 

@@ -49,7 +49,7 @@ def _stored_password() -> str:
 
 
 class Command(BaseCommand):
-    help = "Create the admin user and API token (and the demo job with --demo); print them as JSON."
+    help = "Create the admin user and API token (and the demo job and its dataset with --demo); print them as JSON."
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--username", default=os.environ.get("DYNAPLANE_ADMIN_USER", "admin"))
@@ -71,9 +71,14 @@ class Command(BaseCommand):
         if demo:
             demo_job = Job.objects.filter(name=DEMO_JOB["name"]).first()
             dataset = _demo_dataset(demo_source, user) if demo_job is None or demo_job.dataset_id else None
+            if demo_job is None and "error" not in dataset:
+                try:
+                    demo_job = job_create(**DEMO_JOB, created_by=user)
+                except InvalidInput as exc:  # e.g. its data changed on disk since it was registered
+                    dataset = {"error": str(exc)}
             if demo_job is None:
-                job = DEMO_JOB if "error" not in dataset else {k: v for k, v in DEMO_JOB.items() if k != "dataset"}
-                demo_job = job_create(**job, created_by=user)
+                synthetic = {k: v for k, v in DEMO_JOB.items() if k != "dataset"}
+                demo_job = job_create(**synthetic, created_by=user)
         database = f"{connection.vendor} {connection.settings_dict['NAME']}"
         self.stdout.write(json.dumps({"username": username, "password": password, "token": token.key,
                                       "database": database,
