@@ -530,7 +530,7 @@ def test_run_command_on_embedded_defaults_starts_and_stops_cleanly(tmp_path) -> 
 def test_run_command_demo_job_trains_by_itself_within_a_minute(tmp_path) -> None:
     """`make run` (`dynaplane up` on embedded defaults, demo job on): the demo job is started
     by the launcher once the agents are up, and reports training steps within 60 s of the
-    command starting; nothing is posted to the API here."""
+    command starting (its dataset prepared on the way); nothing is posted to the API here."""
     process = StackProcess(tmp_path / "var", env={"REDIS_URL": None, "DATABASE_URL": None}, demo=True)
     process.start()
     try:
@@ -545,7 +545,9 @@ def test_run_command_demo_job_trains_by_itself_within_a_minute(tmp_path) -> None
         training = time.monotonic() - process.started_at
         job = process.get(f"api/jobs/{demo['id']}", token=True)
         assert job["state"] == "running" and job["layout"] == "tp=2", job
-        assert "demo job started" in process.output()
+        # It trains on the Python standard library's source, prepared on this first start (docs/datasets.md).
+        assert job["dataset"]["name"] == "python-stdlib" and job["data_progress"]["epoch"] is not None, job
+        assert "demo job started" in process.output() and "demo dataset python-stdlib" in process.output()
         print(f"`dynaplane up` (demo on, embedded defaults): healthy {ready:.1f} s, demo job's first step "
               f"{training:.1f} s after the command started")
     finally:
