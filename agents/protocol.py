@@ -227,6 +227,13 @@ class JobStartOrder(_Message):
     # The dataset directory the ranks read (a registered dataset under the data root, which every
     # node of the job sees at this path); empty: synthetic tokens.
     dataset: str = Field(default="", max_length=DATASET_PATH_MAX)
+    # The validation loss over `eval_batches` global batches of the dataset's held-out split after
+    # every `eval_every` steps (0: never), reported with that step (JobStepped.validation_loss).
+    eval_every: int = Field(default=0, ge=0)
+    eval_batches: int = Field(default=4, gt=0, le=1000)
+    # A Hugging Face model directory the first start loads its weights from (each rank its boxes);
+    # empty: the seeded initialisation. Unused by a restore (the checkpoint has the state).
+    init_from: str = Field(default="", max_length=DATASET_PATH_MAX)
 
     @field_validator("ranks")
     @classmethod
@@ -280,6 +287,7 @@ class JobStepped(_JobReportBase):
     loss: float | None = None
     step_seconds: float = Field(ge=0)
     tokens_per_second: float = Field(ge=0)
+    validation_loss: float | None = None  # after this step, at a job's eval_every steps
 
 
 class JobCheckpointed(_JobReportBase):
@@ -413,6 +421,8 @@ class JobSwitchOrder(_Message):
     checkpoint_dir: str = Field(default="", max_length=1000)
     process_of: tuple[int, ...] | None = None
     dataset: str = Field(default="", max_length=DATASET_PATH_MAX)  # as in JobStartOrder
+    eval_every: int = Field(default=0, ge=0)  # as in JobStartOrder
+    eval_batches: int = Field(default=4, gt=0, le=1000)
 
     @model_validator(mode="after")
     def _a_device_map(self) -> "JobSwitchOrder":

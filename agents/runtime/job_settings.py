@@ -27,13 +27,18 @@ class JobSettings(NamesAModel):
     checkpoint_dir: str = ""
     restore_id: int | None = None
     dataset: str = ""  # the dataset directory the ranks read; "": synthetic tokens
+    eval_every: int = 0  # validation loss after every eval_every steps (0: never)
+    eval_batches: int = 4
     model_config: ModelConfig | None = resolved_field()  # `model` resolved once per rank process
 
     @classmethod
     def of(cls, order) -> "JobSettings":
         return cls(order.job_id, order.model, order.global_batch, order.micro_batch, order.seq, order.seed,
                    order.max_steps, order.report_every, order.timeout_seconds, order.checkpoint_interval,
-                   order.checkpoint_dir, order.restore_id, order.dataset)
+                   order.checkpoint_dir, order.restore_id, order.dataset, order.eval_every, order.eval_batches)
+
+    def evaluates_after(self, step: int) -> bool:
+        return bool(self.eval_every and self.dataset) and step > 0 and step % self.eval_every == 0
 
     def checkpointer(self, rank: int):
         from agents.runtime.checkpoints import Checkpointer

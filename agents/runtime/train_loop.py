@@ -43,6 +43,11 @@ def train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: Re
             raise
         if samples is not None:
             samples.record(result, str(trainer.placement.layout))
+        validation = None
+        if settings.evaluates_after(trainer.scalars.step):  # collective: every rank of the layout, same step
+            from parallelism.training.evaluate import evaluate
+
+            validation = evaluate(trainer, settings.eval_batches)
         steps += 1
         if rank == 0 and result is not None:
             if committed is not None:
@@ -60,7 +65,7 @@ def train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: Re
                                     tensors=report.checks)
             if steps == 1:  # rank 0 is in every layout: it started with the job
                 reporter.job("started", step=result.step, layout=str(trainer.placement.layout))
-            report_step(reporter, settings, result, trainer)
+            report_step(reporter, settings, result, trainer, validation)
         committed = None
         if f"exit-after-step:{rank}:{trainer.scalars.step}" in faults():
             os._exit(17)
@@ -99,11 +104,13 @@ def train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: Re
             committed = (order.transition_id, report, paused_at, phases)
 
 
-def report_step(reporter: Reporter, settings: JobSettings, result, trainer) -> None:
-    """Rank 0's report of a finished step (StepResult), every `report_every` steps."""
-    if result.step % settings.report_every == 0:
+def report_step(reporter: Reporter, settings: JobSettings, result, trainer, validation: float | None = None) -> None:
+    """Rank 0's report of a finished step (StepResult), every `report_every` steps, and of every
+    step a validation loss followed."""
+    if result.step % settings.report_every == 0 or validation is not None:
         reporter.job("step", step=result.step, loss=result.loss, step_seconds=result.seconds,
-                     tokens_per_second=result.tokens / max(result.seconds, 1e-9), layout=str(trainer.placement.layout))
+                     tokens_per_second=result.tokens / max(result.seconds, 1e-9), layout=str(trainer.placement.layout),
+                     **({"validation_loss": validation} if validation is not None else {}))
 
 
 def orphaned(trainer, rank: int, exc: RuntimeError, reporter: Reporter | None = None,

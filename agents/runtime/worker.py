@@ -126,8 +126,14 @@ def main(argv: list[str]) -> int:
                 reporter.job("restored", step=scalars.step, checkpoint_path=order.restore_from, verified=verified,
                              seconds=time.perf_counter() - loading, layout=order.layout)
         else:
-            trainer = rank_trainer(settings, order.layout, rank, initial_shards(placement, rank, order.seed),
-                               None, ckpt)
+            if order.init_from:  # a Hugging Face model: each rank reads the boxes it holds
+                from parallelism.hf_weights import hf_initial_shards
+
+                shards = hf_initial_shards(placement, rank, order.init_from) if rank < placement.world else {}
+            else:
+                shards = initial_shards(placement, rank, order.seed)
+            trainer = rank_trainer(settings, order.layout, rank, shards, None, ckpt)
+            del shards
         done = set()
         # (the first line of the rank's log, which the job page shows for rank 0)
         print(f"rank {rank}: training {order.layout} on {order.world} ranks, ready in "

@@ -538,3 +538,42 @@ def test_periodic_checkpoints_and_a_restart_from_one_on_fewer_ranks(broker, tmp_
         print(f"checkpoint pause {[round(r['seconds'], 3) for r in checkpoints]} s; restore {restored['seconds']:.2f} s")
     finally:
         runner.shutdown()
+
+
+def test_a_job_on_a_dataset_from_hugging_face_weights_reports_validation_loss(broker, tmp_path):
+    """Issue 42 through the agent: the ranks start from a Hugging Face model's weights, read a
+    dataset, report the validation loss with every second step, and record what they read."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    from agents.runtime.sample_log import consumed, gaps_and_repeats, read_records
+    from parallelism.datasets.dataset import TokenDataset
+    from tests.parallelism.datasets.conftest import make_dataset
+    from tests.parallelism.hf_weights.tiny_hf import VOCAB, build_hf_model, save_hf_model
+
+    url, client = broker
+    hf = save_hf_model("llama", tmp_path / "hf")
+    rng = np.random.default_rng(3)
+    data = make_dataset(tmp_path / "data", [rng.integers(1, VOCAB, 50).tolist() for _ in range(40)], vocab=VOCAB,
+                        fraction=0.1)
+    runner = JobRunner([].append, "node-1", "cpu", url, tmp_path / "node")
+    order = start_order(12, 2, [0, 1], free_loopback_port(), layout="tp=2", max_steps=4).model_copy(update={
+        "model": str(tmp_path / "hf" / "config.json"), "dataset": str(data), "init_from": hf, "eval_every": 2,
+        "eval_batches": 2, "checkpoint_dir": str(tmp_path / "ckpt")})
+    try:
+        runner.start(order)
+        wait_until(lambda: not runner.running(), 180, "the job to end")
+        steps = [r for r in sent_reports(client) if r["kind"] == "step"]
+        assert [r["step"] for r in steps] == [1, 2, 3, 4]
+        assert [r.get("validation_loss") is not None for r in steps] == [False, True, False, True]
+        # step 1's loss is the Hugging Face model's on the job's first global batch (bf16 forward)
+        tokens, targets = TokenDataset(data, 16, seed=0).batch(0, 4)
+        with torch.no_grad():
+            logits = build_hf_model("llama").eval()(tokens).logits  # the saved model (same seed)
+        expected = float(F.cross_entropy(logits.flatten(0, 1), targets.flatten()))
+        assert steps[0]["loss"] == pytest.approx(expected, rel=2e-2)
+        reads = consumed(read_records(tmp_path / "ckpt"))
+        assert list(reads) == [1, 2, 3, 4] and gaps_and_repeats(reads, 4) == []
+    finally:
+        runner.shutdown()
