@@ -26,6 +26,20 @@ class SampleLog:
                                      "digest": result.sample_digest, "layout": layout}) + "\n")
 
 
+def whole_batch(trainer, trained):
+    """Every data rank's slice of a step this rank's update completed (StepResults-like): an update
+    summed every data rank's gradient, so each of them read its slice, even one lost right after
+    (whose own record never came). The slices are pure functions of the position."""
+    from types import SimpleNamespace
+
+    from parallelism.training.data import sample_digest
+
+    per_dp, dp = trained.samples, trainer.ml.dp
+    start = trained.first_sample - trainer.dp_rank * per_dp
+    return [SimpleNamespace(step=trained.step, first_sample=start + d * per_dp, samples=per_dp,
+                            sample_digest=sample_digest(trainer.data, start + d * per_dp, per_dp)) for d in range(dp)]
+
+
 def read_records(checkpoint_dir: str | Path) -> list[dict]:
     out = []
     for path in sorted((Path(checkpoint_dir) / FOLDER).glob("*.jsonl")):

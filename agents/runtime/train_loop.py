@@ -12,7 +12,7 @@ from agents.runtime.faults import faults
 from agents.runtime.job_settings import JobSettings, rank_trainer
 from agents.runtime.rank_reports import Reporter
 from agents.runtime.run_files import STOP_FILE
-from agents.runtime.sample_log import SampleLog
+from agents.runtime.sample_log import SampleLog, whole_batch
 from agents.runtime.step_boundary import Boundary
 from agents.runtime.switching import RolledBack, switch_old_rank
 
@@ -38,7 +38,8 @@ def train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: Re
         except RuntimeError as exc:  # only the errors of a lost peer (orphan.peer_lost) are kept
             trained = getattr(trainer, "trained", None)
             if samples is not None and trained is not None and trained.step > step_before:
-                samples.record(trained, str(trainer.placement.layout))  # the state moved on with this step
+                for read in whole_batch(trainer, trained):  # the state moved on with this step
+                    samples.record(read, str(trainer.placement.layout))
             orphaned(trainer, rank, exc, reporter, settings, step_before)
             raise
         if samples is not None:

@@ -14,8 +14,6 @@ from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from parallelism.datasets.blend import build_blend, locate
 from parallelism.datasets.errors import DatasetError
@@ -204,8 +202,11 @@ class TokenDataset:
             out[m] = (k << 56) | self.parts[k].sample_id(local)
         return out
 
-    def batch(self, position: int, batch_size: int) -> tuple[Tensor, Tensor]:
-        """(tokens, targets), int64 [batch_size, seq_len]: samples position .. position + batch_size - 1."""
+    def batch(self, position: int, batch_size: int):
+        """(tokens, targets), int64 tensors [batch_size, seq_len]: samples position .. position + batch_size - 1.
+        (torch is imported here, not by the module: the control plane describes datasets without it.)"""
+        import torch
+
         if position < 0 or batch_size < 1:
             raise DatasetError(f"need position >= 0 and batch_size >= 1, got {position}, {batch_size}")
         rows = torch.from_numpy(np.stack([self.sample(position + m) for m in range(batch_size)]))

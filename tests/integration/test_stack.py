@@ -373,8 +373,11 @@ def test_killing_an_agent_under_a_training_job_leaves_it_training_on_the_survivo
     and switch onto dp=2 among themselves, from memory: within 30 s the job trains again,
     the lost step's state intact (the survivors' switch verified), the lost node's GPU
     no longer the job's."""
+    from agents.runtime.sample_log import consumed, gaps_and_repeats, read_records
+
+    _real_text_dataset(stack, "stdlib-code")
     job = stack.post("api/jobs", {"name": "survives", "model": "tiny-gpt", "gpus": 3, "global_batch": 12,
-                                  "seq_len": 16, "checkpoint_interval": 0})
+                                  "seq_len": 16, "checkpoint_interval": 0, "dataset": "stdlib-code"})
     read, live = job_reads(stack, job)
 
     def steps() -> list:
@@ -401,6 +404,9 @@ def test_killing_an_agent_under_a_training_job_leaves_it_training_on_the_survivo
         print(f"{lost}'s agent killed: the job trained on the survivors as dp=2 {seconds:.1f} s later")
     finally:
         wait_stopped(stack, job, read)
+    # On real text (issue 42): across the lost node, every sample of the run read once, in order.
+    reads = consumed(read_records(read()["checkpoint_dir"]))
+    assert len(reads) == read()["step"] and gaps_and_repeats(reads, 12) == []
 
 
 CHECKPOINT_INTERVAL = 100
