@@ -13,6 +13,8 @@ import pytest
 from websockets.sync.client import connect
 
 from controlplane.cluster.events import cluster_event_adapter
+from agents.runtime.sample_log import read_records
+from tests.support.datasets import assert_each_sample_read_once, real_text_dataset
 from tests.support.stack import ROOT, StackProcess, wait_for, wait_for_transition_end
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -121,20 +123,6 @@ def test_a_job_trains_on_the_agents_and_stops_on_request(stack) -> None:
         wait_stopped(stack, job, read)
 
 
-def _real_text_dataset(stack, name: str) -> Path:
-    """Two packages of the standard library's source, prepared under the stack's data root and registered."""
-    import sysconfig
-
-    from parallelism.datasets.prepare import prepare
-
-    lib = Path(sysconfig.get_paths()["stdlib"])
-    directory = stack.var_dir / "data" / name
-    if not (directory / "dataset.json").exists():
-        prepare([lib / "json", lib / "email"], directory, progress=False)
-        stack.post("api/datasets", {"path": name})
-    return directory
-
-
 def test_a_job_resizes_online_from_two_to_four_and_back_to_three_gpus(stack) -> None:
     """Issue 6's main path through the whole stack: the control plane plans each resize and
     sends the switch orders, the agents start the joining ranks while the job trains, the
@@ -142,11 +130,7 @@ def test_a_job_resizes_online_from_two_to_four_and_back_to_three_gpus(stack) -> 
     with their timings, and the GPUs of the leaving rank are free again. On real text
     (issue 42): the ranks' records of what they read show every sample of the run's range
     read once, in order, the samples an unswitched run reads."""
-    from agents.runtime.sample_log import consumed, gaps_and_repeats, read_records
-    from parallelism.datasets.dataset import TokenDataset
-    from parallelism.training.data import sample_digest
-
-    directory = _real_text_dataset(stack, "stdlib-code")
+    directory = real_text_dataset(stack, "stdlib-code")
     job = stack.post("api/jobs", {"name": "elastic", "model": "tiny-gpt", "gpus": 2, "global_batch": 12,
                                   "seq_len": 16, "dataset": "stdlib-code"})
 
@@ -156,13 +140,9 @@ def test_a_job_resizes_online_from_two_to_four_and_back_to_three_gpus(stack) -> 
         _resize_two_to_four_to_three(stack, job, read, live)
     finally:
         wait_stopped(stack, job, read)
-    reads = consumed(read_records(read()["checkpoint_dir"]))
-    assert len(reads) == read()["step"] and gaps_and_repeats(reads, 12) == []
+    assert_each_sample_read_once(read(), directory, 12, 16)
     layouts = {r["layout"] for r in read_records(read()["checkpoint_dir"])}
     assert {"dp=2", "dp=4", "dp=3"} <= layouts, layouts
-    data = TokenDataset(directory, 16, seed=0)  # the control plane starts every job with seed 0
-    for step, slices in reads.items():  # each rank read those samples: the same an unswitched run reads
-        assert all(digest == sample_digest(data, first, n) for first, n, digest in slices), step
 
 
 def wait_stopped(stack, job: dict, read) -> None:
@@ -373,9 +353,7 @@ def test_killing_an_agent_under_a_training_job_leaves_it_training_on_the_survivo
     and switch onto dp=2 among themselves, from memory: within 30 s the job trains again,
     the lost step's state intact (the survivors' switch verified), the lost node's GPU
     no longer the job's."""
-    from agents.runtime.sample_log import consumed, gaps_and_repeats, read_records
-
-    _real_text_dataset(stack, "stdlib-code")
+    directory = real_text_dataset(stack, "stdlib-code")
     job = stack.post("api/jobs", {"name": "survives", "model": "tiny-gpt", "gpus": 3, "global_batch": 12,
                                   "seq_len": 16, "checkpoint_interval": 0, "dataset": "stdlib-code"})
     read, live = job_reads(stack, job)
@@ -405,8 +383,7 @@ def test_killing_an_agent_under_a_training_job_leaves_it_training_on_the_survivo
     finally:
         wait_stopped(stack, job, read)
     # On real text (issue 42): across the lost node, every sample of the run read once, in order.
-    reads = consumed(read_records(read()["checkpoint_dir"]))
-    assert len(reads) == read()["step"] and gaps_and_repeats(reads, 12) == []
+    assert_each_sample_read_once(read(), directory, 12, 16)
 
 
 CHECKPOINT_INTERVAL = 100

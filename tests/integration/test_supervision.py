@@ -9,6 +9,7 @@ import signal
 
 import pytest
 
+from tests.support.datasets import assert_each_sample_read_once, real_text_dataset
 from tests.support.stack import StackProcess, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -140,8 +141,9 @@ def test_after_the_whole_stack_stops_mid_resize_the_job_trains_again_from_its_ch
     first = _embedded_stack(var)
     try:
         first.wait_ready(timeout=120)
+        directory = real_text_dataset(first, "stdlib-code")
         job = first.post("api/jobs", {"name": "resumed", "model": "tiny-gpt", "gpus": 1, "global_batch": 4,
-                                      "seq_len": 16, "checkpoint_interval": 3})
+                                      "seq_len": 16, "checkpoint_interval": 3, "dataset": "stdlib-code"})
         wait_for(lambda: first.get(f"api/jobs/{job['id']}", token=True)["checkpoint_step"] is not None, timeout=120)
         transition = first.post(f"api/jobs/{job['id']}/resize", {"gpus": 2})
         wait_for(lambda: _transition(first, transition)["state"] != "planned", timeout=30)
@@ -167,5 +169,11 @@ def test_after_the_whole_stack_stops_mid_resize_the_job_trains_again_from_its_ch
         wait_for(lambda: again.get("api/health")["gpus"]["free"] == 2 - running["world_size"], timeout=30)
         print(f"resize aborted and the job restored from checkpoint step {checkpoint} {seconds:.1f} s after "
               f"the stack was up again")
+        # On real text (issue 42): across the stop, the restart and the restore, every sample of
+        # the run read once, in order (the retrained steps read the same samples again).
+        again.post(f"api/jobs/{job['id']}/stop", {})
+        stopped, _ = wait_for(lambda: (j := again.get(f"api/jobs/{job['id']}", token=True))["state"] == "stopped"
+                              and j, timeout=60)
+        assert_each_sample_read_once(stopped, directory, 4, 16)
     finally:
         again.stop()
