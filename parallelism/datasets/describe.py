@@ -24,6 +24,7 @@ def describe(directory: str | os.PathLike, seq_len: int = 2048) -> dict:
         "train_tokens": train_tokens, "validation_tokens": total_tokens - train_tokens,
         "validation_fraction": m.validation_fraction, "validation_documents": validation_documents,
         "seq": seq_len, "samples_per_epoch": train.samples_per_epoch,
+        "bytes_per_token": m.bytes_per_token,
     }
     if m.format == "blend":
         info["parts"] = [{"name": p.manifest.name, "weight": b.weight, "tokens": int(p.doc_lengths.sum())}

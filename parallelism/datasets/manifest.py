@@ -49,12 +49,18 @@ class Manifest:
     tokens: int = 0
     parts: tuple[BlendPart, ...] = ()
     blend_period: int = 1000
+    text_bytes: int = 0  # UTF-8 bytes of the documents' text, when prepare wrote it (0: unknown)
+
+    @property
+    def bytes_per_token(self) -> float | None:
+        """For bits per byte (a tokenizer-independent loss): loss / ln 2 / bytes_per_token."""
+        return self.text_bytes / self.tokens if self.text_bytes and self.tokens else None
 
     def to_json(self) -> dict:
         out = {"version": VERSION, "name": self.name, "format": self.format, "vocab_size": self.vocab_size,
                "fingerprint": self.fingerprint, "validation_fraction": self.validation_fraction,
                "eos_token": self.eos_token, "tokenizer": self.tokenizer, "documents": self.documents,
-               "tokens": self.tokens}
+               "tokens": self.tokens, **({"text_bytes": self.text_bytes} if self.text_bytes else {})}
         if self.format == "megatron":
             out["prefix"] = self.prefix
         elif self.format == "tokens":
@@ -108,7 +114,8 @@ def read_manifest(directory: str | os.PathLike) -> Manifest:
                   eos_token=_require(raw, "eos_token", int, where, minimum=0, default=None),
                   tokenizer=_require(raw, "tokenizer", dict, where, default={}),
                   documents=_require(raw, "documents", int, where, minimum=0, default=0),
-                  tokens=_require(raw, "tokens", int, where, minimum=0, default=0))
+                  tokens=_require(raw, "tokens", int, where, minimum=0, default=0),
+                  text_bytes=_require(raw, "text_bytes", int, where, minimum=0, default=0))
     if fmt == "megatron":
         return Manifest(**common, prefix=_safe_name(_require(raw, "prefix", str, where), where, "prefix"))
     if fmt == "tokens":

@@ -113,18 +113,19 @@ def prepare(inputs: list[str | Path], out: str | Path, tokenizer=None, *, valida
     out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(out / ".order-cache", ignore_errors=True)
     bar = _progress(total, progress)
-    docs = skipped = tokens = 0
+    docs = skipped = tokens = text_bytes = 0
     dtype = token_dtype(tokenizer.vocab_size)
     with IndexedWriter(out / "data", dtype) as writer:
         pending: list[str] = []
         pending_bytes = 0
 
         def flush() -> None:
-            nonlocal docs, skipped, tokens
-            for ids in tokenizer.encode_batch(pending):
+            nonlocal docs, skipped, tokens, text_bytes
+            for text, ids in zip(pending, tokenizer.encode_batch(pending)):
                 if not ids:
                     skipped += 1
                     continue
+                text_bytes += len(text.encode("utf-8"))
                 if tokenizer.eos_token is not None:
                     ids = [*ids, tokenizer.eos_token]
                 writer.add(ids)
@@ -148,7 +149,7 @@ def prepare(inputs: list[str | Path], out: str | Path, tokenizer=None, *, valida
     manifest = Manifest(directory=out, name=name or out.name, format="megatron", vocab_size=tokenizer.vocab_size,
                         fingerprint=fingerprint, validation_fraction=validation_fraction,
                         eos_token=tokenizer.eos_token, tokenizer=tokenizer.describe(), prefix="data",
-                        documents=docs, tokens=tokens)
+                        documents=docs, tokens=tokens, text_bytes=text_bytes)
     write_manifest(manifest)
     return PrepareResult(out, docs, skipped, tokens, total, time.perf_counter() - started, manifest)
 

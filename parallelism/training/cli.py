@@ -21,8 +21,10 @@ def _print_progress(rank: int, event: StepResult | SwitchReport | EvalResult) ->
     if rank != 0:
         return
     if isinstance(event, EvalResult):
-        print(f"eval after step {event.step}: validation loss {event.loss:.4f} "
-              f"({event.loss / math.log(2):.4f} bits per token)", flush=True)
+        bits = event.loss / math.log(2)
+        per_byte = f", {bits / event.bytes_per_token:.4f} bits per byte" if event.bytes_per_token else ""
+        print(f"eval after step {event.step}: validation loss {event.loss:.4f} ({bits:.4f} bits per token"
+              f"{per_byte})", flush=True)
         return
     if isinstance(event, StepResult):
         print(f"step {event.step:5d}  loss {event.loss:.4f}  {event.seconds * 1000:7.1f} ms  "

@@ -31,6 +31,7 @@ class Switch:
 class EvalResult:
     step: int          # evaluated after this many steps
     loss: float        # mean validation loss (nats per token)
+    bytes_per_token: float | None = None  # the dataset's text bytes per token, when known (bits per byte)
 
 
 @dataclass
@@ -133,7 +134,7 @@ def train_rank(rank: int, world: int, config: TrainConfig, layout: str, steps: i
         if eval_every and (step + 1) % eval_every == 0:
             loss = evaluate(trainer, eval_batches) if trainer.active else None
             if loss is not None:
-                log.evals.append(EvalResult(step + 1, loss))
+                log.evals.append(EvalResult(step + 1, loss, trainer.data.manifest.bytes_per_token))
                 if on_step:
                     on_step(rank, log.evals[-1])
     if export:

@@ -31,6 +31,9 @@ def test_text_files_byte_level(tmp_path):
     expected = [list(t.encode()) + [256] for t in TEXTS if t]
     assert _docs(tmp_path / "out") == expected
     assert (result.documents, result.skipped, result.tokens) == (3, 1, sum(map(len, expected)))
+    text_bytes = sum(len(t.encode()) for t in TEXTS if t)
+    assert result.manifest.text_bytes == text_bytes  # bits per byte = bits per token / bytes per token
+    assert result.manifest.bytes_per_token == text_bytes / result.tokens
     info = describe(tmp_path / "out", 8)
     assert info["vocab_size"] == 257 and info["documents"] == 3 and info["validation_documents"] == 1
 
