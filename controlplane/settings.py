@@ -189,8 +189,13 @@ CELERY_TASK_DEFAULT_QUEUE = protocol.CONTROL_QUEUE
 CELERY_TASK_ROUTES = {
     "control.*": {"queue": protocol.CONTROL_QUEUE},
     "emulate.*": {"queue": protocol.EMULATE_QUEUE},
+    "exports.*": {"queue": "exports"},  # DYNAPLANE_EXPORTS_QUEUE: the control worker takes it too
     # node.* tasks go to one agent's queue, chosen when sent (protocol.node_queue).
 }
+# Exports of a job's checkpoints as Hugging Face directories (controlplane/exports) run on this
+# queue, which the control worker consumes beside `control` (`dynaplane up`, docker-compose.yml):
+# never in the web process; one at a time (the worker's threads also take the agents' reports).
+DYNAPLANE_EXPORTS_QUEUE = "exports"
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
@@ -258,6 +263,13 @@ DYNAPLANE_CHECKPOINT_ROOT = os.environ.get("DYNAPLANE_CHECKPOINT_ROOT") or str(V
 # Every registered dataset directory lies under this root (docs/datasets.md); on a cluster, shared
 # storage every node mounts at the same path: the ranks read the data from there.
 DYNAPLANE_DATA_ROOT = os.environ.get("DYNAPLANE_DATA_ROOT") or str(VAR_DIR / "data")
+# Every Hugging Face model directory a job starts from (`init_from`) lies under this root
+# (docs/hf-weights.md); on a cluster, shared storage every node mounts at the same path: each rank
+# reads its boxes of the weights from there.
+DYNAPLANE_WEIGHTS_ROOT = os.environ.get("DYNAPLANE_WEIGHTS_ROOT") or str(VAR_DIR / "weights")
+# Where POST /api/jobs/{id}/export writes a job's checkpoint as a Hugging Face directory
+# (<root>/<job name>-step-<N>/), from the control worker (the `exports` queue).
+DYNAPLANE_EXPORTS_ROOT = os.environ.get("DYNAPLANE_EXPORTS_ROOT") or str(VAR_DIR / "exports")
 # Ports ("first-last") from which each live job gets the lowest unused one for its
 # torch.distributed rendezvous on rank 0's node (docs/elastic.md).
 DYNAPLANE_RENDEZVOUS_PORTS = os.environ.get("DYNAPLANE_RENDEZVOUS_PORTS", "29400-29599")

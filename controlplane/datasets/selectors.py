@@ -1,6 +1,6 @@
 """Reads of datasets: the list (with the jobs that name each), one named by an API input (its
-name or id), and a dataset's samples per epoch at a sequence length, from the dataset library
-(cached per directory, seq and manifest version)."""
+name or id), and a dataset's samples per epoch (its train split) and validation samples at a
+sequence length, from the dataset library (cached per directory, seq and manifest version)."""
 from __future__ import annotations
 
 import os
@@ -56,3 +56,22 @@ def dataset_samples_per_epoch(dataset: Dataset, seq_len: int, field: str = "data
                                     f"(fingerprint {info['fingerprint'][:19]}..., registered "
                                     f"{dataset.fingerprint[:19]}...): delete and register it again"]})
     return info["samples_per_epoch"]
+
+
+@lru_cache(maxsize=256)
+def _validation_samples(directory: str, seq_len: int, manifest_version: tuple) -> int:
+    from parallelism.datasets.dataset import TokenDataset
+
+    return TokenDataset(directory, seq_len, split="validation", cache=False).samples_per_epoch
+
+
+def dataset_validation_samples(dataset: Dataset, seq_len: int, field: str = "eval_every") -> int:
+    """Samples of seq_len + 1 tokens in the dataset's validation split (the dataset library's
+    count). InvalidInput at `field` when it has none (no validation split, or fewer tokens than
+    one sample) or the directory cannot be read now."""
+    directory = dataset.directory
+    try:
+        stat = os.stat(os.path.join(directory, "dataset.json"))
+        return _validation_samples(directory, seq_len, (stat.st_mtime_ns, stat.st_size, stat.st_ino))
+    except READ_ERRORS as exc:
+        raise InvalidInput({field: [f"dataset {dataset.name!r}: {read_problem(exc, directory)}"]}) from None

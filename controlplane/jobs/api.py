@@ -54,7 +54,8 @@ class JobSerializer(serializers.ModelSerializer):
                   "max_steps", "error", "gpus", "placement", "rendezvous", "created_at", "updated_at",
                   "step", "checkpoint_interval", "checkpoint_dir", "checkpoint_step", "checkpoint_path",
                   "checkpoint_seconds", "checkpoint_at", "elastic", "min_gpus", "max_gpus", "priority", "queued",
-                  "started_at", "resize_failures", "resize_failed_at", "dataset", "data_progress"]
+                  "started_at", "resize_failures", "resize_failed_at", "dataset", "data_progress", "eval_every",
+                  "eval_batches", "init_from"]
         read_only_fields = ["world_size", "state", "error", "gpus", "placement", "rendezvous", "created_at",
                             "updated_at", "step", "checkpoint_step", "checkpoint_path", "checkpoint_seconds",
                             "checkpoint_at", "queued", "started_at", "resize_failures", "resize_failed_at"]
@@ -64,9 +65,10 @@ class JobCreateSerializer(serializers.Serializer):
     """Input of POST /api/jobs; field rules here, layout rules in the service."""
 
     name = serializers.SlugField(max_length=63)
-    model = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,99}$", max_length=100,
+    model = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,99}$", max_length=100, required=False,
                                    help_text="a catalog name (`dynaplane models`) or a stored model "
-                                             "config (models/<name>/config.json under the var dir); never a path")
+                                             "config (models/<name>/config.json under the var dir); never a path. "
+                                             "Omitted with `init_from`: the model its config.json describes")
     layout = serializers.CharField(max_length=500, required=False,
                                    help_text="the layout (docs/contracts.md section 1); or give `gpus`")
     gpus = serializers.IntegerField(min_value=1, max_value=inputs.MAX_GPUS, required=False,
@@ -108,6 +110,19 @@ class JobCreateSerializer(serializers.Serializer):
                                     help_text="a registered dataset (GET /api/datasets) by its name or id; its vocab "
                                               "must fit the model's and it must hold a sample of seq_len + 1 tokens; "
                                               "omitted, null or empty: synthetic tokens")
+    eval_every = serializers.IntegerField(
+        min_value=0, max_value=inputs.INT32_MAX, default=0,
+        help_text="the validation loss over eval_batches global batches of the dataset's validation split after "
+                  "every eval_every steps (0: never); needs a dataset with a validation split that holds them")
+    eval_batches = serializers.IntegerField(min_value=1, max_value=1000, default=4,
+                                            help_text="global batches each evaluation reads (the same ones every "
+                                                      "time, so the curve is comparable across steps and layouts)")
+    init_from = serializers.CharField(
+        max_length=1000, required=False, allow_null=True, allow_blank=True, default=None,
+        help_text="a Hugging Face model directory (config.json + safetensors) under the weights root "
+                  "(DYNAPLANE_WEIGHTS_ROOT), relative to it: the job's first start loads its weights, each rank "
+                  "its own part; with `model` it must hold that model, without one the job trains the model its "
+                  "config.json describes")
 
     def validate(self, attrs: dict) -> dict:
         if ("layout" in attrs) == ("gpus" in attrs):
@@ -142,7 +157,8 @@ class JobCheckSerializer(serializers.Serializer):
     """POST /api/jobs/validate: what POST /api/jobs would create from the same body."""
 
     name = serializers.CharField()
-    model = serializers.CharField()
+    model = serializers.CharField(help_text="the model it would train (with `init_from` and no `model`: the stored "
+                                            "model its config.json becomes)")
     layout = serializers.CharField(help_text="the layout the job would run (picked from `gpus` when given)")
     world_size = serializers.IntegerField(help_text="GPUs the layout spans")
     global_batch = serializers.IntegerField()
@@ -159,6 +175,13 @@ class JobCheckSerializer(serializers.Serializer):
     samples_per_epoch = serializers.IntegerField(source="dataset_samples_per_epoch", allow_null=True,
                                                  help_text="samples of seq_len + 1 tokens per epoch of the dataset's "
                                                            "train split (null: synthetic tokens)")
+    eval_every = serializers.IntegerField()
+    eval_batches = serializers.IntegerField()
+    validation_samples = serializers.IntegerField(allow_null=True, help_text="samples of seq_len + 1 tokens in the "
+                                                                             "dataset's validation split (null: "
+                                                                             "eval_every is 0)")
+    init_from = serializers.CharField(allow_blank=True, help_text="the model directory, relative to the weights root "
+                                                                  "(empty: the seeded initialisation)")
 
 
 class JobResizeSerializer(serializers.Serializer):

@@ -15,8 +15,10 @@ from pydantic import Field, TypeAdapter
 
 from controlplane.common.events import Closed, HelloEvent
 
-METRIC_NAMES = ("loss", "step_seconds", "tokens_per_second")
-METRIC_UNITS = {"loss": "", "step_seconds": "s", "tokens_per_second": "tokens/s"}
+# A step report's metrics, each a series of the job (x: the step); validation_loss only at the
+# job's eval_every steps (rank 0 reports it with that step, JobStepped.validation_loss).
+METRIC_NAMES = ("loss", "step_seconds", "tokens_per_second", "validation_loss")
+METRIC_UNITS = {"loss": "", "step_seconds": "s", "tokens_per_second": "tokens/s", "validation_loss": ""}
 
 
 def job_stream(job_id: int) -> str:
@@ -35,6 +37,7 @@ class MetricsEvent(Closed):
     loss: float | None
     step_seconds: float | None
     tokens_per_second: float | None
+    validation_loss: float | None = None  # at the job's eval_every steps
 
 
 class CheckpointEvent(Closed):
@@ -128,7 +131,38 @@ class LogEvent(Closed):
     log: JobLogView
 
 
-JobStreamEvent = Annotated[Union[MetricsEvent, TransitionEvent, CheckpointEvent, LogEvent, HelloEvent],
+class ExportView(Closed):
+    """One export of a job's checkpoint as a Hugging Face directory (GET /api/exports/{id}; the
+    `export` event's payload): its state, progress (weight files written of the total) and
+    result (the directory relative to the exports root, its bytes and seconds, or the error)."""
+
+    id: int
+    job: int | None  # null once the job is deleted (the directory stays)
+    job_name: str
+    checkpoint_step: int
+    state: Literal["pending", "running", "done", "failed"]
+    path: str
+    files_written: int
+    files_total: int | None
+    bytes: int
+    seconds: float | None
+    error: str
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+
+
+class ExportEvent(Closed):
+    """An export of the job was requested or moved on (whole object: applying it twice is
+    harmless). Like a checkpoint it lives in its own row; the live snapshot only moves on."""
+
+    type: Literal["export"] = "export"
+    op: Literal["upsert"] = "upsert"
+    seq: int
+    export: ExportView
+
+
+JobStreamEvent = Annotated[Union[MetricsEvent, TransitionEvent, CheckpointEvent, LogEvent, ExportEvent, HelloEvent],
                            Field(discriminator="type")]
 job_event_adapter: TypeAdapter = TypeAdapter(JobStreamEvent)
 
@@ -147,8 +181,8 @@ class JobLiveSnapshot(Closed):
     transitions: tuple[TransitionView, ...] = ()
 
 
-def apply_job_event(snapshot: JobLiveSnapshot,
-                    event: MetricsEvent | TransitionEvent | CheckpointEvent | LogEvent | HelloEvent) -> JobLiveSnapshot:
+def apply_job_event(snapshot: JobLiveSnapshot, event: MetricsEvent | TransitionEvent | CheckpointEvent | LogEvent
+                    | ExportEvent | HelloEvent) -> JobLiveSnapshot:
     """The snapshot after one event; events at or below its seq are already in it."""
     if isinstance(event, HelloEvent) or event.seq <= snapshot.seq:
         return snapshot
@@ -157,7 +191,7 @@ def apply_job_event(snapshot: JobLiveSnapshot,
         others = [t for t in snapshot.transitions if t.id != new.id]
         transitions = tuple(sorted([*others, new], key=lambda t: t.id))
         return snapshot.model_copy(update={"seq": event.seq, "transitions": transitions})
-    if isinstance(event, (CheckpointEvent, LogEvent)):  # their own rows have them; the snapshot only moves on
+    if isinstance(event, (CheckpointEvent, LogEvent, ExportEvent)):  # their own rows have them: only the seq moves
         return snapshot.model_copy(update={"seq": event.seq})
     metrics = dict(snapshot.metrics)
     for name in METRIC_NAMES:

@@ -73,6 +73,15 @@ class Job(models.Model):
     dataset_samples_per_epoch = models.PositiveBigIntegerField(
         null=True, blank=True, help_text="samples of seq_len + 1 tokens in one epoch of the dataset's train split, "
                                          "at the job's seq_len (the dataset library's count, at creation)")
+    eval_every = models.PositiveIntegerField(
+        default=0, help_text="the validation loss over eval_batches global batches of the dataset's validation split "
+                             "after every eval_every steps; 0: never")
+    eval_batches = models.PositiveIntegerField(default=4, help_text="global batches of the validation split each "
+                                                                    "evaluation reads (the same ones every time)")
+    init_from = models.CharField(
+        max_length=1000, blank=True,
+        help_text="a Hugging Face model directory, relative to the weights root (DYNAPLANE_WEIGHTS_ROOT), whose "
+                  "weights the job's first start loads; empty: the seeded initialisation")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

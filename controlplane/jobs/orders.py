@@ -17,6 +17,7 @@ from kombu.exceptions import OperationalError
 from agents import protocol
 from controlplane.celery import app
 from controlplane.common.errors import Conflict
+from controlplane.common.weights import weights_directory
 from controlplane.jobs.lifecycle import LIVE_JOB_STATES, TERMINAL_TRANSITION_STATES
 from controlplane.jobs.models import Job, Transition
 
@@ -97,12 +98,14 @@ def start_orders(job: Job) -> dict[str, protocol.JobStartOrder]:
     slots: dict[str, list[protocol.RankSlot]] = defaultdict(list)
     for slot in job.placement:
         slots[slot["node"]].append(protocol.RankSlot(rank=slot["rank"], gpu=slot["gpu"]))
+    restore_from = job.checkpoint_path if job.restore_id else ""
     return {node: protocol.JobStartOrder(
         job_id=job.pk, job_name=job.name, model=job.model, layout=job.layout, world=job.world_size,
         global_batch=job.global_batch, micro_batch=job.micro_batch, seq=job.seq_len, rendezvous=job.rendezvous,
         ranks=tuple(ranks), max_steps=job.max_steps, checkpoint_interval=job.checkpoint_interval,
-        checkpoint_dir=job.checkpoint_dir, restore_id=job.restore_id,
-        restore_from=job.checkpoint_path if job.restore_id else "", dataset=dataset_directory(job))
+        checkpoint_dir=job.checkpoint_dir, restore_id=job.restore_id, restore_from=restore_from,
+        dataset=dataset_directory(job), eval_every=job.eval_every, eval_batches=job.eval_batches,
+        init_from="" if restore_from else initial_weights_directory(job))
         for node, ranks in slots.items()}
 
 
@@ -110,6 +113,13 @@ def dataset_directory(job: Job) -> str:
     """The absolute path of the job's dataset directory its ranks read ("": synthetic tokens):
     every order that starts ranks carries it (start, restore, the joining ranks of a switch)."""
     return job.dataset.directory if job.dataset_id is not None else ""
+
+
+def initial_weights_directory(job: Job) -> str:
+    """The absolute path of the Hugging Face model directory the job's ranks load their first
+    state from ("": the seeded initialisation). Only a start that loads no checkpoint carries it:
+    a restore (or a resume) has the trained state in its checkpoint."""
+    return weights_directory(job.init_from) if job.init_from else ""
 
 
 def send(task: str, node: str, order: Order) -> None:

@@ -211,7 +211,8 @@ def switch_orders(job: Job, transition: Transition) -> dict[str, protocol.JobSwi
         world=transition.destination_world, rendezvous=transition.rendezvous, ranks=tuple(ranks),
         staging_bytes=transition.staging_bytes, gpus_per_node=transition.gpus_per_node,
         checkpoint_interval=job.checkpoint_interval, checkpoint_dir=job.checkpoint_dir, restore_id=job.restore_id,
-        process_of=None if process_of is None else tuple(process_of), dataset=dataset_directory(job))
+        process_of=None if process_of is None else tuple(process_of), dataset=dataset_directory(job),
+        eval_every=job.eval_every, eval_batches=job.eval_batches)
         for node, ranks in slots.items()}
 
 

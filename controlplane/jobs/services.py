@@ -20,7 +20,8 @@ from controlplane.cluster.services import gpus_release
 from controlplane.common import inputs
 from controlplane.common.errors import Conflict, InvalidInput
 from controlplane.common.events import next_seq, publish_on_commit
-from controlplane.datasets.selectors import dataset_of, dataset_samples_per_epoch
+from controlplane.common.weights import check_initial_weights, initial_model_name, initial_weights, store_initial_model
+from controlplane.datasets.selectors import dataset_of, dataset_samples_per_epoch, dataset_validation_samples
 from controlplane.jobs.elastic_range import range_problems
 from controlplane.jobs.elastic_trigger import elastic_nudge
 from controlplane.jobs.lifecycle import DELETABLE_JOB_STATES
@@ -75,21 +76,52 @@ def layout_check(*, model: Model, layout: str) -> Placement:
     return placement
 
 
+# What job_check answers beside the Job fields (job_create takes them out).
+CHECK_EXTRAS = ("validation_samples", "initial_weights")
+
+
 def job_check(
-    *, name: str, model: str, layout: str | None = None, gpus: int | None = None, global_batch: int = 8,
-    micro_batch: int = 1, seq_len: int = 128, max_steps: int | None = None,
+    *, name: str, model: str | None = None, layout: str | None = None, gpus: int | None = None,
+    global_batch: int = 8, micro_batch: int = 1, seq_len: int = 128, max_steps: int | None = None,
     checkpoint_interval: int | None = None, checkpoint_dir: str = "", resume_from: str = "",
     elastic: bool = False, min_gpus: int | None = None, max_gpus: int | None = None, priority: int = 0,
-    dataset: str | None = None,
+    dataset: str | None = None, eval_every: int = 0, eval_batches: int = 4, init_from: str | None = None,
 ) -> dict:
     """Every rule a new job passes, without writing anything: the fields job_create stores
     (layout resolved from `gpus`, world_size, folders made absolute, checkpoint_step of a
-    resume), or InvalidInput naming the field and the rule. POST /api/jobs/validate answers
-    with this, so the "New job" form shows the API's own refusals before it submits."""
+    resume, `init_from` relative to the weights root, the model a job starting from `init_from`
+    without a `model` trains), plus CHECK_EXTRAS (the validation split's samples, the checked
+    initial weights), or InvalidInput naming the field and the rule. POST /api/jobs/validate
+    answers with this, so the "New job" form shows the API's own refusals before it submits."""
     if (layout is None) == (gpus is None):
         raise InvalidInput({"layout": ["give either a layout or a number of gpus, not both or neither"]})
-    config = inputs.model_config(model)
+    problems: dict[str, list[str]] = {}
+    weights, model_given = None, bool(model)
+    if init_from not in (None, ""):
+        try:
+            weights = initial_weights(init_from)
+        except InvalidInput as exc:
+            if not model_given:  # (no model to check the rest with)
+                raise
+            problems.update(exc.errors)
+    if model_given:
+        config = inputs.model_config(model)
+    elif weights is not None:
+        config = weights.config
+        model = initial_model_name(weights)[0]
+    else:
+        raise InvalidInput({"model": ["give a model (a catalog name or a stored model), or `init_from` (a Hugging "
+                                      "Face model directory: the job trains the model its config.json describes)"]})
     spec = model_from_config(config)  # resolved once: every check below sees this config
+    if weights is not None:
+        if resume_from:
+            problems["init_from"] = ["a job starts from initial weights or resumes from a checkpoint (resume_from), "
+                                     "not both"]
+        else:
+            try:
+                check_initial_weights(weights, spec)
+            except InvalidInput as exc:
+                problems.update(exc.errors)
     if layout is None:
         layout = layout_for_gpus(model=model, gpus=gpus)
     try:
@@ -103,8 +135,8 @@ def job_check(
     placement = layout_check(model=spec, layout=str(parsed))
     if gpus is not None and placement.world != gpus:
         raise InvalidInput({"gpus": [f"layout {parsed} spans {placement.world} GPUs, not {gpus}"]})
-    problems = inputs.training_problems(config, placement, global_batch=global_batch, micro_batch=micro_batch,
-                                        seq_len=seq_len)
+    problems.update(inputs.training_problems(config, placement, global_batch=global_batch, micro_batch=micro_batch,
+                                             seq_len=seq_len))
     problems.update(_capacity_problems(config, placement, micro_batch=micro_batch, seq_len=seq_len,
                                        field="gpus" if gpus is not None else "layout"))
     problems.update(range_problems(min_gpus=min_gpus, max_gpus=max_gpus, world_size=placement.world,
@@ -120,6 +152,14 @@ def job_check(
                 why = exc.errors["dataset"][0]
         if why is not None:
             problems["dataset"] = [why]
+    validation_samples = None
+    if eval_every:
+        why = _evaluation_problem(data, eval_every=eval_every, eval_batches=eval_batches, global_batch=global_batch,
+                                  seq_len=seq_len, checked="dataset" not in problems and "seq_len" not in problems)
+        if isinstance(why, str):
+            problems["eval_every"] = [why]
+        else:
+            validation_samples = why
     if problems:
         raise InvalidInput(problems)
     resumed = checkpoint_info(path=resume_from, model=spec) if resume_from else None
@@ -135,8 +175,38 @@ def job_check(
         checkpoint_dir=checkpoint_dir,
         checkpoint_step=resumed["step"] if resumed else None, checkpoint_path=resume_from if resumed else "",
         elastic=elastic, min_gpus=min_gpus, max_gpus=max_gpus, priority=priority,
-        dataset=data, dataset_samples_per_epoch=samples_per_epoch,
+        dataset=data, dataset_samples_per_epoch=samples_per_epoch, eval_every=eval_every, eval_batches=eval_batches,
+        init_from=weights.relative if weights is not None else "",
+        validation_samples=validation_samples, initial_weights=weights if weights is not None and not model_given
+        else None,
     )
+
+
+def _evaluation_problem(data, *, eval_every: int, eval_batches: int, global_batch: int, seq_len: int,
+                        checked: bool) -> str | int | None:
+    """Why the job cannot evaluate a validation loss every `eval_every` steps (a message), else the
+    validation split's samples at seq_len (None when the dataset is refused otherwise): it needs a
+    dataset with a validation split holding eval_batches global batches of samples."""
+    if data is None:
+        return (f"eval_every={eval_every} evaluates the loss on a dataset's validation split: give `dataset` "
+                f"(synthetic tokens have none), or set eval_every to 0")
+    if not data.validation_documents:
+        return (f"dataset {data.name!r} has no validation split (validation_fraction {data.validation_fraction:g}): "
+                f"prepare it with a --validation-fraction above 0, or set eval_every to 0")
+    if not checked:
+        return None
+    try:
+        samples = dataset_validation_samples(data, seq_len)
+    except InvalidInput as exc:
+        return exc.errors["eval_every"][0]
+    need = eval_batches * global_batch
+    if samples < need:
+        most = samples // global_batch
+        fix = (f"lower eval_batches (at most {most})" if most else
+               "a smaller global_batch or seq_len (the split holds less than one global batch)")
+        return (f"the validation split of dataset {data.name!r} holds {samples:,} samples of seq_len {seq_len} + 1 "
+                f"tokens, fewer than eval_batches={eval_batches} x global_batch={global_batch} = {need:,}: {fix}")
+    return samples
 
 
 def _dataset_problem(config, dataset) -> str | None:
@@ -159,9 +229,16 @@ def job_create(*, created_by=None, queued: bool = False, **fields) -> Job:
     `checkpoint_dir` (default <DYNAPLANE_VAR_DIR>/checkpoints/<name>-<id>; on a real cluster
     it must be shared storage every node mounts at the same path). `resume_from`: a
     checkpoint folder the job starts from instead of a fresh model (resume.py); it is the
-    job's latest checkpoint until the job writes its own. `queued`: the elastic scheduler
-    starts it when its priority lets it (elastic_apply.py)."""
+    job's latest checkpoint until the job writes its own. `init_from`: a Hugging Face model
+    directory under the weights root whose weights its first start loads (without `model`, the
+    job trains the model its config.json describes, stored as a model). `eval_every` (0: never):
+    the validation loss over `eval_batches` global batches of its dataset's validation split.
+    `queued`: the elastic scheduler starts it when its priority lets it (elastic_apply.py)."""
     row = job_check(**fields)
+    row.pop("validation_samples")
+    weights = row.pop("initial_weights")
+    if weights is not None:  # no `model`: the one config.json describes, stored as a model the agents resolve
+        row["model"] = store_initial_model(weights)
     with transaction.atomic():
         if Job.objects.filter(name=row["name"]).exists():  # (again, under the transaction)
             raise InvalidInput({"name": [f"a job named {row['name']!r} already exists"]})

@@ -158,16 +158,27 @@ def read_shards(source: HFSource, placement: Placement, rank: int) -> dict[Key, 
             if weights:  # param and master boxes nest (a ZeRO chunk inside the TP box): read the outer once
                 hull = (min(b[0] for b in weights), max(b[1] for b in weights),
                         min(b[2] for b in weights), max(b[3] for b in weights))
+                # In the stored dtype, often a view of the memory-mapped file: each state copies its box out.
                 value = read_box(source.hfmap.pieces[tensor.name], box_ranges(tensor, hull), files.read)
-                whole = LocalShard(tensor, "master", hull, value.to(torch.float32))
+                whole = LocalShard(tensor, "master", hull, value)
             for state, box in states.items():
                 if state in ("exp_avg", "exp_avg_sq"):
                     data = torch.zeros(_shape(tensor, box), dtype=DTYPES[state])
                 else:
                     assert whole is not None
-                    data = whole.region(box).to(DTYPES[state]).contiguous()
+                    data = _cast_copy(whole.region(box), DTYPES[state])
                 out[(index, state)] = LocalShard(tensor, state, box, data)
     return out
+
+
+def _cast_copy(region: Tensor, dtype: torch.dtype) -> Tensor:
+    """`region` as `dtype` in a tensor of its own: one cast-copy out of the stored values (a
+    bf16 param of a bf16 checkpoint is a plain copy, no fp32 round trip), never a view that
+    would keep the whole read region, or the mapped file, alive. A param is the bf16 cast of
+    the fp32 master: from F32 and BF16 values a direct cast is that; F16 goes through fp32."""
+    if dtype != torch.float32 and region.dtype not in (torch.float32, dtype):
+        region = region.to(torch.float32)
+    return torch.empty(region.shape, dtype=dtype).copy_(region)
 
 
 def _shape(tensor: TensorSpec, box: Box) -> tuple[int, ...]:

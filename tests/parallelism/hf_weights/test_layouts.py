@@ -66,3 +66,32 @@ def test_ranks_read_their_boxes(hf_dir, case: str) -> None:
     config, whole = hf_model_config(path), read_hf_tensors(path)
     for _, logits in results:  # every TP rank returns the whole logits
         check_bf16(config, whole, logits, ref, x)
+
+
+@pytest.mark.parametrize("case", ["llama", "llama-bf16", "gpt2"])
+def test_each_box_owns_exactly_its_memory(hf_dir, case: str) -> None:
+    # A master (a ZeRO chunk inside the TP box read) once was a view of the whole fp32 box,
+    # and a whole-tensor box of an fp32 file a view of the memory-mapped file: each kept
+    # more memory alive than it holds, for the whole run (the trainer adopts them as they are).
+    path = hf_dir(case)
+    placement = place(get_model(path), "tp=2,dp=2,zero=1")
+    stored = read_hf_tensors(path, dtype=None)
+    every = []
+    for rank in range(placement.world):
+        for shard in hf_initial_shards(placement, rank, path).values():
+            data = shard.data
+            assert data.is_contiguous() and data.storage_offset() == 0, (rank, shard.tensor.name, shard.state)
+            assert data.untyped_storage().nbytes() == data.numel() * data.element_size(), (rank, shard.tensor.name)
+            every.append(shard)
+    model = placement.model
+    masters, params = assemble(model, every, "master"), assemble(model, every, "param")
+    for name, value in stored.items():
+        assert torch.equal(masters[name], value.float()) and torch.equal(params[name], value.float().bfloat16())
+
+
+def test_an_f16_value_becomes_the_bf16_cast_of_its_fp32_master() -> None:
+    from parallelism.hf_weights.load import _cast_copy
+
+    f16 = (torch.randn(64, 64, generator=torch.Generator().manual_seed(0)) * 3).half()
+    assert torch.equal(_cast_copy(f16, torch.bfloat16), f16.float().bfloat16())
+    assert torch.equal(_cast_copy(f16, torch.float32), f16.float())
