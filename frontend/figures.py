@@ -130,10 +130,25 @@ def top_margin(notes: list[dict]) -> int:
     return 10 + LABEL_ROW_PX * rows
 
 
-def metric_figure(name: str, series: Mapping | None, bands: Iterable[Mapping] = ()) -> dict:
+# The job's validation loss (the metric `validation_loss`, at its eval_every steps) is drawn on the
+# loss chart as a second trace, one line across every resize (metric-charts.js: validationTrace).
+VALIDATION = {"name": "validation", "mode": "lines+markers", "line": {"width": 1.5, "color": "#d62728"},
+              "marker": {"size": 5, "color": "#d62728"}}
+CHART_NAMES = tuple(METRIC_TITLES)  # the job page's charts, one per metric (validation_loss rides on loss's)
+
+
+def validation_trace(series: Mapping) -> dict:
+    """The validation loss as the loss chart's second trace (x: steps)."""
+    return {"type": "scatter", **VALIDATION, "x": list(series["x"]), "y": list(series["y"]),
+            "customdata": list(series["x"]), "hovertemplate": "step %{x}, validation: %{y:,.4~r}<extra></extra>"}
+
+
+def metric_figure(name: str, series: Mapping | None, bands: Iterable[Mapping] = (),
+                  validation: Mapping | None = None) -> dict:
     """One training metric over steps: one trace, the layout history as shaded bands with
-    a marker at each switch; "no data yet" before the first step. The page redraws it
-    from the live snapshot (job-store.js: metricDecorations does the same)."""
+    a marker at each switch; "no data yet" before the first step. The loss chart draws the
+    validation loss (`validation`, when it has points) as a second trace, with a legend. The
+    page redraws it from the live snapshot (metric-charts.js: metricFigure does the same)."""
     series = series or {"x": [], "y": []}
     shapes, notes = band_shapes(bands)
     figure = {
@@ -143,6 +158,9 @@ def metric_figure(name: str, series: Mapping | None, bands: Iterable[Mapping] = 
                    "xaxis": axis(title={"text": "step"}), "yaxis": axis(title={"text": METRIC_TITLES.get(name, name)}),
                    "shapes": shapes, "annotations": notes, "showlegend": False},
     }
+    if name == "loss" and validation and validation["x"]:
+        figure["data"].append(validation_trace(validation))
+        figure["layout"].update(showlegend=True, legend=legend_below())
     return figure if series["x"] else no_data(figure)
 
 

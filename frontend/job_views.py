@@ -13,7 +13,6 @@ from controlplane.cluster.selectors import cluster_snapshot
 from controlplane.common.errors import InvalidInput
 from controlplane.common.model_store import model_list
 from controlplane.datasets.selectors import dataset_list
-from controlplane.jobs.events import METRIC_NAMES
 from controlplane.jobs.lifecycle import (DELETABLE_JOB_STATES, LIVE_JOB_STATES, RESIZABLE_JOB_STATES,
                                         STARTABLE_JOB_STATES, STOPPABLE_JOB_STATES, JobState, TransitionKind)
 from controlplane.jobs.metric_codec import unpack
@@ -24,6 +23,7 @@ from frontend import formatting
 from frontend.elastic_text import range_text
 from frontend.jobs_query import SORT_COLUMNS, STATE_FILTERS, parse_jobs_query
 from frontend.figures import (
+    CHART_NAMES,
     history_bands,
     memory_wave_figure,
     metric_figure,
@@ -71,6 +71,7 @@ def job_data(job: Job) -> dict:
     data["modules"] = module_legend(job.layout)  # heterogeneous layouts: each module's layout and ranks
     data["dataset"] = {"id": job.dataset_id, "name": job.dataset.name} if job.dataset_id is not None else None
     data["samples_per_epoch"] = job.dataset_samples_per_epoch  # the page counts data progress (job-store.js)
+    data["eval_every"], data["eval_batches"], data["init_from"] = job.eval_every, job.eval_batches, job.init_from
     return data
 
 
@@ -129,7 +130,8 @@ def new_job_defaults(total_gpus: int) -> dict:
     """The New job form's starting values: the API's defaults (JobCreateSerializer), on the
     smallest model, on at most two GPUs."""
     return {"model": "tiny-gpt", "gpus": max(1, min(2, total_gpus)), "global_batch": 8, "micro_batch": 1,
-            "seq_len": 128, "checkpoint_interval": DEFAULT_CHECKPOINT_INTERVAL, "priority": 0}
+            "seq_len": 128, "checkpoint_interval": DEFAULT_CHECKPOINT_INTERVAL, "priority": 0, "eval_every": 0,
+            "eval_batches": 4}
 
 
 def aria_sort(view: dict, column: str) -> str:
@@ -175,8 +177,9 @@ def job_detail(request: HttpRequest, job_id: int):
     live = job_live_snapshot(job_id=job.pk).model_dump(mode="json")
     steps = live["metrics"].get("loss", {}).get("x") or [0]
     bands = history_bands(job.layout, live["transitions"], steps[-1])
-    figures = {name: metric_figure(name, live["metrics"].get(name), bands)
-               for name in METRIC_NAMES}
+    figures = {name: metric_figure(name, live["metrics"].get(name), bands,
+                                   validation=live["metrics"].get("validation_loss"))
+               for name in CHART_NAMES}
     cluster = cluster_snapshot().model_dump(mode="json")
     return render(request, "frontend/job.html", {
         "job": job, "job_data": job_data(job), "live": live, "figures": figures, "cluster": cluster,
