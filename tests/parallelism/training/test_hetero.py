@@ -115,8 +115,12 @@ def test_tied_losses_match_the_homogeneous_layout(tied_runs) -> None:
 
 
 def _check_gradients(runs, name, model: str) -> None:
-    """Per tensor, relative to its own largest entry (floor=0), against the 1-rank run."""
-    check_gradient_parity(runs, name, ["single"], model, floor=0.0)
+    """Per tensor, relative to its own largest entry, against the 1-rank run; a tensor whose
+    gradient is zero in exact arithmetic (the encoder's k biases) against 1e-3 of the model's
+    largest gradient entry (hetero_parity.FLOOR): relative to itself it is rounding noise
+    against rounding noise (on an AMD EPYC host, tied-tp-pp-zero3's k.bias read 2.55 against
+    the homogeneous run's 0.68, while every other tensor stayed within 0.11)."""
+    check_gradient_parity(runs, name, ["single"], model)
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
