@@ -95,6 +95,7 @@ INSTALLED_APPS = [
     "controlplane.cluster",
     "controlplane.datasets",
     "controlplane.jobs",
+    "controlplane.exports",
     "controlplane.emulation",
     "frontend",
 ]

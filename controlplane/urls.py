@@ -9,6 +9,7 @@ from controlplane.cluster.api import ClusterSnapshotView, GpuViewSet, NodeViewSe
 from controlplane.common.api import HealthView, ModelViewSet
 from controlplane.datasets.api import DatasetViewSet
 from controlplane.emulation.api import EmulationRunViewSet
+from controlplane.exports.api import ExportViewSet, JobExportsView, JobExportView
 from controlplane.jobs.api import JobViewSet, TransitionViewSet
 from controlplane.jobs.elastic_api import ElasticPlanView
 
@@ -20,6 +21,7 @@ router.register("transitions", TransitionViewSet, basename="transition")
 router.register("emulations", EmulationRunViewSet, basename="emulation")
 router.register("models", ModelViewSet, basename="model")
 router.register("datasets", DatasetViewSet, basename="dataset")
+router.register("exports", ExportViewSet, basename="export")
 
 def not_found(request, exception=None):
     """A path under /api/ that names no route (e.g. /api/jobs/0.5) answers as the API does:
@@ -36,6 +38,8 @@ urlpatterns = [
     path("api/health", HealthView.as_view(), name="health"),
     path("api/cluster/snapshot", ClusterSnapshotView.as_view(), name="cluster-snapshot"),
     path("api/elastic", ElasticPlanView.as_view(), name="elastic-plan"),
+    path("api/jobs/<int:job_id>/export", JobExportView.as_view(), name="job-export"),
+    path("api/jobs/<int:job_id>/exports", JobExportsView.as_view(), name="job-exports"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     # Interactive docs of the schema above, with drf-spectacular-sidecar's local copies of
     # Swagger UI and ReDoc (no CDN: they work on a machine without internet).

@@ -275,6 +275,9 @@ def build_parser() -> argparse.ArgumentParser:
     from dynaplane.data_commands import add_data_commands
 
     add_data_commands(sub)
+    from dynaplane.export_command import add_export_command
+
+    add_export_command(sub)
     _add_emulate(sub)
     _add_compare_and_search(sub)
     _add_calibrate(sub)

@@ -6,10 +6,8 @@ import argparse
 import json
 import os
 import sys
-import urllib.error
-import urllib.parse
-import urllib.request
-from pathlib import Path
+
+from dynaplane.api_client import ApiError, api, api_arguments
 
 
 def add_data_commands(sub: argparse._SubParsersAction) -> None:
@@ -39,71 +37,11 @@ def add_data_commands(sub: argparse._SubParsersAction) -> None:
                    help="the dataset directory: relative to the data root (DYNAPLANE_DATA_ROOT), or a directory "
                         "here inside it (sent as its absolute path)")
     r.add_argument("--name", default="", help="the dataset's name (default: the manifest's, else the directory's)")
-    _api_arguments(r)
+    api_arguments(r)
     r.set_defaults(func=_register)
     ls = verbs.add_parser("list", help="list the datasets the control plane has registered")
-    _api_arguments(ls)
+    api_arguments(ls)
     ls.set_defaults(func=_list)
-
-
-def _api_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default=None, help="the control plane (default: $DYNAPLANE_URL, else the url of the "
-                                               "`dynaplane up` running from the var dir)")
-    p.add_argument("--token", default=None, help="an API token (default: $DYNAPLANE_TOKEN, else the running "
-                                                 "`dynaplane up`'s admin token)")
-    p.add_argument("--var-dir", default=None, help="where `dynaplane up` runs (default: $DYNAPLANE_VAR_DIR or ./var)")
-    p.add_argument("--json", action="store_true", help="print the API's answer as JSON")
-
-
-class ApiError(Exception):
-    """The control plane could not be asked, or refused: the message says which and why."""
-
-
-def _api(args: argparse.Namespace, method: str, path: str, body: dict | None = None) -> dict:
-    """One request to the control plane's API: its JSON answer, or ApiError with its words."""
-    state: dict = {}
-    state_path = Path(args.var_dir or os.environ.get("DYNAPLANE_VAR_DIR") or "var") / "stack.json"
-    if not (args.url or os.environ.get("DYNAPLANE_URL")) or not (args.token or os.environ.get("DYNAPLANE_TOKEN")):
-        try:
-            state = json.loads(state_path.read_text())
-        except (OSError, ValueError):
-            state = {}
-    url = args.url or os.environ.get("DYNAPLANE_URL") or state.get("url")
-    token = args.token or os.environ.get("DYNAPLANE_TOKEN") or state.get("token")
-    if not url:
-        raise ApiError(f"no control plane to ask: pass --url (or set DYNAPLANE_URL), or run `dynaplane up` "
-                       f"({state_path} names none)")
-    headers = {"Accept": "application/json"}
-    if token:
-        headers["Authorization"] = f"Token {token}"
-    data = None
-    if body is not None:
-        data = json.dumps(body).encode()
-        headers["Content-Type"] = "application/json"
-    request = urllib.request.Request(urllib.parse.urljoin(url.rstrip("/") + "/", path), data=data, method=method,
-                                     headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return json.loads(response.read() or b"{}")
-    except urllib.error.HTTPError as exc:
-        try:
-            answer = json.loads(exc.read())
-        except ValueError:
-            answer = {}
-        raise ApiError(_refusal(exc.code, answer, bool(token))) from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise ApiError(f"cannot reach the control plane at {url}: {getattr(exc, 'reason', exc)} (is `dynaplane up` "
-                       f"running? --url names another)") from None
-
-
-def _refusal(code: int, answer: dict, token: bool) -> str:
-    if code in (401, 403):
-        return (f"HTTP {code}: {answer.get('detail', 'not allowed')} "
-                f"({'the token was refused' if token else 'no token: pass --token or set DYNAPLANE_TOKEN'})")
-    if isinstance(answer, dict) and answer and "detail" not in answer:
-        return "; ".join(f"{field}: {' '.join(map(str, v)) if isinstance(v, list) else v}"
-                         for field, v in answer.items())
-    return f"HTTP {code}: {answer.get('detail', 'refused') if isinstance(answer, dict) else answer}"
 
 
 def _register(args: argparse.Namespace) -> int:
@@ -111,7 +49,7 @@ def _register(args: argparse.Namespace) -> int:
     if os.path.isdir(directory):  # a directory of this machine: the server checks it lies under its data root
         directory = os.path.abspath(directory)
     try:
-        row = _api(args, "POST", "api/datasets", {"path": directory, "name": args.name})
+        row = api(args, "POST", "api/datasets", {"path": directory, "name": args.name})
     except ApiError as exc:
         print(f"dynaplane data register: {exc}", file=sys.stderr)
         return 2
@@ -126,7 +64,7 @@ def _register(args: argparse.Namespace) -> int:
 
 def _list(args: argparse.Namespace) -> int:
     try:
-        rows = _api(args, "GET", "api/datasets?limit=1000")["results"]
+        rows = api(args, "GET", "api/datasets?limit=1000")["results"]
     except (ApiError, KeyError, TypeError) as exc:
         print(f"dynaplane data list: {exc}", file=sys.stderr)
         return 2

@@ -163,7 +163,7 @@ class Stack:
         self.services.append(
             self._child("worker", [sys.executable, "-m", "celery", "-A", "controlplane", "worker",
                                    "--beat", "--schedule", str(o.var_dir / "celerybeat-schedule"),
-                                   "--queues", "control", "--hostname", f"control@{socket.gethostname()}",
+                                   "--queues", "control,exports", "--hostname", f"control@{socket.gethostname()}",
                                    "--pool", "threads", "--concurrency", "4", "--loglevel", "INFO",
                                    "--without-mingle", "--without-gossip"], critical=True)
         )

@@ -44,6 +44,8 @@ FORBIDDEN = {
     # Datasets are the jobs app's floor too: a job names one, never the reverse (a dataset's jobs are
     # read through the foreign key's reverse relation).
     "controlplane/datasets": ["controlplane.jobs", "controlplane.emulation", "controlplane.cluster"],
+    # Exports sit above the jobs app (an export names a job's checkpoint), never the reverse.
+    "controlplane/jobs": ["controlplane.exports"],
     "controlplane/common/events.py": ["controlplane.cluster", "controlplane.jobs", "controlplane.emulation"],
     "controlplane/common/errors.py": ["controlplane.cluster", "controlplane.jobs", "controlplane.emulation"],
     "frontend": ["torch", "dynaplane", "parallelism.engine", "parallelism.training", "parallelism.emulator",

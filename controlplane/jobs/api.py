@@ -66,9 +66,10 @@ class JobCreateSerializer(serializers.Serializer):
 
     name = serializers.SlugField(max_length=63)
     model = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,99}$", max_length=100, required=False,
+                                   allow_null=True,
                                    help_text="a catalog name (`dynaplane models`) or a stored model "
                                              "config (models/<name>/config.json under the var dir); never a path. "
-                                             "Omitted with `init_from`: the model its config.json describes")
+                                             "Omitted (or null) with `init_from`: the model its config.json describes")
     layout = serializers.CharField(max_length=500, required=False,
                                    help_text="the layout (docs/contracts.md section 1); or give `gpus`")
     gpus = serializers.IntegerField(min_value=1, max_value=inputs.MAX_GPUS, required=False,
