@@ -13,6 +13,7 @@ from controlplane.cluster.selectors import cluster_snapshot
 from controlplane.common.errors import InvalidInput
 from controlplane.common.model_store import model_list
 from controlplane.datasets.selectors import dataset_list
+from controlplane.exports.selectors import export_list, export_view
 from controlplane.jobs.lifecycle import (DELETABLE_JOB_STATES, LIVE_JOB_STATES, RESIZABLE_JOB_STATES,
                                         STARTABLE_JOB_STATES, STOPPABLE_JOB_STATES, JobState, TransitionKind)
 from controlplane.jobs.metric_codec import unpack
@@ -72,6 +73,7 @@ def job_data(job: Job) -> dict:
     data["dataset"] = {"id": job.dataset_id, "name": job.dataset.name} if job.dataset_id is not None else None
     data["samples_per_epoch"] = job.dataset_samples_per_epoch  # the page counts data progress (job-store.js)
     data["eval_every"], data["eval_batches"], data["init_from"] = job.eval_every, job.eval_batches, job.init_from
+    data["checkpoint_interval"] = job.checkpoint_interval  # (the export card says when a first checkpoint comes)
     return data
 
 
@@ -181,8 +183,10 @@ def job_detail(request: HttpRequest, job_id: int):
                                    validation=live["metrics"].get("validation_loss"))
                for name in CHART_NAMES}
     cluster = cluster_snapshot().model_dump(mode="json")
+    exports = [export_view(row).model_dump(mode="json") for row in export_list(job_id=job.pk)[:50]]
     return render(request, "frontend/job.html", {
         "job": job, "job_data": job_data(job), "live": live, "figures": figures, "cluster": cluster,
+        "exports": exports,
         "action_states": ACTION_STATES, "job_log": job_log_view(job_id=job.pk).model_dump(mode="json"),
         "total_gpus": len(cluster["gpus"]), "emulator_devices": EMULATOR_DEVICES, "elastic_fields": ELASTIC_FIELDS,
         "emulator_default": emulator_device([g["model_name"] for g in cluster["gpus"]]),

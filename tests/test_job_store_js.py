@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from controlplane.common.events import HelloEvent
-from controlplane.jobs.events import JobLiveSnapshot, MetricsEvent, TransitionEvent, TransitionView, apply_job_event
+from controlplane.jobs.events import (ExportEvent, ExportView, JobLiveSnapshot, MetricsEvent, TransitionEvent,
+                                     TransitionView, apply_job_event)
 from frontend.figures import history_bands, step_time_around
 
 STORE = Path(__file__).resolve().parents[1] / "frontend" / "static" / "frontend" / "job-store.js"
@@ -57,7 +58,13 @@ def _case(seed: int) -> dict:
         if roll < 0.7:
             step += 1
             events.append(MetricsEvent(seq=seq, job=1, step=step, loss=rng.choice([None, rng.random() * 8]),
-                                       step_seconds=rng.random(), tokens_per_second=rng.choice([None, 1000.0])))
+                                       step_seconds=rng.random(), tokens_per_second=rng.choice([None, 1000.0]),
+                                       validation_loss=rng.choice([None, None, rng.random() * 8])))
+        elif roll < 0.75:  # an export of the job moved on: its own row; the snapshot only moves on
+            events.append(ExportEvent(seq=seq, export=ExportView(
+                id=1, job=1, job_name="j", checkpoint_step=step, state="running", path="j-step-1", files_written=0,
+                files_total=2, bytes=0, seconds=None, error="", created_at="2026-01-01T00:00:00+00:00",
+                started_at=None, finished_at=None)))
         elif roll < 0.9:
             if rng.random() < 0.5:
                 ids.append(ids[-1] + 1)
@@ -230,3 +237,62 @@ def metric_figure_base() -> dict:
     from frontend.figures import metric_figure
 
     return metric_figure("step_seconds", None)
+
+
+def test_js_loss_chart_draws_the_validation_loss_as_one_trace_across_a_switch(tmp_path: Path) -> None:
+    """The validation loss (at the job's eval_every steps) is the loss chart's second trace, one line
+    through the switch at step 4, as the server draws it (figures.validation_trace); on the time axis
+    its points move with the steps; smoothing leaves it as it is; the other charts do not draw it."""
+    from frontend.figures import metric_figure, validation_trace
+
+    validation = {"x": [2, 4, 6], "y": [3.5, 3.1, 2.9]}
+    live = {"seq": 9, "transitions": [{"id": 5, "source_layout": "dp=2", "destination_layout": "dp=4",
+                                       "state": "committed", "step": 4, "pause_seconds": 1.5}],
+            "metrics": {"loss": {"x": [1, 2, 3, 4, 5, 6], "y": [4, 3.6, 3.4, 3.2, 3.0, 2.8]},
+                        "step_seconds": {"x": [1, 2, 3, 4, 5, 6], "y": [.5, .5, .5, .5, .25, .25]},
+                        "validation_loss": validation}}
+    loss_base, step_base = metric_figure("loss", None), metric_figure("step_seconds", None)
+    runner = tmp_path / "validation.mjs"
+    runner.write_text(f'import {{ metricFigure }} from "{CHARTS.as_uri()}";\n'
+                      f"const live = {json.dumps(live)};\n"
+                      f"const out = [metricFigure({json.dumps(loss_base)}, 'loss', live, 'dp=4'),"
+                      f" metricFigure({json.dumps(loss_base)}, 'loss', live, 'dp=4', {{ axis: 'time', smoothing: 0.6 }}),"
+                      f" metricFigure({json.dumps(step_base)}, 'step_seconds', live, 'dp=4')];\n"
+                      "process.stdout.write(JSON.stringify(out));")
+    done = subprocess.run([NODE, str(runner)], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    drawn, timed, steps = json.loads(done.stdout)
+    assert len(drawn["data"]) == 2 and drawn["data"][1] == validation_trace(validation)
+    assert drawn["data"][1]["name"] == "validation" and drawn["data"][1]["x"] == [2, 4, 6]  # one line through step 4
+    assert drawn["layout"]["showlegend"] is True and drawn["layout"]["legend"]["yref"] == "container"
+    # The server's figure of the same snapshot: the same second trace and legend.
+    server = metric_figure("loss", live["metrics"]["loss"], (), validation=validation)
+    assert server["data"][1] == drawn["data"][1] and server["layout"]["legend"] == drawn["layout"]["legend"]
+    # Time axis: step 2 after 1 s, step 4 after 2 s, step 6 after 2 s + the 1.5 s pause + 0.5 s.
+    assert [d["name"] for d in timed["data"]] == ["loss", "loss (smoothed)", "validation"]
+    assert timed["data"][2]["x"] == pytest.approx([1.0, 2.0, 4.0]) and timed["data"][2]["y"] == validation["y"]
+    assert timed["data"][2]["customdata"] == [2, 4, 6]
+    assert len(steps["data"]) == 1 and not steps["layout"]["showlegend"]
+    # No validation points (eval_every 0): one trace, no legend.
+    assert len(metric_figure("loss", live["metrics"]["loss"], (), validation={"x": [], "y": []})["data"]) == 1
+
+
+def test_js_export_text_and_upsert(tmp_path: Path) -> None:
+    row = {"id": 3, "state": "running", "files_written": 1, "files_total": 4, "bytes": 3 * 2**20, "seconds": None,
+           "error": ""}
+    cases = [row, {**row, "files_total": None}, {**row, "state": "pending"},
+             {**row, "state": "done", "files_written": 4, "seconds": 12.5},
+             {**row, "state": "failed", "error": "j-1/step-00000002-0: not a DCP checkpoint (no .metadata)"}]
+    runner = tmp_path / "exports.mjs"
+    runner.write_text(f'import {{ exportText, upsertExport }} from "{STORE.as_uri()}";\n'
+                      f"const cases = {json.dumps(cases)};\n"
+                      "process.stdout.write(JSON.stringify([cases.map(exportText),"
+                      " upsertExport([{id: 1}, {id: 3, state: 'pending'}], {id: 3, state: 'done'}),"
+                      " upsertExport([{id: 1}], {id: 2})]));")
+    done = subprocess.run([NODE, str(runner)], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    texts, replaced, added = json.loads(done.stdout)
+    assert texts == ["writing: 1 file of 4 written (3.00 MiB)", "reading the checkpoint", "queued for the control worker",
+                     "done: 4 files, 3.00 MiB in 12.5 s",
+                     "failed: j-1/step-00000002-0: not a DCP checkpoint (no .metadata)"]
+    assert replaced == [{"id": 3, "state": "done"}, {"id": 1}] and [r["id"] for r in added] == [2, 1]

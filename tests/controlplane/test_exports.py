@@ -27,6 +27,7 @@ from controlplane.exports.models import Export
 from controlplane.jobs.events import ExportEvent, JobLiveSnapshot, apply_job_event, job_event_adapter
 from controlplane.jobs.models import Job
 from controlplane.jobs.selectors import job_live_snapshot
+from tests.controlplane.conftest import embedded_json
 from tests.controlplane.test_datasets import no_server_path
 from tests.controlplane.test_jobs_restore import sent_of
 from tests.parallelism.hf_weights.tiny_hf import unpack
@@ -267,3 +268,17 @@ def test_the_cli_exports_and_follows_it(live_server, settings, tmp_path, monkeyp
     assert "no job named 'no-such-job'" in capsys.readouterr().err
     assert main(["export", "cli-job", "--name", "again", "--json", "--no-wait", *api]) == 0
     assert json.loads(capsys.readouterr().out)["path"] == "again"
+
+
+def test_the_job_page_shows_its_exports_and_the_export_button(browser_client, token_client, two_nodes, roots,
+                                                              trained, run) -> None:
+    job = new_job(run, token_client)
+    html = browser_client.get(f"/jobs/{job.pk}/").content.decode()
+    assert 'id="export-button"' in html and "Export to Hugging Face" in html
+    assert embedded_json(html, "job-exports") == [] and embedded_json(html, "job-data")["checkpoint_interval"] == STEP
+    with_checkpoint(job, trained[0])
+    queued = run(token_client.post, f"/api/jobs/{job.pk}/export", {}, format="json").json()
+    run(services.export_run, export_id=queued["id"])
+    (shown,) = embedded_json(browser_client.get(f"/jobs/{job.pk}/").content.decode(), "job-exports")
+    assert {k: shown[k] for k in ("id", "state", "path", "files_written", "files_total")} == {
+        "id": queued["id"], "state": "done", "path": f"j-step-{STEP}", "files_written": 1, "files_total": 1}

@@ -23,6 +23,7 @@ from controlplane.jobs.ingest import Outcome, batch_ingest
 from controlplane.jobs.models import Job
 from controlplane.jobs.reports import job_record_report
 from controlplane.jobs.selectors import job_live_snapshot
+from tests.controlplane.conftest import embedded_json
 from tests.controlplane.test_datasets import no_server_path
 from tests.controlplane.test_jobs_restore import lose_node, sent_of, trained_to
 from tests.support.datasets import TEXTS, text_dataset
@@ -170,3 +171,21 @@ def test_batched_reports_and_a_retrained_step_keep_validation_loss_as_loss(token
     metrics = token_client.get(f"/api/jobs/{job['id']}/live").json()["metrics"]
     assert metrics["loss"]["x"] == [1.0, 2.0, 3.0, 3.0, 4.0]
     assert metrics["validation_loss"] == {"x": [2.0, 4.0], "y": [2.5, pytest.approx(0.6)]}
+
+
+def test_the_job_page_draws_validation_on_the_loss_chart(browser_client, token_client, two_nodes, code,
+                                                         run) -> None:
+    job = run(token_client.post, "/api/jobs", job_body(eval_every=2, eval_batches=1), format="json").json()
+    run(job_record_report, report=report_of(job["id"], "started", "node-1"))
+    for step in (1, 2):
+        run(job_record_report, report=report_of(job["id"], "step", "node-1", step=step, loss=3.0,
+                                                validation_loss=3.5 if step == 2 else None))
+    html = browser_client.get(f"/jobs/{job['id']}/").content.decode()
+    figures = embedded_json(html, "job-figures")
+    assert sorted(figures) == ["loss", "step_seconds", "tokens_per_second"]
+    (training, validation) = figures["loss"]["data"]
+    assert (validation["name"], validation["x"], validation["y"]) == ("validation", [2.0], [3.5])
+    assert figures["loss"]["layout"]["showlegend"] is True and len(figures["step_seconds"]["data"]) == 1
+    assert "validation loss every 2 steps (1 batch)" in html
+    data = embedded_json(html, "job-data")
+    assert (data["eval_every"], data["eval_batches"], data["init_from"]) == (2, 1, "")

@@ -20,6 +20,7 @@ from agents import protocol
 from controlplane.jobs import restore
 from controlplane.jobs.models import Job
 from controlplane.jobs.reports import job_record_report
+from tests.controlplane.conftest import embedded_json
 from tests.controlplane.test_datasets import no_server_path
 from tests.controlplane.test_jobs_restore import lose_node, sent_of, trained_to
 from tests.support.reports import report_of
@@ -183,3 +184,14 @@ def test_only_the_first_start_carries_the_weights(token_client, two_nodes, weigh
     ((message, _),) = sent_of(sent_tasks, protocol.NODE_JOB_START)
     order = protocol.JobStartOrder.model_validate(message)
     assert (order.restore_from, order.init_from) == ("/ckpt/step-00000010", "")  # the checkpoint has the state
+
+
+def test_the_pages_show_and_ask_for_initial_weights(browser_client, token_client, two_nodes, weights_root,
+                                                    run) -> None:
+    job = run(token_client.post, "/api/jobs", job_body(start=False), format="json").json()
+    html = browser_client.get(f"/jobs/{job['id']}/").content.decode()
+    assert "initial weights <code>llama</code>" in html
+    assert embedded_json(html, "job-data")["init_from"] == "llama"
+    form = browser_client.get("/jobs/").content.decode()
+    assert 'name="init_from"' in form and 'name="eval_every"' in form and 'name="eval_batches"' in form
+    assert '<option value="">from the initial weights' in form

@@ -7,12 +7,14 @@ import { count, integer } from "./format.js";
 import { rangeText } from "./elastic-view.js";
 
 const $ = (id) => document.getElementById(id);
-const FIELDS = ["name", "model", "dataset", "gpus", "layout", "global_batch", "micro_batch", "seq_len", "max_steps",
-  "checkpoint_interval", "elastic", "min_gpus", "max_gpus", "priority"];
+const FIELDS = ["name", "model", "dataset", "init_from", "eval_every", "eval_batches", "gpus", "layout", "global_batch",
+  "micro_batch", "seq_len", "max_steps", "checkpoint_interval", "elastic", "min_gpus", "max_gpus", "priority"];
 const NUMBERS = ["gpus", "global_batch", "micro_batch", "seq_len", "max_steps", "checkpoint_interval", "min_gpus",
-  "max_gpus", "priority"];
-// empty: left out (no dataset: synthetic tokens)
-const OPTIONAL = ["dataset", "max_steps", "checkpoint_interval", "min_gpus", "max_gpus", "priority"];
+  "max_gpus", "priority", "eval_every", "eval_batches"];
+// empty: left out (no dataset: synthetic tokens; no model: the initial weights' config.json; no
+// initial weights: a fresh model)
+const OPTIONAL = ["model", "dataset", "init_from", "eval_every", "eval_batches", "max_steps", "checkpoint_interval",
+  "min_gpus", "max_gpus", "priority"];
 const models = new Map([...JSON.parse($("model-catalog").textContent), ...JSON.parse($("model-stored").textContent)]
   .map((m) => [m.name, m]));
 const datasets = new Map(JSON.parse($("dataset-list").textContent).map((d) => [d.name, d]));
@@ -80,6 +82,10 @@ function showErrors(errors) {
 }
 
 function describeModel() {
+  if (form.elements.model.value === "") {
+    $("model-facts").textContent = "the model the initial weights' config.json describes (stored as a model)";
+    return;
+  }
   const m = models.get(form.elements.model.value);
   $("model-facts").textContent = !m ? "" : [m.family, m.params ? `${integer(m.params)} parameters` : "",
     m.heads ? `${m.heads} heads (${m.kv_heads} KV: tensor parallelism divides them)` : "",
@@ -103,6 +109,9 @@ async function validate() {
       (answer.dataset ? ` on ${answer.dataset} (${integer(answer.samples_per_epoch)} samples of ${integer(answer.seq_len)}` +
         " tokens per epoch)" : " on synthetic tokens") +
       `, ${answer.max_steps ? `${answer.max_steps} steps` : "until stopped"}` +
+      (answer.init_from ? `, starting from ${answer.init_from} (${answer.model})` : "") +
+      (answer.eval_every ? `, the validation loss every ${answer.eval_every} steps over ${answer.eval_batches} ` +
+        `batch${answer.eval_batches === 1 ? "" : "es"} (${integer(answer.validation_samples)} validation samples)` : "") +
       (answer.checkpoint_interval ? `, a checkpoint every ${answer.checkpoint_interval} steps` : ", no checkpoints") +
       (answer.elastic ? `; elastic within ${rangeText(answer)}` : "; not elastic") +
       (answer.priority ? `, priority ${answer.priority}.` : ".");

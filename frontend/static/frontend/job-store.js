@@ -2,8 +2,12 @@
 // apply_job_event), plus the layout-history bands (mirrors frontend/figures.py:
 // history_bands) and the step time around a switch (figures.step_time_around).
 // Pure: no DOM, no network; tests/test_job_store_js.py runs it under node against Python.
+import { bytes, duration, integer } from "./format.js";
 
-export const METRIC_NAMES = ["loss", "step_seconds", "tokens_per_second"];
+// A step's metrics (controlplane/jobs/events.py: METRIC_NAMES); validation_loss only at the job's
+// eval_every steps. The page draws a chart per CHART_NAMES; the validation loss rides on loss's.
+export const METRIC_NAMES = ["loss", "step_seconds", "tokens_per_second", "validation_loss"];
+export const CHART_NAMES = ["loss", "step_seconds", "tokens_per_second"];
 export const TERMINAL = ["committed", "aborted", "rolled_back", "failed"];
 
 // Returns {snapshot, gap, appended}: gap when an event was missed (reload the snapshot);
@@ -37,6 +41,24 @@ export function dataProgress(step, globalBatch, seqLen, samplesPerEpoch) {
   const samples = (step || 0) * globalBatch;
   return { samples, tokens: samples * seqLen, epoch: samplesPerEpoch ? samples / samplesPerEpoch : null,
     samples_per_epoch: samplesPerEpoch ?? null };
+}
+
+// The job's exports (controlplane/jobs/events.py: ExportView) after an `export` event: the row
+// replaced or added, newest first.
+export function upsertExport(exports, row) {
+  return [...exports.filter((e) => e.id !== row.id), row].sort((a, b) => b.id - a.id);
+}
+
+// What an export's row on the job page says: queued, the files written so far, or the result.
+export function exportText(e) {
+  const files = (n) => `${integer(n)} file${n === 1 ? "" : "s"}`;
+  if (e.state === "pending") return "queued for the control worker";
+  if (e.state === "running") {
+    return e.files_total === null || e.files_total === undefined ? "reading the checkpoint"
+      : `writing: ${files(e.files_written)} of ${integer(e.files_total)} written (${bytes(e.bytes)})`;
+  }
+  if (e.state === "done") return `done: ${files(e.files_written)}, ${bytes(e.bytes)} in ${duration(e.seconds)}`;
+  return `failed: ${e.error || "no reason given"}`;
 }
 
 export function historyBands(sourceLayout, transitions, lastStep) {

@@ -1,11 +1,12 @@
 // Job page: live charts (extended in place), the layout drawn on the GPUs, the layout
 // history (bands + table), kept live over /ws/jobs/<id>/ and /ws/cluster/.
 import { applyEvent } from "./cluster-store.js";
-import { applyJobEvent, dataProgress, historyBands, METRIC_NAMES, TERMINAL } from "./job-store.js";
+import { applyJobEvent, CHART_NAMES, dataProgress, historyBands, TERMINAL } from "./job-store.js";
 import { ACTION_STATES, startJobActions } from "./job-actions.js";
 import { startResizeFlow } from "./resize.js";
 import { startElasticCard } from "./job-elastic.js";
 import { startLogPanel } from "./log-view.js";
+import { startExportCard } from "./job-export.js";
 import { draw } from "./plots.js";
 import { metricFigure } from "./metric-charts.js";
 import { hostText, liveTimes } from "./format.js";
@@ -41,13 +42,14 @@ const chartOptions = () => ({
 // band never lags the data. Events arriving together are drawn once.
 function drawCharts() {
   const opts = chartOptions();
-  for (const name of METRIC_NAMES) {
+  for (const name of CHART_NAMES) {
     const node = document.getElementById(`chart-${name}`);
     const base = figures[name];
     const plotPx = Math.max(node.clientWidth - base.layout.margin.l - base.layout.margin.r, 100);
     const figure = metricFigure(base, name, live, job.layout, { ...opts, plotPx });
     draw(node, figure);
     node.dataset.points = String((live.metrics[name] || { x: [] }).x.length);
+    if (name === "loss") node.dataset.validationPoints = String((live.metrics.validation_loss || { x: [] }).x.length);
     node.dataset.bands = String(figure.bands || 0);
     node.dataset.axis = opts.axis;
   }
@@ -200,7 +202,8 @@ async function refreshJob() {
 async function reloadLive() {
   const response = await fetch(`/api/jobs/${job.id}/live`, { credentials: "same-origin" });
   if (response.ok) { live = await response.json(); drawCharts(); drawHistory(); drawHeader(); }
-  reloadLog(); // a missed event may have been a `log` one
+  reloadLog(); // a missed event may have been a `log` or an `export` one
+  exportCard.reload();
 }
 
 async function reloadLog() {
@@ -260,6 +263,8 @@ function connect(path, onEvent, badge) {
 }
 
 const logPanel = startLogPanel(readJson("job-log-data"));
+const exportCard = startExportCard({ getJob: () => job, exports: readJson("job-exports"),
+  onEvent: (fn) => listeners.push(fn) });
 const actions = startJobActions({ getJob: () => job, onChanged: () => refreshJob() });
 const elasticCard = startElasticCard({ getJob: () => job, isDeleted: () => deleted, onChanged: (row) => {
   job = { ...job, elastic: row.elastic, min_gpus: row.min_gpus, max_gpus: row.max_gpus, priority: row.priority };

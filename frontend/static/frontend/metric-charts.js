@@ -75,8 +75,20 @@ export function elapsedSeconds(stepSeries, transitions, xs) {
 
 const lastX = (series) => (series && series.x.length ? series.x[series.x.length - 1] : 0);
 
+// The validation loss as the loss chart's second trace: one line across every resize (mirrors
+// frontend/figures.py: validation_trace). `toX` maps steps to the x axis, `time` says which.
+export const VALIDATION = { name: "validation", mode: "lines+markers", line: { width: 1.5, color: "#d62728" },
+  marker: { size: 5, color: "#d62728" } };
+export function validationTrace(series, toX = (xs) => [...xs], time = false) {
+  return { type: "scatter", ...VALIDATION, x: toX(series.x), y: [...series.y], customdata: series.x,
+    hovertemplate: time ? "step %{customdata}, %{x:,.4~r} s, validation: %{y:,.4~r}<extra></extra>"
+      : "step %{x}, validation: %{y:,.4~r}<extra></extra>" };
+}
+const LEGEND_BELOW = { orientation: "h", yref: "container", y: 0, yanchor: "bottom", x: 0 }; // figure_style.legend_below
+
 // The figure of one metric from the page's base figure (frontend/figures.py: metric_figure)
-// and the live snapshot. opts: {plotPx, smoothing (0..1), axis: "step" | "time"}.
+// and the live snapshot; the loss chart with the validation loss as a second trace (not
+// smoothed). opts: {plotPx, smoothing (0..1), axis: "step" | "time"}.
 export function metricFigure(base, name, live, layout, opts = {}) {
   const series = live.metrics[name] || { x: [], y: [] };
   const plotPx = opts.plotPx || CHART_PX;
@@ -102,9 +114,14 @@ export function metricFigure(base, name, live, layout, opts = {}) {
       customdata: series.x, line: { width: 2, color: "#1f77b4" },
       hovertemplate: `step %{customdata}, smoothed ${opts.smoothing}: %{y:,.4~r}<extra></extra>` });
   }
+  const validation = name === "loss" ? live.metrics.validation_loss : null;
   const layoutOut = { ...base.layout, shapes, annotations: notes, margin: { ...base.layout.margin, t: topMargin(notes) },
     xaxis: { ...base.layout.xaxis, visible: true, title: { text: time ? "time since the first step (s)" : "step" } },
     yaxis: { ...base.layout.yaxis, visible: true } };
+  if (validation && validation.x.length) {
+    data.push(validationTrace(validation, toX, time));
+    Object.assign(layoutOut, { showlegend: true, legend: LEGEND_BELOW });
+  }
   if (!series.x.length) {
     return { data, layout: { ...layoutOut, shapes: [], xaxis: { ...layoutOut.xaxis, visible: false },
       yaxis: { ...layoutOut.yaxis, visible: false }, annotations: [{ text: "no data yet", xref: "paper", yref: "paper",
