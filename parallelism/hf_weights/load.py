@@ -166,12 +166,12 @@ def read_shards(source: HFSource, placement: Placement, rank: int) -> dict[Key, 
                     data = torch.zeros(_shape(tensor, box), dtype=DTYPES[state])
                 else:
                     assert whole is not None
-                    data = _cast_copy(whole.region(box), DTYPES[state])
+                    data = cast_copy(whole.region(box), DTYPES[state])
                 out[(index, state)] = LocalShard(tensor, state, box, data)
     return out
 
 
-def _cast_copy(region: Tensor, dtype: torch.dtype) -> Tensor:
+def cast_copy(region: Tensor, dtype: torch.dtype) -> Tensor:
     """`region` as `dtype` in a tensor of its own: one cast-copy out of the stored values (a
     bf16 param of a bf16 checkpoint is a plain copy, no fp32 round trip), never a view that
     would keep the whole read region, or the mapped file, alive. A param is the bf16 cast of

@@ -90,8 +90,8 @@ def test_each_box_owns_exactly_its_memory(hf_dir, case: str) -> None:
 
 
 def test_an_f16_value_becomes_the_bf16_cast_of_its_fp32_master() -> None:
-    from parallelism.hf_weights.load import _cast_copy
+    from parallelism.hf_weights.load import cast_copy
 
     f16 = (torch.randn(64, 64, generator=torch.Generator().manual_seed(0)) * 3).half()
-    assert torch.equal(_cast_copy(f16, torch.bfloat16), f16.float().bfloat16())
-    assert torch.equal(_cast_copy(f16, torch.float32), f16.float())
+    assert torch.equal(cast_copy(f16, torch.bfloat16), f16.float().bfloat16())
+    assert torch.equal(cast_copy(f16, torch.float32), f16.float())
