@@ -44,7 +44,8 @@ def test_validate_answers_the_job_it_would_create_and_creates_nothing(token_clie
     assert response.json() == {"name": "v", "model": "tiny-gpt", "layout": "dp=2", "world_size": 2, "global_batch": 12,
                                "micro_batch": 1, "seq_len": 16, "max_steps": None, "checkpoint_interval": 100,
                                "elastic": False, "min_gpus": None, "max_gpus": None, "priority": 0,
-                               "dataset": None, "samples_per_epoch": None}
+                               "dataset": None, "samples_per_epoch": None, "eval_every": 0, "eval_batches": 4,
+                               "validation_samples": None, "init_from": ""}
     assert not Job.objects.exists() and sent_events == []
 
 
