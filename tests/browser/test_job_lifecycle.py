@@ -54,7 +54,8 @@ def test_create_start_watch_resize_stop_and_delete_a_job_by_clicking(stack, brow
         page.wait_for_selector("#new-job-form[data-valid=true]")
         name = page.get_by_label("Name", exact=True).input_value()
         assert re.fullmatch(r"job-\d+", name), name
-        assert page.locator("#new-job-preview").inner_text().startswith("Runs dp=2 on 2 GPUs, until stopped")
+        preview = page.locator("#new-job-preview").inner_text()
+        assert preview.startswith("Runs dp=2 on 2 GPUs on synthetic tokens, until stopped"), preview
         assert "parameters" in page.locator("#model-facts").inner_text()
 
         # A model too big for the virtual GPUs: the API's words, beside the GPU field.

@@ -24,6 +24,9 @@ let asked = 0; // the latest validation asked; older answers are dropped
 let timer = null;
 
 const sizeMode = () => form.querySelector("input[name=size]:checked").value;
+// The form's state for tests and styles, as data-* attributes. Not through form.dataset: a form's
+// named controls shadow its properties, and the Data select is named `dataset`.
+const mark = (key, value) => form.setAttribute(`data-${key}`, value);
 
 // The body POST /api/jobs gets: a number field as a number when it reads as one, else as
 // typed (the API names what is wrong with it); an empty optional field left out.
@@ -77,7 +80,7 @@ function showErrors(errors) {
   }
   setFormError(rest.join(" "));
   const invalid = FIELDS.filter((name) => errors[name]);
-  form.dataset.invalidFields = invalid.join(" ");
+  mark("invalid-fields", invalid.join(" "));
   return invalid;
 }
 
@@ -102,7 +105,7 @@ async function validate() {
   const mine = ++asked;
   const { status, body: answer } = await post("/api/jobs/validate", body());
   if (mine !== asked) return; // the form changed meanwhile: a newer answer is on its way
-  form.dataset.checked = String(mine);
+  mark("checked", String(mine));
   if (status === 200) {
     showErrors({});
     $("new-job-preview").textContent = `Runs ${answer.layout} on ${answer.world_size} GPU${answer.world_size === 1 ? "" : "s"}` +
@@ -110,21 +113,22 @@ async function validate() {
         " tokens per epoch)" : " on synthetic tokens") +
       `, ${answer.max_steps ? `${answer.max_steps} steps` : "until stopped"}` +
       (answer.init_from ? `, starting from ${answer.init_from} (${answer.model})` : "") +
-      (answer.eval_every ? `, the validation loss every ${answer.eval_every} steps over ${answer.eval_batches} ` +
-        `batch${answer.eval_batches === 1 ? "" : "es"} (${integer(answer.validation_samples)} validation samples)` : "") +
+      (answer.eval_every ? `, the validation loss every ${answer.eval_every} steps over ` +
+        `${answer.eval_batches} batch${answer.eval_batches === 1 ? "" : "es"} ` +
+        `(${integer(answer.validation_samples)} validation samples)` : "") +
       (answer.checkpoint_interval ? `, a checkpoint every ${answer.checkpoint_interval} steps` : ", no checkpoints") +
       (answer.elastic ? `; elastic within ${rangeText(answer)}` : "; not elastic") +
       (answer.priority ? `, priority ${answer.priority}.` : ".");
-    form.dataset.valid = "true";
+    mark("valid", "true");
   } else {
     $("new-job-preview").textContent = "";
-    form.dataset.valid = "false";
+    mark("valid", "false");
     showErrors(answer || { detail: `HTTP ${status}` });
   }
 }
 
 function validateSoon() {
-  form.dataset.valid = "pending";
+  mark("valid", "pending");
   clearTimeout(timer);
   timer = setTimeout(validate, 250);
 }
