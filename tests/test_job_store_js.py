@@ -256,7 +256,8 @@ def test_js_loss_chart_draws_the_validation_loss_as_one_trace_across_a_switch(tm
     runner.write_text(f'import {{ metricFigure }} from "{CHARTS.as_uri()}";\n'
                       f"const live = {json.dumps(live)};\n"
                       f"const out = [metricFigure({json.dumps(loss_base)}, 'loss', live, 'dp=4'),"
-                      f" metricFigure({json.dumps(loss_base)}, 'loss', live, 'dp=4', {{ axis: 'time', smoothing: 0.6 }}),"
+                      f" metricFigure({json.dumps(loss_base)}, 'loss', live, 'dp=4',"
+                      f" {{ axis: 'time', smoothing: 0.6 }}),"
                       f" metricFigure({json.dumps(step_base)}, 'step_seconds', live, 'dp=4')];\n"
                       "process.stdout.write(JSON.stringify(out));")
     done = subprocess.run([NODE, str(runner)], capture_output=True, text=True, timeout=30)
@@ -292,7 +293,7 @@ def test_js_export_text_and_upsert(tmp_path: Path) -> None:
     done = subprocess.run([NODE, str(runner)], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     texts, replaced, added = json.loads(done.stdout)
-    assert texts == ["writing: 1 file of 4 written (3.00 MiB)", "reading the checkpoint", "queued for the control worker",
-                     "done: 4 files, 3.00 MiB in 12.5 s",
+    assert texts == ["writing: 1 file of 4 written (3.00 MiB)", "reading the checkpoint",
+                     "queued for the control worker", "done: 4 files, 3.00 MiB in 12.5 s",
                      "failed: j-1/step-00000002-0: not a DCP checkpoint (no .metadata)"]
     assert replaced == [{"id": 3, "state": "done"}, {"id": 1}] and [r["id"] for r in added] == [2, 1]

@@ -123,8 +123,9 @@ def export_request(*, job_id: int, checkpoint_step: int | None = None, name: str
         matches = [item for item in found if item[0] == checkpoint_step]
         if not matches:
             steps = ", ".join(str(s) for s in sorted({s for s, _ in found}))
-            raise InvalidInput({"checkpoint_step": [f"job {job.name!r} has no complete checkpoint of step "
-                                                    f"{checkpoint_step} (it has step {steps}; the last three are kept)"]})
+            raise InvalidInput({"checkpoint_step": [
+                f"job {job.name!r} has no complete checkpoint of step {checkpoint_step} (it has step {steps}; the "
+                f"last three are kept)"]})
         step, folder = matches[-1]
     if name:
         if not NAME_RE.match(name):

@@ -150,7 +150,8 @@ def _truncate(folder: Path) -> None:
     ("bert", _edit("bert", _config(model_type="bert")), ["bert/config.json: unsupported model_type 'bert'"]),
     ("short", _edit("short", _drop_shard), ["short/model-0000", "missing shard file"]),
     ("broken", _edit("broken", _truncate), ["broken/model-00001-of-", "not a readable safetensors file"]),
-    ("narrow", _edit("narrow", _config(hidden_size=16)), ["narrow/model-00001-of-", "has shape (128, 32) but config.json implies (128, 16)"]),
+    ("narrow", _edit("narrow", _config(hidden_size=16)),
+     ["narrow/model-00001-of-", "has shape (128, 32) but config.json implies (128, 16)"]),
 ])
 def test_a_bad_directory_is_a_400_naming_init_from(token_client, two_nodes, weights_root, tmp_path, value, prepare,
                                                    words) -> None:
