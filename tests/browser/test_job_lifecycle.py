@@ -15,19 +15,13 @@ from pathlib import Path
 import pytest
 
 from tests.support.stack import wait_for
+from tests.support.browser_pages import sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(300)]
 
 TINY_LLAMA = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
               "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256}
 
-
-def _sign_in(page, stack) -> None:
-    page.goto(stack.url)
-    page.get_by_label("Username").fill(stack.state["username"])  # the login form: the one thing typed
-    page.get_by_label("Password").fill(stack.state["password"])
-    page.get_by_role("button", name="Sign in").click()
-    page.wait_for_selector("#connection[data-state=live]", timeout=15_000)
 
 
 def _step(page) -> int:
@@ -44,7 +38,7 @@ def test_create_start_watch_resize_stop_and_delete_a_job_by_clicking(stack, brow
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.on("console", lambda msg: msg.type == "error" and "the server responded with a status of" not in msg.text
             and errors.append(msg.text))  # (the 400s of the form's checks are logged by Chromium)
-    _sign_in(page, stack)
+    sign_in(page, stack)
     job_id = None
     try:
         # The New job form: filled in, checked by the API as it changes.

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.browser.test_jobs_pages import _sign_in
+from tests.support.browser_pages import sign_in
 from tests.support.datasets import TEXTS, text_dataset
 from tests.support.stack import wait_for
 
@@ -27,7 +27,7 @@ def test_validation_curve_and_export_by_clicking(stack, browser) -> None:  # noq
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.on("console", lambda msg: msg.type == "error" and errors.append(msg.text))
-    _sign_in(page, stack)
+    sign_in(page, stack)
     page.goto(stack.url + f"jobs/{job['id']}/")
     page.wait_for_selector("#connection[data-state=live]", timeout=15_000)
     assert "validation loss every 2 steps (1 batch)" in page.locator("#job-eval").inner_text()

@@ -9,16 +9,10 @@ import time
 import pytest
 
 from tests.support.stack import wait_for
+from tests.support.browser_pages import sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(240)]
 
-
-def _sign_in(page, stack) -> None:
-    page.goto(stack.url)
-    page.get_by_label("Username").fill(stack.state["username"])
-    page.get_by_label("Password").fill(stack.state["password"])
-    page.get_by_role("button", name="Sign in").click()
-    page.wait_for_selector("#connection[data-state=live]", timeout=15_000)
 
 
 def _points(page, name: str) -> int:
@@ -34,7 +28,7 @@ def test_job_page_resizes_by_clicking_through_to_committed(stack, browser) -> No
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.on("console", lambda msg: msg.type == "error" and errors.append(msg.text))
-    _sign_in(page, stack)
+    sign_in(page, stack)
     assert page.locator("[data-gpu]").count() == 4
 
     job = stack.post("api/jobs", {"name": "clicky", "model": "tiny-gpt", "gpus": 2, "global_batch": 12,
