@@ -106,3 +106,12 @@ def embedded_json(html: str, element_id: str):
     found = re.search(rf'<script id="{element_id}" type="application/json">(.*?)</script>', html, re.S)
     assert found, element_id
     return json.loads(found.group(1))
+
+
+@pytest.fixture
+def data_root(settings, tmp_path):
+    """An empty DYNAPLANE_DATA_ROOT of the test's own (the dataset tests register under it)."""
+    root = tmp_path / "data"
+    root.mkdir()
+    settings.DYNAPLANE_DATA_ROOT = str(root)
+    return root

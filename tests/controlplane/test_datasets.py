@@ -18,14 +18,6 @@ from tests.support.datasets import text_dataset, token_dataset
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def data_root(settings, tmp_path) -> Path:
-    root = tmp_path / "data"
-    root.mkdir()
-    settings.DYNAPLANE_DATA_ROOT = str(root)
-    return root
-
-
 def no_server_path(response, tmp_path: Path) -> None:
     text = response.content.decode()
     for path in {str(tmp_path), os.path.realpath(tmp_path), os.environ["DYNAPLANE_VAR_DIR"]}:

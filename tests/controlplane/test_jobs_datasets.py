@@ -9,7 +9,6 @@ only the control plane's Celery send_task is replaced, by a recorder, since no a
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -26,14 +25,6 @@ from tests.support.datasets import text_dataset, token_dataset
 from tests.support.reports import report_of
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def data_root(settings, tmp_path) -> Path:
-    root = tmp_path / "data"
-    root.mkdir()
-    settings.DYNAPLANE_DATA_ROOT = str(root)
-    return root
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ Real PostgreSQL (or SQLite) and real dataset directories; only the control plane
 send_task is replaced by a recorder (no agent runs here)."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
@@ -30,14 +29,6 @@ from tests.support.datasets import TEXTS, text_dataset
 from tests.support.reports import report_of
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def data_root(settings, tmp_path) -> Path:
-    root = tmp_path / "data"
-    root.mkdir()
-    settings.DYNAPLANE_DATA_ROOT = str(root)
-    return root
 
 
 @pytest.fixture

@@ -28,7 +28,8 @@ def text_dataset(directory: Path, texts: list[str] = TEXTS, validation_fraction:
     return directory
 
 
-def token_dataset(directory: Path, documents: list[list[int]], vocab_size: int, name: str | None = None) -> Path:
+def token_dataset(directory: Path, documents: list[list[int]], vocab_size: int, name: str | None = None,
+                  validation_fraction: float = 0.0) -> Path:
     """A Megatron indexed dataset of these token documents, its manifest saying `vocab_size`."""
     import numpy as np
 
@@ -43,7 +44,8 @@ def token_dataset(directory: Path, documents: list[list[int]], vocab_size: int, 
     fingerprint = file_digest([directory / "data.bin", directory / "data.idx"])
     write_manifest(Manifest(directory=directory, name=name or directory.name, format="megatron",
                             vocab_size=vocab_size, fingerprint=fingerprint, tokenizer={"kind": "hf"},
-                            documents=len(documents), tokens=sum(map(len, documents))))
+                            validation_fraction=validation_fraction, documents=len(documents),
+                            tokens=sum(map(len, documents))))
     return directory
 
 

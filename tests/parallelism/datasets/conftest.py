@@ -3,21 +3,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parallelism.datasets.indexed import IndexedWriter
-from parallelism.datasets.manifest import Manifest, file_digest, write_manifest
+from tests.support.datasets import token_dataset
 
 
 def make_dataset(directory, docs, *, vocab=300, fraction=0.0, name=None):
     """A megatron-format dataset directory from lists of token ids (a test's own corpus)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    with IndexedWriter(directory / "data", np.uint16) as w:
-        for d in docs:
-            w.add(d)
-    fingerprint = file_digest([directory / "data.bin", directory / "data.idx"])
-    write_manifest(Manifest(directory=directory, name=name or directory.name, format="megatron", vocab_size=vocab,
-                            fingerprint=fingerprint, validation_fraction=fraction, prefix="data",
-                            documents=len(docs), tokens=sum(map(len, docs))))
-    return directory
+    return token_dataset(directory, docs, vocab, name, validation_fraction=fraction)
 
 
 @pytest.fixture
