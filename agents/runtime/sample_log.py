@@ -1,11 +1,18 @@
 """The record of what each rank read: one JSON line per trained step (step, the global samples it
-read, their digest, the layout), in a file of its own per rank process under the job's checkpoint
-folder (shared storage, so it outlives nodes, restores and stack restarts). Reading every file back
-shows whether the run consumed each sample of its range once, in order (`consumed`)."""
+read, their digest, the layout, the wall time), in a file of its own per rank process under the
+job's checkpoint folder (shared storage, so it outlives nodes, restores and stack restarts).
+
+A rank that starts training from a state at step S (a start, a restore from a checkpoint, a
+survivor's or a joiner's world) first writes a marker `{"from": S}`: whatever any rank recorded
+earlier for a step after S is off the trajectory the weights took (a restore discarded it), so
+`consumed` drops it. Markers and records are ordered by wall time: a restore comes seconds after
+the steps it discards, far above the skew of NTP-synced hosts. Reading every file back shows
+whether the trajectory consumed each sample of its range once, in order."""
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 FOLDER = "samples"
@@ -16,14 +23,21 @@ class SampleLog:
         self.path = Path(checkpoint_dir) / FOLDER / f"{node}-{os.getpid()}.jsonl"
         self._file = None
 
+    def starts_at(self, step: int) -> None:
+        """This process trains on from a state at `step`: later steps recorded before are discarded."""
+        self._write({"from": step})
+
     def record(self, result, layout: str) -> None:
         if result is None or result.samples < 1:
             return
+        self._write({"step": result.step, "first": result.first_sample, "count": result.samples,
+                     "digest": result.sample_digest, "layout": layout})
+
+    def _write(self, line: dict) -> None:
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "a", buffering=1, encoding="utf-8")  # a line at a time
-        self._file.write(json.dumps({"step": result.step, "first": result.first_sample, "count": result.samples,
-                                     "digest": result.sample_digest, "layout": layout}) + "\n")
+        self._file.write(json.dumps({**line, "t": time.time()}) + "\n")
 
 
 def whole_batch(trainer, trained):
@@ -50,12 +64,17 @@ def read_records(checkpoint_dir: str | Path) -> list[dict]:
 
 
 def consumed(records: list[dict]) -> dict[int, list[tuple[int, int, str]]]:
-    """step -> the distinct (first, count, digest) read at that step, in sample order. A step
-    retrained after a restore from a checkpoint appears once per time it was trained with the
-    same reads (a retrained step reads the same samples), so equal reads collapse."""
+    """step -> the distinct (first, count, digest) the trajectory read at that step, in sample
+    order. Records are taken in time order; a `from` marker drops the steps after it recorded
+    before it (a restore's discarded steps, in whatever layout they ran). Equal reads collapse: a
+    lost rank's slice is recorded by itself and by its survivors (`whole_batch`)."""
     steps: dict[int, set] = {}
-    for r in records:
-        steps.setdefault(r["step"], set()).add((r["first"], r["count"], r["digest"]))
+    for r in sorted(records, key=lambda r: r.get("t", 0.0)):
+        if "from" in r:
+            for step in [s for s in steps if s > r["from"]]:
+                del steps[step]
+        else:
+            steps.setdefault(r["step"], set()).add((r["first"], r["count"], r["digest"]))
     return {step: sorted(reads) for step, reads in sorted(steps.items())}
 
 

@@ -28,6 +28,8 @@ def train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: Re
     steps = 0  # committed: (transition id, report, pause start, phases) until the next step
     logged = settings.dataset and settings.checkpoint_dir  # the record of what was read (sample_log.py)
     samples = SampleLog(settings.checkpoint_dir, reporter.node) if logged else None
+    if samples is not None:
+        samples.starts_at(trainer.scalars.step)
     if any(fault.startswith(f"exit-before-loss-sum:{rank}:") for fault in faults()) and hasattr(trainer, "on_update"):
         trainer.on_update = lambda step: os._exit(17) if f"exit-before-loss-sum:{rank}:{step}" in faults() else None
     while True:

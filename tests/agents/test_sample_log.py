@@ -31,3 +31,24 @@ def test_a_repeat_a_skip_and_a_missing_step_are_named(tmp_path):
     assert problems[0].startswith("step 2: read samples [7, 8, 9]") and problems[-1] == "steps never recorded: [3]"
     log.record(_result(4, 24, 8, digest="other"), "dp=1")  # a retrained step that read other samples
     assert any(p.startswith("step 4:") for p in gaps_and_repeats(consumed(read_records(tmp_path)), 8))
+
+
+def test_a_restore_discards_the_steps_after_its_checkpoint_whatever_layout_they_ran_in(tmp_path):
+    """Steps 3-4 trained at dp=1, one rank of a dp=2 step 5 recorded before the stack stopped;
+    restored from step 2 onto dp=2, the trajectory reads 3-4 again in two slices each."""
+    old, new_a, new_b = (SampleLog(str(tmp_path), name) for name in ("old", "new-a", "new-b"))
+    old.starts_at(0)
+    for step in (1, 2, 3, 4):
+        old.record(_result(step, (step - 1) * 8, 8), "dp=1")
+    old.record(_result(5, 32, 4), "dp=2")  # half a step: its other rank died before recording
+    for log in (new_a, new_b):
+        log.starts_at(2)
+    for step in (3, 4):
+        new_a.record(_result(step, (step - 1) * 8, 4, "a"), "dp=2")
+        new_b.record(_result(step, (step - 1) * 8 + 4, 4, "b"), "dp=2")
+    reads = consumed(read_records(tmp_path))
+    assert list(reads) == [1, 2, 3, 4] and gaps_and_repeats(reads, 8) == []
+    assert reads[3] == [(16, 4, "a"), (20, 4, "b")]
+    # without the markers the two attempts of step 3 overlap: the check would name it
+    unmarked = [r for r in read_records(tmp_path) if "from" not in r]
+    assert any(p.startswith("step 3:") for p in gaps_and_repeats(consumed(unmarked), 8))

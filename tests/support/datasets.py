@@ -71,8 +71,9 @@ def assert_each_sample_read_once(job: dict, directory: Path, global_batch: int, 
 
     records = read_records(job["checkpoint_dir"])
     reads = consumed(records)
-    assert len(reads) == job["step"], (len(reads), job["step"])
-    assert gaps_and_repeats(reads, global_batch) == []
+    problems = gaps_and_repeats(reads, global_batch)
+    assert not problems, (problems, records)
+    assert len(reads) == job["step"], (len(reads), job["step"], records)
     data = TokenDataset(directory, seq, seed=0)  # the control plane starts every job with seed 0
     for step, slices in reads.items():
         assert all(digest == sample_digest(data, first, n) for first, n, digest in slices), step
