@@ -37,8 +37,10 @@ class JobSettings(NamesAModel):
                    order.max_steps, order.report_every, order.timeout_seconds, order.checkpoint_interval,
                    order.checkpoint_dir, order.restore_id, order.dataset, order.eval_every, order.eval_batches)
 
-    def evaluates_after(self, step: int) -> bool:
-        return bool(self.eval_every and self.dataset) and step > 0 and step % self.eval_every == 0
+    @property
+    def validation_every(self) -> int:
+        """Steps between validation losses: the product evaluates a dataset's held-out split only."""
+        return self.eval_every if self.dataset else 0
 
     def checkpointer(self, rank: int):
         from agents.runtime.checkpoints import Checkpointer

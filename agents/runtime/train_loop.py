@@ -15,96 +15,117 @@ from agents.runtime.run_files import STOP_FILE
 from agents.runtime.sample_log import SampleLog, whole_batch
 from agents.runtime.step_boundary import Boundary
 from agents.runtime.switching import RolledBack, switch_old_rank
+from parallelism.training.loop import run_loop
 
 
 def train(trainer, settings: JobSettings, rank: int, run_dir: Path, reporter: Reporter,
-           done_switches: set[int], ckpt, committed=None) -> int:
+          done_switches: set[int], ckpt, committed=None) -> int:
     """Steps until the job stops or this rank leaves the layout; returns steps done here.
-    Raises Orphaned when a peer is lost in a step or at the step boundary (orphan.py)."""
-    import torch.distributed as dist
-
-    boundary = Boundary(settings, rank, run_dir, reporter)
-    boundary.done_switches |= done_switches
-    steps = 0  # committed: (transition id, report, pause start, phases) until the next step
-    logged = settings.dataset and settings.checkpoint_dir  # the record of what was read (sample_log.py)
-    samples = SampleLog(settings.checkpoint_dir, reporter.node) if logged else None
-    if samples is not None:
-        samples.starts_at(trainer.scalars.step)
+    Raises Orphaned when a peer is lost in a step or at the step boundary (orphan.py). The loop
+    is the CLI's (parallelism/training/loop.py); what a rank of a job does around it is `JobRounds`."""
+    rounds = JobRounds(settings, rank, run_dir, reporter, done_switches, ckpt, committed)
+    if rounds.samples is not None:
+        rounds.samples.starts_at(trainer.scalars.step)
     if any(fault.startswith(f"exit-before-loss-sum:{rank}:") for fault in faults()) and hasattr(trainer, "on_update"):
         trainer.on_update = lambda step: os._exit(17) if f"exit-before-loss-sum:{rank}:{step}" in faults() else None
-    while True:
-        step_started = time.perf_counter()
-        step_before = trainer.scalars.step
-        try:
-            result = trainer.step()
-        except RuntimeError as exc:  # only the errors of a lost peer (orphan.peer_lost) are kept
-            trained = getattr(trainer, "trained", None)
-            if samples is not None and trained is not None and trained.step > step_before:
-                for read in whole_batch(trainer, trained):  # the state moved on with this step
-                    samples.record(read, str(trainer.placement.layout))
-            orphaned(trainer, rank, exc, reporter, settings, step_before)
-            raise
-        if samples is not None:
-            samples.record(result, str(trainer.placement.layout))
-        validation = None
-        if settings.evaluates_after(trainer.scalars.step):  # collective: every rank of the layout, same step
-            from parallelism.training.evaluate import evaluate
+    return run_loop(trainer, rounds, eval_every=settings.validation_every, eval_batches=settings.eval_batches)
 
-            validation = evaluate(trainer, settings.eval_batches)
-        steps += 1
-        if rank == 0 and result is not None:
-            if committed is not None:
-                tid, report, paused_at, phases = committed
-                phases = {**phases, "other": max(0.0, step_started - paused_at - sum(phases.values()))}
-                reporter.transition(tid, "committed", step=report.step, pause_seconds=step_started - paused_at,
-                                    phases=phases,
-                                    transfer_seconds=report.seconds, verify_seconds=report.verify_seconds,
-                                    network_bytes=report.network_bytes, rounds=report.rounds,
-                                    peak_bytes=report.peak_bytes, predicted_peak_bytes=report.predicted_peak_bytes,
-                                    fingerprint=report.fingerprint, verified=report.verified,
-                                    progress=protocol.TransferProgress(
-                                        round=report.rounds, rounds=report.rounds, moved_bytes=report.network_bytes,
-                                        waves=dict(enumerate(report.measured_waves))),
-                                    tensors=report.checks)
-            if steps == 1:  # rank 0 is in every layout: it started with the job
-                reporter.job("started", step=result.step, layout=str(trainer.placement.layout))
-            report_step(reporter, settings, result, trainer, validation)
-        committed = None
-        if f"exit-after-step:{rank}:{trainer.scalars.step}" in faults():
+
+class JobRounds:
+    """A job's rank around the loop (loop.Rounds): the record of what it read, rank 0's reports,
+    checkpoints, and at each step boundary the control plane's stop or switch."""
+
+    def __init__(self, settings: JobSettings, rank: int, run_dir: Path, reporter: Reporter,
+                 done_switches: set[int], ckpt, committed=None) -> None:
+        self.settings, self.rank, self.reporter, self.ckpt = settings, rank, reporter, ckpt
+        self.edge = Boundary(settings, rank, run_dir, reporter)
+        self.edge.done_switches |= done_switches
+        self.committed = committed  # (transition id, report, pause start, phases) until the next step
+        self.steps = 0
+        logged = settings.dataset and settings.checkpoint_dir  # the record of what was read (sample_log.py)
+        self.samples = SampleLog(settings.checkpoint_dir, reporter.node) if logged else None
+        self.step_started = time.perf_counter()
+
+    def failed(self, trainer, exc: RuntimeError, step_before: int) -> None:
+        """Only a lost peer's errors are kept (orphan.peer_lost): then Orphaned is raised."""
+        trained = getattr(trainer, "trained", None)
+        if self.samples is not None and trained is not None and trained.step > step_before:
+            for read in whole_batch(trainer, trained):  # the state moved on with this step
+                self.samples.record(read, str(trainer.placement.layout))
+        orphaned(trainer, self.rank, exc, self.reporter, self.settings, step_before)
+
+    def stepped(self, trainer, result, validation: float | None) -> None:
+        if self.samples is not None:
+            self.samples.record(result, str(trainer.placement.layout))
+        self.steps += 1
+        if self.rank == 0 and result is not None:
+            if self.committed is not None:
+                self._report_commit(self.committed)
+            if self.steps == 1:  # rank 0 is in every layout: it started with the job
+                self.reporter.job("started", step=result.step, layout=str(trainer.placement.layout))
+            report_step(self.reporter, self.settings, result, trainer, validation)
+        self.committed = None
+        if f"exit-after-step:{self.rank}:{trainer.scalars.step}" in faults():
             os._exit(17)
-        if ckpt.due(trainer.scalars.step):
-            trainer, path, seconds = ckpt.save(trainer, settings.config(str(trainer.placement.layout)))
-            if rank == 0:
+
+    def _report_commit(self, committed) -> None:
+        """A switch commits on the first step its new layout completes."""
+        tid, report, paused_at, phases = committed
+        phases = {**phases, "other": max(0.0, self.step_started - paused_at - sum(phases.values()))}
+        self.reporter.transition(tid, "committed", step=report.step, pause_seconds=self.step_started - paused_at,
+                                 phases=phases,
+                                 transfer_seconds=report.seconds, verify_seconds=report.verify_seconds,
+                                 network_bytes=report.network_bytes, rounds=report.rounds,
+                                 peak_bytes=report.peak_bytes, predicted_peak_bytes=report.predicted_peak_bytes,
+                                 fingerprint=report.fingerprint, verified=report.verified,
+                                 progress=protocol.TransferProgress(
+                                     round=report.rounds, rounds=report.rounds, moved_bytes=report.network_bytes,
+                                     waves=dict(enumerate(report.measured_waves))),
+                                 tensors=report.checks)
+
+    def boundary(self, trainer):
+        import torch.distributed as dist
+
+        settings, reporter = self.settings, self.reporter
+        if self.ckpt.due(trainer.scalars.step):
+            trainer, path, seconds = self.ckpt.save(trainer, settings.config(str(trainer.placement.layout)))
+            if self.rank == 0:
                 reporter.job("checkpoint", step=trainer.scalars.step, checkpoint_path=str(path), seconds=seconds,
                              layout=str(trainer.placement.layout))
         try:
-            stop, order = boundary.decide(trainer)
+            stop, order = self.edge.decide(trainer)
         except RuntimeError as exc:
-            orphaned(trainer, rank, exc, reporter)
+            orphaned(trainer, self.rank, exc, reporter)
             raise
         if stop:
-            if rank == 0:
+            if self.rank == 0:
                 reporter.job("stopped", step=trainer.scalars.step, layout=str(trainer.placement.layout))
             dist.destroy_process_group()
-            return steps
-        if order is not None:
-            paused_at = time.perf_counter()
-            try:
-                trainer, report, phases, ckpt = switch_old_rank(trainer, order, settings, boundary, ckpt)
-            except RolledBack as back:
-                trainer = back.trainer
-                if rank == 0:
-                    reporter.transition(order.transition_id, "rolled_back", step=trainer.scalars.step,
-                                        pause_seconds=time.perf_counter() - paused_at,
-                                        error=f"switch failed, back on {trainer.placement.layout}: {back.reason}",
-                                        tensors=back.checks)  # a digest mismatch
-                continue
-            if trainer is None:  # this rank is not in the new layout: its state has been handed over
-                if dist.is_initialized():
-                    dist.destroy_process_group()
-                return steps
-            rank = boundary.rank = trainer.rank  # (another number under a device map; rank 0 stays)
-            committed = (order.transition_id, report, paused_at, phases)
+            return None
+        if order is None:
+            self.step_started = time.perf_counter()
+            return trainer
+        paused_at = time.perf_counter()
+        try:
+            trainer, report, phases, self.ckpt = switch_old_rank(trainer, order, settings, self.edge,
+                                                                 self.ckpt)
+        except RolledBack as back:
+            trainer = back.trainer
+            if self.rank == 0:
+                reporter.transition(order.transition_id, "rolled_back", step=trainer.scalars.step,
+                                    pause_seconds=time.perf_counter() - paused_at,
+                                    error=f"switch failed, back on {trainer.placement.layout}: {back.reason}",
+                                    tensors=back.checks)  # a digest mismatch
+            self.step_started = time.perf_counter()
+            return trainer
+        if trainer is None:  # this rank is not in the new layout: its state has been handed over
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            return None
+        self.rank = self.edge.rank = trainer.rank  # (another number under a device map; rank 0 stays)
+        self.committed = (order.transition_id, report, paused_at, phases)
+        self.step_started = time.perf_counter()
+        return trainer
 
 
 def report_step(reporter: Reporter, settings: JobSettings, result, trainer, validation: float | None = None) -> None:

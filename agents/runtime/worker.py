@@ -106,7 +106,7 @@ def main(argv: list[str]) -> int:
 
         from parallelism.layout.placement import place
         from agents.runtime.checkpoints import restore
-        from parallelism.training.parallel import initial_shards
+        from parallelism.training.loop import first_shards
         from parallelism.training.run import build_trainer
 
         order = protocol.JobStartOrder.model_validate_json(path.read_text())
@@ -125,13 +125,8 @@ def main(argv: list[str]) -> int:
             if rank == 0:
                 reporter.job("restored", step=scalars.step, checkpoint_path=order.restore_from, verified=verified,
                              seconds=time.perf_counter() - loading, layout=order.layout)
-        else:
-            if order.init_from:  # a Hugging Face model: each rank reads the boxes it holds
-                from parallelism.hf_weights import hf_initial_shards
-
-                shards = hf_initial_shards(placement, rank, order.init_from) if rank < placement.world else {}
-            else:
-                shards = initial_shards(placement, rank, order.seed)
+        else:  # a Hugging Face model when init_from (each rank reads the boxes it holds), else the seeded init
+            shards = first_shards(placement, rank, order.seed, order.init_from)
             trainer = rank_trainer(settings, order.layout, rank, shards, None, ckpt)
             del shards
         done = set()

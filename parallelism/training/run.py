@@ -17,8 +17,9 @@ from parallelism.engine.shards import Key, LocalShard
 from parallelism.engine.switch import SwitchReport, switch_state
 from parallelism.layout.placement import place
 from parallelism.training.hetero import HeteroTrainer, check_hetero_trainable
+from parallelism.training.loop import first_shards, run_loop
 from parallelism.training.parallel import (ParallelTrainer, StepResult, TrainConfig, TrainingError, TrainScalars,
-                                      check_trainable, initial_shards)
+                                           check_trainable)
 
 
 @dataclass(frozen=True)
@@ -95,52 +96,63 @@ def switch_trainer(trainer: ParallelTrainer | HeteroTrainer, layout: str,
     return build_trainer(trainer.config, layout, trainer.rank, new, scalars), report
 
 
+class _Schedule:
+    """The CLI's rounds (loop.Rounds): the log, the progress callback, the scheduled switches and the
+    step count; the trainer it ends with."""
+
+    def __init__(self, steps: int, switches: list[Switch], staging_bytes: int, on_step, rank: int) -> None:
+        self.steps, self.pending, self.staging_bytes = steps, {s.step: s for s in switches}, staging_bytes
+        self.on_step, self.rank, self.done, self.log, self.final = on_step, rank, 0, RankLog(), None
+
+    def _tell(self, item) -> None:
+        if self.on_step:
+            self.on_step(self.rank, item)
+
+    def stepped(self, trainer, result, validation) -> None:
+        self.done += 1
+        if result is not None:
+            self.log.steps.append(result)
+            self._tell(result)
+        if validation is not None:
+            self.log.evals.append(EvalResult(trainer.scalars.step, validation, trainer.data.manifest.bytes_per_token))
+            self._tell(self.log.evals[-1])
+
+    def failed(self, trainer, exc, step_before) -> None:
+        pass  # the CLI has no recovery: the error ends the run
+
+    def boundary(self, trainer):
+        if self.done >= self.steps:
+            self.final = trainer
+            return None
+        if self.done in self.pending:
+            trainer, report = switch_trainer(trainer, self.pending[self.done].layout, staging_bytes=self.staging_bytes)
+            self.log.switches.append(report)
+            self._tell(report)
+        return trainer
+
+
 def train_rank(rank: int, world: int, config: TrainConfig, layout: str, steps: int, switches: list[Switch],
                staging_bytes: int = 64 * 2**20, on_step=None, eval_every: int = 0, eval_batches: int = 1,
                init_from: str | None = None, export: str | None = None) -> RankLog:
-    """The whole run on one rank; `on_step(rank, StepResult | SwitchReport | EvalResult)` sees progress.
+    """The whole run on one rank, through the loop the agents' ranks run (loop.py);
+    `on_step(rank, StepResult | SwitchReport | EvalResult)` sees progress.
     eval_every > 0: the validation loss after every eval_every steps (parallelism/training/evaluate.py).
     init_from: a Hugging Face model directory the weights start from (each rank reads its boxes);
     export: a directory the final weights go to as a Hugging Face model (collective, at the end)."""
-    from parallelism.training.evaluate import evaluate
-
     check_schedule(steps, switches)
     for text in [layout, *(s.layout for s in switches)]:
         check_layout(config, text)
-    placement = place(config.tensors, layout)
-    if rank >= placement.world:
-        shards = {}
-    elif init_from:
-        from parallelism.hf_weights import hf_initial_shards
-
-        shards = hf_initial_shards(placement, rank, init_from)
-    else:
-        shards = initial_shards(placement, rank, config.seed)
+    shards = first_shards(place(config.tensors, layout), rank, config.seed, init_from)
     trainer = build_trainer(config, layout, rank, shards, TrainScalars())
     del shards
-    pending = {s.step: s for s in switches}
-    log = RankLog()
-    for step in range(steps):
-        if step in pending:
-            trainer, report = switch_trainer(trainer, pending[step].layout, staging_bytes=staging_bytes)
-            log.switches.append(report)
-            if on_step:
-                on_step(rank, report)
-        result = trainer.step()
-        if result is not None:
-            log.steps.append(result)
-            if on_step:
-                on_step(rank, result)
-        if eval_every and (step + 1) % eval_every == 0:
-            loss = evaluate(trainer, eval_batches) if trainer.active else None
-            if loss is not None:
-                log.evals.append(EvalResult(step + 1, loss, trainer.data.manifest.bytes_per_token))
-                if on_step:
-                    on_step(rank, log.evals[-1])
+    schedule = _Schedule(steps, switches, staging_bytes, on_step, rank)
+    if steps > 0:
+        run_loop(trainer, schedule, eval_every=eval_every, eval_batches=eval_batches)
+        trainer = schedule.final
     if export:
         from parallelism.hf_weights.export import export_hf_from_shards
 
         final, _ = trainer.hand_over()
         export_hf_from_shards(trainer.placement, rank, final, export, config=config.model_config,
                               source_dir=init_from)
-    return log
+    return schedule.log

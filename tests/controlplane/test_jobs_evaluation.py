@@ -15,6 +15,7 @@ import pytest
 
 from agents import protocol
 from agents.runtime.job_settings import JobSettings
+from parallelism.training.loop import evaluation_due
 from parallelism.datasets.dataset import TokenDataset
 from controlplane.jobs import restore
 from controlplane.jobs.events import JobLiveSnapshot, MetricsEvent, apply_job_event, job_event_adapter
@@ -101,7 +102,7 @@ def test_every_order_that_starts_ranks_carries_the_eval_settings(token_client, t
     assert (start.eval_every, start.eval_batches) == (3, 2)
     settings = JobSettings.of(start)
     assert (settings.eval_every, settings.eval_batches) == (3, 2)
-    assert settings.evaluates_after(6) and not settings.evaluates_after(7)
+    assert evaluation_due(settings.validation_every, 6) and not evaluation_due(settings.validation_every, 7)
     run(job_record_report, report=report_of(job.pk, "started", "node-1"))
     sent_tasks.clear()
     assert run(token_client.post, f"/api/jobs/{job.pk}/resize", {"gpus": 4}, format="json").status_code == 202
