@@ -9,8 +9,9 @@ import signal
 
 import pytest
 
+from agents.runtime.sample_log import read_records
 from tests.support.datasets import assert_each_sample_read_once, real_text_dataset
-from tests.support.stack import StackProcess, wait_for
+from tests.support.stack import StackProcess, wait_for, wait_for_transition_end
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -175,5 +176,68 @@ def test_after_the_whole_stack_stops_mid_resize_the_job_trains_again_from_its_ch
         stopped, _ = wait_for(lambda: (j := again.get(f"api/jobs/{job['id']}", token=True))["state"] == "stopped"
                               and j, timeout=60)
         assert_each_sample_read_once(stopped, directory, 4, 16)
+    finally:
+        again.stop()
+
+
+def test_on_real_text_resized_a_node_lost_and_the_stack_restarted_every_sample_is_read_once(tmp_path) -> None:
+    """Issue 42's order test, all in one job: on a prepared real-text dataset, resized 2 -> 4 -> 3
+    GPUs online, then the agent under one of its ranks killed (the survivors switch onto dp=2
+    from memory), then the whole stack stopped and started again (the job restores from its
+    latest checkpoint). Every switch and the restore are verified, and the ranks' records show
+    every sample of the run's range read once, in order: the samples an unswitched run reads."""
+    var = tmp_path / "stack"
+    first = StackProcess(var, agents=2, gpus_per_agent=2, env={"DATABASE_URL": None, "REDIS_URL": None})
+    first.start()
+    try:
+        first.wait_ready(timeout=120)
+        directory = real_text_dataset(first, "stdlib-code")
+        job = first.post("api/jobs", {"name": "everything", "model": "tiny-gpt", "gpus": 2, "global_batch": 12,
+                                      "seq_len": 16, "checkpoint_interval": 5, "dataset": "stdlib-code"})
+        url = f"api/jobs/{job['id']}"
+
+        def steps(stack) -> list:
+            return stack.get(f"{url}/live", token=True)["metrics"].get("loss", {}).get("x", [])
+
+        wait_for(lambda: first.get(url, token=True)["state"] == "running" and len(steps(first)) >= 2, timeout=90)
+        for gpus, layout in ((4, "dp=4"), (3, "dp=3")):
+            resize = first.post(f"{url}/resize", {"gpus": gpus})
+            done, _ = wait_for_transition_end(first, resize["id"])
+            assert (done["state"], done["verification"]["verified"], done["destination_layout"]) == (
+                "committed", True, layout), done
+            wait_for(lambda: (j := first.get(url, token=True))["state"] == "running" and j["layout"] == layout,
+                     timeout=30)
+        placement = first.get(url, token=True)["placement"]
+        lost = next(n for n in ("node-1", "node-2") if [p["node"] for p in placement].count(n) == 1)
+        os.kill(first.get(f"api/nodes/{lost}")["agent_pid"], signal.SIGKILL)
+        last = max(steps(first))
+        wait_for(lambda: any(step > last for step in steps(first)) and (j := first.get(url, token=True))["state"]
+                 == "running" and j["layout"] == "dp=2", timeout=60)
+        survivors = next(t for t in first.get(f"api/transitions?job={job['id']}", token=True)["results"]
+                         if t["kind"] == "restore")
+        assert survivors["state"] == "committed" and survivors["verification"]["verified"] is True, survivors
+        # a checkpoint of the survivors' world, then the whole stack stops
+        after_loss = max(steps(first))
+        wait_for(lambda: (first.get(url, token=True)["checkpoint_step"] or 0) > after_loss, timeout=60)
+    finally:
+        first.stop()
+    again = StackProcess(var, agents=2, gpus_per_agent=2, env={"DATABASE_URL": None, "REDIS_URL": None})
+    again.start()
+    try:
+        again.wait_ready(timeout=120)
+        restores = wait_for(lambda: [t for t in again.get(f"api/transitions?job={job['id']}", token=True)["results"]
+                                     if t["kind"] == "restore" and t["state"] == "committed"
+                                     and t["id"] != survivors["id"]] or None, timeout=60)[0]
+        assert restores[0]["verification"]["verified"] is True, restores
+        restored_at = restores[0]["step"]
+        wait_for(lambda: (j := again.get(url, token=True))["state"] == "running"
+                 and any(step > restored_at + 2 for step in steps(again)), timeout=60)
+        again.post(f"{url}/stop", {})
+        stopped, _ = wait_for(lambda: (j := again.get(url, token=True))["state"] == "stopped" and j, timeout=60)
+        reads = assert_each_sample_read_once(stopped, directory, 12, 16)
+        layouts = {r["layout"] for r in read_records(stopped["checkpoint_dir"]) if "step" in r}
+        assert {"dp=2", "dp=4", "dp=3"} <= layouts, layouts
+        print(f"{len(reads)} steps over {sorted(layouts)}, a lost {lost}, a restore from step {restored_at} after "
+              f"the restart: every sample read once, in order")
     finally:
         again.stop()
