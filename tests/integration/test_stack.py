@@ -531,6 +531,10 @@ def test_run_command_demo_job_trains_by_itself_within_a_minute(tmp_path) -> None
         # It trains on the Python standard library's source, prepared on this first start (docs/datasets.md).
         assert job["dataset"]["name"] == "python-stdlib" and job["data_progress"]["epoch"] is not None, job
         assert "demo job started" in process.output() and "demo dataset python-stdlib" in process.output()
+        # and draws its held-out loss beside the training loss (every 25 steps)
+        validation, _ = wait_for(lambda: process.get(f"api/jobs/{demo['id']}/live", token=True)["metrics"]
+                                 .get("validation_loss", {}).get("x"), timeout=60)
+        assert validation[0] == job["eval_every"] == 25, (validation, job["eval_every"])
         print(f"`dynaplane up` (demo on, embedded defaults): healthy {ready:.1f} s, demo job's first step "
               f"{training:.1f} s after the command started")
     finally:

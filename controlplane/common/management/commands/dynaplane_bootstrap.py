@@ -31,7 +31,19 @@ from controlplane.jobs.services import job_create
 # made on the "New job" form, or for resizing the demo to tp=2,dp=2. It trains on the Python
 # standard library's source (controlplane/datasets/demo.py), byte tokens: tiny-gpt's vocab of 512 holds them.
 DEMO_JOB = {"name": "demo", "model": "tiny-gpt", "layout": "tp=2", "global_batch": 8, "seq_len": 128,
-            "dataset": DEMO_DATASET}
+            "dataset": DEMO_DATASET, "eval_every": 25, "eval_batches": 4}
+EVALUATION = ("eval_every", "eval_batches")
+
+
+def _demo_job_create(user) -> Job:
+    """The demo job on its dataset, evaluating its held-out split when that split is large enough
+    (a small source's is not: the demo then trains without a validation curve)."""
+    try:
+        return job_create(**DEMO_JOB, created_by=user)
+    except InvalidInput as exc:
+        if set(exc.errors) != {"eval_every"}:
+            raise
+    return job_create(**{k: v for k, v in DEMO_JOB.items() if k not in EVALUATION}, created_by=user)
 
 
 def _stored_password() -> str:
@@ -73,11 +85,12 @@ class Command(BaseCommand):
             dataset = _demo_dataset(demo_source, user) if demo_job is None or demo_job.dataset_id else None
             if demo_job is None and "error" not in dataset:
                 try:
-                    demo_job = job_create(**DEMO_JOB, created_by=user)
+                    demo_job = _demo_job_create(user)
                 except InvalidInput as exc:  # e.g. its data changed on disk since it was registered
                     dataset = {"error": str(exc)}
             if demo_job is None:
-                synthetic = {k: v for k, v in DEMO_JOB.items() if k != "dataset"}
+                # synthetic tokens: no data, and no validation split to evaluate
+                synthetic = {k: v for k, v in DEMO_JOB.items() if k != "dataset" and k not in EVALUATION}
                 demo_job = job_create(**synthetic, created_by=user)
         database = f"{connection.vendor} {connection.settings_dict['NAME']}"
         self.stdout.write(json.dumps({"username": username, "password": password, "token": token.key,
