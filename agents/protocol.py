@@ -367,6 +367,9 @@ class ReportBatch(_Message):
     stream: str = Field(min_length=1, max_length=32)
     batch: int = Field(gt=0)
     reports: tuple[JobReport, ...] = Field(min_length=1, max_length=REPORT_BATCH_MAX)
+    # (first, last) batches of this stream the sender dropped before this one, past its buffer's
+    # bound in a broker outage (agents/runtime/outbox.py): applied at once, the gap recorded.
+    dropped: tuple[int, int] | None = None
 
     @field_validator("reports")
     @classmethod

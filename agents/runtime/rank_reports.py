@@ -6,15 +6,22 @@ import datetime
 from agents import protocol
 
 
+# How long a finished rank 0 waits for the broker to take its last reports (an outage at the
+# job's end): then they are lost and the rank exits.
+EXIT_DRAIN_SECONDS = 15.0
+
+
 class Reporter:
     """Sends reports to the control queue (rank 0 only; other ranks stay silent). Job
     reports travel in batches (agents/runtime/batching.py, task control.ingest_events);
-    a transition report first flushes the steps before it."""
+    a transition report first flushes the steps before it. Everything goes through an
+    outbox (agents/runtime/outbox.py): in order, kept through a broker outage, never
+    blocking or failing the training loop."""
 
     def __init__(self, job_id: int, rank: int, node: str, broker_url: str | None,
                  restore_id: int | None = None) -> None:
         self.job_id, self.node, self.restore_id = job_id, node, restore_id
-        self.app = self.batcher = None
+        self.app = self.batcher = self.outbox = None
         if rank == 0 and broker_url:
             import atexit
 
@@ -22,15 +29,29 @@ class Reporter:
 
             from agents.runtime.batching import ReportBatcher
 
+            from agents.runtime.outbox import Outbox
+
             self.app = Celery(f"job-{job_id}-rank-0", broker=broker_url, set_as_current=False)
-            self.app.conf.update(task_serializer="json", broker_connection_retry_on_startup=True)
+            self.app.conf.update(task_serializer="json", broker_connection_retry_on_startup=True,
+                                 broker_connection_timeout=4.0,
+                                 broker_transport_options={"socket_connect_timeout": 4, "socket_timeout": 10})
+            self.outbox = Outbox(self._publish, name=f"job {job_id} rank 0 reports")
             self.batcher = ReportBatcher(lambda batch: self._send(protocol.CONTROL_INGEST_EVENTS, batch),
                                          job_id=job_id, node=node)
-            atexit.register(self.batcher.close)
+            atexit.register(self.close)
+
+    def _publish(self, task: str, message) -> None:
+        """One try (the outbox tries again): raises when the broker does not take it."""
+        self.app.send_task(task, args=[message.model_dump(mode="json")], queue=protocol.CONTROL_QUEUE, retry=False)
 
     def _send(self, task: str, message) -> None:
-        if self.app is not None:
-            self.app.send_task(task, args=[message.model_dump(mode="json")], queue=protocol.CONTROL_QUEUE)
+        if self.outbox is not None:
+            self.outbox.put(task, message)
+
+    def close(self, timeout: float = EXIT_DRAIN_SECONDS) -> None:
+        """At exit: the waiting steps out, and up to `timeout` s for the broker to take them."""
+        self.batcher.close()
+        self.outbox.close(timeout)
 
     def job(self, kind: str, **fields) -> None:
         if self.batcher is not None:

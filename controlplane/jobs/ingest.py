@@ -13,7 +13,8 @@ the last batch applied of its reporter's stream (Job.report_stream, report_batch
   - a repeat (a redelivered task) is ignored;
   - a batch that comes too early is not applied (EARLY: the task tries again shortly),
     unless `wait` is false (the task has waited long enough: the missing batches are
-    taken as lost, logged, and this one is applied).
+    taken as lost, logged, and this one is applied), or unless the batch says its sender
+    dropped the missing ones (ReportBatch.dropped: its outbox's bound, in a broker outage).
 Within a batch, reports are applied in the order rank 0 made them, with the same rules
 as one report (reports.py).
 """
@@ -77,6 +78,11 @@ def _place(job: Job, batch: protocol.ReportBatch, wait: bool) -> Outcome:
                  batch.batch, batch.node, job.name, job.report_batch)
         return Outcome.REPEAT
     if batch.batch > expected:
+        if batch.dropped is not None and batch.dropped[0] <= expected and batch.dropped[1] == batch.batch - 1:
+            log.warning("job %s: report batches %s-%s of %s from %s were dropped by rank 0 (its buffer's bound, "
+                        "in a broker outage): steps missing from the record", job.name, expected,
+                        batch.batch - 1, batch.stream, batch.node)
+            return Outcome.APPLIED
         if wait:
             return Outcome.EARLY
         log.warning("job %s: report batch %s/%s from %s applied without batches %s-%s (lost or too late)",

@@ -215,3 +215,18 @@ def test_the_task_retries_an_early_batch_then_gives_up_waiting(job, run) -> None
         ingest_events.pop_request()
     assert _loss_steps(job) == [1.0, 2.0, 3.0, 4.0, 7.0, 8.0]
     assert run(ingest_events, {"job_id": job.pk, "reports": []}) == "rejected"
+
+
+def test_a_batch_whose_sender_dropped_the_ones_before_it_applies_at_once(job, run, caplog) -> None:
+    """Rank 0's outbox drops its oldest batches past its bound in a long broker outage and says so
+    in the next one (ReportBatch.dropped): applied without waiting, the gap logged; a batch that
+    names a drop not reaching back to the next expected one still waits."""
+    caplog.set_level(logging.INFO)
+    assert run(batch_ingest, batch=_batch(job.pk, 1, _steps(job.pk, 1, 2))) is Outcome.APPLIED
+    partial = _batch(job.pk, 6, _steps(job.pk, 11, 12)).model_copy(update={"dropped": (4, 5)})
+    assert run(batch_ingest, batch=partial) is Outcome.EARLY  # 2 and 3 may still come
+    said = _batch(job.pk, 6, _steps(job.pk, 11, 12)).model_copy(update={"dropped": (2, 5)})
+    assert run(batch_ingest, batch=said) is Outcome.APPLIED
+    assert "batches 2-5 of s1 from node-1 were dropped by rank 0" in caplog.text
+    assert _loss_steps(job) == [1.0, 2.0, 11.0, 12.0]
+    assert run(batch_ingest, batch=_batch(job.pk, 3, _steps(job.pk, 5, 6))) is Outcome.REPEAT  # too late
