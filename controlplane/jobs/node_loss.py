@@ -11,6 +11,7 @@ from collections import defaultdict
 from datetime import datetime, timedelta
 
 from django.db import transaction
+from django.utils import timezone
 
 from agents import protocol
 from controlplane.cluster.models import Gpu
@@ -26,9 +27,15 @@ from controlplane.jobs.restore import no_restore_reason, restore_begin
 log = logging.getLogger(__name__)
 
 
-def nodes_lost_sweep(*, silent_for: timedelta, now: datetime | None = None) -> list[str]:
+def nodes_lost_sweep(*, silent_for: timedelta, now: datetime | None = None,
+                     heard_since: datetime | None = None) -> list[str]:
     """The beat's sweep: mark nodes silent for `silent_for` lost (with their GPUs) and act on
-    the live jobs with ranks there, all in one transaction. Returns the newly lost nodes."""
+    the live jobs with ranks there, all in one transaction. Returns the newly lost nodes.
+    `heard_since`: since when the control plane has heard without a break (cluster/hearing.py);
+    until it has heard for `silent_for`, no silence counts and no node is lost."""
+    now = now or timezone.now()
+    if heard_since is not None and now - heard_since < silent_for:
+        return []
     with transaction.atomic():
         lost = nodes_mark_lost(silent_for=silent_for, now=now)
         if lost:

@@ -6,13 +6,18 @@ from datetime import timedelta
 
 from celery import shared_task
 from django.conf import settings
+from django.utils import timezone
 from pydantic import ValidationError
 
 from agents import protocol
+from controlplane.cluster.hearing import Hearing
 from controlplane.jobs import (elastic_apply, elastic_trigger, ingest, job_logs, node_loss, reconcile, reports, restore,
                                timeouts)
 
 log = logging.getLogger(__name__)
+
+# Since when this worker has heard without a break (cluster/hearing.py): the sweep's own arrivals.
+HEARING = Hearing(gap=timedelta(seconds=max(3.0, 3 * settings.CELERY_BEAT_SCHEDULE["sweep-lost-nodes"]["schedule"])))
 
 
 def _validated(validate, message, what: str):
@@ -58,7 +63,9 @@ def job_restore(job_id: int, early: bool = False) -> None:
 def sweep_lost_nodes() -> list[str]:
     """Beat: mark silent nodes lost and act on the jobs that ran there (node_loss.py); and
     nudge the elastic scheduler when a node joined since it last looked."""
-    lost = node_loss.nodes_lost_sweep(silent_for=timedelta(seconds=settings.DYNAPLANE_NODE_LOST_AFTER_SECONDS))
+    now = timezone.now()
+    lost = node_loss.nodes_lost_sweep(silent_for=timedelta(seconds=settings.DYNAPLANE_NODE_LOST_AFTER_SECONDS),
+                                      now=now, heard_since=HEARING.sweep_arrived(now))
     elastic_trigger.nudge_for_joined_nodes()
     return lost
 

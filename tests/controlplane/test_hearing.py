@@ -1,0 +1,53 @@
+"""Liveness that knows when the control plane could not hear (issue 43 item 3): a node silent
+during a broker outage is not lost for it; one that stays silent once sweeps arrive again is,
+after the configured time."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from controlplane.cluster.hearing import Hearing
+from controlplane.cluster.models import Node
+from controlplane.jobs import node_loss
+from controlplane.jobs.tasks import HEARING, sweep_lost_nodes
+from tests.controlplane.conftest import heartbeat
+from controlplane.cluster import services as cluster
+
+SILENT = timedelta(seconds=6)
+
+
+def test_a_gap_between_sweeps_starts_a_new_run_of_hearing() -> None:
+    hearing, t0 = Hearing(gap=timedelta(seconds=3)), timezone.now()
+    assert hearing.sweep_arrived(t0) == t0
+    assert hearing.sweep_arrived(t0 + timedelta(seconds=1)) == t0
+    assert hearing.sweep_arrived(t0 + timedelta(seconds=3.5)) == t0  # 2.5 s apart: still heard
+    back = t0 + timedelta(seconds=20)  # 16.5 s without a sweep: the broker (or the worker) was away
+    assert hearing.sweep_arrived(back) == back
+    assert hearing.heard_for(back + timedelta(seconds=2)) == timedelta(seconds=2)
+
+
+@pytest.mark.django_db
+def test_nodes_silent_through_an_outage_are_kept_until_the_sweeps_have_heard_for_the_silence_time(run) -> None:
+    cluster.node_record_heartbeat(report=heartbeat("node-1"), received_at=timezone.now())
+    cluster.node_record_heartbeat(report=heartbeat("node-2"), received_at=timezone.now())
+    back = timezone.now() + timedelta(seconds=60)  # the broker answers again after a minute
+    # node-1 beats again right away; node-2 never does (it died during the outage)
+    cluster.node_record_heartbeat(report=heartbeat("node-1"), received_at=back + timedelta(seconds=1))
+    assert run(node_loss.nodes_lost_sweep, silent_for=SILENT, now=back + timedelta(seconds=2), heard_since=back) == []
+    assert set(Node.objects.values_list("state", flat=True)) == {"healthy"}
+    later = back + timedelta(seconds=7)
+    cluster.node_record_heartbeat(report=heartbeat("node-1"), received_at=later)
+    assert run(node_loss.nodes_lost_sweep, silent_for=SILENT, now=later, heard_since=back) == ["node-2"]
+
+
+@pytest.mark.django_db
+def test_the_beat_task_keeps_its_run_of_hearing(run, monkeypatch) -> None:
+    """The task passes its own arrivals: a first sweep (a worker just started, or back from an
+    outage) marks nothing lost however old the heartbeats."""
+    monkeypatch.setattr(HEARING, "since", None)
+    monkeypatch.setattr(HEARING, "_last", None)
+    cluster.node_record_heartbeat(report=heartbeat("node-1"), received_at=timezone.now() - timedelta(minutes=5))
+    assert run(sweep_lost_nodes) == []
+    assert Node.objects.get(name="node-1").state == "healthy"
