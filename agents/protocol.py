@@ -370,6 +370,9 @@ class ReportBatch(_Message):
     # (first, last) batches of this stream the sender dropped before this one, past its buffer's
     # bound in a broker outage (agents/runtime/outbox.py): applied at once, the gap recorded.
     dropped: tuple[int, int] | None = None
+    # how many of the stream's batches this message carries, numbered batch .. batch + covers - 1
+    # (an outbox merges its backlog after an outage)
+    covers: int = Field(1, ge=1)
 
     @field_validator("reports")
     @classmethod

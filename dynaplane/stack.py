@@ -8,8 +8,10 @@ pending; `--no-demo`: no demo job). Ctrl-C stops agents, then worker and web, th
 
 Once the stack is up the launcher supervises it: a web, worker or agent process that exits
 is started again (after 1, 2, 4 ... 30 s while it keeps exiting), and the stack stays up.
-The embedded broker is not restarted (every process holds its address): its exit stops the
-stack. `--no-agent-restart` leaves dead agents dead (their nodes are then marked lost).
+The embedded broker is started again too, on the same address (every process holds it and
+reconnects; ranks keep their reports meanwhile: agents/runtime/outbox.py); what it held is lost,
+as with any Redis restarted without persistence. `--no-agent-restart` leaves dead agents dead
+(their nodes are then marked lost).
 """
 from __future__ import annotations
 
@@ -125,13 +127,19 @@ class Stack:
             self.logs / "valkey.log",
             critical=True,
         )
-        child.start(self.env, stdout=subprocess.PIPE)
         self.broker.append(child)
-        line = child.process.stdout.readline().decode().strip()
-        if not line.startswith("READY "):
+        url = self._broker_ready(child)
+        if url is None:
             raise StackError(f"embedded Valkey did not start; see {child.log_path}:\n{child.log_tail()}")
-        self.env["REDIS_URL"] = line.split(" ", 1)[1]
+        self.env["REDIS_URL"] = url
+        child.argv += ["--port", url.rsplit(":", 1)[1].split("/")[0]]  # a restart keeps the address
         self.say(f"broker: embedded Valkey at {self.env['REDIS_URL']}")
+
+    def _broker_ready(self, child: Child) -> str | None:
+        """Start the embedded broker; its URL once it says READY, None when it exits instead."""
+        child.start(self.env, stdout=subprocess.PIPE)
+        line = child.process.stdout.readline().decode().strip()
+        return line.split(" ", 1)[1] if line.startswith("READY ") else None
 
     def manage(self, *args: str) -> str:
         result = subprocess.run(
@@ -242,15 +250,10 @@ class Stack:
             self.say(f"{child.name} exited with code {code} (its GPUs will be marked lost); log: {child.log_path}")
 
     def supervise(self) -> None:
-        """After start-up: start again a web, worker or agent process that exited, with
-        backoff; the broker's exit stops the stack (StackError)."""
+        """After start-up: start again the embedded broker (on its address), a web, worker or
+        agent process that exited, with backoff."""
         now = time.monotonic()
-        for child in self.broker:
-            code = child.poll()
-            if code is not None:
-                raise StackError(f"{child.name} exited with code {code}; every process holds its address, so the "
-                                 f"stack stops; last lines of {child.log_path}:\n{child.log_tail()}")
-        for child in self.services + (self.agents if self.options.restart_agents else []):
+        for child in self.broker + self.services + (self.agents if self.options.restart_agents else []):
             state = self.restarts.setdefault(child.name, {"count": 0, "due": None, "since": now})
             code = child.poll()
             if code is None:
@@ -264,7 +267,12 @@ class Stack:
                          f"(log: {child.log_path})")
             elif now >= state["due"]:
                 child.kill_group()  # whatever it left in its process group; closes its log
-                child.start(self.env, stdout=None if not self.options.verbose else sys.stdout.buffer)
+                if child in self.broker:
+                    if self._broker_ready(child) != self.env["REDIS_URL"]:  # e.g. its port taken meanwhile
+                        state.update(count=state["count"] + 1, due=None, since=now)
+                        continue  # (exited: tried again after the next backoff)
+                else:
+                    child.start(self.env, stdout=None if not self.options.verbose else sys.stdout.buffer)
                 state.update(count=state["count"] + 1, due=None, since=now)
                 self.say(f"{child.name} started again (pid {child.pid}, restart {state['count']})")
                 self.write_state()

@@ -11,6 +11,7 @@ from celery import Celery, signals
 from kombu.exceptions import OperationalError
 
 from agents import protocol
+from agents.celery_consumer import CONSUMER
 from agents.node.config import AgentConfig
 from agents.node.emulation_slots import RETRY_SECONDS, EmulationSlots, pool_size
 from agents.node.heartbeat import HeartbeatSender
@@ -32,6 +33,7 @@ def build_app(config: AgentConfig, emulation_slots: int = 1) -> tuple[Celery, He
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=True,
         worker_prefetch_multiplier=1,
+        worker_consumer=CONSUMER,  # back within a second of the broker (agents/celery_consumer.py)
     )
     gpus = discover(config.device, config.gpus, config.virtual_gpu_memory_bytes)
     heartbeats = HeartbeatSender(app, config, gpus)

@@ -4,7 +4,7 @@ for a report (issue 43).
 Training puts a message in and goes on: `put` neither blocks nor raises. One sender thread
 publishes the messages in the order they were put. When the broker does not answer (a restart,
 a failover, a network blip) the sender keeps the head message and tries again with a growing
-pause (0.2 s doubling to 5 s), so after an outage of minutes everything is sent, in order, with
+pause (0.2 s doubling to 2 s), so after an outage of minutes everything is sent, in order, with
 the batch numbers it had: the control plane applies each batch once (controlplane/jobs/ingest.py).
 
 A broker that restarts loses what it held and had not delivered (a Redis without persistence,
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BOUND = 20_000
 REPLAY_SECONDS = 30.0
-FIRST_PAUSE, LONGEST_PAUSE = 0.2, 5.0
+FIRST_PAUSE, LONGEST_PAUSE = 0.2, 2.0
 
 
 class Outbox:
@@ -50,7 +50,7 @@ class Outbox:
         self.sent = self.dropped = self.replayed = 0
         self._recent: deque[tuple[float, str, protocol._Message]] = deque()  # batches sent, newest last
         self.outages = 0  # times the broker stopped answering
-        self._queue: deque[tuple[str, protocol._Message]] = deque()
+        self._queue: deque[list] = deque()  # [task, message, tried]: a message tried once is never changed
         self._lost: dict[str, tuple[int, int]] = {}  # stream -> (first, last) batch dropped, not yet said
         self._lock = threading.Condition()
         self._closed = self._in_flight = False
@@ -62,12 +62,12 @@ class Outbox:
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"{self.name} is closed")
-            self._queue.append((task, message))
+            self._queue.append([task, message, False])
             while len(self._queue) > self.bound:
                 oldest = 1 if self._in_flight else 0
-                item = self._queue[oldest]
+                task, dropped, _ = self._queue[oldest]
                 del self._queue[oldest]
-                self._drop(*item)
+                self._drop(task, dropped)
             self._lock.notify()
 
     def waiting(self) -> int:
@@ -95,7 +95,7 @@ class Outbox:
 
     def _take_recent(self, now: float) -> int:
         """Put the batches sent in the last replay_seconds back at the head, in order (lock held)."""
-        recent = [(task, message) for at, task, message in self._recent if at >= now - self.replay_seconds]
+        recent = [[task, message, True] for at, task, message in self._recent if at >= now - self.replay_seconds]
         self._recent.clear()
         self._queue.extendleft(reversed(recent))
         self.replayed += len(recent)
@@ -108,12 +108,33 @@ class Outbox:
                 self._lock.wait()
             if not self._queue:
                 return None
-            task, message = self._queue[0]
-            if isinstance(message, protocol.ReportBatch) and message.stream in self._lost:
-                message = message.model_copy(update={"dropped": self._lost.pop(message.stream)})
-                self._queue[0] = (task, message)
+            task, message, tried = self._queue[0]
+            if not tried and isinstance(message, protocol.ReportBatch):
+                message = self._merged(message)
+                if message.stream in self._lost:
+                    message = message.model_copy(update={"dropped": self._lost.pop(message.stream)})
+                self._queue[0] = [task, message, True]
             self._in_flight = True
             return task, message
+
+    def _merged(self, head: protocol.ReportBatch) -> protocol.ReportBatch:
+        """The head batch with the untried batches of its stream right behind it, as one message
+        (the backlog of an outage leaves in a few messages: fewer for the control plane to order
+        and apply). Only untried messages change: one that may have reached the broker never does.
+        (lock held)"""
+        reports, covers = list(head.reports), head.covers
+        while len(self._queue) > 1:
+            task, following, tried = self._queue[1]
+            if (tried or not isinstance(following, protocol.ReportBatch) or following.stream != head.stream
+                    or following.batch != head.batch + covers or following.dropped is not None
+                    or len(reports) + len(following.reports) > protocol.REPORT_BATCH_MAX):
+                break
+            reports += following.reports
+            covers += following.covers
+            del self._queue[1]
+        if covers == head.covers:
+            return head
+        return head.model_copy(update={"reports": tuple(reports), "covers": covers})
 
     def _run(self) -> None:
         pause, down_since = FIRST_PAUSE, None

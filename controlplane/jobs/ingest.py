@@ -52,7 +52,7 @@ def batch_ingest(*, batch: protocol.ReportBatch, wait: bool = True) -> Outcome:
         outcome = _place(job, batch, wait)
         if outcome is not Outcome.APPLIED:
             return outcome
-        job.report_stream, job.report_batch = batch.stream, batch.batch
+        job.report_stream, job.report_batch = batch.stream, batch.batch + batch.covers - 1
         for run in _runs(batch.reports):
             if run[0].kind != "step" and reports.recovery_report(job, run[0]):
                 continue
@@ -73,6 +73,10 @@ def batch_ingest(*, batch: protocol.ReportBatch, wait: bool = True) -> Outcome:
 def _place(job: Job, batch: protocol.ReportBatch, wait: bool) -> Outcome:
     """Where the batch stands in its stream's order."""
     expected = job.report_batch + 1 if batch.stream == job.report_stream else 1
+    if batch.batch < expected <= batch.batch + batch.covers - 1:  # never sent so: merged only before a first try
+        log.warning("ignored report batches %s/%s-%s from %s for job %s: they overlap the ones applied (up to %s)",
+                    batch.stream, batch.batch, batch.batch + batch.covers - 1, batch.node, job.name, job.report_batch)
+        return Outcome.REPEAT
     if batch.batch < expected:
         log.info("ignored report batch %s/%s from %s for job %s: already applied (up to %s)", batch.stream,
                  batch.batch, batch.node, job.name, job.report_batch)

@@ -230,3 +230,19 @@ def test_a_batch_whose_sender_dropped_the_ones_before_it_applies_at_once(job, ru
     assert "batches 2-5 of s1 from node-1 were dropped by rank 0" in caplog.text
     assert _loss_steps(job) == [1.0, 2.0, 11.0, 12.0]
     assert run(batch_ingest, batch=_batch(job.pk, 3, _steps(job.pk, 5, 6))) is Outcome.REPEAT  # too late
+
+
+def test_a_message_carrying_several_batches_applies_them_as_one(job, run, caplog) -> None:
+    """An outbox's backlog merged (ReportBatch.covers): batches 2-4 in one message."""
+    caplog.set_level(logging.INFO)
+    assert run(batch_ingest, batch=_batch(job.pk, 1, _steps(job.pk, 1, 2))) is Outcome.APPLIED
+    merged = _batch(job.pk, 2, _steps(job.pk, 3, 8)).model_copy(update={"covers": 3})
+    five = _batch(job.pk, 5, _steps(job.pk, 9, 9))
+    assert run(batch_ingest, batch=five) is Outcome.EARLY
+    assert run(batch_ingest, batch=merged) is Outcome.APPLIED
+    assert run(batch_ingest, batch=merged) is Outcome.REPEAT
+    assert run(batch_ingest, batch=_batch(job.pk, 4, _steps(job.pk, 7, 8))) is Outcome.REPEAT
+    assert run(batch_ingest, batch=five) is Outcome.APPLIED
+    assert _loss_steps(job) == [float(s) for s in range(1, 10)]
+    overlapping = _batch(job.pk, 5, _steps(job.pk, 9, 10)).model_copy(update={"covers": 2})
+    assert run(batch_ingest, batch=overlapping) is Outcome.REPEAT and "overlap" in caplog.text

@@ -1,0 +1,105 @@
+"""Issue 43: the control plane's plumbing goes away under a training job and comes back. The
+job's ranks never exit, it trains through the outage, and afterwards its record holds every step
+exactly once: the reports rank 0 kept are resent (agents/runtime/outbox.py), ingest ignores the
+repeats, and no node is marked lost for the silence the outage caused (cluster/hearing.py)."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+import urllib.error
+
+import pytest
+
+from agents.runtime.sample_log import read_records
+from tests.support.broker import Broker
+from tests.support.datasets import assert_each_sample_read_once, real_text_dataset
+from tests.support.stack import StackProcess, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+
+
+def _health_status(stack) -> int:
+    try:
+        stack.get("api/health")
+        return 200
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def _trains_through(stack, take_down, bring_back, seconds: float, *, says_503: bool = True) -> str:
+    """A dp=2 job on real text trains; `take_down()`, `seconds` of outage, `bring_back()`; then the
+    job's record is checked step by step. Returns a line for the test's output. `says_503`: the
+    outage lasts long enough for /api/health to be asked during it."""
+    directory = real_text_dataset(stack, "stdlib-code")
+    job = stack.post("api/jobs", {"name": "through", "model": "tiny-gpt", "gpus": 2, "global_batch": 4,
+                                  "seq_len": 16, "checkpoint_interval": 20, "dataset": "stdlib-code"})
+    url = f"api/jobs/{job['id']}"
+
+    def steps() -> list:
+        return stack.get(f"{url}/live", token=True)["metrics"].get("loss", {}).get("x", [])
+
+    running, _ = wait_for(lambda: (j := stack.get(url, token=True))["state"] == "running" and len(steps()) >= 3
+                          and j, timeout=120)
+
+    def trained() -> int:  # the last step the ranks trained, from their own records (sample_log.py)
+        return max((r["step"] for r in read_records(running["checkpoint_dir"]) if "step" in r), default=0)
+
+    before = trained()
+    take_down()
+    down_at = time.monotonic()
+    time.sleep(min(2.0, seconds))
+    assert not says_503 or _health_status(stack) == 503  # the control plane says its broker is away
+    time.sleep(max(0.0, seconds - (time.monotonic() - down_at)))
+    during = trained()
+    assert during > before + 2, (before, during)  # the ranks trained on through the outage
+    bring_back()
+    back_at = time.monotonic()
+    # rank 0's kept reports arrive: the record reaches the steps trained during the outage
+    wait_for(lambda: _health_status(stack) == 200 and max(steps()) >= during, timeout=90)
+    caught_up = time.monotonic() - back_at
+    stack.post(f"{url}/stop", {})
+    stopped, _ = wait_for(lambda: (j := stack.get(url, token=True))["state"] == "stopped" and j, timeout=90)
+    transitions = stack.get(f"api/transitions?job={job['id']}", token=True)["results"]
+    assert [t for t in transitions if t["kind"] == "restore"] == [], transitions  # no rank died, no restore
+    assert all(n["state"] == "healthy" for n in stack.get("api/nodes")["results"])  # nobody marked lost
+    metrics = stack.get(f"{url}/live", token=True)["metrics"]
+    xs = metrics["loss"]["x"]
+    assert sorted(xs) == list(range(1, stopped["step"] + 1)), xs  # every step exactly once, no gap
+    assert len(metrics["loss"]["y"]) == len(xs)
+    assert_each_sample_read_once(stopped, directory, 4, 16)
+    return (f"{seconds:.0f} s outage: {during - before} steps trained during it, the record caught up "
+            f"{caught_up:.1f} s after the broker was back, {stopped['step']} steps each recorded once")
+
+
+@pytest.mark.parametrize("seconds", [5, 30])
+def test_an_external_redis_killed_while_a_job_trains(tmp_path, seconds) -> None:
+    broker = Broker(tmp_path / "redis")
+    stack = StackProcess(tmp_path / "stack", agents=1, gpus_per_agent=2,
+                         env={"DATABASE_URL": None, "REDIS_URL": broker.url})
+    stack.start()
+    try:
+        stack.wait_ready(timeout=120)
+        print(_trains_through(stack, broker.down, broker.up, seconds))
+    finally:
+        stack.stop()
+        broker.close()
+
+
+def test_the_embedded_valkey_killed_is_started_again_and_the_job_trains_on(tmp_path) -> None:
+    stack = StackProcess(tmp_path / "stack", agents=1, gpus_per_agent=2, env={"DATABASE_URL": None, "REDIS_URL": None})
+    stack.start()
+    try:
+        stack.wait_ready(timeout=120)
+        valkey = stack.child_pids()["valkey"]
+
+        def kill() -> None:
+            os.killpg(valkey, signal.SIGKILL)
+
+        def started_again() -> None:
+            wait_for(lambda: "valkey started again" in stack.output(), timeout=30)
+
+        print(_trains_through(stack, kill, started_again, 3, says_503=False))  # (the launcher is quick)
+        assert stack.process.poll() is None  # the stack stayed up
+    finally:
+        stack.stop()
