@@ -109,6 +109,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "controlplane.common.database_down.DatabaseDownMiddleware",  # 503 while the database restarts
 ]
 
 ROOT_URLCONF = "controlplane.urls"

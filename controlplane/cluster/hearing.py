@@ -28,5 +28,10 @@ class Hearing:
             self._last = max(now, self._last or now)
             return self.since
 
+    def interrupt(self) -> None:
+        """A sweep that could not look (the database down): the next one starts a new run."""
+        with self._lock:
+            self._last = None
+
     def heard_for(self, now: datetime) -> timedelta:
         return now - self.since if self.since is not None else timedelta(0)

@@ -11,10 +11,16 @@ from pydantic import ValidationError
 
 from agents import protocol
 from controlplane.cluster.hearing import Hearing
+from controlplane.common.errors import DATABASE_DOWN
 from controlplane.jobs import (elastic_apply, elastic_trigger, ingest, job_logs, node_loss, reconcile, reports, restore,
                                timeouts)
 
 log = logging.getLogger(__name__)
+
+# Reports and recoveries wait out a database restart (issue 43): tried again after 1, 2, 4, then
+# every 5 s, as long as it takes; nothing a rank said is dropped for it.
+WHILE_DATABASE_DOWN = dict(autoretry_for=DATABASE_DOWN, retry_backoff=1, retry_backoff_max=5, retry_jitter=False,
+                           max_retries=None)
 
 # Since when this worker has heard without a break (cluster/hearing.py): the sweep's own arrivals.
 HEARING = Hearing(gap=timedelta(seconds=max(3.0, 3 * settings.CELERY_BEAT_SCHEDULE["sweep-lost-nodes"]["schedule"])))
@@ -31,14 +37,14 @@ def _validated(validate, message, what: str):
         return None
 
 
-@shared_task(name=protocol.CONTROL_JOB_REPORT)
+@shared_task(name=protocol.CONTROL_JOB_REPORT, **WHILE_DATABASE_DOWN)
 def job_report(report: dict) -> None:
     parsed = _validated(protocol.JOB_REPORTS.validate_python, report, "job report")
     if parsed is not None:
         reports.job_record_report(report=parsed)
 
 
-@shared_task(name=protocol.CONTROL_TRANSITION_REPORT)
+@shared_task(name=protocol.CONTROL_TRANSITION_REPORT, **WHILE_DATABASE_DOWN)
 def transition_report(report: dict) -> None:
     parsed = _validated(protocol.TransitionReport.model_validate, report, "transition report")
     if parsed is not None:
@@ -52,7 +58,7 @@ def job_log(report: dict) -> None:
         job_logs.job_log_record(report=parsed)
 
 
-@shared_task(name=protocol.CONTROL_JOB_RESTORE)
+@shared_task(name=protocol.CONTROL_JOB_RESTORE, **WHILE_DATABASE_DOWN)
 def job_restore(job_id: int, early: bool = False) -> None:
     """Queued by restore.restore_begin: recover a restoring job (on its survivors, from its
     checkpoint, or fail it); `early`: a first look that acts only on the survivors."""
@@ -64,8 +70,12 @@ def sweep_lost_nodes() -> list[str]:
     """Beat: mark silent nodes lost and act on the jobs that ran there (node_loss.py); and
     nudge the elastic scheduler when a node joined since it last looked."""
     now = timezone.now()
-    lost = node_loss.nodes_lost_sweep(silent_for=timedelta(seconds=settings.DYNAPLANE_NODE_LOST_AFTER_SECONDS),
-                                      now=now, heard_since=HEARING.sweep_arrived(now))
+    try:
+        lost = node_loss.nodes_lost_sweep(silent_for=timedelta(seconds=settings.DYNAPLANE_NODE_LOST_AFTER_SECONDS),
+                                          now=now, heard_since=HEARING.sweep_arrived(now))
+    except DATABASE_DOWN:  # nor could the heartbeats be recorded: the run of hearing breaks
+        HEARING.interrupt()
+        raise
     elastic_trigger.nudge_for_joined_nodes()
     return lost
 
@@ -95,15 +105,16 @@ ORDER_WAIT_RETRIES = 50
 ORDER_WAIT_SECONDS = 0.1
 
 
-@shared_task(bind=True, name=protocol.CONTROL_INGEST_EVENTS, max_retries=None)
-def ingest_events(self, batch: dict) -> str:
-    """A batch of one job's reports from its rank 0 (protocol.ReportBatch)."""
+@shared_task(bind=True, name=protocol.CONTROL_INGEST_EVENTS, **WHILE_DATABASE_DOWN)
+def ingest_events(self, batch: dict, early_tries: int = 0) -> str:
+    """A batch of one job's reports from its rank 0 (protocol.ReportBatch). `early_tries`: how
+    often it came before its predecessor (tries while the database was down do not count)."""
     try:
         parsed = protocol.ReportBatch.model_validate(batch)
     except ValidationError as exc:
         log.error("rejected report batch of job %r from %r: %s", batch.get("job_id"), batch.get("node"), exc)
         return "rejected"
-    outcome = ingest.batch_ingest(batch=parsed, wait=self.request.retries < ORDER_WAIT_RETRIES)
+    outcome = ingest.batch_ingest(batch=parsed, wait=early_tries < ORDER_WAIT_RETRIES)
     if outcome is ingest.Outcome.EARLY:
-        raise self.retry(countdown=ORDER_WAIT_SECONDS)
+        raise self.retry(kwargs={"batch": batch, "early_tries": early_tries + 1}, countdown=ORDER_WAIT_SECONDS)
     return outcome.value

@@ -208,11 +208,7 @@ def test_the_task_retries_an_early_batch_then_gives_up_waiting(job, run) -> None
     assert run(ingest_events, _batch(job.pk, 1, _steps(job.pk, 1, 2)).model_dump(mode="json")) == "applied"
     assert run(ingest_events, two) == "applied"
     four = _batch(job.pk, 4, _steps(job.pk, 7, 8)).model_dump(mode="json")
-    ingest_events.push_request(retries=ORDER_WAIT_RETRIES)  # as the worker does on the last retry
-    try:
-        assert run(ingest_events, four) == "applied"
-    finally:
-        ingest_events.pop_request()
+    assert run(ingest_events, four, early_tries=ORDER_WAIT_RETRIES) == "applied"  # its last try
     assert _loss_steps(job) == [1.0, 2.0, 3.0, 4.0, 7.0, 8.0]
     assert run(ingest_events, {"job_id": job.pk, "reports": []}) == "rejected"
 

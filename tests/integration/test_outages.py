@@ -4,10 +4,14 @@ exactly once: the reports rank 0 kept are resent (agents/runtime/outbox.py), ing
 repeats, and no node is marked lost for the silence the outage caused (cluster/hearing.py)."""
 from __future__ import annotations
 
+import http.cookiejar
+import json
 import os
 import signal
 import time
 import urllib.error
+import urllib.parse
+import urllib.request
 
 import pytest
 
@@ -27,10 +31,25 @@ def _health_status(stack) -> int:
         return exc.code
 
 
-def _trains_through(stack, take_down, bring_back, seconds: float, *, says_503: bool = True) -> str:
+def _status(stack, path: str, token: bool = True) -> tuple[int, str]:
+    """The status of GET path and, for an error, the start of its detail."""
+    try:
+        stack.get(path, token=token)
+        return 200, ""
+    except urllib.error.HTTPError as exc:
+        body = exc.read().decode(errors="replace")
+        try:
+            detail = json.loads(body).get("detail", "")
+        except ValueError:
+            detail = body
+        return exc.code, detail[:len("the database is not answering")]
+
+
+def _trains_through(stack, take_down, bring_back, seconds: float, *, says_503: bool = True, during=None) -> str:
     """A dp=2 job on real text trains; `take_down()`, `seconds` of outage, `bring_back()`; then the
     job's record is checked step by step. Returns a line for the test's output. `says_503`: the
-    outage lasts long enough for /api/health to be asked during it."""
+    outage lasts long enough for /api/health to be asked during it; `during(url)`: more checks
+    then (url: the job's API path)."""
     directory = real_text_dataset(stack, "stdlib-code")
     job = stack.post("api/jobs", {"name": "through", "model": "tiny-gpt", "gpus": 2, "global_batch": 4,
                                   "seq_len": 16, "checkpoint_interval": 20, "dataset": "stdlib-code"})
@@ -49,14 +68,16 @@ def _trains_through(stack, take_down, bring_back, seconds: float, *, says_503: b
     take_down()
     down_at = time.monotonic()
     time.sleep(min(2.0, seconds))
-    assert not says_503 or _health_status(stack) == 503  # the control plane says its broker is away
+    assert not says_503 or _health_status(stack) == 503  # the control plane says its plumbing is away
+    if during is not None:
+        during(url)
     time.sleep(max(0.0, seconds - (time.monotonic() - down_at)))
-    during = trained()
-    assert during > before + 2, (before, during)  # the ranks trained on through the outage
+    trained_then = trained()
+    assert trained_then > before + 2, (before, trained_then)  # the ranks trained on through the outage
     bring_back()
     back_at = time.monotonic()
     # rank 0's kept reports arrive: the record reaches the steps trained during the outage
-    wait_for(lambda: _health_status(stack) == 200 and max(steps()) >= during, timeout=90)
+    wait_for(lambda: _health_status(stack) == 200 and max(steps()) >= trained_then, timeout=90)
     caught_up = time.monotonic() - back_at
     stack.post(f"{url}/stop", {})
     stopped, _ = wait_for(lambda: (j := stack.get(url, token=True))["state"] == "stopped" and j, timeout=90)
@@ -68,8 +89,8 @@ def _trains_through(stack, take_down, bring_back, seconds: float, *, says_503: b
     assert sorted(xs) == list(range(1, stopped["step"] + 1)), xs  # every step exactly once, no gap
     assert len(metrics["loss"]["y"]) == len(xs)
     assert_each_sample_read_once(stopped, directory, 4, 16)
-    return (f"{seconds:.0f} s outage: {during - before} steps trained during it, the record caught up "
-            f"{caught_up:.1f} s after the broker was back, {stopped['step']} steps each recorded once")
+    return (f"{seconds:.0f} s outage: {trained_then - before} steps trained during it, the record caught up "
+            f"{caught_up:.1f} s after it was back, {stopped['step']} steps each recorded once")
 
 
 @pytest.mark.parametrize("seconds", [5, 30])
@@ -103,3 +124,45 @@ def test_the_embedded_valkey_killed_is_started_again_and_the_job_trains_on(tmp_p
         assert stack.process.poll() is None  # the stack stayed up
     finally:
         stack.stop()
+
+
+def _signed_in(stack):
+    """An opener holding a signed-in session (the login form, as a browser posts it)."""
+    jar = http.cookiejar.CookieJar()
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    login = stack.url + "accounts/login/"
+    opener.open(login, timeout=10).read()
+    csrf = next(cookie.value for cookie in jar if cookie.name == "csrftoken")
+    form = urllib.parse.urlencode({"username": stack.state["username"], "password": stack.state["password"],
+                                   "csrfmiddlewaretoken": csrf}).encode()
+    opener.open(urllib.request.Request(login, data=form, headers={"Referer": login}), timeout=10).read()
+    assert any(cookie.name == "sessionid" for cookie in jar)
+    return opener
+
+
+def test_postgresql_restarted_while_a_job_trains(tmp_path) -> None:
+    """The database (a cluster of the test's own) stopped for 15 s and started again: the API and
+    the pages answer 503 saying so (no 500), the worker's reports wait and go in afterwards."""
+    from tests.support.postgres import PostgresCluster
+
+    database = PostgresCluster()
+    stack = StackProcess(tmp_path / "stack", agents=1, gpus_per_agent=2,
+                         env={"DATABASE_URL": database.url, "REDIS_URL": None})
+    stack.start()
+    try:
+        stack.wait_ready(timeout=120)
+
+        browser = _signed_in(stack)
+
+        def answers_503(url: str) -> None:
+            assert _status(stack, url) == (503, "the database is not answering")
+            with pytest.raises(urllib.error.HTTPError) as page:  # a page, not an API view
+                browser.open(stack.url + "jobs/", timeout=10)
+            assert page.value.code == 503 and b"database unavailable" in page.value.read()
+
+        print(_trains_through(stack, database.stop, database.start, 15, during=answers_503))
+        logs = (stack.var_dir / "logs" / "web.log").read_text(errors="replace")
+        assert " 500 " not in logs.replace('"', " ")  # daphne's access log: no request answered 500
+    finally:
+        stack.stop()
+        database.close()
