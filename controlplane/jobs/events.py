@@ -52,6 +52,18 @@ class CheckpointEvent(Closed):
     seconds: float | None
 
 
+class RewindEvent(Closed):
+    """The job restarted from its checkpoint at `step`: the steps recorded after it were not the
+    trajectory the weights took (the restore discarded them) and are gone from every series;
+    the ranks train them again and their reports append as usual (issue 43)."""
+
+    type: Literal["rewind"] = "rewind"
+    op: Literal["truncate"] = "truncate"
+    seq: int
+    job: int
+    step: int
+
+
 class RankSlotView(Closed):
     rank: int
     node: str
@@ -162,8 +174,8 @@ class ExportEvent(Closed):
     export: ExportView
 
 
-JobStreamEvent = Annotated[Union[MetricsEvent, TransitionEvent, CheckpointEvent, LogEvent, ExportEvent, HelloEvent],
-                           Field(discriminator="type")]
+JobStreamEvent = Annotated[Union[MetricsEvent, TransitionEvent, CheckpointEvent, LogEvent, ExportEvent, RewindEvent,
+                                 HelloEvent], Field(discriminator="type")]
 job_event_adapter: TypeAdapter = TypeAdapter(JobStreamEvent)
 
 
@@ -182,7 +194,7 @@ class JobLiveSnapshot(Closed):
 
 
 def apply_job_event(snapshot: JobLiveSnapshot, event: MetricsEvent | TransitionEvent | CheckpointEvent | LogEvent
-                    | ExportEvent | HelloEvent) -> JobLiveSnapshot:
+                    | ExportEvent | RewindEvent | HelloEvent) -> JobLiveSnapshot:
     """The snapshot after one event; events at or below its seq are already in it."""
     if isinstance(event, HelloEvent) or event.seq <= snapshot.seq:
         return snapshot
@@ -191,6 +203,11 @@ def apply_job_event(snapshot: JobLiveSnapshot, event: MetricsEvent | TransitionE
         others = [t for t in snapshot.transitions if t.id != new.id]
         transitions = tuple(sorted([*others, new], key=lambda t: t.id))
         return snapshot.model_copy(update={"seq": event.seq, "transitions": transitions})
+    if isinstance(event, RewindEvent):
+        metrics = {name: Series(x=tuple(x for x, _ in kept), y=tuple(y for _, y in kept))
+                   for name, series in snapshot.metrics.items()
+                   for kept in [[(x, y) for x, y in zip(series.x, series.y) if x <= event.step]]}
+        return JobLiveSnapshot(seq=event.seq, metrics=metrics, transitions=snapshot.transitions)
     if isinstance(event, (CheckpointEvent, LogEvent, ExportEvent)):  # their own rows have them: only the seq moves
         return snapshot.model_copy(update={"seq": event.seq})
     metrics = dict(snapshot.metrics)

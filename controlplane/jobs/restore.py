@@ -49,7 +49,9 @@ from controlplane.jobs.lifecycle import (JobState, JobTrigger, TransitionKind, T
                                         restore_next_state)
 from controlplane.jobs.models import Job, Transition
 from controlplane.jobs.orders import free_port, rendezvous_address, start_orders, stop_on_commit
-from controlplane.jobs.services import layout_check, publish_job
+from controlplane.common.events import next_seq, publish_on_commit
+from controlplane.jobs.events import RewindEvent, job_stream
+from controlplane.jobs.services import job_metrics_truncate, layout_check, publish_job
 from controlplane.jobs.survivors import survivors_switch
 
 log = logging.getLogger(__name__)
@@ -298,3 +300,20 @@ def restore_record_report(job: Job, report: protocol.JobRestored) -> None:
     transitions.publish_transition(row)
     if report.verified is False:
         log.error("job %s: restore %s loaded a state whose digests differ from the checkpoint's", job.name, row.pk)
+    rewind(job, report.step)
+
+
+def rewind(job: Job, step: int) -> None:
+    """The job's record goes back to `step`, the checkpoint its ranks restarted from: the steps
+    recorded after it are gone from its series (the weights never kept them) and the retrained
+    ones append in their place, so the series is the trajectory the weights took (issue 43).
+    The page drops them on the `rewind` event; the restore row marks the place."""
+    if job.step is None or job.step <= step:
+        return
+    removed = job_metrics_truncate(job=job, after_step=step)
+    log.warning("job %s: its record rewound from step %s to checkpoint step %s (%d points of its series), the "
+                "steps after it trained again", job.name, job.step, step, removed)
+    job.step = step
+    job.save(update_fields=["step", "updated_at"])
+    stream = job_stream(job.pk)
+    publish_on_commit(stream, RewindEvent(seq=next_seq(stream), job=job.pk, step=step))

@@ -296,6 +296,41 @@ def metrics_append(*, series_id: int, xs: Sequence[float], ys: Sequence[float]) 
     return series.points
 
 
+def job_metrics_truncate(*, job: Job, after_step: int) -> int:
+    """Cut the job-level series (x: the step) before their first point past `after_step`: a
+    restore from the checkpoint at that step discarded what came after it. Steps append in
+    order, so the cut falls in the last chunks: they are read from the end until one lies wholly
+    at or before the step. Returns the points removed (over all series)."""
+    removed = 0
+    with transaction.atomic(savepoint=False):
+        for series in MetricSeries.objects.select_for_update().filter(job=job, transition__isnull=True,
+                                                                      rank__isnull=True):
+            cut = None
+            for chunk in MetricChunk.objects.filter(series=series).order_by("-first_point"):
+                xs = unpack(chunk.x)
+                past = [i for i, x in enumerate(xs) if x > after_step]
+                if not past:
+                    break
+                cut = chunk.first_point + past[0]
+            if cut is None:
+                continue
+            MetricChunk.objects.filter(series=series, first_point__gte=cut).exclude(
+                first_point=cut // CHUNK_POINTS * CHUNK_POINTS).delete()
+            head = MetricChunk.objects.filter(series=series, first_point=cut // CHUNK_POINTS * CHUNK_POINTS).first()
+            if head is not None:
+                keep = cut - head.first_point
+                if keep == 0:
+                    head.delete()
+                else:
+                    head.x, head.y = pack(unpack(head.x)[:keep]), pack(unpack(head.y)[:keep])
+                    head.count = keep
+                    head.save(update_fields=["x", "y", "count"])
+            removed += series.points - cut
+            series.points = cut
+            series.save(update_fields=["points"])
+    return removed
+
+
 def job_metrics_extend(*, job: Job, rows: Sequence[tuple[float, Mapping[str, float]]],
                        units: Mapping[str, str]) -> None:
     """Append samples to the job-level series (no rank, no transition): for each row

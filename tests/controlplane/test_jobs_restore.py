@@ -226,3 +226,34 @@ def test_the_restore_task_is_registered_with_the_control_worker() -> None:
 
     app.loader.import_default_modules()
     assert protocol.CONTROL_JOB_RESTORE in app.tasks
+
+
+def test_a_restore_rewinds_the_record_to_its_checkpoint_and_the_retrained_steps_replace_the_lost_ones(
+        two_nodes, token_client, sent_tasks, sent_events, run) -> None:
+    """Issue 43 item 2: steps 11-14 were trained after the checkpoint at step 10 and lost with a
+    node; the restored world trains them again. The series then holds each step once, the
+    retrained values, and the page's snapshot, kept up by the events, says the same."""
+    from controlplane.jobs.events import JobLiveSnapshot, RewindEvent
+
+    job = started_job(run, token_client, gpus=4, checkpoint_interval=10)
+    snapshot = job_live_snapshot(job_id=job.pk)
+    for step in range(1, 15):
+        trained_to(run, job, step, 10 if step == 10 else None)
+    assert lose_node(run, "node-2", keep="node-1") == ["node-2"]
+    row = run(restore.job_restore, job_id=job.pk)
+    run(job_record_report, report=make_report(job, "restored", step=10, verified=True, seconds=1.5, restore_id=row.pk))
+    job.refresh_from_db()
+    assert job.step == 10
+    assert job_live_snapshot(job_id=job.pk).metrics["loss"].x == tuple(float(s) for s in range(1, 11))
+    for step in range(11, 13):
+        run(job_record_report, report=make_report(job, "step", step=step, loss=1.0 / step, restore_id=row.pk))
+    live = job_live_snapshot(job_id=job.pk)
+    assert live.metrics["loss"].x == tuple(float(s) for s in range(1, 13))
+    assert live.metrics["loss"].y[10:] == (1.0 / 11, 1.0 / 12)  # the retrained values
+    rewinds = [e for e in sent_events if isinstance(e, RewindEvent)]
+    assert [(e.job, e.step) for e in rewinds] == [(job.pk, 10)]
+    for event in sent_events:  # the page's snapshot, kept up by the job's events, agrees
+        if getattr(event, "job", None) == job.pk or getattr(getattr(event, "transition", None), "job", None) == job.pk:
+            snapshot = apply_job_event(snapshot, event)
+    assert snapshot.metrics["loss"] == live.metrics["loss"]
+    assert isinstance(snapshot, JobLiveSnapshot)

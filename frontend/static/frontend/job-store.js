@@ -21,6 +21,14 @@ export function applyJobEvent(snapshot, event) {
     const transitions = [...others, event.transition].sort((a, b) => a.id - b.id);
     return { snapshot: { ...snapshot, seq: event.seq, transitions }, gap: false, appended: null };
   }
+  if (event.type === "rewind") { // a restore from the checkpoint at event.step: later steps are gone
+    const metrics = {};
+    for (const [name, series] of Object.entries(snapshot.metrics)) {
+      const keep = series.x.map((x) => x <= event.step);
+      metrics[name] = { x: series.x.filter((_, i) => keep[i]), y: series.y.filter((_, i) => keep[i]) };
+    }
+    return { snapshot: { ...snapshot, seq: event.seq, metrics }, gap: false, appended: null };
+  }
   if (event.type !== "metrics") return { snapshot: { ...snapshot, seq: event.seq }, gap: false, appended: null };
   const metrics = { ...snapshot.metrics };
   const appended = {};

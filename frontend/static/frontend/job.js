@@ -218,7 +218,7 @@ function onJobEvent(event) {
   const previous = live;
   live = result.snapshot;
   if (event.type === "log" && event.log.job === job.id) logPanel.replace(event.log);
-  if (result.appended || event.type === "transition") drawChartsSoon();
+  if (result.appended || event.type === "transition" || event.type === "rewind") drawChartsSoon();
   if (event.type === "transition") {
     drawHistory();
     const before = previous.transitions.find((t) => t.id === event.transition.id);
