@@ -204,6 +204,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # Back within a second of the broker after an outage (Celery's own waits up to 30 s between tries).
 CELERY_WORKER_CONSUMER = "agents.celery_consumer:QuickReconnectConsumer"
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None  # however long it is away (Celery's default: give up after 100 tries)
 CELERY_BEAT_SCHEDULE = {
     "sweep-lost-nodes": {
         "task": protocol.CONTROL_SWEEP_LOST_NODES,

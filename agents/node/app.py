@@ -34,6 +34,7 @@ def build_app(config: AgentConfig, emulation_slots: int = 1) -> tuple[Celery, He
         worker_hijack_root_logger=True,
         worker_prefetch_multiplier=1,
         worker_consumer=CONSUMER,  # back within a second of the broker (agents/celery_consumer.py)
+        broker_connection_max_retries=None,  # however long the broker is away (Celery's default: 100 tries)
     )
     gpus = discover(config.device, config.gpus, config.virtual_gpu_memory_bytes)
     heartbeats = HeartbeatSender(app, config, gpus)

@@ -93,7 +93,7 @@ def _trains_through(stack, take_down, bring_back, seconds: float, *, says_503: b
             f"{caught_up:.1f} s after it was back, {stopped['step']} steps each recorded once")
 
 
-@pytest.mark.parametrize("seconds", [5, 30])
+@pytest.mark.parametrize("seconds", [5, 30, 120])
 def test_an_external_redis_killed_while_a_job_trains(tmp_path, seconds) -> None:
     broker = Broker(tmp_path / "redis")
     stack = StackProcess(tmp_path / "stack", agents=1, gpus_per_agent=2,
@@ -166,3 +166,54 @@ def test_postgresql_restarted_while_a_job_trains(tmp_path) -> None:
     finally:
         stack.stop()
         database.close()
+
+
+@pytest.mark.parametrize("what", ["redis", "postgresql"])
+def test_an_outage_while_a_resize_prepares_ends_the_resize_committed_or_aborted_and_the_job_trains_on(
+        tmp_path, what) -> None:
+    """The broker (an external Redis) or the database stopped for 10 s while a dp=2 job grows to
+    4 GPUs: the resize ends committed, or aborted with its reason; either way the job trains
+    on and its record holds every step once."""
+    from tests.support.postgres import PostgresCluster
+
+    outage = Broker(tmp_path / "redis") if what == "redis" else PostgresCluster()
+    env = ({"DATABASE_URL": None, "REDIS_URL": outage.url} if what == "redis"
+           else {"DATABASE_URL": outage.url, "REDIS_URL": None})
+    down, up = (outage.down, outage.up) if what == "redis" else (outage.stop, outage.start)
+    stack = StackProcess(tmp_path / "stack", agents=2, gpus_per_agent=2, env=env)
+    stack.start()
+    try:
+        stack.wait_ready(timeout=120)
+        directory = real_text_dataset(stack, "stdlib-code")
+        job = stack.post("api/jobs", {"name": "grows", "model": "tiny-gpt", "gpus": 2, "global_batch": 4,
+                                      "seq_len": 16, "checkpoint_interval": 20, "dataset": "stdlib-code"})
+        url = f"api/jobs/{job['id']}"
+
+        def steps() -> list:
+            return stack.get(f"{url}/live", token=True)["metrics"].get("loss", {}).get("x", [])
+
+        wait_for(lambda: stack.get(url, token=True)["state"] == "running" and len(steps()) >= 3, timeout=120)
+        resize = stack.post(f"{url}/resize", {"gpus": 4})
+        wait_for(lambda: stack.get(f"api/transitions/{resize['id']}", token=True)["state"] != "planned", timeout=30)
+        down()
+        time.sleep(10)
+        up()
+        back = time.monotonic()
+        done, _ = wait_for(lambda: _status(stack, "api/health")[0] == 200 and (
+            t := stack.get(f"api/transitions/{resize['id']}", token=True))["state"] in (
+            "committed", "aborted", "rolled_back") and t, timeout=240)
+        assert done["state"] == "committed" or ";" in done["reason"], done  # aborted: the request; why
+        ended = time.monotonic() - back
+        last = max(steps())
+        wait_for(lambda: (j := stack.get(url, token=True))["state"] == "running" and max(steps()) > last + 2,
+                 timeout=60)
+        stack.post(f"{url}/stop", {})
+        stopped, _ = wait_for(lambda: (j := stack.get(url, token=True))["state"] == "stopped" and j, timeout=90)
+        xs = stack.get(f"{url}/live", token=True)["metrics"]["loss"]["x"]
+        assert sorted(xs) == list(range(1, stopped["step"] + 1)), xs
+        assert_each_sample_read_once(stopped, directory, 4, 16)
+        print(f"{what} down 10 s while the resize prepared: {done['state']} ({done['reason'] or 'verified'}) "
+              f"{ended:.1f} s after it was back; {stopped['step']} steps each recorded once")
+    finally:
+        stack.stop()
+        outage.close()
