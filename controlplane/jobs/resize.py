@@ -19,6 +19,7 @@ import logging
 from collections import defaultdict
 
 from django.db import transaction
+from kombu.exceptions import OperationalError
 
 from agents import protocol
 from parallelism.layout.allocate import AllocationError, FreeGpus, allocate
@@ -32,11 +33,10 @@ from controlplane.cluster.services import gpus_allocate
 from controlplane.common import inputs
 from controlplane.common.errors import Conflict, InvalidInput
 from controlplane.jobs import transitions
-from controlplane.jobs.failures import send_orders_or_fail
 from controlplane.jobs.layouts import STAGING_BYTES, batch_error, layout_for_resize
 from controlplane.jobs.lifecycle import RESIZABLE_JOB_STATES, JobState, JobTrigger, TransitionState, job_next_state
 from controlplane.jobs.models import Job, Transition
-from controlplane.jobs.orders import dataset_directory, free_port, rendezvous_address
+from controlplane.jobs.orders import dataset_directory, free_port, rendezvous_address, send, send_cancels_on_commit
 from controlplane.jobs.services import layout_check, publish_job
 
 log = logging.getLogger(__name__)
@@ -217,6 +217,36 @@ def switch_orders(job: Job, transition: Transition) -> dict[str, protocol.JobSwi
 
 
 def _send_switches(job_id: int, orders: dict[str, protocol.JobSwitchOrder]) -> None:
-    if orders:
-        tid = next(iter(orders.values())).transition_id
-        send_orders_or_fail(job_id, protocol.NODE_JOB_SWITCH, orders, f"the switch order of transition {tid}")
+    """After commit, each node its switch order. One the broker refuses aborts the resize with
+    the reason and the job trains on in its layout (issue 43): a broker blip must not fail a
+    training job; the nodes told already are told to drop it."""
+    told: list[str] = []
+    for node, order in orders.items():
+        try:
+            send(protocol.NODE_JOB_SWITCH, node, order)
+        except (OperationalError, OSError) as exc:
+            log.error("job %s: the switch order of transition %s to node %s not sent: %s", job_id,
+                      order.transition_id, node, exc)
+            _abort_undelivered(job_id, order.transition_id, f"the switch order to node {node} could not be sent "
+                                                            f"({exc})", told)
+            return
+        told.append(node)
+
+
+def _abort_undelivered(job_id: int, transition_id: int, why: str, told: list[str]) -> None:
+    with transaction.atomic():
+        job = Job.objects.select_for_update().filter(pk=job_id).first()
+        row = transitions.active_transition(job, lock=True) if job is not None else None
+        if row is None or row.pk != transition_id or row.state not in (TransitionState.PLANNED,
+                                                                       TransitionState.PREPARING):
+            log.info("job %s: transition %s has moved on; its reports end it", job_id, transition_id)
+            return
+        why = f"{why}; the job trains on in {job.layout}"
+        transitions.enter(row, TransitionState.ABORTED, reported=False)
+        row.reason = f"{row.reason}; {why}" if row.reason else why
+        row.save()
+        transitions.undo(job, row)
+        transitions.publish_transition(row)
+        log.warning("job %s: transition %s aborted: %s", job.name, row.pk, why)
+        if told:
+            send_cancels_on_commit(job, told, protocol.JobSwitchCancel(job_id=job.pk, transition_id=row.pk, reason=why))

@@ -531,22 +531,32 @@ def test_a_stop_during_a_transition_reaches_the_joining_node(two_nodes, token_cl
     assert {state for state, _ in gpu_states().values()} == {"free"}
 
 
-def test_a_refused_switch_order_fails_the_job(two_nodes, token_client, run, monkeypatch) -> None:
+def test_a_refused_switch_order_aborts_the_resize_and_the_job_trains_on(two_nodes, token_client, run,
+                                                                       monkeypatch) -> None:
+    """Issue 43: the broker refuses the second node's switch order (an outage): the resize ends
+    aborted saying so, the job is running in its layout on its GPUs, the joining GPUs are free,
+    and the node that got its order is told to drop the switch."""
     from kombu.exceptions import OperationalError
 
     from controlplane.celery import app
 
     job = running_job(run, token_client, layout="dp=2")
+    sent = []
 
     def refuse(name, args=None, queue=None, **kwargs):
-        if name == protocol.NODE_JOB_SWITCH:
+        if name == protocol.NODE_JOB_SWITCH and sent:
             raise OperationalError("broker down")
+        sent.append((name, queue))
 
     monkeypatch.setattr(app, "send_task", refuse)
     assert resize_job(run, token_client, job, gpus=4).status_code == 202
     job.refresh_from_db()
-    assert job.state == "failed" and "could not be sent: broker down" in job.error
-    assert Transition.objects.get(job=job).state == "aborted"
+    row = Transition.objects.get(job=job)
+    assert (job.state, job.layout, job.error) == ("running", "dp=2", "")
+    assert row.state == "aborted" and "could not be sent (broker down); the job trains on in dp=2" in row.reason
+    assert sum(state == ("allocated", job.name) for state in gpu_states().values()) == 2
+    told = sent[0][1]
+    assert (protocol.NODE_JOB_SWITCH_CANCEL, told) in sent
 
 
 # --- schema ---------------------------------------------------------------------------------
