@@ -12,6 +12,7 @@ from kombu.exceptions import OperationalError
 
 from agents import protocol
 from agents.celery_consumer import CONSUMER
+from agents.runtime.outbox import Outbox
 from agents.node.config import AgentConfig
 from agents.node.emulation_slots import RETRY_SECONDS, EmulationSlots, pool_size
 from agents.node.heartbeat import HeartbeatSender
@@ -38,10 +39,17 @@ def build_app(config: AgentConfig, emulation_slots: int = 1) -> tuple[Celery, He
     )
     gpus = discover(config.device, config.gpus, config.virtual_gpu_memory_bytes)
     heartbeats = HeartbeatSender(app, config, gpus)
+    def publish(task: str, report: protocol.JobReport | protocol.TransitionReport) -> None:
+        app.send_task(task, args=[report.model_dump(mode="json")], queue=protocol.CONTROL_QUEUE, retry=False)
+
+    # What the agent says of its jobs' ranks (a rank exited, stopped, ...) waits out a broker
+    # outage in order, as rank 0's reports do; the runner's threads never block or fail on it.
+    reports = Outbox(publish, name=f"agent {config.name} reports")
+
     def send_report(report: protocol.JobReport | protocol.TransitionReport) -> None:
         task = (protocol.CONTROL_TRANSITION_REPORT if isinstance(report, protocol.TransitionReport)
                 else protocol.CONTROL_JOB_REPORT)
-        app.send_task(task, args=[report.model_dump(mode="json")], queue=protocol.CONTROL_QUEUE)
+        reports.put(task, report)
 
     def send_log(tail: protocol.JobLogTail) -> None:
         try:  # (from the runner's supervisor thread: a broker outage must not stop it watching the ranks)
