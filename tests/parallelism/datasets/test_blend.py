@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from parallelism.datasets.blend import apportion, build_blend, locate
@@ -30,10 +30,11 @@ def test_each_part_reads_its_samples_once_in_order(ws, period, blocks):
         assert got == list(range(index.counts[k] * blocks))
 
 
-@settings(deadline=None, max_examples=40)
+@settings(deadline=None, max_examples=200)
 @given(weights, st.integers(5, 200))
+@example([6.0, 6.0, 6.0, 0.5, 0.5], 53)  # Megatron's greedy rule falls 1.02 samples behind here
 def test_shares_within_one_sample_of_the_target_inside_a_period(ws, period):
-    """The greedy interleave (Megatron's rule) keeps every prefix within one sample of its share."""
+    """The interleave (earliest deadline first) keeps every prefix within one sample of its share."""
     index = build_blend(ws, period)
     share = np.asarray(index.counts) / period
     seen = np.zeros(len(ws))
