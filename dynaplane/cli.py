@@ -17,6 +17,12 @@ def _add_agent(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu-memory-gib", type=float, default=None, help="memory of each virtual GPU (default: RAM / gpus)")
     p.add_argument("--emulation-slots", type=int, default=1,
                    help="emulations run at once here; job orders always have threads of their own (default 1)")
+    p.add_argument("--advertise", default=None, metavar="ADDRESS",
+                   help="the IPv4 address other hosts reach this one on; rank 0's rendezvous uses it "
+                        "(default: this host's address on the route to the broker)")
+    p.add_argument("--interface", default=None, metavar="NAME",
+                   help="the network interface gloo and NCCL use (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME; "
+                        "default: the one holding the advertised address)")
     p.add_argument("--loglevel", default="INFO")
     p.set_defaults(func=_run_agent)
 
@@ -25,18 +31,26 @@ def _run_agent(args: argparse.Namespace) -> int:
     from agents.node.app import run
     from agents.node.config import AgentConfig
 
+    from agents.node.network import choose
+
     gpus = args.gpus if args.device == "cuda" or args.gpus else 1
+    broker = args.broker or os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     try:
+        host, interface = choose(broker, args.advertise, args.interface)
         config = AgentConfig(
             name=args.name,
             gpus=gpus,
             device=args.device,
-            broker_url=args.broker or os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+            broker_url=broker,
             virtual_gpu_memory_bytes=int(args.gpu_memory_gib * 2**30) if args.gpu_memory_gib else None,
+            host=host,
         )
     except ValueError as exc:
         print(f"dynaplane agent: {exc}", file=sys.stderr)
         return 2
+    if interface is not None and (args.interface or interface != "lo"):  # the ranks inherit it
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", interface)
     if args.emulation_slots < 1:
         print(f"dynaplane agent: --emulation-slots must be at least 1 (got {args.emulation_slots})", file=sys.stderr)
         return 2
@@ -52,7 +66,9 @@ def _run_agent(args: argparse.Namespace) -> int:
 
 def _add_up(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="run the whole stack locally: web, worker, agents, demo job")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="the address the web server listens on and answers for (default 127.0.0.1: this "
+                        "machine only; give the address other hosts reach it on for agents elsewhere)")
     p.add_argument("--port", type=int, default=8000, help="web port (0: pick a free one)")
     p.add_argument("--agents", type=int, default=2)
     p.add_argument("--gpus-per-agent", type=int, default=2)

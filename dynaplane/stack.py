@@ -94,6 +94,10 @@ class Stack:
         self.options = options
         self.logs = options.var_dir / "logs"
         self.env = dict(os.environ)
+        if options.host not in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::"):
+            # the web server answers for the address it listens on (else every request is a 400)
+            allowed = self.env.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",")
+            self.env["DJANGO_ALLOWED_HOSTS"] = ",".join(dict.fromkeys([*allowed, options.host]))
         self.env.update(
             DYNAPLANE_VAR_DIR=str(options.var_dir),
             DJANGO_SETTINGS_MODULE="controlplane.settings",

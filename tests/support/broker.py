@@ -18,11 +18,13 @@ class Broker:
     """Started on construction; `down()` kills it (its queues are lost, as a Redis without
     persistence loses them), `up()` starts it again on the same port."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, host: str = "127.0.0.1") -> None:
         data_dir.mkdir(parents=True, exist_ok=True)
-        self.server = ValkeyServer(port=free_port(), data_dir=data_dir, save="", appendonly="no")
+        # (no password on a test network: protected mode would refuse clients off loopback)
+        self.server = ValkeyServer(port=free_port(), host=host, data_dir=data_dir, save="", appendonly="no",
+                                   bind=host, **{"protected-mode": "no"})
         self.server.start()
-        self.url = f"redis://127.0.0.1:{self.server.port}/0"
+        self.url = f"redis://{host}:{self.server.port}/0"
 
     def down(self) -> None:
         self.server.stop()
