@@ -73,10 +73,10 @@ def sweep_lost_nodes() -> list[str]:
     try:
         lost = node_loss.nodes_lost_sweep(silent_for=timedelta(seconds=settings.DYNAPLANE_NODE_LOST_AFTER_SECONDS),
                                           now=now, heard_since=HEARING.sweep_arrived(now))
-    except DATABASE_DOWN:  # nor could the heartbeats be recorded: the run of hearing breaks
-        HEARING.interrupt()
+        elastic_trigger.nudge_for_joined_nodes()
+    except DATABASE_DOWN:  # nor could the heartbeats be recorded: the run of hearing breaks (a sweep
+        HEARING.interrupt()  # that fails anywhere: one just back from a gap looks at nothing else)
         raise
-    elastic_trigger.nudge_for_joined_nodes()
     return lost
 
 

@@ -51,3 +51,46 @@ def test_the_beat_task_keeps_its_run_of_hearing(run, monkeypatch) -> None:
     cluster.node_record_heartbeat(report=heartbeat("node-1"), received_at=timezone.now() - timedelta(minutes=5))
     assert run(sweep_lost_nodes) == []
     assert Node.objects.get(name="node-1").state == "healthy"
+
+
+@pytest.mark.django_db
+def test_sweeps_that_fail_on_the_database_never_count_as_hearing(run, monkeypatch) -> None:
+    """A database outage: every sweep fails (here at its last step, as the elastic nudge did in
+    CI while the lost-node look was skipped as too early). When the database answers again,
+    silences from the outage count for nothing: the first good sweep starts a new run."""
+    from django.db import OperationalError
+
+    from controlplane.jobs import elastic_trigger
+
+    monkeypatch.setattr(HEARING, "since", None)
+    monkeypatch.setattr(HEARING, "_last", None)
+    cluster.node_record_heartbeat(report=heartbeat("node-1"), received_at=timezone.now() - timedelta(seconds=30))
+    database = {"up": False}
+    nudge = elastic_trigger.nudge_for_joined_nodes
+
+    def nudge_or_fail() -> None:
+        if not database["up"]:
+            raise OperationalError("connection refused")
+        nudge()
+
+    monkeypatch.setattr(elastic_trigger, "nudge_for_joined_nodes", nudge_or_fail)
+    from controlplane.jobs import tasks
+
+    monkeypatch.setattr(tasks, "timezone", _Clock(timezone.now()))
+    for _ in range(8):  # 8 s of failing sweeps, a second apart: more than the 6 s of silence
+        with pytest.raises(OperationalError):
+            run(sweep_lost_nodes)
+    database["up"] = True
+    assert run(sweep_lost_nodes) == []
+    assert Node.objects.get(name="node-1").state == "healthy"
+
+
+class _Clock:
+    """django.utils.timezone for the task: each sweep a second after the one before."""
+
+    def __init__(self, start) -> None:
+        self.at = start
+
+    def now(self):
+        self.at += timedelta(seconds=1)
+        return self.at
