@@ -11,7 +11,7 @@ import pytest
 
 from agents.runtime.sample_log import read_records
 from tests.support.broker import Broker
-from tests.support.datasets import assert_each_sample_read_once, real_text_dataset
+from tests.support.datasets import assert_each_sample_read_once, loss_steps, real_text_dataset, start_text_job
 from tests.support.hosts import Hosts, available
 from tests.support.stack import ROOT, StackProcess, wait_for, wait_for_transition_end
 
@@ -51,15 +51,12 @@ def test_a_job_trains_across_two_hosts_and_grows_onto_a_third(cluster) -> None:
     nodes = {n["name"]: n for n in stack.get("api/nodes")["results"]}
     assert {name: nodes[name]["host"] for name in HOSTS} == {name: hosts.address(name) for name in HOSTS}
     directory = real_text_dataset(stack, "stdlib-code")
-    job = stack.post("api/jobs", {"name": "spread", "model": "tiny-gpt", "gpus": 4, "global_batch": 12,
-                                  "seq_len": 16, "checkpoint_interval": 0, "dataset": "stdlib-code"})
+    running = job = start_text_job(stack, "spread", gpus=4, global_batch=12, checkpoint_interval=0, timeout=180)
     url = f"api/jobs/{job['id']}"
 
     def steps() -> list:
-        return stack.get(f"{url}/live", token=True)["metrics"].get("loss", {}).get("x", [])
+        return loss_steps(stack, job)
 
-    running, _ = wait_for(lambda: (j := stack.get(url, token=True))["state"] == "running" and len(steps()) >= 3
-                          and j, timeout=180)
     spread = {slot["node"] for slot in running["placement"]}
     assert len(spread) == 2, running["placement"]
     host = running["rendezvous"].rsplit(":", 1)[0]

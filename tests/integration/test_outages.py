@@ -17,18 +17,14 @@ import pytest
 
 from agents.runtime.sample_log import read_records
 from tests.support.broker import Broker
-from tests.support.datasets import assert_each_sample_read_once, real_text_dataset
+from tests.support.datasets import assert_each_sample_read_once, loss_steps, real_text_dataset, start_text_job
 from tests.support.stack import StackProcess, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
 
 def _health_status(stack) -> int:
-    try:
-        stack.get("api/health")
-        return 200
-    except urllib.error.HTTPError as exc:
-        return exc.code
+    return _status(stack, "api/health", token=False)[0]
 
 
 def _status(stack, path: str, token: bool = True) -> tuple[int, str]:
@@ -51,15 +47,11 @@ def _trains_through(stack, take_down, bring_back, seconds: float, *, says_503: b
     outage lasts long enough for /api/health to be asked during it; `during(url)`: more checks
     then (url: the job's API path)."""
     directory = real_text_dataset(stack, "stdlib-code")
-    job = stack.post("api/jobs", {"name": "through", "model": "tiny-gpt", "gpus": 2, "global_batch": 4,
-                                  "seq_len": 16, "checkpoint_interval": 20, "dataset": "stdlib-code"})
+    running = job = start_text_job(stack, "through", gpus=2, global_batch=4, checkpoint_interval=20)
     url = f"api/jobs/{job['id']}"
 
     def steps() -> list:
-        return stack.get(f"{url}/live", token=True)["metrics"].get("loss", {}).get("x", [])
-
-    running, _ = wait_for(lambda: (j := stack.get(url, token=True))["state"] == "running" and len(steps()) >= 3
-                          and j, timeout=120)
+        return loss_steps(stack, job)
 
     def trained() -> int:  # the last step the ranks trained, from their own records (sample_log.py)
         return max((r["step"] for r in read_records(running["checkpoint_dir"]) if "step" in r), default=0)
@@ -185,14 +177,12 @@ def test_an_outage_while_a_resize_prepares_ends_the_resize_committed_or_aborted_
     try:
         stack.wait_ready(timeout=120)
         directory = real_text_dataset(stack, "stdlib-code")
-        job = stack.post("api/jobs", {"name": "grows", "model": "tiny-gpt", "gpus": 2, "global_batch": 4,
-                                      "seq_len": 16, "checkpoint_interval": 20, "dataset": "stdlib-code"})
+        job = start_text_job(stack, "grows", gpus=2, global_batch=4, checkpoint_interval=20)
         url = f"api/jobs/{job['id']}"
 
         def steps() -> list:
-            return stack.get(f"{url}/live", token=True)["metrics"].get("loss", {}).get("x", [])
+            return loss_steps(stack, job)
 
-        wait_for(lambda: stack.get(url, token=True)["state"] == "running" and len(steps()) >= 3, timeout=120)
         resize = stack.post(f"{url}/resize", {"gpus": 4})
         wait_for(lambda: stack.get(f"api/transitions/{resize['id']}", token=True)["state"] != "planned", timeout=30)
         down()

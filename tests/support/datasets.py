@@ -78,3 +78,23 @@ def assert_each_sample_read_once(job: dict, directory: Path, global_batch: int, 
     for step, slices in reads.items():
         assert all(digest == sample_digest(data, first, n) for first, n, digest in slices), step
     return reads
+
+
+def loss_steps(stack, job: dict) -> list:
+    """The steps of the job's loss series (GET /api/jobs/{id}/live)."""
+    return stack.get(f"api/jobs/{job['id']}/live", token=True)["metrics"].get("loss", {}).get("x", [])
+
+
+def start_text_job(stack, name: str, *, gpus: int, global_batch: int, checkpoint_interval: int,
+                   timeout: float = 120) -> dict:
+    """A tiny-gpt job on the stack's real-text dataset (real_text_dataset), once it runs and has
+    reported 3 steps: the job as GET /api/jobs/{id} gives it."""
+    from tests.support.stack import wait_for
+
+    real_text_dataset(stack, "stdlib-code")
+    job = stack.post("api/jobs", {"name": name, "model": "tiny-gpt", "gpus": gpus, "global_batch": global_batch,
+                                  "seq_len": 16, "checkpoint_interval": checkpoint_interval,
+                                  "dataset": "stdlib-code"})
+    running, _ = wait_for(lambda: (j := stack.get(f"api/jobs/{job['id']}", token=True))["state"] == "running"
+                          and len(loss_steps(stack, job)) >= 3 and j, timeout=timeout)
+    return running
