@@ -29,6 +29,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from pydantic import BaseModel
+
 from agents import protocol
 
 log = logging.getLogger(__name__)
@@ -42,13 +44,13 @@ class Outbox:
     """Ordered, bounded, resent until taken. `publish(task, message)` raises when the broker
     does not take the message (kombu's OperationalError, an OSError, ...)."""
 
-    def __init__(self, publish: Callable[[str, protocol._Message], None], *, bound: int = DEFAULT_BOUND,
+    def __init__(self, publish: Callable[[str, BaseModel], None], *, bound: int = DEFAULT_BOUND,
                  replay_seconds: float = REPLAY_SECONDS, name: str = "outbox") -> None:
         if bound < 1:
             raise ValueError(f"bound={bound}: the outbox must hold at least one message")
         self.publish, self.bound, self.name, self.replay_seconds = publish, bound, name, replay_seconds
         self.sent = self.dropped = self.replayed = 0
-        self._recent: deque[tuple[float, str, protocol._Message]] = deque()  # batches sent, newest last
+        self._recent: deque[tuple[float, str, BaseModel]] = deque()  # batches sent, newest last
         self.outages = 0  # times the broker stopped answering
         self._queue: deque[list] = deque()  # [task, message, tried]: a message tried once is never changed
         self._lost: dict[str, tuple[int, int]] = {}  # stream -> (first, last) batch dropped, not yet said
@@ -57,7 +59,7 @@ class Outbox:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def put(self, task: str, message: protocol._Message) -> None:
+    def put(self, task: str, message: BaseModel) -> None:
         """Queue a message for the broker; past the bound the oldest one not being sent is dropped."""
         with self._lock:
             if self._closed:
@@ -87,7 +89,7 @@ class Outbox:
                   f"within {timeout:.0f} s", file=sys.stderr, flush=True)
         return left == 0
 
-    def _drop(self, task: str, message: protocol._Message) -> None:
+    def _drop(self, task: str, message: BaseModel) -> None:
         self.dropped += 1
         if isinstance(message, protocol.ReportBatch):
             first, _ = self._lost.get(message.stream, (message.batch, message.batch))
@@ -101,7 +103,7 @@ class Outbox:
         self.replayed += len(recent)
         return len(recent)
 
-    def _next(self) -> tuple[str, protocol._Message] | None:
+    def _next(self) -> tuple[str, BaseModel] | None:
         """The head message (left in the queue until sent), the batches dropped before it said."""
         with self._lock:
             while not self._queue and not self._closed:
