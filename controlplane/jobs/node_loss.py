@@ -63,13 +63,9 @@ def _abort_switch_of_lost_joiners(job_id: int, lost: set[str]) -> bool:
     if active.state not in (TransitionState.PLANNED, TransitionState.PREPARING):
         return False
     joining = sorted(s["rank"] for s in transitions.joining_slots(active) if s["node"] in lost)
-    transitions.enter(active, TransitionState.ABORTED, reported=False)
     why = (f"node {', '.join(sorted(lost))} (joining ranks {', '.join(map(str, joining))}) lost before the "
            f"transfer; the job trains on in {job.layout}")
-    active.reason = f"{active.reason}; {why}" if active.reason else why
-    active.save()
-    transitions.undo(job, active)
-    transitions.publish_transition(active)
+    transitions.abort(job, active, why)
     log.warning("job %s: transition %s aborted: %s", job.name, active.pk, why)
     send_cancels_on_commit(job, sorted({slot["node"] for slot in job.placement}),
                            protocol.JobSwitchCancel(job_id=job.pk, transition_id=active.pk, reason=why))

@@ -242,11 +242,7 @@ def _abort_undelivered(job_id: int, transition_id: int, why: str, told: list[str
             log.info("job %s: transition %s has moved on; its reports end it", job_id, transition_id)
             return
         why = f"{why}; the job trains on in {job.layout}"
-        transitions.enter(row, TransitionState.ABORTED, reported=False)
-        row.reason = f"{row.reason}; {why}" if row.reason else why
-        row.save()
-        transitions.undo(job, row)
-        transitions.publish_transition(row)
+        transitions.abort(job, row, why)
         log.warning("job %s: transition %s aborted: %s", job.name, row.pk, why)
         if told:
             send_cancels_on_commit(job, told, protocol.JobSwitchCancel(job_id=job.pk, transition_id=row.pk, reason=why))

@@ -79,12 +79,8 @@ def _time_out(transition_id: int, timeout: timedelta, now: datetime) -> bool:
                  f"(DYNAPLANE_TRANSITION_TIMEOUT_SECONDS)")
         if timeout_outcome(state) is TimeoutOutcome.ABORT:
             nodes = transitions.job_nodes(job)  # the joining ranks' nodes included
-            transitions.enter(row, TransitionState.ABORTED, reported=False, at=now)
             why = f"{stuck}: aborted by the control plane; the job trains on in {job.layout}"
-            row.reason = f"{row.reason}; {why}" if row.reason else why
-            row.save()
-            transitions.undo(job, row)
-            transitions.publish_transition(row)
+            transitions.abort(job, row, why, at=now)
             send_cancels_on_commit(job, nodes, protocol.JobSwitchCancel(job_id=job.pk, transition_id=row.pk,
                                                                          reason=why[:2000]))
             log.warning("job %s: transition %s %s", job.name, row.pk, why)

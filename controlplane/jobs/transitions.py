@@ -127,6 +127,16 @@ def undo(job: Job, transition: Transition) -> None:
         publish_job(job, "upsert")
 
 
+def abort(job: Job, transition: Transition, why: str, *, at=None) -> None:
+    """End a resize the ranks never carried out as `aborted`, `why` added to its reason; the job
+    trains on in its layout (undo). The caller tells the nodes that had the order to drop it."""
+    enter(transition, TransitionState.ABORTED, reported=False, at=at)
+    transition.reason = f"{transition.reason}; {why}" if transition.reason else why
+    transition.save()
+    undo(job, transition)
+    publish_transition(transition)
+
+
 def end_with_restore(job: Job, why: str) -> Transition | None:
     """The job (locked) lost ranks and restarts from a checkpoint: its active transition (a
     resize, or a restore whose new world failed too) ends aborted with `why`. Its GPUs stay
