@@ -31,6 +31,7 @@ class Child:
     critical: bool
     process: subprocess.Popen | None = None
     log_file: IO[bytes] | None = field(default=None, repr=False)
+    own_env: dict[str, str] = field(default_factory=dict, repr=False)  # this child's on top of the shared env
 
     @property
     def pid(self) -> int | None:
@@ -41,7 +42,7 @@ class Child:
         self.log_file = open(self.log_path, "ab")
         self.process = subprocess.Popen(
             self.argv,
-            env=env,
+            env={**env, **self.own_env},
             stdout=stdout if stdout is not None else self.log_file,
             stderr=self.log_file,
             stdin=subprocess.DEVNULL,

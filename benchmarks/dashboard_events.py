@@ -41,6 +41,7 @@ from celery import Celery
 from agents import protocol
 from agents.node.inventory import virtual_gpus
 from agents.runtime.batching import DEFAULT_WINDOW_SECONDS, ReportBatcher
+from agents.seal import AgentKey, key_of_token, seal
 
 NODES, GPUS_PER_NODE, JOBS = 64, 8, 10
 CHROMIUM = os.environ.get("DYNAPLANE_CHROMIUM", "/usr/bin/chromium")
@@ -67,22 +68,24 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class SimulatedAgents:
-    """64 agents' heartbeats, every 2 s, in a background thread."""
+    """64 agents' heartbeats, every 2 s, in a background thread; each sealed with the key of the
+    token issued for its node (agents/seal.py), as a real agent's are."""
 
-    def __init__(self, app: Celery) -> None:
-        self.app, self.stop = app, threading.Event()
+    def __init__(self, app: Celery, keys: dict[str, AgentKey]) -> None:
+        self.app, self.keys, self.stop = app, keys, threading.Event()
         self.started = datetime.now(timezone.utc)
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def beat_once(self) -> None:
         now = datetime.now(timezone.utc)
         for n in range(1, NODES + 1):
-            beat = protocol.AgentHeartbeat(node=f"node-{n:02d}", host=f"sim-{n:02d}", device="cpu", pid=1000 + n,
+            node = f"node-{n:02d}"
+            beat = protocol.AgentHeartbeat(node=node, host=f"sim-{n:02d}", device="cpu", pid=1000 + n,
                                            started_at=self.started, sent_at=now,
                                            interval_seconds=protocol.HEARTBEAT_SECONDS,
-                                           gpus=virtual_gpus(GPUS_PER_NODE, memory_bytes=80 * 2**30))
-            self.app.send_task(protocol.CONTROL_AGENT_HEARTBEAT, args=[beat.model_dump(mode="json")],
-                               queue=protocol.CONTROL_QUEUE)
+                                           gpus=virtual_gpus(GPUS_PER_NODE, memory_bytes=80 * 2**30)).model_dump(mode="json")
+            self.app.send_task(protocol.CONTROL_AGENT_HEARTBEAT, args=[beat], queue=protocol.CONTROL_QUEUE,
+                               kwargs={"seal": seal(self.keys[node], node, protocol.CONTROL_AGENT_HEARTBEAT, beat)})
 
     def _run(self) -> None:
         while not self.stop.wait(protocol.HEARTBEAT_SECONDS):
@@ -93,16 +96,18 @@ class RankZeros:
     """Each job's rank 0 as the product has it: its reports go through a ReportBatcher
     (agents/runtime/batching.py) as control.ingest_events tasks."""
 
-    def __init__(self, app: Celery, job_ids: list[int], window: float) -> None:
+    def __init__(self, app: Celery, rank_zero_nodes: dict[int, str], keys: dict[str, AgentKey], window: float) -> None:
         def send(batch: protocol.ReportBatch) -> None:
-            app.send_task(protocol.CONTROL_INGEST_EVENTS, args=[batch.model_dump(mode="json")],
-                          queue=protocol.CONTROL_QUEUE)
+            body = batch.model_dump(mode="json")
+            app.send_task(protocol.CONTROL_INGEST_EVENTS, args=[body], queue=protocol.CONTROL_QUEUE,
+                          kwargs={"seal": seal(keys[batch.node], batch.node, protocol.CONTROL_INGEST_EVENTS, body)})
 
-        self.batchers = {job_id: ReportBatcher(send, job_id=job_id, node="node-01", window=window)
-                         for job_id in job_ids}
+        self.nodes = rank_zero_nodes
+        self.batchers = {job_id: ReportBatcher(send, job_id=job_id, node=node, window=window)
+                         for job_id, node in rank_zero_nodes.items()}
 
     def __call__(self, job_id: int, kind: str, **fields) -> None:
-        self.batchers[job_id].add(protocol.JobReport(job_id=job_id, node="node-01", kind=kind,
+        self.batchers[job_id].add(protocol.JobReport(job_id=job_id, node=self.nodes[job_id], kind=kind,
                                                      sent_at=datetime.now(timezone.utc), **fields))
 
     def close(self) -> None:
@@ -187,7 +192,9 @@ def _measure(stack, seconds: float, rates: list[float], out_dir: Path, window: f
              wait_for) -> dict:
     app = Celery("simulated-agents", broker=stack.state["redis_url"])
     app.conf.update(task_serializer="json", accept_content=["json"], task_ignore_result=True)
-    agents = SimulatedAgents(app)
+    keys = {f"node-{n:02d}": key_of_token(stack.post("api/agent-tokens", {"node": f"node-{n:02d}"})["token"])
+            for n in range(1, NODES + 1)}
+    agents = SimulatedAgents(app, keys)
     agents.beat_once()
     agents.thread.start()
     wait_for(lambda: stack.get("api/health")["agents"]["healthy"] == NODES, timeout=60)
@@ -195,7 +202,8 @@ def _measure(stack, seconds: float, rates: list[float], out_dir: Path, window: f
     for j in range(JOBS):
         job = stack.post("api/jobs", {"name": f"bench-{j}", "model": "tiny-gpt", "layout": "dp=8"})
         job_ids.append(job["id"])
-    report = RankZeros(app, job_ids, window)
+    placed = {i: stack.get(f"api/jobs/{i}", token=True)["placement"] for i in job_ids}
+    report = RankZeros(app, {i: slots[0]["node"] for i, slots in placed.items()}, keys, window)
     for job_id in job_ids:
         report(job_id, "started")
     wait_for(lambda: all(stack.get(f"api/jobs/{i}")["state"] == "running" for i in job_ids), timeout=60)

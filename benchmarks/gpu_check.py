@@ -127,7 +127,7 @@ def stack_resize(model_name: str, device: str, gpus: int, timeout: float = 600.0
         agent = None
         try:
             stack.wait_ready(timeout=180)
-            env = {**stack.env, "REDIS_URL": stack.state["redis_url"], "DYNAPLANE_VAR_DIR": tmp}
+            env = {**stack.env, **stack.agent_env("gpu-node"), "DYNAPLANE_VAR_DIR": tmp}
             gpus_arg = "0" if device == "cuda" else str(gpus)  # cuda: every GPU; cpu: virtual ones
             agent = subprocess.Popen([sys.executable, "-m", "dynaplane", "agent", "--name", "gpu-node", "--device",
                                       device, "--gpus", gpus_arg], env=env, cwd=ROOT, start_new_session=True,

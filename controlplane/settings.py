@@ -185,6 +185,9 @@ CHANNEL_LAYERS = {
 }
 
 CELERY_BROKER_URL = REDIS_URL
+# The broker URL an agent that joins (`dynaplane agent --join URL --token T`) is told to use, its
+# password included: the address other hosts reach the broker on (`dynaplane up --host` sets it).
+DYNAPLANE_AGENT_BROKER_URL = os.environ.get("DYNAPLANE_AGENT_BROKER_URL") or REDIS_URL
 CELERY_RESULT_BACKEND = REDIS_URL
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = protocol.CONTROL_QUEUE
@@ -280,12 +283,19 @@ DYNAPLANE_EXPORTS_ROOT = os.environ.get("DYNAPLANE_EXPORTS_ROOT") or str(VAR_DIR
 DYNAPLANE_RENDEZVOUS_PORTS = os.environ.get("DYNAPLANE_RENDEZVOUS_PORTS", "29400-29599")
 
 # --- API ---------------------------------------------------------------------------
+# Whether anyone who reaches the web server may read the API (jobs, nodes, schema) without
+# signing in. On for a stack on this machine only; `dynaplane up --host ADDRESS` (other hosts
+# reach it) turns it off: then every read needs a token or a session, and /api/health tells the
+# unauthenticated only whether it is up (issue 44).
+DYNAPLANE_OPEN_READS = _env_bool("DYNAPLANE_OPEN_READS", True)
+_READ_PERMISSION = ("rest_framework.permissions.IsAuthenticatedOrReadOnly" if DYNAPLANE_OPEN_READS
+                    else "rest_framework.permissions.IsAuthenticated")
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticatedOrReadOnly"],
+    "DEFAULT_PERMISSION_CLASSES": [_READ_PERMISSION],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "controlplane.common.api_inputs.BoundedPagination",
     # The API speaks JSON only (the pages post JSON too); a form body is a 415. (Twisted, under
@@ -300,6 +310,7 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "GPU inventory, training jobs, layout history and emulation runs.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": [_READ_PERMISSION],
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",

@@ -5,6 +5,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
+from controlplane.cluster.agent_api import AgentJoinView, AgentTokenRevokeView, AgentTokensView
 from controlplane.cluster.api import ClusterSnapshotView, GpuViewSet, NodeViewSet
 from controlplane.common.api import HealthView, ModelViewSet
 from controlplane.datasets.api import DatasetViewSet
@@ -38,6 +39,9 @@ urlpatterns = [
     path("api/health", HealthView.as_view(), name="health"),
     path("api/cluster/snapshot", ClusterSnapshotView.as_view(), name="cluster-snapshot"),
     path("api/elastic", ElasticPlanView.as_view(), name="elastic-plan"),
+    path("api/agent-tokens", AgentTokensView.as_view(), name="agent-tokens"),
+    path("api/agent-tokens/<str:key_id>/revoke", AgentTokenRevokeView.as_view(), name="agent-token-revoke"),
+    path("api/agents/join", AgentJoinView.as_view(), name="agent-join"),
     path("api/jobs/<int:job_id>/export", JobExportView.as_view(), name="job-export"),
     path("api/jobs/<int:job_id>/exports", JobExportsView.as_view(), name="job-exports"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -10,7 +10,14 @@ from collections.abc import Sequence
 
 def _add_agent(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("agent", help="run a node agent (a Celery worker on node.<name>)")
-    p.add_argument("--name", required=True, help="node name: a lowercase DNS label, e.g. node-1")
+    p.add_argument("--name", default=None,
+                   help="node name: a lowercase DNS label, e.g. node-1 (default with --join: the token's node)")
+    p.add_argument("--token", default=None,
+                   help="this agent's token, issued by an admin (`dynaplane tokens issue NODE`); default: "
+                        "$DYNAPLANE_AGENT_TOKEN (better: the command line is visible to other users)")
+    p.add_argument("--join", default=None, metavar="URL",
+                   help="the control plane's web address: the agent enrols there with its token and is given "
+                        "the broker (with its password) and its node name")
     p.add_argument("--gpus", type=int, default=0, help="devices to manage (cpu: virtual GPUs; cuda: first K, 0 = all)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--broker", default=None, help="Redis URL (default: $REDIS_URL, else redis://127.0.0.1:6379/0)")
@@ -31,19 +38,30 @@ def _run_agent(args: argparse.Namespace) -> int:
     from agents.node.app import run
     from agents.node.config import AgentConfig
 
+    from agents.node.enrol import EnrolError, agent_token, enrol
     from agents.node.network import choose
 
     gpus = args.gpus if args.device == "cuda" or args.gpus else 1
-    broker = args.broker or os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    try:
+        enrolment = enrol(agent_token(args.token), args.join, args.name)
+    except EnrolError as exc:
+        print(f"dynaplane agent: {exc}", file=sys.stderr)
+        return 2
+    name = args.name or enrolment.node
+    if not name:
+        print("dynaplane agent: give --name (or --join, which names the node the token speaks for)", file=sys.stderr)
+        return 2
+    broker = args.broker or enrolment.broker_url or os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     try:
         host, interface = choose(broker, args.advertise, args.interface)
         config = AgentConfig(
-            name=args.name,
+            name=name,
             gpus=gpus,
             device=args.device,
             broker_url=broker,
             virtual_gpu_memory_bytes=int(args.gpu_memory_gib * 2**30) if args.gpu_memory_gib else None,
             host=host,
+            key=enrolment.key,
         )
     except ValueError as exc:
         print(f"dynaplane agent: {exc}", file=sys.stderr)
@@ -294,6 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     from dynaplane.export_command import add_export_command
 
     add_export_command(sub)
+    from dynaplane.token_commands import add_token_commands
+
+    add_token_commands(sub)
     _add_emulate(sub)
     _add_compare_and_search(sub)
     _add_calibrate(sub)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -27,6 +28,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from agents.processes import Child, stop_in_tiers
 
@@ -84,6 +86,39 @@ class StackOptions:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/"
 
+    @property
+    def local_only(self) -> bool:
+        """Listening on loopback only: no other host can reach this stack."""
+        return self.host in LOOPBACK
+
+    @property
+    def broker_bind(self) -> list[str]:
+        if self.local_only:
+            return ["127.0.0.1"]
+        return ["0.0.0.0"] if self.host in WILDCARD else ["127.0.0.1", self.host]
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+WILDCARD = ("0.0.0.0", "::")
+
+
+def redacted(url: str) -> str:
+    """A URL as it may be printed: its password replaced by ***."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
+
+
+def broker_password_file(var_dir: Path) -> Path:
+    """The embedded broker's password (issue 44), generated once and kept in the var dir (0600)."""
+    path = var_dir / "broker_password"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(24))
+    return path
+
 
 class StackError(RuntimeError):
     """The stack could not start; the message says which part and where its log is."""
@@ -94,10 +129,12 @@ class Stack:
         self.options = options
         self.logs = options.var_dir / "logs"
         self.env = dict(os.environ)
-        if options.host not in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "::"):
+        if options.host not in (*LOOPBACK, *WILDCARD):
             # the web server answers for the address it listens on (else every request is a 400)
             allowed = self.env.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",")
             self.env["DJANGO_ALLOWED_HOSTS"] = ",".join(dict.fromkeys([*allowed, options.host]))
+        if not options.local_only:  # other hosts reach it: nothing is read without signing in (issue 44)
+            self.env.setdefault("DYNAPLANE_OPEN_READS", "0")
         self.env.update(
             DYNAPLANE_VAR_DIR=str(options.var_dir),
             DJANGO_SETTINGS_MODULE="controlplane.settings",
@@ -115,19 +152,21 @@ class Stack:
     def say(self, message: str) -> None:
         print(f"dynaplane [{time.monotonic() - self.started:5.1f}s] {message}", flush=True)
 
-    def _child(self, name: str, argv: list[str], critical: bool) -> Child:
-        child = Child(name, argv, self.logs / f"{name}.log", critical)
+    def _child(self, name: str, argv: list[str], critical: bool, own_env: dict[str, str] | None = None) -> Child:
+        child = Child(name, argv, self.logs / f"{name}.log", critical, own_env=dict(own_env or {}))
         child.start(self.env, stdout=None if not self.options.verbose else sys.stdout.buffer)
         return child
 
     # --- steps ---------------------------------------------------------------------
     def start_broker(self) -> None:
         if self.env.get("REDIS_URL"):
-            self.say(f"broker: {self.env['REDIS_URL']} (from REDIS_URL)")
+            self.say(f"broker: {redacted(self.env['REDIS_URL'])} (from REDIS_URL)")
+            self._agent_broker_url(self.env["REDIS_URL"])
             return
         child = Child(
             "valkey",
-            [sys.executable, "-m", "dynaplane.embedded_valkey", "--data-dir", str(self.options.var_dir / "valkey")],
+            [sys.executable, "-m", "dynaplane.embedded_valkey", "--data-dir", str(self.options.var_dir / "valkey"),
+             "--password-file", str(broker_password_file(self.options.var_dir)), "--bind", " ".join(self.options.broker_bind)],
             self.logs / "valkey.log",
             critical=True,
         )
@@ -137,7 +176,20 @@ class Stack:
             raise StackError(f"embedded Valkey did not start; see {child.log_path}:\n{child.log_tail()}")
         self.env["REDIS_URL"] = url
         child.argv += ["--port", url.rsplit(":", 1)[1].split("/")[0]]  # a restart keeps the address
-        self.say(f"broker: embedded Valkey at {self.env['REDIS_URL']}")
+        self._agent_broker_url(url)
+        self.say(f"broker: embedded Valkey at {redacted(url)}, password in {broker_password_file(self.options.var_dir)}")
+
+    def _agent_broker_url(self, url: str) -> None:
+        """The broker address agents that join are given: as the control plane reaches it, but
+        on the address other hosts reach (--host) when it listens on loopback here."""
+        if "DYNAPLANE_AGENT_BROKER_URL" in self.env:
+            return
+        parts = urlsplit(url)
+        if self.options.host not in (*LOOPBACK, *WILDCARD) and parts.hostname in ("127.0.0.1", "localhost"):
+            netloc = parts.netloc.rsplit("@", 1)
+            host = f"{self.options.host}:{parts.port}" if parts.port else self.options.host
+            url = urlunsplit(parts._replace(netloc=f"{netloc[0]}@{host}" if len(netloc) == 2 else host))
+        self.env["DYNAPLANE_AGENT_BROKER_URL"] = url
 
     def _broker_ready(self, child: Child) -> str | None:
         """Start the embedded broker; its URL once it says READY, None when it exits instead."""
@@ -155,7 +207,8 @@ class Stack:
 
     def setup_database(self) -> None:
         self.manage("migrate", "--noinput")
-        out = self.manage("dynaplane_bootstrap", *(["--demo"] if self.options.demo else []))
+        out = self.manage("dynaplane_bootstrap", "--agents", str(self.options.agents),
+                          *(["--demo"] if self.options.demo else []))
         self.credentials = json.loads(out.strip().splitlines()[-1])
         self.say(f"database: {self.credentials['database']} migrated")
         dataset = self.credentials.get("dataset") or {}
@@ -179,15 +232,20 @@ class Stack:
                                    "--pool", "threads", "--concurrency", "4", "--loglevel", "INFO",
                                    "--without-mingle", "--without-gossip"], critical=True)
         )
-        for i in range(1, o.agents + 1):
+        tokens = self.credentials.get("agent_tokens", {})
+        for i in range(1, o.agents + 1):  # (each with its token in its environment: not on a command line)
             self.agents.append(
                 self._child(f"agent-node-{i}", [sys.executable, "-m", "dynaplane", "agent", "--name", f"node-{i}",
-                                               "--gpus", str(o.gpus_per_agent)], critical=False)
+                                               "--gpus", str(o.gpus_per_agent)], critical=False,
+                            own_env={"DYNAPLANE_AGENT_TOKEN": tokens[f"node-{i}"]})
             )
 
     def health(self) -> dict | None:
         try:
-            with urllib.request.urlopen(self.options.url + "api/health", timeout=2) as response:
+            request = urllib.request.Request(self.options.url + "api/health")
+            if self.credentials.get("token"):  # (with closed reads only a signed-in caller gets the counts)
+                request.add_header("Authorization", f"Token {self.credentials['token']}")
+            with urllib.request.urlopen(request, timeout=2) as response:
                 return json.loads(response.read())
         except (urllib.error.URLError, OSError, ValueError):
             return None
@@ -289,7 +347,8 @@ class Stack:
             "redis_url": self.env["REDIS_URL"],
             "launcher_pid": os.getpid(),
             "pids": {c.name: c.pid for c in self.broker + self.services + self.agents},
-            **{k: self.credentials[k] for k in ("username", "password", "token") if k in self.credentials},
+            **{k: self.credentials[k] for k in ("username", "password", "token", "agent_tokens")
+               if k in self.credentials},
         }
         # Written beside it and renamed over it: a reader (`dynaplane status`, the tests) never
         # sees a half-written file while the launcher records a restarted process's pid.

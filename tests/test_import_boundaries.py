@@ -57,7 +57,7 @@ FORBIDDEN = {
 JOBS_ORDER = [
     # records and reads
     "lifecycle", "models", "metric_codec", "events", "selectors", "transfer_progress", "resume", "elastic_range",
-    "elastic_trigger",
+    "elastic_trigger", "job_speakers",
     # writes every action shares: jobs and metrics, transitions, orders to the agents, failing a job
     "services", "job_logs", "transitions", "orders", "failures", "layouts", "elastic_settings",
     # pure previews of a resize

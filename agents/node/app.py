@@ -11,6 +11,7 @@ from celery import Celery, signals
 from kombu.exceptions import OperationalError
 
 from agents import protocol
+from agents.seal import AGENT_KEY_ENV, Seal, SealError, seal, seal_read, seal_valid
 from agents.celery_consumer import CONSUMER
 from agents.runtime.outbox import Outbox
 from agents.node.config import AgentConfig
@@ -40,7 +41,9 @@ def build_app(config: AgentConfig, emulation_slots: int = 1) -> tuple[Celery, He
     gpus = discover(config.device, config.gpus, config.virtual_gpu_memory_bytes)
     heartbeats = HeartbeatSender(app, config, gpus)
     def publish(task: str, report: protocol.JobReport | protocol.TransitionReport) -> None:
-        app.send_task(task, args=[report.model_dump(mode="json")], queue=protocol.CONTROL_QUEUE, retry=False)
+        body = report.model_dump(mode="json")
+        app.send_task(task, args=[body], kwargs={"seal": seal(config.key, config.name, task, body)},
+                      queue=protocol.CONTROL_QUEUE, retry=False)
 
     # What the agent says of its jobs' ranks (a rank exited, stopped, ...) waits out a broker
     # outage in order, as rank 0's reports do; the runner's threads never block or fail on it.
@@ -53,13 +56,15 @@ def build_app(config: AgentConfig, emulation_slots: int = 1) -> tuple[Celery, He
 
     def send_log(tail: protocol.JobLogTail) -> None:
         try:  # (from the runner's supervisor thread: a broker outage must not stop it watching the ranks)
-            app.send_task(protocol.CONTROL_JOB_LOG, args=[tail.model_dump(mode="json")],
+            body = tail.model_dump(mode="json")
+            app.send_task(protocol.CONTROL_JOB_LOG, args=[body],
+                          kwargs={"seal": seal(config.key, config.name, protocol.CONTROL_JOB_LOG, body)},
                           queue=protocol.CONTROL_QUEUE, expires=60)  # a newer tail follows; an old one can go
         except (OperationalError, OSError) as exc:
             log.warning("log tail of job %d not sent: %s", tail.job_id, exc)
 
     runner = JobRunner(send_report, config.name, config.device, config.broker_url, _run_root(config),
-                       send_log=send_log)
+                       send_log=send_log, env={AGENT_KEY_ENV: config.key.encode()} if config.key else None)
     emulating: set[int] = set()  # emulation runs this agent is working on
     heartbeats.live = lambda: (runner.running(), tuple(emulating))
     slots = EmulationSlots(emulation_slots)
@@ -70,7 +75,7 @@ def build_app(config: AgentConfig, emulation_slots: int = 1) -> tuple[Celery, He
         def work() -> None:
             emulating.add(run_id)
             try:
-                run(app, config.name, order)
+                run(app, config, order)
             finally:
                 emulating.discard(run_id)
 
@@ -99,29 +104,43 @@ def build_app(config: AgentConfig, emulation_slots: int = 1) -> tuple[Celery, He
         from search") and report them as the run's result."""
         working_on(protocol.EMULATE_SEARCH, order, run_search)
 
+    def ordered(task: str, order: dict, received: dict | None) -> bool:
+        """Whether the control plane sealed `order` for this node with this agent's key."""
+        why = order_refusal(config, task, order, received)
+        if why is not None:
+            log.warning("refused %s (job %r): %s", task, order.get("job_id"), why)
+        return why is None
+
+    # Orders are carried out only under the control plane's seal made with this agent's key
+    # (agents/seal.py): a process that reaches the broker cannot order this node about.
     @app.task(name=protocol.NODE_JOB_START)
-    def job_start(order: dict) -> None:
+    def job_start(order: dict, seal: dict | None = None) -> None:
         """Start this node's ranks of a job (returns at once; the runner watches them)."""
-        runner.start(protocol.JobStartOrder.model_validate(order))
+        if ordered(protocol.NODE_JOB_START, order, seal):
+            runner.start(protocol.JobStartOrder.model_validate(order))
 
     @app.task(name=protocol.NODE_JOB_SWITCH)
-    def job_switch(order: dict) -> None:
+    def job_switch(order: dict, seal: dict | None = None) -> None:
         """Start the ranks joining a job here and tell its local ranks about the switch."""
-        runner.switch(protocol.JobSwitchOrder.model_validate(order))
+        if ordered(protocol.NODE_JOB_SWITCH, order, seal):
+            runner.switch(protocol.JobSwitchOrder.model_validate(order))
 
     @app.task(name=protocol.NODE_JOB_SWITCH_CANCEL)
-    def job_switch_cancel(order: dict) -> None:
+    def job_switch_cancel(order: dict, seal: dict | None = None) -> None:
         """Abandon a switch that has not started moving state."""
-        runner.cancel(protocol.JobSwitchCancel.model_validate(order))
+        if ordered(protocol.NODE_JOB_SWITCH_CANCEL, order, seal):
+            runner.cancel(protocol.JobSwitchCancel.model_validate(order))
 
     @app.task(name=protocol.NODE_JOB_RECOVER)
-    def job_recover(order: dict) -> None:
+    def job_recover(order: dict, seal: dict | None = None) -> None:
         """Ranks lost: this node's ranks that outlived their world form the survivors' one."""
-        runner.recover(protocol.JobRecoverOrder.model_validate(order))
+        if ordered(protocol.NODE_JOB_RECOVER, order, seal):
+            runner.recover(protocol.JobRecoverOrder.model_validate(order))
 
     @app.task(name=protocol.NODE_JOB_STOP)
-    def job_stop(order: dict) -> None:
-        runner.stop(protocol.JobStopOrder.model_validate(order))
+    def job_stop(order: dict, seal: dict | None = None) -> None:
+        if ordered(protocol.NODE_JOB_STOP, order, seal):
+            runner.stop(protocol.JobStopOrder.model_validate(order))
 
     @signals.worker_ready.connect(weak=False)
     def _start_heartbeats(sender=None, **_: object) -> None:
@@ -134,6 +153,21 @@ def build_app(config: AgentConfig, emulation_slots: int = 1) -> tuple[Celery, He
         runner.shutdown()
 
     return app, heartbeats
+
+
+def order_refusal(config: AgentConfig, task: str, order: dict, received: object) -> str | None:
+    """Why this agent refuses an order (None: sealed for this node with its key)."""
+    if config.key is None:
+        return "this agent has no key (start it with --token): it takes no orders"
+    try:
+        parsed: Seal = seal_read(received)
+    except SealError as exc:
+        return str(exc)
+    if parsed.node != config.name or parsed.key_id != config.key.key_id:
+        return f"sealed for node {parsed.node} with key {parsed.key_id}, not for {config.name} with {config.key.key_id}"
+    if not seal_valid(config.key.secret, parsed, task, order):
+        return "the seal does not match the order (forged or altered)"
+    return None
 
 
 def _run_root(config: AgentConfig) -> Path:
@@ -159,18 +193,18 @@ def run(config: AgentConfig, emulation_slots: int = 1, loglevel: str = "INFO") -
     )
 
 
-def _progress_sender(app: Celery, agent: str, run_id: int):
+def _progress_sender(app: Celery, config: AgentConfig, run_id: int):
     def report(**fields: object) -> None:
-        progress = protocol.EmulationProgress(run_id=run_id, agent=agent, **fields)
-        app.send_task(protocol.CONTROL_EMULATION_PROGRESS, args=[progress.model_dump(mode="json")],
-                      queue=protocol.CONTROL_QUEUE)
+        body = protocol.EmulationProgress(run_id=run_id, agent=config.name, **fields).model_dump(mode="json")
+        app.send_task(protocol.CONTROL_EMULATION_PROGRESS, args=[body], queue=protocol.CONTROL_QUEUE,
+                      kwargs={"seal": seal(config.key, config.name, protocol.CONTROL_EMULATION_PROGRESS, body)})
 
     return report
 
 
-def run_emulation(app: Celery, agent: str, order: dict) -> None:
+def run_emulation(app: Celery, config: AgentConfig, order: dict) -> None:
     parsed = protocol.EmulationOrder.model_validate(order)
-    report = _progress_sender(app, agent, parsed.run_id)
+    report = _progress_sender(app, config, parsed.run_id)
     started = time.perf_counter()
     report(state="running", message="tracing")
     from parallelism.emulator.emulate import EmulateRequest, emulate  # torch: loaded only when an emulation runs
@@ -184,9 +218,9 @@ def run_emulation(app: Celery, agent: str, order: dict) -> None:
     _report_outcome(report, parsed.run_id, started, work)
 
 
-def run_search(app: Celery, agent: str, order: dict) -> None:
+def run_search(app: Celery, config: AgentConfig, order: dict) -> None:
     parsed = protocol.SearchOrder.model_validate(order)
-    report = _progress_sender(app, agent, parsed.run_id)
+    report = _progress_sender(app, config, parsed.run_id)
     started = time.perf_counter()
     report(state="running", message=f"ranking the layouts of {parsed.model} on {parsed.gpus} GPUs")
     from parallelism.emulator.search_candidates import search_candidates  # torch: loaded only when a search runs

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from agents import protocol
+from agents.seal import AgentKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +19,7 @@ class AgentConfig:
     heartbeat_seconds: float = protocol.HEARTBEAT_SECONDS
     virtual_gpu_memory_bytes: int | None = None  # None: host RAM / gpus
     host: str = field(default_factory=socket.gethostname)
+    key: AgentKey | None = None  # from its token (agents/seal.py); None: its messages are refused, it takes no order
     started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
 
     def __post_init__(self) -> None:

@@ -11,6 +11,7 @@ from kombu.exceptions import OperationalError
 from agents import protocol
 from agents.node.config import AgentConfig
 from agents.node.host_stats import HostSampler
+from agents.seal import seal
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +61,11 @@ class HeartbeatSender:
             self._thread.join(timeout)
 
     def beat(self) -> None:
-        report = build_heartbeat(self._config, self._gpus, self.live, self._host.sample())
+        report = build_heartbeat(self._config, self._gpus, self.live, self._host.sample()).model_dump(mode="json")
         self._app.send_task(
             protocol.CONTROL_AGENT_HEARTBEAT,
-            kwargs={"report": report.model_dump(mode="json")},
+            kwargs={"report": report,
+                    "seal": seal(self._config.key, self._config.name, protocol.CONTROL_AGENT_HEARTBEAT, report)},
             queue=protocol.CONTROL_QUEUE,
             expires=3 * self._config.heartbeat_seconds,
             retry=True,

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import datetime
+import os
 
 from agents import protocol
+from agents.seal import AGENT_KEY_ENV, AgentKey, SealError, seal
 
 
 # How long a finished rank 0 waits for the broker to take its last reports (an outage at the
@@ -31,6 +33,12 @@ class Reporter:
 
             from agents.runtime.outbox import Outbox
 
+            try:  # the agent's key, sealing what rank 0 says for the agent's node (agents/seal.py)
+                self.key: AgentKey | None = AgentKey.decode(os.environ.get(AGENT_KEY_ENV, ""))
+            except SealError:
+                print(f"rank 0: no agent key in ${AGENT_KEY_ENV}: the control plane will refuse these reports",
+                      flush=True)
+                self.key = None
             self.app = Celery(f"job-{job_id}-rank-0", broker=broker_url, set_as_current=False)
             self.app.conf.update(task_serializer="json", broker_connection_retry_on_startup=True,
                                  broker_connection_timeout=4.0,
@@ -42,7 +50,9 @@ class Reporter:
 
     def _publish(self, task: str, message) -> None:
         """One try (the outbox tries again): raises when the broker does not take it."""
-        self.app.send_task(task, args=[message.model_dump(mode="json")], queue=protocol.CONTROL_QUEUE, retry=False)
+        body = message.model_dump(mode="json")
+        self.app.send_task(task, args=[body], kwargs={"seal": seal(self.key, self.node, task, body)},
+                           queue=protocol.CONTROL_QUEUE, retry=False)
 
     def _send(self, task: str, message) -> None:
         if self.outbox is not None:

@@ -30,6 +30,8 @@ class Node(models.Model):
     memory_used_bytes = models.BigIntegerField(null=True, blank=True, help_text="host memory in use (total - available)")
     memory_total_bytes = models.BigIntegerField(null=True, blank=True)
     host_stats_at = models.DateTimeField(null=True, blank=True, help_text="when the shown host stats were reported")
+    key_id = models.CharField(max_length=16, blank=True,
+                              help_text="the agent key its heartbeats are sealed with: its orders are sealed with it")
 
     class Meta:
         ordering = ["name"]
@@ -53,3 +55,24 @@ class Gpu(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node.name}/{self.index}"
+
+
+class AgentToken(models.Model):
+    """One agent's credential (issue 44): its token is shown once when issued; the control plane
+    keeps only the key derived from it (agents/seal.py), which checks the seals on what the agent
+    says and seals the orders it is given. Revoked: its messages are refused from then on."""
+
+    key_id = models.CharField(max_length=16, unique=True, help_text="public part of the token (in every seal)")
+    node = models.CharField(max_length=63, db_index=True, help_text="the node this token speaks for")
+    secret = models.CharField(max_length=64, help_text="the HMAC key derived from the token, hex")
+    note = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.CharField(max_length=150, blank=True, help_text="who issued it (user or command)")
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_joined_at = models.DateTimeField(null=True, blank=True, help_text="when an agent last joined with it")
+
+    class Meta:
+        ordering = ["node", "-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.node}/{self.key_id}{' (revoked)' if self.revoked_at else ''}"

@@ -36,7 +36,7 @@ def _set_gpu_state(gpu: Gpu, trigger: GpuTrigger) -> None:
         _emit_gpu(gpu)
 
 
-def node_record_heartbeat(*, report: AgentHeartbeat, received_at: datetime | None = None) -> Node:
+def node_record_heartbeat(*, report: AgentHeartbeat, received_at: datetime | None = None, key_id: str = "") -> Node:
     """Register or refresh a node from its agent's heartbeat.
 
     New node: created with its GPUs (free). Known node: inventory updated; a lost node
@@ -66,6 +66,7 @@ def node_record_heartbeat(*, report: AgentHeartbeat, received_at: datetime | Non
         node.gpu_memory_bytes = sum(g.memory_bytes for g in report.gpus)
         node.running_jobs = {str(job.job_id): list(job.ranks) for job in report.jobs}
         node.running_emulations = list(report.emulations)
+        node.key_id = key_id or node.key_id
         stats_shown = _show_host_stats(node, report, now)
         node.save()
         if created or stats_shown or was != (node.state, node.host, node.device, node.gpu_count, node.gpu_memory_bytes):

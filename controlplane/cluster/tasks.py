@@ -9,15 +9,20 @@ from pydantic import ValidationError
 
 from agents import protocol
 from controlplane.cluster import services
+from controlplane.cluster.agent_auth import heard_from
 
 log = logging.getLogger(__name__)
 
 
 @shared_task(name=protocol.CONTROL_AGENT_HEARTBEAT)
-def agent_heartbeat(report: dict) -> None:
+def agent_heartbeat(report: dict, seal: dict | None = None) -> None:
+    """`seal`: the agent's (agents/seal.py); a heartbeat is heard only from the node it names."""
+    who = heard_from(protocol.CONTROL_AGENT_HEARTBEAT, report, seal)
+    if who is None:
+        return
     try:
         heartbeat = protocol.AgentHeartbeat.model_validate(report)
     except ValidationError as exc:
         log.error("rejected heartbeat %r: %s", report.get("node"), exc)
         return
-    services.node_record_heartbeat(report=heartbeat)
+    services.node_record_heartbeat(report=heartbeat, key_id="" if who.is_control_plane else who.key_id)

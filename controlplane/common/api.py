@@ -34,11 +34,19 @@ def _redacted(url: str) -> str:
 
 
 class HealthView(APIView):
+    """Anyone may ask whether the control plane works (load balancers, the launcher); with closed
+    reads (DYNAPLANE_OPEN_READS=0) only a signed-in caller is told more than that."""
+
     permission_classes = [AllowAny]
-    authentication_classes: list = []
 
     @extend_schema(responses={200: dict, 503: dict})
     def get(self, request):
+        body, code = self._health()
+        if not settings.DYNAPLANE_OPEN_READS and not request.user.is_authenticated:
+            body = {"status": body["status"]}
+        return Response(body, status=code)
+
+    def _health(self) -> tuple[dict, int]:
         database = {"ok": True, "vendor": connection.vendor}
         try:
             with connection.cursor() as cursor:
@@ -63,7 +71,7 @@ class HealthView(APIView):
         else:
             body.update(agents={"healthy": 0, "lost": 0}, gpus={"total": 0})
         body.update(status="degraded" if warnings else "ok", warnings=warnings)
-        return Response(body, status=200 if working else 503)
+        return body, 200 if working else 503
 
 
 class ModelSummarySerializer(serializers.Serializer):

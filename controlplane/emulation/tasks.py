@@ -7,6 +7,7 @@ from celery import shared_task
 from pydantic import ValidationError
 
 from agents import protocol
+from controlplane.cluster.agent_auth import heard_from
 from controlplane.emulation import services
 
 log = logging.getLogger(__name__)
@@ -19,7 +20,10 @@ def sweep_emulations() -> list[int]:
 
 
 @shared_task(name=protocol.CONTROL_EMULATION_PROGRESS)
-def emulation_progress(report: dict) -> None:
+def emulation_progress(report: dict, seal: dict | None = None) -> None:
+    """`seal`: the agent's (agents/seal.py), whose name the report gives as `agent`."""
+    if heard_from(protocol.CONTROL_EMULATION_PROGRESS, report, seal, node_field="agent") is None:
+        return
     try:
         progress = protocol.EmulationProgress.model_validate(report)
     except ValidationError as exc:

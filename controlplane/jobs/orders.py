@@ -15,6 +15,8 @@ from django.db import transaction
 from kombu.exceptions import OperationalError
 
 from agents import protocol
+from agents.seal import seal
+from controlplane.cluster.agent_tokens import node_order_key
 from controlplane.celery import app
 from controlplane.common.errors import Conflict
 from controlplane.common.weights import weights_directory
@@ -123,8 +125,14 @@ def initial_weights_directory(job: Job) -> str:
 
 
 def send(task: str, node: str, order: Order) -> None:
-    """One order on the node's queue now; the broker's refusal is raised (OperationalError)."""
-    app.send_task(task, args=[order.model_dump(mode="json")], queue=protocol.node_queue(node))
+    """One order on the node's queue now, sealed with the key the node's agent speaks with
+    (agents/seal.py: the agent takes no order without it); the broker's refusal, or a node with
+    no current key, is raised (OperationalError: the order cannot be delivered)."""
+    body = order.model_dump(mode="json")
+    key = node_order_key(node)
+    if key is None:
+        raise OperationalError(f"node {node} has no unrevoked agent key: its agent cannot be given orders")
+    app.send_task(task, args=[body], kwargs={"seal": seal(key, node, task, body)}, queue=protocol.node_queue(node))
 
 
 def _send_stops(job_id: int, nodes: list[str]) -> None:

@@ -36,6 +36,7 @@ from agents import protocol
 from parallelism.layout.placement import tp_block
 from parallelism.layout.allocate import AllocationError, FreeGpus, allocate
 from parallelism.layout.recovery import CHECKPOINT, FAIL, SURVIVORS, Recovery, recovery_rule, survivors_cover
+from controlplane.cluster.agent_auth import control_seal
 from controlplane.cluster.lifecycle import GpuState, NodeState
 from controlplane.cluster.models import Gpu
 from controlplane.celery import app
@@ -159,9 +160,15 @@ def restore_record_orphan(job: Job, report: protocol.JobOrphaned) -> None:
     job.save(update_fields=["recovery", "updated_at"])
 
 
+def restore_order(job_id: int, early: bool) -> dict:
+    """What the control plane's seal on a queued restore covers (tasks.job_restore checks it)."""
+    return {"job_id": job_id, "early": early}
+
+
 def _queue_restore(job_id: int, delay: float, *, early: bool = False) -> None:
     try:
         app.send_task(protocol.CONTROL_JOB_RESTORE, args=[job_id, early], queue=protocol.CONTROL_QUEUE,
+                      kwargs={"seal": control_seal(protocol.CONTROL_JOB_RESTORE, restore_order(job_id, early))},
                       countdown=delay)
     except (OperationalError, OSError) as exc:
         log.error("job %s: restore task not queued: %s", job_id, exc)

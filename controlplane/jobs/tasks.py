@@ -10,10 +10,12 @@ from django.utils import timezone
 from pydantic import ValidationError
 
 from agents import protocol
+from controlplane.cluster.agent_auth import Refused, refused, speaker
 from controlplane.cluster.hearing import Hearing
 from controlplane.common.errors import DATABASE_DOWN
 from controlplane.jobs import (elastic_apply, elastic_trigger, ingest, job_logs, node_loss, reconcile, reports, restore,
                                timeouts)
+from controlplane.jobs.job_speakers import job_message_heard
 
 log = logging.getLogger(__name__)
 
@@ -37,31 +39,48 @@ def _validated(validate, message, what: str):
         return None
 
 
+# Every task an agent or a rank 0 sends takes its `seal` (agents/seal.py): heard only from a node
+# that serves the job it names (jobs/job_speakers.py); anything else is refused and logged.
+
+
 @shared_task(name=protocol.CONTROL_JOB_REPORT, **WHILE_DATABASE_DOWN)
-def job_report(report: dict) -> None:
+def job_report(report: dict, seal: dict | None = None) -> None:
+    if not job_message_heard(protocol.CONTROL_JOB_REPORT, report, seal):
+        return
     parsed = _validated(protocol.JOB_REPORTS.validate_python, report, "job report")
     if parsed is not None:
         reports.job_record_report(report=parsed)
 
 
 @shared_task(name=protocol.CONTROL_TRANSITION_REPORT, **WHILE_DATABASE_DOWN)
-def transition_report(report: dict) -> None:
+def transition_report(report: dict, seal: dict | None = None) -> None:
+    if not job_message_heard(protocol.CONTROL_TRANSITION_REPORT, report, seal):
+        return
     parsed = _validated(protocol.TransitionReport.model_validate, report, "transition report")
     if parsed is not None:
         reports.transition_record_report(report=parsed)
 
 
 @shared_task(name=protocol.CONTROL_JOB_LOG)
-def job_log(report: dict) -> None:
+def job_log(report: dict, seal: dict | None = None) -> None:
+    if not job_message_heard(protocol.CONTROL_JOB_LOG, report, seal):
+        return
     parsed = _validated(protocol.JobLogTail.model_validate, report, "log tail")
     if parsed is not None:
         job_logs.job_log_record(report=parsed)
 
 
 @shared_task(name=protocol.CONTROL_JOB_RESTORE, **WHILE_DATABASE_DOWN)
-def job_restore(job_id: int, early: bool = False) -> None:
+def job_restore(job_id: int, early: bool = False, seal: dict | None = None) -> None:
     """Queued by restore.restore_begin: recover a restoring job (on its survivors, from its
-    checkpoint, or fail it); `early`: a first look that acts only on the survivors."""
+    checkpoint, or fail it); `early`: a first look that acts only on the survivors. Only the
+    control plane's own seal is heard (restore.restore_order)."""
+    try:
+        if not speaker(protocol.CONTROL_JOB_RESTORE, restore.restore_order(job_id, early), seal).is_control_plane:
+            raise Refused("only the control plane queues restores")
+    except Refused as exc:
+        refused(protocol.CONTROL_JOB_RESTORE, seal, str(exc))
+        return
     restore.job_restore(job_id=int(job_id), early=bool(early))
 
 
@@ -106,9 +125,11 @@ ORDER_WAIT_SECONDS = 0.1
 
 
 @shared_task(bind=True, name=protocol.CONTROL_INGEST_EVENTS, **WHILE_DATABASE_DOWN)
-def ingest_events(self, batch: dict, early_tries: int = 0) -> str:
+def ingest_events(self, batch: dict, early_tries: int = 0, seal: dict | None = None) -> str:
     """A batch of one job's reports from its rank 0 (protocol.ReportBatch). `early_tries`: how
     often it came before its predecessor (tries while the database was down do not count)."""
+    if not job_message_heard(protocol.CONTROL_INGEST_EVENTS, batch, seal):
+        return "refused"
     try:
         parsed = protocol.ReportBatch.model_validate(batch)
     except ValidationError as exc:
@@ -116,5 +137,6 @@ def ingest_events(self, batch: dict, early_tries: int = 0) -> str:
         return "rejected"
     outcome = ingest.batch_ingest(batch=parsed, wait=early_tries < ORDER_WAIT_RETRIES)
     if outcome is ingest.Outcome.EARLY:
-        raise self.retry(kwargs={"batch": batch, "early_tries": early_tries + 1}, countdown=ORDER_WAIT_SECONDS)
+        raise self.retry(kwargs={"batch": batch, "early_tries": early_tries + 1, "seal": seal},
+                         countdown=ORDER_WAIT_SECONDS)
     return outcome.value

@@ -20,6 +20,22 @@ def heartbeat(node: str = "node-1", gpus: int = 2, **overrides) -> protocol.Agen
     return protocol.AgentHeartbeat(**fields)
 
 
+def agent_key(node: str):
+    """The key of a token issued for `node` (agents/seal.py), as an admin would have issued one
+    before its agent joined: the one its orders are sealed with."""
+    from agents.seal import key_of_token
+    from controlplane.cluster.agent_tokens import node_order_key, token_issue
+
+    return node_order_key(node) or key_of_token(token_issue(node=node, created_by="test")[1])
+
+
+def sealed(task: str, body: dict, node: str) -> dict:
+    """The seal `node`'s agent puts on `body` for `task`."""
+    from agents.seal import seal
+
+    return seal(agent_key(node), node, task, body)
+
+
 @pytest.fixture
 def user(db):
     return get_user_model().objects.create_user("alice", password="pw-alice-123")
@@ -77,15 +93,38 @@ def two_nodes():
 
     for i in (1, 2):
         cluster.node_record_heartbeat(report=heartbeat(f"node-{i}", gpus=2, host=f"host-{i}"))
+        agent_key(f"node-{i}")  # (its agent is enrolled: orders to it are sealed)
+
+
+AGENT_TASKS = {protocol.CONTROL_JOB_REPORT, protocol.CONTROL_TRANSITION_REPORT, protocol.CONTROL_INGEST_EVENTS,
+               protocol.CONTROL_JOB_LOG, protocol.CONTROL_AGENT_HEARTBEAT, protocol.CONTROL_EMULATION_PROGRESS}
 
 
 @pytest.fixture
 def run(django_capture_on_commit_callbacks):
-    """Call fn(...) and run its on-commit callbacks (events, orders), as a commit would."""
+    """Call fn(...) and run its on-commit callbacks (events, orders), as a commit would. A task
+    the agents send is called as the agent sends it: sealed by the node its message names."""
     def call(fn, *args, **kwargs):
+        if getattr(fn, "name", None) in AGENT_TASKS and args and isinstance(args[0], dict) and "seal" not in kwargs:
+            node = args[0].get("node") or args[0].get("agent")
+            if isinstance(node, str) and protocol.NODE_NAME_RE.match(node):
+                kwargs["seal"] = sealed(fn.name, args[0], node)
         with django_capture_on_commit_callbacks(execute=True):
             return fn(*args, **kwargs)
     return call
+
+
+@pytest.fixture(autouse=True)
+def enrolled_on_demand(request, monkeypatch):
+    """Every node these tests give orders to was enrolled by an admin (its orders sealed with its
+    key): a token is issued for it the first time. tests/controlplane/test_agent_auth.py, which
+    tests enrolment itself, turns this off by defining a fixture of the same name."""
+    if "django_db_setup" not in request.fixturenames and not request.node.get_closest_marker("django_db"):
+        return
+    from controlplane.jobs import orders
+
+    real = orders.node_order_key
+    monkeypatch.setattr(orders, "node_order_key", lambda node: real(node) or agent_key(node))
 
 
 @pytest.fixture

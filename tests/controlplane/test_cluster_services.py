@@ -11,7 +11,7 @@ from controlplane.cluster import services
 from controlplane.cluster.events import GpuEvent, NodeEvent
 from controlplane.cluster.models import Gpu, Node
 from controlplane.cluster.selectors import inventory_counts
-from tests.controlplane.conftest import heartbeat
+from tests.controlplane.conftest import heartbeat, sealed
 
 pytestmark = pytest.mark.django_db
 
@@ -91,10 +91,11 @@ def test_heartbeat_task_rejects_malformed_reports(caplog) -> None:
     from controlplane.cluster.tasks import agent_heartbeat
 
     report = heartbeat("node-1").model_dump(mode="json")
-    agent_heartbeat.run({**report, "gpus": "lots"})
+    bad = {**report, "gpus": "lots"}
+    agent_heartbeat.run(bad, seal=sealed(protocol.CONTROL_AGENT_HEARTBEAT, bad, "node-1"))
     assert not Node.objects.exists()
     assert "rejected heartbeat 'node-1'" in caplog.text
-    agent_heartbeat.run(report)
+    agent_heartbeat.run(report, seal=sealed(protocol.CONTROL_AGENT_HEARTBEAT, report, "node-1"))
     assert Node.objects.filter(name="node-1", state="healthy").exists()
 
 

@@ -15,6 +15,7 @@ from celery import Celery
 from django.conf import settings
 
 from agents import protocol
+from agents.node.config import AgentConfig
 from controlplane.emulation import services
 from controlplane.emulation.models import EmulationRun
 from controlplane.emulation.selectors import emulation_rows, emulation_snapshot
@@ -57,7 +58,7 @@ def test_a_search_runs_on_an_agent_and_its_ranked_candidates_become_the_runs_res
     from agents.node.app import run_search
 
     agent = Celery("agent-test", broker=settings.CELERY_BROKER_URL, set_as_current=False)
-    run_search(agent, "node-1", order)
+    run_search(agent, AgentConfig(name="node-1", gpus=1, device="cpu", broker_url=settings.CELERY_BROKER_URL), order)
     reports = _queued(broker, protocol.CONTROL_QUEUE)
     assert [task for task, _ in reports] == [protocol.CONTROL_EMULATION_PROGRESS] * 2
     for _, report in reports:
@@ -83,7 +84,8 @@ def test_a_setting_no_layout_fits_fails_the_search_with_the_reason(broker) -> No
     from agents.node.app import run_search
 
     ((_, order),) = _queued(broker, protocol.EMULATE_QUEUE)
-    run_search(Celery("agent-test", broker=settings.CELERY_BROKER_URL, set_as_current=False), "node-1", order)
+    run_search(Celery("agent-test", broker=settings.CELERY_BROKER_URL, set_as_current=False),
+               AgentConfig(name="node-1", gpus=1, device="cpu", broker_url=settings.CELERY_BROKER_URL), order)
     for _, report in _queued(broker, protocol.CONTROL_QUEUE):
         services.emulation_record_progress(progress=protocol.EmulationProgress.model_validate(report))
     run.refresh_from_db()

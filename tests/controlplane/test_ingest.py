@@ -35,7 +35,8 @@ def _steps(job_id: int, first: int, last: int) -> list[protocol.JobReport]:
 
 @pytest.fixture
 def job(db) -> Job:
-    return Job.objects.create(name="ingested", model="tiny-gpt", layout="dp=2", world_size=2, state="starting")
+    return Job.objects.create(name="ingested", model="tiny-gpt", layout="dp=2", world_size=2, state="starting",
+                              placement=[{"rank": r, "node": "node-1", "gpu": r} for r in (0, 1)])
 
 
 def _loss_steps(job: Job) -> list[float]:
@@ -210,7 +211,7 @@ def test_the_task_retries_an_early_batch_then_gives_up_waiting(job, run) -> None
     four = _batch(job.pk, 4, _steps(job.pk, 7, 8)).model_dump(mode="json")
     assert run(ingest_events, four, early_tries=ORDER_WAIT_RETRIES) == "applied"  # its last try
     assert _loss_steps(job) == [1.0, 2.0, 3.0, 4.0, 7.0, 8.0]
-    assert run(ingest_events, {"job_id": job.pk, "reports": []}) == "rejected"
+    assert run(ingest_events, {"job_id": job.pk, "node": "node-1", "reports": []}) == "rejected"
 
 
 def test_a_batch_whose_sender_dropped_the_ones_before_it_applies_at_once(job, run, caplog) -> None:

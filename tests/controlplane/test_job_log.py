@@ -69,11 +69,12 @@ def test_an_older_or_unchanged_tail_changes_nothing_and_a_gone_job_is_dropped(ru
 def test_the_task_refuses_a_tail_beyond_the_bounds(run, token_client, two_nodes, caplog) -> None:
     job = _job(run, token_client)
     wire = _tail(job["id"], ["fine"]).model_dump(mode="json")
-    for bad in ({"lines": ["x"] * 51}, {"lines": ["y" * 401]}, {"lines": ["a\nb"]}, {"node": "/etc"},
-                {"surprise": True}):
+    for bad in ({"lines": ["x"] * 51}, {"lines": ["y" * 401]}, {"lines": ["a\nb"]}, {"surprise": True}):
         run(tasks.job_log, {**wire, **bad})
+    run(tasks.job_log, {**wire, "node": "/etc"})  # no agent can be enrolled as that: unsealed
     assert not JobLog.objects.exists()
-    assert caplog.text.count("rejected log tail of job") == 5
+    assert caplog.text.count("rejected log tail of job") == 4
+    assert "refused control.job_log from an unsealed sender" in caplog.text
     run(tasks.job_log, wire)
     assert JobLog.objects.get().lines == ["fine"]
 

@@ -375,7 +375,7 @@ def test_duplicate_late_and_unknown_reports_are_ignored(two_nodes, token_client,
     assert run(transition_record_report, report=protocol.TransitionReport(
         job_id=99999, transition_id=t.pk, node="node-1", state="ready", sent_at=datetime.now(timezone.utc))) is None
     assert "does not exist" in caplog.text
-    transition_report.run({"job_id": job.pk, "transition_id": t.pk, "state": "exploded"})
+    run(transition_report, {"job_id": job.pk, "transition_id": t.pk, "node": "node-1", "state": "exploded"})
     assert "rejected transition report" in caplog.text
 
 

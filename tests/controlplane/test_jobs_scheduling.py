@@ -286,7 +286,7 @@ def test_late_and_unknown_reports_are_ignored(two_nodes, token_client, sent_task
     assert "job j is stopped" in caplog.text
     assert run(job_record_report, report=_report(99999, "step", step=1, loss=1.0)) is None
     assert "job 99999 does not exist" in caplog.text
-    job_report.run({"job_id": job.pk, "kind": "exploded"})
+    run(job_report, {"job_id": job.pk, "node": "node-1", "kind": "exploded"})  # (sealed, as an agent of the job)
     assert "rejected job report" in caplog.text
 
 

@@ -53,7 +53,7 @@ def elastic_stack(tmp_path_factory):
 
 
 def restart_agent(stack, name: str) -> subprocess.Popen:
-    env = {**stack.env, "REDIS_URL": stack.state["redis_url"], "DYNAPLANE_VAR_DIR": str(stack.var_dir)}
+    env = {**stack.env, **stack.agent_env(name), "DYNAPLANE_VAR_DIR": str(stack.var_dir)}
     log = open(stack.var_dir / "logs" / f"agent-{name}.restarted.log", "ab")
     agent = subprocess.Popen([sys.executable, "-m", "dynaplane", "agent", "--name", name, "--gpus", "2"], env=env,
                              cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

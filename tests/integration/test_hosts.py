@@ -1,16 +1,22 @@
-"""Issue 44: agents on hosts of their own. The control plane (web, worker, broker) in the root
-namespace, each agent in a network namespace with its own address (tests/support/hosts.py): the
-agents reach the broker only over that network, advertise the address other hosts reach them on
-(the route to the broker), and their ranks rendezvous and run gloo across it."""
+"""Issue 44: agents on hosts of their own. The control plane (web, worker, its embedded broker with
+a password) in the root namespace, `dynaplane up --host` on the bridge's address; each agent in a
+network namespace with its own address (tests/support/hosts.py), enrolled with a token of its own
+(`dynaplane agent --join URL`, token in its environment): the agents reach the broker only over
+that network, advertise the address other hosts reach them on (the route to the broker), and
+their ranks rendezvous and run gloo across it. From an agent host, what is not an enrolled agent
+speaking of its own jobs is refused, and nothing of the stack answers without authentication."""
 from __future__ import annotations
 
+import json
 import os
+import socket
 import sys
+import time
+import urllib.request
 
 import pytest
 
 from agents.runtime.sample_log import read_records
-from tests.support.broker import Broker
 from tests.support.datasets import assert_each_sample_read_once, loss_steps, real_text_dataset, start_text_job
 from tests.support.hosts import Hosts, available
 from tests.support.stack import ROOT, StackProcess, wait_for, wait_for_transition_end
@@ -23,27 +29,26 @@ HOSTS = ["host-1", "host-2", "host-3"]
 
 @pytest.fixture
 def cluster(tmp_path):
-    """(stack, hosts): the control plane on the bridge's address, no agents of its own; one agent
-    with 2 virtual GPUs on each of three hosts."""
+    """(stack, hosts): the control plane on the bridge's address with its embedded broker, no
+    agents of its own; one agent with 2 virtual GPUs on each of three hosts."""
     hosts = Hosts(HOSTS)
-    broker = Broker(tmp_path / "redis", host=hosts.gateway)
-    stack = StackProcess(tmp_path / "stack", agents=0, gpus_per_agent=2,
-                         env={"DATABASE_URL": None, "REDIS_URL": broker.url})
+    stack = StackProcess(tmp_path / "stack", agents=0, gpus_per_agent=2, env={"DATABASE_URL": None, "REDIS_URL": None})
     stack.argv += ["--host", hosts.gateway]
     stack.start()
     try:
         stack.wait_ready(timeout=120)
-        env = {**os.environ, "REDIS_URL": broker.url, "DYNAPLANE_VAR_DIR": str(stack.var_dir), "PYTHONUNBUFFERED": "1"}
-        for name in HOSTS:
+        env = {**os.environ, "DYNAPLANE_VAR_DIR": str(stack.var_dir), "PYTHONUNBUFFERED": "1"}
+        env.pop("REDIS_URL", None)  # the agents learn the broker when they join
+        for name in HOSTS:  # each enrolled with a token of its own, as an admin issues them
+            token = stack.post("api/agent-tokens", {"node": name})["token"]
             log = open(stack.var_dir / f"agent-{name}.log", "wb")
-            hosts.popen(name, [sys.executable, "-m", "dynaplane", "agent", "--name", name, "--gpus", "2"],
-                        env=env, cwd=ROOT, stdout=log, stderr=log)
+            hosts.popen(name, [sys.executable, "-m", "dynaplane", "agent", "--join", stack.url, "--gpus", "2"],
+                        env={**env, "DYNAPLANE_AGENT_TOKEN": token}, cwd=ROOT, stdout=log, stderr=log)
         wait_for(lambda: sum(n["state"] == "healthy" for n in stack.get("api/nodes")["results"]) == 3, timeout=90)
         yield stack, hosts
     finally:
         stack.stop()
         hosts.close()
-        broker.close()
 
 
 def test_a_job_trains_across_two_hosts_and_grows_onto_a_third(cluster) -> None:
@@ -76,3 +81,150 @@ def test_a_job_trains_across_two_hosts_and_grows_onto_a_third(cluster) -> None:
     assert layouts == {"dp=4", "dp=6"}, layouts
     print(f"dp=4 over {sorted(spread)} grew to dp=6 over three hosts, committed {seconds:.1f} s after POST; "
           f"{stopped['step']} steps each recorded once")
+
+
+# Run on an agent host by a process that is not the agent: it holds what an agent's host holds
+# (the broker URL with its password from joining, a token of its own) and tries to speak out of turn.
+INTRUDER = r"""
+import json, sys
+import redis
+from celery import Celery
+from agents import protocol
+from agents.seal import key_of_token, seal
+from datetime import datetime, timezone
+
+broker, node, token, revoked, job_id = sys.argv[1:6]
+app = Celery("intruder", broker=broker, set_as_current=False)
+now = datetime.now(timezone.utc).isoformat()
+failed = protocol.job_report(job_id=int(job_id), node=node, kind="failed", ranks=(0,), error="lies",
+                             sent_at=now).model_dump(mode="json")
+# 1. its own key, about a job its node does not serve
+app.send_task(protocol.CONTROL_JOB_REPORT, args=[failed], queue=protocol.CONTROL_QUEUE,
+              kwargs={"seal": seal(key_of_token(token), node, protocol.CONTROL_JOB_REPORT, failed)})
+# 2. a revoked key
+app.send_task(protocol.CONTROL_JOB_REPORT, args=[failed], queue=protocol.CONTROL_QUEUE,
+              kwargs={"seal": seal(key_of_token(revoked), node, protocol.CONTROL_JOB_REPORT, failed)})
+# 3. the broker without its password
+host, port = broker.rsplit("@", 1)[1].split("/")[0].split(":")
+answers = {}
+for command in (("LPUSH", protocol.CONTROL_QUEUE, "x"), ("KEYS", "*"), ("CONFIG", "GET", "requirepass")):
+    try:
+        answers[command[0]] = repr(redis.Redis(host=host, port=int(port), socket_timeout=5).execute_command(*command))
+    except redis.RedisError as exc:
+        answers[command[0]] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(answers))
+"""
+
+
+def test_from_an_agent_host_nothing_but_an_enrolled_agent_about_its_own_jobs_is_heard(cluster) -> None:
+    stack, hosts = cluster
+    job = stack.post("api/jobs", {"name": "guarded", "model": "tiny-gpt", "gpus": 2, "global_batch": 4,
+                                  "seq_len": 16, "checkpoint_interval": 0})
+    url = f"api/jobs/{job['id']}"
+    running, _ = wait_for(lambda: (j := stack.get(url))["state"] == "running" and (j["step"] or 0) >= 3 and j,
+                          timeout=120)
+    served = {slot["node"] for slot in running["placement"]}
+    intruder = next(name for name in HOSTS if name not in served)
+    own = stack.post("api/agent-tokens", {"node": intruder, "note": "the intruder's"})["token"]
+    spare = stack.post("api/agent-tokens", {"node": intruder, "note": "revoked"})
+    stack.post(f"api/agent-tokens/{spare['key_id']}/revoke", {})
+    time.sleep(6)  # past the workers' key cache (agent_auth.KEY_CACHE_SECONDS)
+    joined = json.loads(urllib.request.urlopen(urllib.request.Request(
+        stack.url + "api/agents/join", data=json.dumps({"token": own}).encode(), method="POST",
+        headers={"Content-Type": "application/json"}), timeout=10).read())
+    done = hosts.run(intruder, [sys.executable, "-c", INTRUDER, joined["broker_url"], intruder, own, spare["token"],
+                                str(job["id"])], timeout=60)
+    assert done.returncode == 0, done.stderr
+    answers = json.loads(done.stdout.strip().splitlines()[-1])
+    assert all(answer.startswith("NoPermissionError") or "NOAUTH" in answer for answer in answers.values()), answers
+    worker_log = stack.var_dir / "logs" / "worker.log"
+    wait_for(lambda: f"node {intruder} holds no ranks of job {job['id']}" in worker_log.read_text()
+             and "was revoked" in worker_log.read_text(), timeout=30)
+    step = stack.get(url)["step"]
+    wait_for(lambda: stack.get(url)["step"] >= step + 3, timeout=60)  # trains on
+    after = stack.get(url)
+    assert (after["state"], after["error"], after["layout"]) == ("running", "", running["layout"])
+    print(f"refused from {intruder}: a report for job {job['id']} it does not serve, one under a revoked key; "
+          f"the broker without its password answered {answers}")
+
+
+def listening_sockets(pids: set[int]) -> set[tuple[str, int]]:
+    """(address, port) of the TCP sockets these processes listen on (/proc/net/tcp, their fds)."""
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            continue
+    found = set()
+    for line in open("/proc/net/tcp").read().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+            address, port = fields[1].split(":")
+            found.add((socket.inet_ntoa(bytes.fromhex(address)[::-1]), int(port, 16)))
+    return found
+
+
+def descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    seen, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        seen.add(pid)
+        todo += children.get(pid, [])
+    return seen
+
+
+PROBE = r"""
+import json, socket, sys, urllib.error, urllib.request
+host, port = sys.argv[1], int(sys.argv[2])
+found = {}
+for path in ("api/jobs", "api/nodes", "api/agent-tokens", "api/schema/", "api/health", "", "admin/"):
+    try:
+        with urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/{path}"), timeout=5) as response:
+            found[path] = [response.status, response.geturl(), response.read(400).decode(errors="replace")]
+    except urllib.error.HTTPError as exc:
+        found[path] = [exc.code, "", ""]
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        found[path] = ["not http", "", str(exc)]
+        break
+if found.get("api/jobs", [""])[0] == "not http":
+    with socket.create_connection((host, port), timeout=5) as s:
+        s.sendall(b"*2\r\n$4\r\nKEYS\r\n$1\r\n*\r\n")
+        found = {"resp": s.recv(200).decode(errors="replace")}
+print(json.dumps(found))
+"""
+
+
+def test_no_port_of_the_stack_answers_another_host_without_authentication(cluster) -> None:
+    stack, hosts = cluster
+    pids = set()
+    for pid in stack.state["pids"].values():
+        pids |= descendants(pid)
+    exposed = {(a, p) for a, p in listening_sockets(pids) if not a.startswith("127.")}
+    assert exposed, "the stack listens on no address another host reaches"
+    probed = {}
+    for address, port in sorted(exposed):
+        target = hosts.gateway if address == "0.0.0.0" else address
+        done = hosts.run(HOSTS[0], [sys.executable, "-c", PROBE, target, str(port)], timeout=60)
+        assert done.returncode == 0, done.stderr
+        answers = probed[port] = json.loads(done.stdout.strip().splitlines()[-1])
+        if "resp" in answers:  # the broker: the unauthenticated may PING and nothing else
+            assert "NOPERM" in answers["resp"] or "NOAUTH" in answers["resp"], answers
+            continue
+        for path in ("api/jobs", "api/nodes", "api/agent-tokens", "api/schema/"):
+            assert answers[path][0] in (401, 403), (port, path, answers[path])
+        for path in ("", "admin/"):  # the pages: to the sign-in page
+            assert "login" in answers[path][1], (port, path, answers[path])
+        assert json.loads(answers["api/health"][2] or "{}").keys() <= {"status"}, answers["api/health"]
+    print(f"listening beyond loopback: {sorted(exposed)}; each refused an unauthenticated caller")

@@ -280,7 +280,7 @@ def test_killing_the_joining_agent_while_a_resize_prepares_keeps_the_job_trainin
     finally:
         wait_stopped(stack, job, read)
         if killed:  # later tests expect node-2 back
-            env = {**os.environ, "REDIS_URL": stack.state["redis_url"]}
+            env = {**os.environ, **stack.agent_env("node-2")}
             restarted_agents.append(subprocess.Popen(
                 [sys.executable, "-m", "dynaplane", "agent", "--name", "node-2", "--gpus", "2"], env=env, cwd=ROOT,
                 stdout=open(tmp_path / "agent.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True))
@@ -290,7 +290,7 @@ def test_killing_the_joining_agent_while_a_resize_prepares_keeps_the_job_trainin
 
 def _agent(stack, name: str, log: Path, **env: str) -> subprocess.Popen:
     """Start agent `name` (again), with extra environment for its rank processes."""
-    env = {**os.environ, "REDIS_URL": stack.state["redis_url"], "DYNAPLANE_VAR_DIR": str(log.parent / name), **env}
+    env = {**os.environ, **stack.agent_env(name), "DYNAPLANE_VAR_DIR": str(log.parent / name), **env}
     return subprocess.Popen([sys.executable, "-m", "dynaplane", "agent", "--name", name, "--gpus", "2"], env=env,
                             cwd=ROOT, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -482,7 +482,7 @@ def test_agent_loss_and_return(stack, tmp_path) -> None:
     assert stack.get("api/health")["agents"] == {"healthy": 1, "lost": 1}
     print(f"node-1 lost {lost_after:.1f} s after its agent was killed")
 
-    env = {**os.environ, "REDIS_URL": stack.state["redis_url"]}
+    env = {**os.environ, **stack.agent_env("node-1")}
     agent = subprocess.Popen([sys.executable, "-m", "dynaplane", "agent", "--name", "node-1", "--gpus", "2"],
                              env=env, cwd=ROOT, stdout=open(tmp_path / "agent.log", "wb"), stderr=subprocess.STDOUT,
                              start_new_session=True)

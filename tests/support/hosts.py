@@ -140,6 +140,9 @@ class Hosts:
             except (ProcessLookupError, PermissionError):
                 pass
         for name in self.names:
+            # the pair first, at once: a namespace is deleted lazily, and with it its veth, whose name
+            # the next Hosts of this process would take
+            _ip("link", "del", self._outside(name), check=False)
             _kill_namespace(self.namespace(name))
         _ip("link", "del", self.bridge, check=False)
         deadline = time.monotonic() + 5

@@ -103,8 +103,12 @@ class StackProcess:
     def url(self) -> str:
         return self.state["url"]
 
-    def get(self, path: str, token: bool = False) -> dict:
+    def get(self, path: str, token: bool | None = None) -> dict:
+        """GET the API; with the token when asked, and by default on a stack other hosts reach
+        (`--host`: reads need signing in there)."""
         request = urllib.request.Request(self.url + path)
+        if token is None:
+            token = "--host" in self.argv and "token" in self.state
         if token:
             request.add_header("Authorization", f"Token {self.state['token']}")
         with urllib.request.urlopen(request, timeout=5) as response:
@@ -116,6 +120,14 @@ class StackProcess:
                                                   "Authorization": f"Token {self.state['token']}"})
         with urllib.request.urlopen(request, timeout=5) as response:
             return json.loads(response.read())
+
+    def agent_env(self, name: str) -> dict[str, str]:
+        """What an agent `name` started beside the stack needs in its environment: the broker and
+        its token (the launcher's for its own agents, else one issued through the API now)."""
+        tokens = self.state.setdefault("agent_tokens", {})
+        if name not in tokens:
+            tokens[name] = self.post("api/agent-tokens", {"node": name})["token"]
+        return {"REDIS_URL": self.state["redis_url"], "DYNAPLANE_AGENT_TOKEN": tokens[name]}
 
     def child_pids(self) -> dict[str, int]:
         return dict(self.state.get("pids", {}))
@@ -192,7 +204,7 @@ class SharedStack(StackProcess):
         self.restarted: list[subprocess.Popen] = []
 
     def _start_agent(self, name: str) -> subprocess.Popen:
-        env = {**self.env, "REDIS_URL": self.state["redis_url"], "DYNAPLANE_VAR_DIR": str(self.var_dir)}
+        env = {**self.env, **self.agent_env(name), "DYNAPLANE_VAR_DIR": str(self.var_dir)}
         log = open(self.var_dir / "logs" / f"agent-{name}.restarted.log", "ab")
         agent = subprocess.Popen([sys.executable, "-m", "dynaplane", "agent", "--name", name,
                                   "--gpus", str(self.gpus_per_agent)], env=env, cwd=ROOT, stdout=log,

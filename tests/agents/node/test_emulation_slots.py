@@ -15,6 +15,7 @@ from celery import signals
 from celery.contrib.testing.worker import start_worker
 
 from agents import protocol
+from agents.seal import key_of_token, seal, token_new
 from agents.node import app as agent_app
 from agents.node.config import AgentConfig
 from agents.node.emulation_slots import EmulationSlots, pool_size
@@ -65,7 +66,8 @@ def test_job_orders_run_while_every_emulation_slot_is_busy(broker_url, monkeypat
         release.wait(60)
 
     monkeypatch.setattr(agent_app, "run_emulation", emulation)
-    config = AgentConfig(name="node-9", gpus=1, device="cpu", broker_url=broker_url, heartbeat_seconds=60)
+    config = AgentConfig(name="node-9", gpus=1, device="cpu", broker_url=broker_url, heartbeat_seconds=60,
+                         key=key_of_token(token_new()))
     app, _ = agent_app.build_app(config, emulation_slots=1)
     stopped = threading.Event()
 
@@ -85,7 +87,9 @@ def test_job_orders_run_while_every_emulation_slot_is_busy(broker_url, monkeypat
             time.sleep(1.0)  # the other two have been taken and sent back by now
             assert len(bodies) == 1, bodies
             sent_at = time.monotonic()
-            app.send_task(protocol.NODE_JOB_STOP, args=[{"job_id": 4242}], queue=config.queue)
+            order = {"job_id": 4242}  # sealed as the control plane seals it: the agent takes no other
+            app.send_task(protocol.NODE_JOB_STOP, args=[order], queue=config.queue,
+                          kwargs={"seal": seal(config.key, config.name, protocol.NODE_JOB_STOP, order)})
             assert stopped.wait(10), "the stop order waited behind the emulations"
             print(f"job order served in {time.monotonic() - sent_at:.2f} s with the emulation slot busy")
             release.set()

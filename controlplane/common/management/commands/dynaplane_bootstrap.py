@@ -1,7 +1,9 @@
 """Make a fresh installation usable: an admin user, its API token, optionally the demo job and
 its dataset.
 
-Prints one JSON line: {"username", "password", "token", "database", "demo", "dataset"}; "demo"
+Prints one JSON line: {"username", "password", "token", "database", "demo", "dataset",
+"agent_tokens"}; "agent_tokens" (with --agents N) maps node-1 .. node-N to fresh agent tokens for
+the launcher's local agents (their earlier launcher-issued tokens revoked); "demo"
 is the demo job's {"id", "state"} with --demo (`dynaplane up` then starts it once the agents are
 up, when it is pending), else null; "dataset" (with --demo) is the demo's dataset
 {"id", "name", "documents", "tokens", "prepared_seconds"} (prepared_seconds: null when it was
@@ -22,6 +24,8 @@ from django.db import connection
 from rest_framework.authtoken.models import Token
 
 from parallelism.datasets.errors import DatasetError
+from controlplane.cluster.agent_tokens import token_issue, token_revoke
+from controlplane.cluster.models import AgentToken
 from controlplane.common.errors import InvalidInput
 from controlplane.datasets.demo import DEMO_DATASET, demo_dataset_ensure
 from controlplane.jobs.models import Job
@@ -65,12 +69,15 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--username", default=os.environ.get("DYNAPLANE_ADMIN_USER", "admin"))
+        parser.add_argument("--agents", type=int, default=0,
+                            help="issue tokens for this many local agents, node-1 .. node-N")
         parser.add_argument("--demo", action="store_true",
                             help="create the demo job and its dataset if they do not exist")
         parser.add_argument("--demo-source", default=None, metavar="DIR",
                             help="the .py files the demo dataset is prepared from (default: the standard library)")
 
-    def handle(self, *args, username: str, demo: bool, demo_source: str | None = None, **options) -> None:
+    def handle(self, *args, username: str, demo: bool, demo_source: str | None = None, agents: int = 0,
+               **options) -> None:
         password = _stored_password()
         user, created = get_user_model().objects.get_or_create(
             username=username, defaults={"is_staff": True, "is_superuser": True}
@@ -96,7 +103,22 @@ class Command(BaseCommand):
         self.stdout.write(json.dumps({"username": username, "password": password, "token": token.key,
                                       "database": database,
                                       "demo": {"id": demo_job.pk, "state": demo_job.state} if demo_job else None,
-                                      "dataset": dataset}))
+                                      "dataset": dataset, "agent_tokens": _local_agent_tokens(agents)}))
+
+
+LOCAL_ISSUER = "dynaplane up"
+
+
+def _local_agent_tokens(count: int) -> dict[str, str]:
+    """Fresh tokens for the launcher's agents node-1 .. node-<count>; the ones it issued them
+    before are revoked (a token issued by an admin for such a node is left alone)."""
+    tokens = {}
+    for i in range(1, count + 1):
+        node = f"node-{i}"
+        for old in AgentToken.objects.filter(node=node, created_by=LOCAL_ISSUER, revoked_at=None):
+            token_revoke(key_id=old.key_id)
+        tokens[node] = token_issue(node=node, created_by=LOCAL_ISSUER, note="a local agent of `dynaplane up`")[1]
+    return tokens
 
 
 def _demo_dataset(source: str | None, user) -> dict:
