@@ -6,7 +6,7 @@ and the node name the token speaks for."""
 from __future__ import annotations
 
 from django.conf import settings
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.permissions import AllowAny, IsAdminUser
@@ -88,7 +88,9 @@ class AgentJoinView(APIView):
             required=False, help_text="the agent's --name, when given: it must be the token's node")}),
         responses={200: inline_serializer("AgentJoined", {"node": serializers.CharField(),
                                                           "key_id": serializers.CharField(),
-                                                          "broker_url": serializers.CharField()})})
+                                                          "broker_url": serializers.CharField()}),
+                   403: OpenApiResponse(description="the token is not one this control plane issued, or revoked"),
+                   429: OpenApiResponse(description=f"more than {JoinThrottle.rate} joins from one address")})
     def post(self, request):
         body = request.data if isinstance(request.data, dict) else {}
         token, node = body.get("token"), body.get("node")

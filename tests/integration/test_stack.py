@@ -504,7 +504,9 @@ def test_run_command_on_embedded_defaults_starts_and_stops_cleanly(tmp_path) -> 
         seconds = process.wait_ready()
         health = process.get("api/health")
         assert health["database"]["vendor"] == "sqlite"
-        assert health["broker"]["url"].startswith("redis://127.0.0.1:") and health["agents"]["healthy"] == 2
+        # the embedded broker asks a password (issue 44), kept in the var dir for its owner only
+        assert health["broker"]["url"].startswith("redis://dynaplane:***@127.0.0.1:") and health["agents"]["healthy"] == 2
+        assert (tmp_path / "var" / "broker_password").stat().st_mode & 0o777 == 0o600
         assert (tmp_path / "var" / "dynaplane.sqlite3").exists()
         print(f"`dynaplane up` to healthy /api/health on embedded defaults: {seconds:.1f} s")
     finally:
