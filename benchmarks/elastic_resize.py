@@ -21,6 +21,13 @@ step reports cancels; what remains is polling granularity (+- POLL).
 
     flock /tmp/dynaplane-stack.lock .venv/bin/python -m benchmarks.elastic_resize
     ... --model tiny-gpt --steps 3      (a quick check of the path)
+    ... --across-hosts                  (issue 44: the online resize on loopback, then with each
+                                         agent on a host of its own, and the link's bandwidth)
+
+--across-hosts runs (a) twice in one process: on the loopback stack above, then on a control
+plane and two agent hosts (Linux network namespaces joined by veth pairs and a bridge,
+tests/support/host_cluster.py; needs root), where the joining ranks' state crosses the link; the
+link's TCP bandwidth is measured in the same run, one stream between the two hosts.
 """
 from __future__ import annotations
 
@@ -175,8 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=8)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for any one phase")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--across-hosts", action="store_true",
+                        help="the online resize on loopback and across two test hosts (network namespaces), "
+                             "with the link's bandwidth; no restart runs")
     args = parser.parse_args(argv)
     common = {"model": args.model, "global_batch": args.global_batch, "micro_batch": 1, "seq_len": args.seq_len}
+    if args.across_hosts:
+        return across_hosts(args, common)
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="elastic-bench-") as tmp:
         stack = StackProcess(Path(tmp), agents=2, gpus_per_agent=2, env={"DATABASE_URL": None, "REDIS_URL": None})
@@ -222,6 +234,45 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({"model": args.model, "load_before": load_before, "results": results},
                                         indent=2))
     return 0
+
+
+def across_hosts(args, common: dict) -> int:
+    """(a) on the loopback stack, then across two hosts (each agent in a namespace of its own)."""
+    from tests.support.host_cluster import host_cluster, link_bandwidth
+
+    load_before = os.getloadavg()
+    per_host = max(args.small, args.large) // 2
+    with tempfile.TemporaryDirectory(prefix="elastic-bench-") as tmp:
+        stack = StackProcess(Path(tmp) / "loopback", agents=2, gpus_per_agent=per_host,
+                             env={"DATABASE_URL": None, "REDIS_URL": None})
+        stack.start()
+        try:
+            stack.wait_ready(timeout=180)
+            loopback = online(stack, args, common)
+        finally:
+            stack.stop()
+        with host_cluster(Path(tmp) / "hosts", ["host-1", "host-2"], gpus_per_host=per_host) as (stack, hosts):
+            bandwidth = link_bandwidth(hosts, "host-1", "host-2")
+            across = online(stack, args, common)
+            bandwidth_after = link_bandwidth(hosts, "host-2", "host-1")
+    print(f"{args.model}, global_batch {args.global_batch}, seq {args.seq_len}, {args.small} <-> {args.large} "
+          f"virtual GPUs, {per_host} per agent; load average before {load_before[0]:.1f}, after "
+          f"{os.getloadavg()[0]:.1f}; link between the hosts (one TCP stream, this run): "
+          f"{bandwidth / 1e9:.2f} GB/s before, {bandwidth_after / 1e9:.2f} GB/s after")
+    print(f"{'direction':>9} {'loopback pause':>14} {'hosts pause':>11} {'transfer (loopback / hosts)':>28} "
+          f"{'moved':>9} {'achieved over the link':>22} verified")
+    rows = []
+    for here, there in zip(loopback, across):
+        moved = there["network_bytes"] or 0
+        rate = moved / there["transfer_seconds"] if there["transfer_seconds"] else 0.0
+        print(f"{there['direction']:>9} {here['pause_seconds']:>13.2f}s {there['pause_seconds']:>10.2f}s "
+              f"{here['transfer_seconds'] or 0:>13.2f}s / {there['transfer_seconds'] or 0:>5.2f}s "
+              f"{moved / 1e9:>7.2f}GB {rate / 1e9:>19.2f}GB/s {here['verified'] and there['verified']}")
+        rows.append({"loopback": here, "hosts": there, "achieved_bytes_per_second": rate})
+    if args.json:
+        args.json.write_text(json.dumps({"model": args.model, "load_before": load_before, "rows": rows,
+                                         "link_bytes_per_second": [bandwidth, bandwidth_after]}, indent=2))
+    return 0 if all(r["loopback"]["verified"] and r["hosts"]["verified"] for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -1,13 +1,14 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend import compare_views, dataset_views, elastic_views, job_views, views
+from frontend import agent_views, compare_views, dataset_views, elastic_views, job_views, views
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("compare/", compare_views.compare, name="compare"),
     path("compare/data", compare_views.compare_data, name="compare-data"),
     path("compare/export.csv", compare_views.compare_export, name="compare-export"),
+    path("agents/", agent_views.agents_page, name="agents"),
     path("datasets/", dataset_views.datasets_page, name="datasets"),
     path("elastic/", elastic_views.elastic_page, name="elastic"),
     path("elastic/timeline.json", elastic_views.elastic_timeline, name="elastic-timeline"),

@@ -72,3 +72,12 @@ def token_joined(token: str) -> AgentToken:
         raise TokenError("token", f"revoked at {row.revoked_at.isoformat()}")
     AgentToken.objects.filter(pk=row.pk).update(last_joined_at=timezone.now())
     return row
+
+
+def tokens_listed(limit: int = 1000) -> list[AgentToken]:
+    """The tokens, newest first per node, each with `in_use`: its node's agent speaks with it now."""
+    tokens = list(AgentToken.objects.all()[:limit])
+    heard = dict(Node.objects.exclude(key_id="").values_list("key_id", "name"))
+    for token in tokens:
+        token.in_use = heard.get(token.key_id) == token.node
+    return tokens

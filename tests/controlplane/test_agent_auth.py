@@ -226,3 +226,21 @@ def _bootstrap(call_command, buffer, agents: int) -> str:
     out = buffer()
     call_command("dynaplane_bootstrap", "--agents", str(agents), stdout=out)
     return out.getvalue().strip().splitlines()[-1]
+
+
+# --- the Agents page -------------------------------------------------------------------------
+
+def test_the_agents_page_is_for_staff_and_lists_tokens_without_their_secrets(browser_client, staff_client) -> None:
+    from django.test import Client
+
+    row, token = token_issue(node="gpu-7", note="rack 4")
+    beat("gpu-7", key_of_token(token))
+    assert Client().get("/agents/").status_code == 302  # to sign in
+    assert browser_client.get("/agents/").status_code == 302  # signed in, not staff: to the admin sign-in
+    assert '<a href="/agents/">Agents</a>' not in browser_client.get("/datasets/").content.decode()
+    staff = Client()
+    staff.force_login(get_user_model().objects.get(username="root"))
+    html = staff.get("/agents/").content.decode()
+    assert f'id="token-{row.key_id}"' in html and "in use" in html and "rack 4" in html
+    assert token.split("_")[2] not in html and row.secret not in html
+    assert '<a href="/agents/">Agents</a>' in html

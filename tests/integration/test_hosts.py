@@ -18,8 +18,9 @@ import pytest
 
 from agents.runtime.sample_log import read_records
 from tests.support.datasets import assert_each_sample_read_once, loss_steps, real_text_dataset, start_text_job
-from tests.support.hosts import Hosts, available
-from tests.support.stack import ROOT, StackProcess, wait_for, wait_for_transition_end
+from tests.support.host_cluster import host_cluster
+from tests.support.hosts import available
+from tests.support.stack import wait_for, wait_for_transition_end
 
 pytestmark = [pytest.mark.integration, pytest.mark.hosts, pytest.mark.timeout(420),
               pytest.mark.skipif(available() is not None, reason=f"no test hosts here: {available()}")]
@@ -30,25 +31,10 @@ HOSTS = ["host-1", "host-2", "host-3"]
 @pytest.fixture
 def cluster(tmp_path):
     """(stack, hosts): the control plane on the bridge's address with its embedded broker, no
-    agents of its own; one agent with 2 virtual GPUs on each of three hosts."""
-    hosts = Hosts(HOSTS)
-    stack = StackProcess(tmp_path / "stack", agents=0, gpus_per_agent=2, env={"DATABASE_URL": None, "REDIS_URL": None})
-    stack.argv += ["--host", hosts.gateway]
-    stack.start()
-    try:
-        stack.wait_ready(timeout=120)
-        env = {**os.environ, "DYNAPLANE_VAR_DIR": str(stack.var_dir), "PYTHONUNBUFFERED": "1"}
-        env.pop("REDIS_URL", None)  # the agents learn the broker when they join
-        for name in HOSTS:  # each enrolled with a token of its own, as an admin issues them
-            token = stack.post("api/agent-tokens", {"node": name})["token"]
-            log = open(stack.var_dir / f"agent-{name}.log", "wb")
-            hosts.popen(name, [sys.executable, "-m", "dynaplane", "agent", "--join", stack.url, "--gpus", "2"],
-                        env={**env, "DYNAPLANE_AGENT_TOKEN": token}, cwd=ROOT, stdout=log, stderr=log)
-        wait_for(lambda: sum(n["state"] == "healthy" for n in stack.get("api/nodes")["results"]) == 3, timeout=90)
-        yield stack, hosts
-    finally:
-        stack.stop()
-        hosts.close()
+    agents of its own; one agent with 2 virtual GPUs on each of three hosts, each enrolled with
+    a token of its own (tests/support/host_cluster.py)."""
+    with host_cluster(tmp_path / "stack", HOSTS) as made:
+        yield made
 
 
 def test_a_job_trains_across_two_hosts_and_grows_onto_a_third(cluster) -> None:

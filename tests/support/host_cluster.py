@@ -1,0 +1,89 @@
+"""A control plane and agents on test hosts (issue 44), for the host tests and the resize
+benchmark across hosts: `dynaplane up --host` on the bridge's address with its embedded broker
+(a password) and no agents of its own; on each host one agent, enrolled with a token an admin
+issued through the API (`dynaplane agent --join URL`, the token in its environment)."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.support.hosts import Hosts
+from tests.support.stack import ROOT, StackProcess, wait_for
+
+
+@contextmanager
+def host_cluster(var_dir: Path, names: list[str], gpus_per_host: int = 2, ready_timeout: float = 120):
+    """(stack, hosts) with one healthy agent of `gpus_per_host` virtual GPUs on each host."""
+    hosts = Hosts(names)
+    stack = StackProcess(var_dir, agents=0, gpus_per_agent=gpus_per_host, env={"DATABASE_URL": None, "REDIS_URL": None})
+    stack.argv += ["--host", hosts.gateway]
+    try:
+        stack.start()
+        stack.wait_ready(timeout=ready_timeout)
+        env = {**os.environ, "DYNAPLANE_VAR_DIR": str(stack.var_dir), "PYTHONUNBUFFERED": "1"}
+        env.pop("REDIS_URL", None)  # the agents learn the broker when they join
+        for name in names:
+            token = stack.post("api/agent-tokens", {"node": name})["token"]
+            log = open(stack.var_dir / f"agent-{name}.log", "wb")
+            hosts.popen(name, [sys.executable, "-m", "dynaplane", "agent", "--join", stack.url,
+                               "--gpus", str(gpus_per_host)],
+                        env={**env, "DYNAPLANE_AGENT_TOKEN": token}, cwd=ROOT, stdout=log, stderr=log)
+        wait_for(lambda: sum(n["state"] == "healthy" for n in stack.get("api/nodes")["results"]) == len(names),
+                 timeout=90)
+        yield stack, hosts
+    finally:
+        if stack.process is not None:
+            stack.stop()
+        hosts.close()
+
+
+SINK = r"""
+import socket, sys
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind((sys.argv[1], int(sys.argv[2])))
+server.listen(1)
+print("READY", flush=True)
+conn, _ = server.accept()
+total = 0
+while True:
+    chunk = conn.recv(1 << 20)
+    if not chunk:
+        break
+    total += len(chunk)
+print(total, flush=True)
+"""
+
+SOURCE = r"""
+import socket, sys, time
+sock = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+block, sent, start = b"\0" * (1 << 20), 0, time.perf_counter()
+while time.perf_counter() - start < float(sys.argv[3]):
+    sock.sendall(block)
+    sent += len(block)
+sock.close()
+print(sent, time.perf_counter() - start, flush=True)
+"""
+
+
+def link_bandwidth(hosts: Hosts, source: str, sink: str, seconds: float = 2.0, port: int = 29399) -> float:
+    """Bytes per second one TCP stream moves from host `source` to host `sink` (over their veth
+    pairs and the bridge), as the ranks' gloo traffic crosses them."""
+    import subprocess
+
+    receiver = hosts.popen(sink, [sys.executable, "-c", SINK, hosts.address(sink), str(port)],
+                           stdout=subprocess.PIPE, text=True)
+    assert receiver.stdout.readline().strip() == "READY"
+    started = time.monotonic()
+    sent = hosts.run(source, [sys.executable, "-c", SOURCE, hosts.address(sink), str(port), str(seconds)],
+                     timeout=seconds + 30)
+    if sent.returncode != 0:
+        raise RuntimeError(f"bandwidth probe failed: {sent.stderr[-2000:]}")
+    received = int(receiver.stdout.readline())
+    receiver.wait(timeout=10)
+    total, wall = sent.stdout.split()
+    assert received == int(total), (received, total, time.monotonic() - started)
+    return received / float(wall)
