@@ -51,6 +51,10 @@ class _Served:
             self._seen[(job_id, node)] = now
         return True
 
+    def forget(self) -> None:
+        with self._lock:
+            self._seen.clear()
+
 
 SERVED = _Served()
 

@@ -115,6 +115,18 @@ def run(django_capture_on_commit_callbacks):
 
 
 @pytest.fixture(autouse=True)
+def _fresh_speaker_caches():
+    """The workers' caches of keys and of which node serves which job, empty for each test: a
+    job id of one test is another job in the next (SQLite counts ids again from 1)."""
+    from controlplane.cluster.agent_auth import KEYS, THROTTLE
+    from controlplane.jobs.job_speakers import SERVED
+
+    for cache in (KEYS, THROTTLE, SERVED):
+        cache.forget()
+    yield
+
+
+@pytest.fixture(autouse=True)
 def enrolled_on_demand(request, monkeypatch):
     """Every node these tests give orders to was enrolled by an admin (its orders sealed with its
     key): a token is issued for it the first time. tests/controlplane/test_agent_auth.py, which

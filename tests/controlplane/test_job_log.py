@@ -11,16 +11,20 @@ from agents import protocol
 from controlplane.jobs import tasks
 from controlplane.jobs.events import JobLiveSnapshot, LogEvent, apply_job_event, job_event_adapter
 from controlplane.jobs.job_logs import job_log_record
-from controlplane.jobs.models import JobLog
+from controlplane.jobs.models import Job, JobLog
 from tests.controlplane.conftest import embedded_json
 
 pytestmark = pytest.mark.django_db
 
 
 def _job(run, token_client) -> dict:
+    """A pending job whose ranks are placed on node-1, as a start would place them: its log tails
+    are heard from node-1 only (jobs/job_speakers.py)."""
     response = run(token_client.post, "/api/jobs", {"name": "logged", "model": "tiny-gpt", "gpus": 2, "start": False},
                    format="json")
     assert response.status_code == 201, response.content
+    Job.objects.filter(pk=response.json()["id"]).update(
+        placement=[{"rank": rank, "node": "node-1", "gpu": rank} for rank in (0, 1)])
     return response.json()
 
 
