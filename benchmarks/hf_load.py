@@ -174,6 +174,7 @@ def check_loadable(hf_dir: str, layout: str = LAYOUT) -> None:
 def rank_state_bytes(hf_dir: str, layout: str = LAYOUT) -> list[int]:
     """Bytes of every rank's (tensor, state) boxes: what hf_initial_shards allocates there."""
     from parallelism.engine.shards import DTYPES, box_shape, rank_boxes
+    from parallelism.engine.zero_pages import untouched_zeros
     from parallelism.layout.catalog import get_model
     from parallelism.layout.placement import place
 
@@ -306,12 +307,15 @@ def _io_read_bytes() -> int:
 
 
 def _zeros(placement, rank: int) -> list:
-    """Every box the rank holds, zero-filled in its state's dtype: what the load allocates."""
+    """Every box the rank holds, zero-filled in its state's dtype, the moments' pages left
+    untouched: what the load allocates."""
     import torch
 
     from parallelism.engine.shards import DTYPES, box_shape, rank_boxes
+    from parallelism.engine.zero_pages import untouched_zeros
 
-    return [torch.zeros(box_shape(placement.model.tensors[i], box), dtype=DTYPES[state])
+    return [(untouched_zeros if state in ("exp_avg", "exp_avg_sq") else torch.zeros)(
+                box_shape(placement.model.tensors[i], box), dtype=DTYPES[state])
             for (i, state), box in rank_boxes(placement, rank).items()]
 
 

@@ -98,15 +98,16 @@ def wait_for_order(orphan: Orphan, run_dir: Path, stop_file: str, restore_id: in
 def agreement(gathered: list[tuple[int, int, dict]], step: int, src_world: int) -> str | None:
     """Why the survivors' memories cannot be one state (None: they agree). gathered[new
     rank] = (step, data samples, {(tensor, state, box): digest}); ranks from src_world up
-    bring no state."""
-    steps = {rank: s for rank, (s, _, _) in enumerate(gathered)}
+    bring no state, and may be a step behind (recovery.py: they join empty-handed)."""
+    sources = gathered[:src_world]
+    steps = {rank: s for rank, (s, _, _) in enumerate(sources)}
     if set(steps.values()) != {step}:
-        return f"the survivors stopped at steps {steps} (new rank: step), the order says {step}"
-    samples = {rank: d for rank, (_, d, _) in enumerate(gathered)}
+        return f"the survivors holding the state stopped at steps {steps} (new rank: step), the order says {step}"
+    samples = {rank: d for rank, (_, d, _) in enumerate(sources)}
     if len(set(samples.values())) != 1:
         return f"the survivors' data positions differ: {samples} (new rank: samples)"
     seen: dict = {}
-    for rank, (_, _, digests) in enumerate(gathered[:src_world]):
+    for rank, (_, _, digests) in enumerate(sources):
         for key, digest in digests.items():
             first = seen.setdefault(key, (rank, digest))
             if first[1] != digest:

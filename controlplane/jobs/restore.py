@@ -224,7 +224,7 @@ def job_restore(*, job_id: int, early: bool = False) -> Transition | None:
                      "deciding once lost nodes are known", job.name, silent)
             return None
         if rule.action == SURVIVORS:
-            row = survivors_switch(job, rule.world, step=next(iter(orphans.values())), cause=cause)
+            row = survivors_switch(job, rule.world, step=max(orphans.values()), cause=cause)
             if isinstance(row, Transition):
                 return row
             if early:

@@ -1,6 +1,6 @@
 """A Hugging Face model directory on disk: config.json, then model.safetensors or the shards
 named by model.safetensors.index.json. Everything here reads headers only (names, shapes,
-dtypes); tensor data is read by region later, through safetensors' `get_slice`."""
+dtypes); tensor data is read by region later (region_read.py)."""
 from __future__ import annotations
 
 import json

@@ -7,17 +7,19 @@ settings the trainer computes differently), the placement's model against config
 then the index and every shard file's header (names, shapes, dtypes) against the
 adapter's map. Then each rank reads only its boxes.
 
-Why safetensors' `safe_open(...).get_slice` and not torch's HuggingFaceStorageReader
-(torch 2.13): the reader does read only a box (with that same get_slice), but a box of an
+Why region reads of our own (region_read.py) and not torch's HuggingFaceStorageReader
+(torch 2.13): the reader does read only a box (with safetensors' get_slice), but a box of an
 HF tensor, in HF's name, shape and dim order, requested by `dcp.load` for a DTensor (or a
 whole tensor) keyed by the HF name. Our boxes are boxes of *our* tensors: a per-expert
 checkpoint's experts are E HF tensors stacked into one of ours, GPT-2's q/k/v are column
 ranges of the fused, transposed c_attn (a ZeRO chunk of q is a column range of it), a
 fused gate_up_proj holds two of ours. Those boxes are no DTensor shard of an HF tensor (a
 stack of E tensors, a transposed column range), so the reader would load whole HF tensors
-to copy boxes out of; get_slice reads exactly each box's region, per rank, no collective. The reader also lists
-every *.safetensors file in the folder instead of following model.safetensors.index.json,
-so a missing shard would surface as a missing tensor, and a stray file would be read.
+to copy boxes out of; a region read takes exactly each box's rows, per rank, no collective.
+The reader also lists every *.safetensors file in the folder instead of following
+model.safetensors.index.json, so a missing shard would surface as a missing tensor, and a
+stray file would be read. And get_slice reads through a memory map, whose page faults on a
+cold file cost four times the CPU of large reads (region_read.py).
 """
 from __future__ import annotations
 
@@ -30,12 +32,14 @@ import torch
 from torch import Tensor
 
 from parallelism.engine.shards import DTYPES, Box, Key, LocalShard, rank_boxes
+from parallelism.engine.zero_pages import untouched_zeros
 from parallelism.hf_weights.config_rules import check_computable
 from parallelism.hf_weights.convert import read_box
 from parallelism.hf_weights.errors import HFWeightsError
 from parallelism.hf_weights.families import detect_variant, hf_map
 from parallelism.hf_weights.hf_files import CONFIG, HFDir, check_tensors, read_hf_dir, read_json
 from parallelism.hf_weights.pieces import HFMap, Range
+from parallelism.hf_weights.region_read import SafetensorsFile
 from parallelism.layout.catalog import model_from_config
 from parallelism.layout.errors import LayoutError
 from parallelism.layout.hf_config import SUPPORTED_TYPES, load_hf_config
@@ -118,19 +122,19 @@ def box_ranges(tensor: TensorSpec, box: Box) -> tuple[Range, ...]:
 
 
 class RegionFiles:
-    """Open safetensors files (each once) and read regions of their tensors: get_slice reads
-    the bytes of the region only (the file is memory-mapped)."""
+    """Open safetensors files (each once) and read regions of their tensors, each into a
+    tensor of its own, with large positional reads of the region's rows (region_read.py)."""
 
     def __init__(self, hf: HFDir, stack: ExitStack) -> None:
         self.hf, self.stack, self.handles = hf, stack, {}
+        self.scratch: list[Tensor] = []
 
     def read(self, hf_name: str, slices: tuple[slice, ...]) -> Tensor:
-        from safetensors import safe_open
-
         file = self.hf.file_of(hf_name)
         if file not in self.handles:
-            self.handles[file] = self.stack.enter_context(safe_open(file, framework="pt"))
-        return self.handles[file].get_slice(hf_name)[slices]
+            handle = self.handles[file] = SafetensorsFile(file)
+            self.stack.callback(handle.close)
+        return self.handles[file].region(hf_name, [(s.start, s.stop) for s in slices], self.scratch)
 
 
 def hf_initial_shards(placement: Placement, rank: int, hf_dir: str) -> dict[Key, LocalShard]:
@@ -158,12 +162,15 @@ def read_shards(source: HFSource, placement: Placement, rank: int) -> dict[Key, 
             if weights:  # param and master boxes nest (a ZeRO chunk inside the TP box): read the outer once
                 hull = (min(b[0] for b in weights), max(b[1] for b in weights),
                         min(b[2] for b in weights), max(b[3] for b in weights))
-                # In the stored dtype, often a view of the memory-mapped file: each state copies its box out.
+                # In the stored dtype, in a tensor of its own: each state copies its box out of it
+                # (or is it, when the box is the whole region in the state's dtype).
                 value = read_box(source.hfmap.pieces[tensor.name], box_ranges(tensor, hull), files.read)
                 whole = LocalShard(tensor, "master", hull, value)
             for state, box in states.items():
                 if state in ("exp_avg", "exp_avg_sq"):
-                    data = torch.zeros(_shape(tensor, box), dtype=DTYPES[state])
+                    data = untouched_zeros(_shape(tensor, box), DTYPES[state])
+                elif box == hull and value.dtype == DTYPES[state]:
+                    data = value  # the region read is a tensor of its own: it is the state, no copy
                 else:
                     assert whole is not None
                     data = cast_copy(whole.region(box), DTYPES[state])

@@ -3,11 +3,16 @@ memory, restore from the latest checkpoint, or fail (docs/elastic.md, "Failures 
 
 The survivors can take over without a checkpoint only when
 - no transition was active when the ranks were lost (a switch moves state between layouts),
-- every surviving rank outlived its world at the same step (ranks report that step),
-- they hold every state element (survivors.uncovered), and
-- some of them form whole data-parallel replicas: their state is then exactly the job's
+- the survivors that outlived their world at the latest step any of them reached (ranks
+  report that step) hold every state element (survivors.uncovered), and
+- some of those form whole data-parallel replicas: their state is then exactly the job's
   layout with dp = the number of whole replicas, on the replicas' ranks renumbered (what
   `survivors_source` computes). The other survivors join that world empty-handed.
+
+Survivors may stop one step apart: a collective broken by the lost rank can complete on
+some ranks (they have every contribution they need and apply the step) and not on others.
+Those at the latest step hold that step's state; the ones a step behind hold an older one,
+so they join without state, like any new rank, and the job goes on at the latest step.
 
 Worked example: tp=2,dp=3 (ranks: tp_rank + 2*dp_rank), ranks 2, 3 lost. Replicas 0 and 2
 are whole: old ranks 0, 1, 4, 5 become 0, 1, 2, 3 of tp=2,dp=2.
@@ -51,9 +56,12 @@ def _replica_ranks(ml: ModuleLayout, dp_rank: int) -> list[int]:
                   for stage in range(ml.pp) for c in range(ml.cp) for tp in range(ml.tp))
 
 
-def survivors_source(placement: Placement, survivors: Iterable[int]) -> SurvivorWorld | str:
-    """The layout the survivors' whole replicas form, with the rank map; or why there is none."""
+def survivors_source(placement: Placement, survivors: Iterable[int],
+                     sources: Iterable[int] | None = None) -> SurvivorWorld | str:
+    """The layout the whole replicas among `sources` (default: every survivor) form, with the
+    rank map; or why there is none. The other survivors join empty-handed."""
     alive = set(survivors)
+    able = alive if sources is None else set(sources) & alive
     if placement.layout.is_heterogeneous or len(placement.modules) != 1:
         return "the layout has a layout per module (only one-module layouts are renumbered)"
     ml = next(iter(placement.modules.values()))
@@ -61,7 +69,7 @@ def survivors_source(placement: Placement, survivors: Iterable[int]) -> Survivor
         return f"the layout is placed from rank {ml.offset}"
     if ml.ep > 1:
         return f"ep={ml.ep} spreads the experts over the data-parallel ranks"
-    whole = [d for d in range(ml.dp) if set(_replica_ranks(ml, d)) <= alive]
+    whole = [d for d in range(ml.dp) if set(_replica_ranks(ml, d)) <= able]
     if not whole:
         return "no whole data-parallel replica survived (a rank map for partial replicas is not built)"
     if ml.zero and len(whole) < ml.dp:
@@ -93,7 +101,7 @@ def survivors_cover(placement: Placement, survivors: Iterable[int]) -> str:
 def recovery_rule(placement: Placement, survivors: Mapping[int, int], *, transition_active: bool,
                   no_checkpoint: str | None) -> Recovery:
     """survivors: old rank -> the step it outlived its world at (ranks that reported waiting,
-    on healthy nodes). no_checkpoint: why no checkpoint restore is possible (None: it is)."""
+    on healthy nodes); the job goes on at the latest of those steps. no_checkpoint: why no checkpoint restore is possible (None: it is)."""
     why = survivors_refusal(placement, survivors, transition_active=transition_active)
     if isinstance(why, SurvivorWorld):
         return Recovery(SURVIVORS, "", why)
@@ -110,9 +118,11 @@ def survivors_refusal(placement: Placement, survivors: Mapping[int, int], *,
     if not survivors:
         return "no surviving rank outlived its world (none reported waiting for a recovery order)"
     steps = sorted(set(survivors.values()))
-    if len(steps) > 1:
-        return f"the surviving ranks stopped at different steps {steps}"
-    missing = survivors_cover(placement, survivors)
+    latest = [rank for rank, step in survivors.items() if step == steps[-1]]
+    missing = survivors_cover(placement, latest)
     if missing:
+        if len(steps) > 1:
+            return (f"the surviving ranks stopped at different steps {steps}, and those at step {steps[-1]} "
+                    f"(ranks {sorted(latest)}) no longer held every state element")
         return missing
-    return survivors_source(placement, survivors)
+    return survivors_source(placement, survivors, latest)

@@ -34,6 +34,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                RowwiseParallel, SequenceParallel, parallelize_module)
 
 from parallelism.engine.shards import DTYPES, Key, LocalShard, box_shape, rank_boxes, trainer_states
+from parallelism.engine.zero_pages import untouched_zeros
 from parallelism.layout.model_request import ModelConfig, NamesAModel, resolved_field
 from parallelism.layout.placement import Placement, place
 from parallelism.layout.shards import b_dim
@@ -300,7 +301,7 @@ def initial_shards(placement: Placement, rank: int, seed: int) -> dict[Key, Loca
         tensor = spec.tensors[index]
         shape = box_shape(tensor, box)
         if state in ("exp_avg", "exp_avg_sq"):
-            data = torch.zeros(shape, dtype=DTYPES[state])
+            data = untouched_zeros(shape, DTYPES[state])
         else:
             if index not in full:
                 full[index] = initial_value(tensor.name, tensor.shape, seed)

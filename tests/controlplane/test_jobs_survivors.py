@@ -93,10 +93,27 @@ def test_rank_0s_node_lost_the_survivors_are_renumbered_and_go_on_without_a_chec
     assert [(t["kind"], t["state"]) for t in listed] == [("restore", "committed")]
 
 
+def test_survivors_a_step_apart_go_on_at_the_latest_step_the_rank_behind_joining_empty_handed(
+        two_nodes, token_client, sent_tasks, run) -> None:
+    """Rank 2 completed the broken step 14's all-reduce and applied it, rank 3 did not (gloo's
+    ring can finish on some ranks): rank 2's replica is the state, rank 3 joins without one."""
+    job = started_job(run, token_client, gpus=4, checkpoint_interval=0)
+    trained_to(run, job, 14, None)
+    _orphaned(run, job, "node-2", (2,), 14)
+    _orphaned(run, job, "node-2", (3,), 13)
+    sent_tasks.clear()
+    row = run(restore.job_restore, job_id=job.pk, early=True)
+    assert (row.kind, row.step, row.source_layout, row.destination_layout) == ("restore", 14, "dp=4", "dp=2")
+    assert row.verification["survivors"]["ranks"] == [[2, 0], [3, 1]]
+    ((message, _),) = sent_of(sent_tasks, protocol.NODE_JOB_RECOVER)
+    order = protocol.JobRecoverOrder.model_validate(message)
+    assert (order.step, order.src_world, order.world) == (14, 1, 2)
+
+
 def test_survivors_that_cannot_take_over_leave_the_checkpoint_or_a_failure_saying_why(
         two_nodes, token_client, sent_tasks, run) -> None:
-    # Different steps: one replica finished its optimizer step, the other did not.
-    skew = started_job(run, token_client, "skew", gpus=4, checkpoint_interval=10)
+    # Different steps: rank 0 finished the broken step, rank 1 (the other half of its tp=2 replica) did not.
+    skew = started_job(run, token_client, "skew", layout="tp=2,dp=2", checkpoint_interval=10)
     trained_to(run, skew, 12, 10)
     _orphaned(run, skew, "node-1", (0,), 12)
     _orphaned(run, skew, "node-1", (1,), 11)
@@ -106,8 +123,8 @@ def test_survivors_that_cannot_take_over_leave_the_checkpoint_or_a_failure_sayin
     row = run(restore.job_restore, job_id=skew.pk)
     assert row.reason.startswith("node node-1 ranks 0 lost their peers")
     assert "restored from checkpoint step 10" in row.reason
-    assert row.reason.endswith("still held a full replica of the state; not switched on them: the surviving ranks "
-                               "stopped at different steps [11, 12]")
+    assert row.reason.endswith("not switched on them: the surviving ranks stopped at different steps [11, 12], and "
+                               "those at step 12 (ranks [0]) no longer held every state element")
 
 
 def test_the_waiting_ranks_of_a_node_whose_agent_reported_a_failure_are_not_survivors(
