@@ -44,6 +44,9 @@ EMULATOR_DEVICES = ("a100", "h100", "h200", "b200", "cpu")
 RECOMPUTE_MODES = ("none", "selective", "full")
 
 HEARTBEAT_SECONDS = 2.0
+# A training step's collectives wait at most this long for a peer by default (the control plane's
+# DYNAPLANE_STEP_TIMEOUT_SECONDS): a host cut off is found by its peers within it.
+STEP_TIMEOUT_SECONDS = 15.0
 # A checkpoint folder is complete once its ranks wrote this file (agents/runtime/checkpoints.py);
 # the control plane checks for it before a job resumes from the folder.
 CHECKPOINT_COMPLETE_MARKER = "complete.json"
@@ -216,6 +219,9 @@ class JobStartOrder(_Message):
     seed: int = 0
     report_every: int = Field(default=1, gt=0)
     timeout_seconds: float = Field(default=120.0, gt=0, le=3600)
+    # How long a collective of a training step may wait (docs/hosts.md, "A host cut off"): a
+    # peer silent this long is gone. Start-up, checkpoints and switches wait timeout_seconds.
+    step_timeout_seconds: float = Field(default=STEP_TIMEOUT_SECONDS, gt=0, le=3600)
     # Periodic checkpoints (torch.distributed.checkpoint): every `checkpoint_interval` steps
     # (0: none) into `checkpoint_dir`, which every node of the job must see (shared storage).
     checkpoint_interval: int = Field(default=0, ge=0)
@@ -412,6 +418,9 @@ class JobSwitchOrder(_Message):
     seed: int = 0
     report_every: int = Field(default=1, gt=0)
     timeout_seconds: float = Field(default=120.0, gt=0, le=3600)
+    # How long a collective of a training step may wait (docs/hosts.md, "A host cut off"): a
+    # peer silent this long is gone. Start-up, checkpoints and switches wait timeout_seconds.
+    step_timeout_seconds: float = Field(default=STEP_TIMEOUT_SECONDS, gt=0, le=3600)
     src_layout: str = Field(min_length=1, max_length=500)
     src_world: int = Field(gt=0)
     layout: str = Field(min_length=1, max_length=500)

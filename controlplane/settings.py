@@ -240,6 +240,10 @@ CELERY_BEAT_SCHEDULE = {
 # A node whose last heartbeat is older than this is lost (heartbeats come every
 # protocol.HEARTBEAT_SECONDS; the sweep runs every second).
 DYNAPLANE_NODE_LOST_AFTER_SECONDS = float(os.environ.get("DYNAPLANE_NODE_LOST_AFTER_SECONDS", "6.0"))
+# How long a rank's collective in a training step waits for a peer before the rank counts it
+# lost (checkpoints, switches and start-up wait the orders' timeout_seconds): docs/hosts.md.
+DYNAPLANE_STEP_TIMEOUT_SECONDS = float(os.environ.get("DYNAPLANE_STEP_TIMEOUT_SECONDS",
+                                                      str(protocol.STEP_TIMEOUT_SECONDS)))
 # Reconciliation (controlplane/jobs/reconcile.py, emulation/services.emulations_reconcile):
 # a job or emulation run no agent reports is settled only once every agent concerned has
 # reported this long after the record last changed (orders still on their way, processes

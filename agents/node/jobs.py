@@ -153,6 +153,15 @@ class JobRunner:
     def _switch(self, order: protocol.JobSwitchOrder) -> None:
         """Tell the local ranks (rank 0 acts on it) and start the ranks that join here."""
         job = self.jobs.get(order.job_id)
+        if job is not None and job.restore_id != order.restore_id:
+            # Ranks of a world the job has left (this node was cut off and the job went on
+            # without it; they wait for a recovery order that is not theirs): replaced, unreported.
+            log.warning("job %d: ranks %s here belong to its world before restore %s; stopping them", order.job_id,
+                        sorted(job.ranks), order.restore_id)
+            job.failed = True
+            self._kill(job)
+            del self.jobs[order.job_id]
+            job = None
         if job is None:
             suffix = f"-restore-{order.restore_id}" if order.restore_id else ""
             job = self.jobs[order.job_id] = LocalJob(order.job_id, order.src_layout,

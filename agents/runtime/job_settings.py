@@ -29,13 +29,15 @@ class JobSettings(NamesAModel):
     dataset: str = ""  # the dataset directory the ranks read; "": synthetic tokens
     eval_every: int = 0  # validation loss after every eval_every steps (0: never)
     eval_batches: int = 4
+    step_timeout_seconds: float = 15.0  # a step's collectives (collective_timeouts.py)
     model_config: ModelConfig | None = resolved_field()  # `model` resolved once per rank process
 
     @classmethod
     def of(cls, order) -> "JobSettings":
         return cls(order.job_id, order.model, order.global_batch, order.micro_batch, order.seq, order.seed,
                    order.max_steps, order.report_every, order.timeout_seconds, order.checkpoint_interval,
-                   order.checkpoint_dir, order.restore_id, order.dataset, order.eval_every, order.eval_batches)
+                   order.checkpoint_dir, order.restore_id, order.dataset, order.eval_every, order.eval_batches,
+                   order.step_timeout_seconds)
 
     @property
     def validation_every(self) -> int:

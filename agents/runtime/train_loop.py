@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from agents import protocol
+from agents.runtime.collective_timeouts import CollectiveTimeouts
 from agents.runtime.faults import faults
 from agents.runtime.job_settings import JobSettings, rank_trainer
 from agents.runtime.rank_reports import Reporter
@@ -38,6 +39,8 @@ class JobRounds:
     def __init__(self, settings: JobSettings, rank: int, run_dir: Path, reporter: Reporter,
                  done_switches: set[int], ckpt, committed=None) -> None:
         self.settings, self.rank, self.reporter, self.ckpt = settings, rank, reporter, ckpt
+        # The first step of a world waits long (its peers may still be warming up), the next ones short.
+        self.waits = CollectiveTimeouts(settings.timeout_seconds, settings.step_timeout_seconds)
         self.edge = Boundary(settings, rank, run_dir, reporter)
         self.edge.done_switches |= done_switches
         self.committed = committed  # (transition id, report, pause start, phases) until the next step
@@ -88,6 +91,7 @@ class JobRounds:
 
         settings, reporter = self.settings, self.reporter
         if self.ckpt.due(trainer.scalars.step):
+            self.waits.patient()  # a rank may write its part for a while
             trainer, path, seconds = self.ckpt.save(trainer, settings.config(str(trainer.placement.layout)))
             if self.rank == 0:
                 reporter.job("checkpoint", step=trainer.scalars.step, checkpoint_path=str(path), seconds=seconds,
@@ -103,9 +107,11 @@ class JobRounds:
             dist.destroy_process_group()
             return None
         if order is None:
+            self.waits.steady()  # the next step and boundary: a peer silent this long is gone
             self.step_started = time.perf_counter()
             return trainer
         paused_at = time.perf_counter()
+        self.waits.patient()  # the switch, and the new world's first step
         try:
             trainer, report, phases, self.ckpt = switch_old_rank(trainer, order, settings, self.edge,
                                                                  self.ckpt)

@@ -95,7 +95,7 @@ def jobs_on_node_loss(*, nodes: list[str]) -> list[int]:
         where = "; ".join(f"node {node} (ranks {', '.join(map(str, r))})" for node, r in sorted(ranks.items()))
         where = where or "node " + ", ".join(sorted(lost))
         locked = Job.objects.select_for_update().get(pk=job_id)
-        if restore_begin(locked, cause=f"{where} lost", known_lost=True, lost_nodes=lost):
+        if restore_begin(locked, cause=f"{where} lost", known_lost=True, lost_nodes=lost, went_silent=True):
             restored.append(job_id)
             continue
         why = no_restore_reason(locked) or f"the job was {locked.state}"

@@ -107,6 +107,7 @@ def start_orders(job: Job) -> dict[str, protocol.JobStartOrder]:
         ranks=tuple(ranks), max_steps=job.max_steps, checkpoint_interval=job.checkpoint_interval,
         checkpoint_dir=job.checkpoint_dir, restore_id=job.restore_id, restore_from=restore_from,
         dataset=dataset_directory(job), eval_every=job.eval_every, eval_batches=job.eval_batches,
+        step_timeout_seconds=settings.DYNAPLANE_STEP_TIMEOUT_SECONDS,
         init_from="" if restore_from else initial_weights_directory(job))
         for node, ranks in slots.items()}
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 
+from django.conf import settings
 from django.db import transaction
 from kombu.exceptions import OperationalError
 
@@ -212,7 +213,8 @@ def switch_orders(job: Job, transition: Transition) -> dict[str, protocol.JobSwi
         staging_bytes=transition.staging_bytes, gpus_per_node=transition.gpus_per_node,
         checkpoint_interval=job.checkpoint_interval, checkpoint_dir=job.checkpoint_dir, restore_id=job.restore_id,
         process_of=None if process_of is None else tuple(process_of), dataset=dataset_directory(job),
-        eval_every=job.eval_every, eval_batches=job.eval_batches)
+        eval_every=job.eval_every, eval_batches=job.eval_batches,
+        step_timeout_seconds=settings.DYNAPLANE_STEP_TIMEOUT_SECONDS)
         for node, ranks in slots.items()}
 
 

@@ -11,7 +11,9 @@ sweep marks the dead node lost.
    whether a transition was active, the waiting ranks and the nodes that failed); its
    active resize ends aborted, saying so; a `control.job_restore` task is queued to run
    once a dead node has surely been marked lost (lost-after + 2 heartbeats), soon when the
-   loss is already known.
+   loss is already known; when the sweep found a node silent (a cut link) and the others may
+   take over, once their step's collectives have timed out (the step timeout + 2 heartbeats),
+   with an early look at their first report.
 2. job_restore (that task): parallelism.layout.recovery decides. Survivors: survivors.py. Else
    the checkpoint: the job's GPUs on healthy nodes are the survivors; the layout
    for their count follows the resize rule (resize.layout_for_resize); the ranks are placed
@@ -84,9 +86,10 @@ def survivors_note(job: Job, alive: set[tuple[str, int]]) -> str:
 
 
 def restore_begin(job: Job, *, cause: str, known_lost: bool, lost_nodes: set[str] | None = None,
-                  detail: str = "") -> bool:
+                  detail: str = "", went_silent: bool = False) -> bool:
     """The locked live job lost ranks (`cause` says how, `detail` with the error when there
-    is one; `lost_nodes`: where, when known).
+    is one; `lost_nodes`: where, when known; `went_silent`: the heartbeat sweep found those
+    nodes silent, so their peers learn it only when a step's collective times out).
     It can recover when it has a checkpoint, or when its ranks elsewhere may take over
     (no transition active and they hold every state element; parallelism.layout.recovery):
     -> restoring, the recovery task queued, True. Else False (the caller fails it)."""
@@ -97,11 +100,12 @@ def restore_begin(job: Job, *, cause: str, known_lost: bool, lost_nodes: set[str
     if job.state == JobState.STOPPING:
         return False
     eligible = transitions.active_transition(job) is None
-    # Known lost (the heartbeat sweep) before any rank reported waiting: ranks that outlived
-    # their world report within a second or two of a closed connection, long before a node
-    # counts as lost, so none will (a silent node's peers hang until the process group's
-    # timeout): decide now, as without survivors.
-    possible = eligible and not known_lost and not survivors_cover(
+    # Known lost before any rank reported waiting: ranks that outlived their world report
+    # within a second or two of a closed connection, long before a node counts as lost, so
+    # none will, but for a node that went silent (a cut link sends no reset): its peers find
+    # out when their step's collective times out (the orders' step_timeout_seconds), after
+    # the sweep. Otherwise decide now, as without survivors.
+    possible = eligible and (went_silent or not known_lost) and not survivors_cover(
         layout_check(model=inputs.model_of(job.model), layout=job.layout), _ranks_off(job, lost_nodes or set()))
     if no_restore_reason(job) is not None and not possible:
         return False
@@ -122,7 +126,10 @@ def restore_begin(job: Job, *, cause: str, known_lost: bool, lost_nodes: set[str
     # world have usually all reported by then, and if they may go on they need not wait for
     # the sweep (the dead node's ranks are left out either way). It acts only if no rank
     # beside a reporting one is still silent (unreported_beside); else the final look decides.
-    delay = 0.5 if known_lost else settings.DYNAPLANE_NODE_LOST_AFTER_SECONDS + 2 * protocol.HEARTBEAT_SECONDS
+    if known_lost:  # (the survivors of a silent node report by the step timeout; their first report looks early)
+        delay = settings.DYNAPLANE_STEP_TIMEOUT_SECONDS + 2 * protocol.HEARTBEAT_SECONDS if possible else 0.5
+    else:
+        delay = settings.DYNAPLANE_NODE_LOST_AFTER_SECONDS + 2 * protocol.HEARTBEAT_SECONDS
     if possible and EARLY_LOOK_SECONDS < delay:
         transaction.on_commit(lambda: _queue_restore(job.pk, EARLY_LOOK_SECONDS, early=True))
     transaction.on_commit(lambda: _queue_restore(job.pk, delay))
@@ -146,6 +153,9 @@ def restore_record_orphan(job: Job, report: protocol.JobOrphaned) -> None:
     if job.state == JobState.STOPPING:  # its ranks are leaving anyway
         log.info("ignored orphaned report from %s: job %s is stopping", report.node, job.name)
         return
+    if job.state == JobState.RESTORING and not (job.recovery or {}).get("orphans") and (job.recovery or {}).get("eligible"):
+        # A silent node's peers, after their step timeout: they need not wait for the final look.
+        transaction.on_commit(lambda: _queue_restore(job.pk, EARLY_LOOK_SECONDS, early=True))
     if job.state != JobState.RESTORING:
         ranks = ", ".join(map(str, report.ranks))
         cause = f"node {report.node} ranks {ranks} lost their peers ({report.error[:300] or 'no error given'})"

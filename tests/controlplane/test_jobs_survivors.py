@@ -155,11 +155,18 @@ def test_no_survivors_at_all_and_no_checkpoint_fails_and_a_broken_recovery_does_
         two_nodes, token_client, sent_tasks, run) -> None:
     job = started_job(run, token_client, gpus=4, checkpoint_interval=0)
     trained_to(run, job, 5, None)
+    sent_tasks.clear()
     lose_node(run, "node-2", keep="node-1")  # no rank reported waiting before the node counted as lost
     job.refresh_from_db()
+    # node-2 went silent (a cut link?): node-1's ranks would learn it when their step times out.
+    assert job.state == "restoring"
+    assert [q for _, q in sent_of(sent_tasks, protocol.CONTROL_JOB_RESTORE)] == [protocol.CONTROL_QUEUE] * 2
+    run(restore.job_restore, job_id=job.pk)  # ... they never report: the final look
+    job.refresh_from_db()
     assert job.state == "failed" and job.error == (
-        "node node-2 (ranks 2, 3) lost: its heartbeats stopped while it ran this job's ranks; no checkpoint to "
-        "restore from (checkpoint_interval=0: checkpoints are off)")
+        "node node-2 (ranks 2, 3) lost; no checkpoint to restore from (checkpoint_interval=0: checkpoints are off); "
+        "the survivors could not take over: no surviving rank outlived its world (none reported waiting for a "
+        "recovery order)")
     assert {state for state, _ in gpu_states().values()} == {"free", "lost"}
     # A rank that died on a live node: the others may have outlived it; none reports here.
     crash = started_job(run, token_client, "crash", gpus=2, checkpoint_interval=0)  # node-1, dp=2

@@ -37,7 +37,12 @@ def cluster(tmp_path):
         yield made
 
 
-def test_a_job_trains_across_two_hosts_and_grows_onto_a_third(cluster) -> None:
+def test_a_job_trains_across_two_hosts_grows_onto_a_third_survives_its_link_cut_and_grows_back(cluster) -> None:
+    """The job starts on two hosts and grows onto the third; that host's link is cut (no reset
+    reaches anyone): the others' collectives give up after the step timeout, and the job goes on
+    on them without a checkpoint within 30 s. The link comes back, the host's agent rejoins, and
+    the job grows onto it again. Every switch verified; every step recorded once, every sample
+    read once."""
     stack, hosts = cluster
     nodes = {n["name"]: n for n in stack.get("api/nodes")["results"]}
     assert {name: nodes[name]["host"] for name in HOSTS} == {name: hosts.address(name) for name in HOSTS}
@@ -59,6 +64,32 @@ def test_a_job_trains_across_two_hosts_and_grows_onto_a_third(cluster) -> None:
     assert {slot["node"] for slot in grown["placement"]} == set(HOSTS) and grown["layout"] == "dp=6"
     last = max(steps())
     wait_for(lambda: max(steps()) > last + 2, timeout=60)
+
+    third = next(name for name in HOSTS if name not in spread)
+    hosts.cut(third)
+    cut_at = time.monotonic()
+    last = max(steps())
+    survived, _ = wait_for(lambda: (j := stack.get(url, token=True))["state"] == "running" and j["layout"] == "dp=4"
+                           and max(steps()) > last and j, timeout=90)
+    recovered = time.monotonic() - cut_at
+    assert third not in {slot["node"] for slot in survived["placement"]}
+    restore = next(t for t in stack.get(f"api/transitions?job={job['id']}", token=True)["results"]
+                   if t["kind"] == "restore")
+    assert (restore["state"], restore["verification"]["verified"]) == ("committed", True), restore
+    assert "without a checkpoint" in restore["reason"], restore["reason"]
+    assert recovered < 30, f"training again on the other hosts {recovered:.1f} s after the link was cut"
+
+    hosts.mend(third)
+    wait_for(lambda: next(n for n in stack.get("api/nodes")["results"] if n["name"] == third)["state"] == "healthy"
+             and sum(g["state"] == "free" for g in stack.get("api/gpus?node=" + third, token=True)["results"]) == 2,
+             timeout=120)
+    regrow = stack.post(f"{url}/resize", {"gpus": 6})
+    done, _ = wait_for_transition_end(stack, regrow["id"])
+    assert (done["state"], done["verification"]["verified"]) == ("committed", True), done
+    back = stack.get(url, token=True)
+    assert third in {slot["node"] for slot in back["placement"]} and back["layout"] == "dp=6"
+    last = max(steps())
+    wait_for(lambda: max(steps()) > last + 2, timeout=60)
     stack.post(f"{url}/stop", {})
     stopped, _ = wait_for(lambda: (j := stack.get(url, token=True))["state"] == "stopped" and j, timeout=90)
     assert sorted(steps()) == list(range(1, stopped["step"] + 1))
@@ -66,6 +97,7 @@ def test_a_job_trains_across_two_hosts_and_grows_onto_a_third(cluster) -> None:
     layouts = {r["layout"] for r in read_records(stopped["checkpoint_dir"]) if "step" in r}
     assert layouts == {"dp=4", "dp=6"}, layouts
     print(f"dp=4 over {sorted(spread)} grew to dp=6 over three hosts, committed {seconds:.1f} s after POST; "
+          f"{third}'s link cut: training on the others {recovered:.1f} s later; grew back onto it; "
           f"{stopped['step']} steps each recorded once")
 
 
