@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from agents.broker_urls import redacted
 from agents.processes import Child, stop_in_tiers
 
 READY_TIMEOUT_SECONDS = 90.0
@@ -100,14 +101,6 @@ class StackOptions:
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 WILDCARD = ("0.0.0.0", "::")
-
-
-def redacted(url: str) -> str:
-    """A URL as it may be printed: its password replaced by ***."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
 
 
 def broker_password_file(var_dir: Path) -> Path:

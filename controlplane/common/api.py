@@ -14,6 +14,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from agents.broker_urls import redacted
 from parallelism.layout.hf_config import SUPPORTED_TYPES
 from controlplane.cluster.selectors import inventory_counts, lost_nodes
 from controlplane.common import inputs
@@ -21,16 +22,6 @@ from controlplane.common.errors import PayloadTooLarge
 from controlplane.common.model_store import MAX_CONFIG_BYTES, model_list, model_store
 
 MAX_UPLOAD_BYTES = 2 * MAX_CONFIG_BYTES  # the body: the config plus its name, however it is spaced
-
-
-def _redacted(url: str) -> str:
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url
 
 
 class HealthView(APIView):
@@ -53,7 +44,7 @@ class HealthView(APIView):
                 cursor.execute("SELECT 1")
         except DatabaseError as exc:
             database.update(ok=False, error=str(exc))
-        broker = {"ok": True, "url": _redacted(settings.REDIS_URL)}
+        broker = {"ok": True, "url": redacted(settings.REDIS_URL)}
         try:
             client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1, socket_timeout=1)
             client.ping()

@@ -45,10 +45,20 @@ class SafetensorsFile:
     def __init__(self, path: str) -> None:
         self.path = path
         self.fd = os.open(path, os.O_RDONLY)
-        size = os.fstat(self.fd).st_size
+        try:
+            self.entries = self._entries()
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def _entries(self) -> dict[str, tuple[int, int, str, tuple[int, ...]]]:
+        """name -> (absolute first byte, end byte, dtype, shape), each span inside the file."""
+        path, size = self.path, os.fstat(self.fd).st_size
         (n,) = struct.unpack("<Q", os.pread(self.fd, 8, 0))
+        if 8 + n > size:
+            raise HFWeightsError(f"{path}: its header of {n} bytes runs past the end of the file ({size} bytes)")
         header = json.loads(os.pread(self.fd, n, 8))
-        self.entries: dict[str, tuple[int, int, str, tuple[int, ...]]] = {}
+        entries: dict[str, tuple[int, int, str, tuple[int, ...]]] = {}
         for name, entry in header.items():
             if name == "__metadata__":
                 continue
@@ -56,7 +66,8 @@ class SafetensorsFile:
             if 8 + n + end > size:
                 raise HFWeightsError(f"{path}: {name}'s data ends at byte {8 + n + end} but the file has {size} "
                                      "bytes (truncated)")
-            self.entries[name] = (8 + n + begin, 8 + n + end, entry["dtype"], tuple(entry["shape"]))
+            entries[name] = (8 + n + begin, 8 + n + end, entry["dtype"], tuple(entry["shape"]))
+        return entries
 
     def close(self) -> None:
         os.close(self.fd)

@@ -146,7 +146,7 @@ def test_a_report_is_heard_only_from_a_node_serving_its_job(two_nodes, token_cli
     job = Job.objects.get(pk=response.json()["id"])
     assert {s["node"] for s in job.placement} == {"node-1"}
     stranger = enrol("node-3")
-    for node, key in (("node-3", stranger), ("node-2", KEYS_OF["node-2"]())):
+    for node, key in (("node-3", stranger), ("node-2", orders.node_order_key("node-2"))):
         body = report_of(job.pk, "failed", node, ranks=(0,), error="lies").model_dump(mode="json")
         run(job_report, body, seal=seal(key, node, protocol.CONTROL_JOB_REPORT, body))
         assert f"node {node} holds no ranks of job {job.pk}" in caplog.text
@@ -158,16 +158,13 @@ def test_a_report_is_heard_only_from_a_node_serving_its_job(two_nodes, token_cli
     assert job.state == "running"
 
 
-KEYS_OF = {"node-2": lambda: orders.node_order_key("node-2")}
-
-
 def test_only_the_control_plane_queues_a_restore(two_nodes, token_client, run, sent_tasks, caplog) -> None:
     response = run(token_client.post, "/api/jobs", {"name": "j", "model": "tiny-gpt", "layout": "dp=2"},
                    format="json")
     job_id = response.json()["id"]
     job_restore(job_id)  # unsealed
     body = {"job_id": job_id, "early": False}
-    job_restore(job_id, seal=seal(KEYS_OF["node-2"](), "node-2", protocol.CONTROL_JOB_RESTORE, body))
+    job_restore(job_id, seal=seal(orders.node_order_key("node-2"), "node-2", protocol.CONTROL_JOB_RESTORE, body))
     assert "only the control plane queues restores" in caplog.text and "no seal" in caplog.text
     assert Job.objects.get(pk=job_id).state == "starting"
     job_restore(job_id, seal=control_seal(protocol.CONTROL_JOB_RESTORE, body))  # heard (not restoring: a no-op)
@@ -186,7 +183,7 @@ def test_an_order_is_sealed_for_one_agent_and_refused_by_any_other(two_nodes, se
     assert queue == "node.node-1"
     config = AgentConfig(name="node-1", gpus=1, device="cpu", broker_url="redis://x", key=key1)
     assert order_refusal(config, task, order, sealed) is None
-    other = AgentConfig(name="node-2", gpus=1, device="cpu", broker_url="redis://x", key=KEYS_OF["node-2"]())
+    other = AgentConfig(name="node-2", gpus=1, device="cpu", broker_url="redis://x", key=orders.node_order_key("node-2"))
     assert "sealed for node node-1" in order_refusal(other, task, order, sealed)
     assert "forged or altered" in order_refusal(config, task, {**order, "job_id": 8}, sealed)
     assert "no seal" in order_refusal(config, task, order, None)
