@@ -95,7 +95,7 @@ def restore_begin(job: Job, *, cause: str, known_lost: bool, lost_nodes: set[str
     -> restoring, the recovery task queued, True. Else False (the caller fails it)."""
     if job.state == JobState.RESTORING:
         if lost_nodes:
-            restore_record_lost(job, lost_nodes)
+            restore_record_lost(job, lost_nodes, silent=went_silent)
         return True
     if job.state == JobState.STOPPING:
         return False
@@ -118,7 +118,8 @@ def restore_begin(job: Job, *, cause: str, known_lost: bool, lost_nodes: set[str
     job.state = job_next_state(JobState(job.state), JobTrigger.RESTORE)
     job.error = why[:4000]
     job.recovery = {"cause": cause, "detail": detail[:3000], "eligible": eligible, "orphans": [],
-                    "failed_nodes": sorted(lost_nodes or ())}
+                    "failed_nodes": sorted(lost_nodes or ()),
+                    "silent_nodes": sorted(lost_nodes or ()) if went_silent else []}
     job.save(update_fields=["state", "error", "recovery", "updated_at"])
     publish_job(job, "upsert")
     # A dead node is marked lost lost-after + 2 heartbeats after it stopped: decide then. When
@@ -137,11 +138,14 @@ def restore_begin(job: Job, *, cause: str, known_lost: bool, lost_nodes: set[str
     return True
 
 
-def restore_record_lost(job: Job, nodes: set[str]) -> None:
+def restore_record_lost(job: Job, nodes: set[str], *, silent: bool = False) -> None:
     """Nodes whose agents reported a failure of the job's ranks (and killed the job's ranks
-    there) while it is restoring: their waiting ranks, if any, are gone."""
+    there), or that went silent (`silent`), while it is restoring: their waiting ranks, if
+    any, are gone."""
     recovery = dict(job.recovery or {})
     recovery["failed_nodes"] = sorted({*recovery.get("failed_nodes", []), *nodes})
+    if silent:
+        recovery["silent_nodes"] = sorted({*recovery.get("silent_nodes", []), *nodes})
     job.recovery = recovery
     job.save(update_fields=["recovery", "updated_at"])
 
@@ -244,7 +248,9 @@ def job_restore(*, job_id: int, early: bool = False) -> Transition | None:
                     else Recovery(FAIL, f"{no_restore_reason(job)}; {why}"))
         if rule.action == FAIL:
             transaction.on_commit(lambda: log.error("job %s: recovery failed: %s", job.name, rule.why))
-            failed = set(recovery.get("failed_nodes", []))
+            # Not the nodes whose agents killed the job's ranks, but those that went silent: one
+            # cut off that comes back finds the stop queued, and its ranks waiting for a recovery order leave.
+            failed = set(recovery.get("failed_nodes", [])) - set(recovery.get("silent_nodes", []))
             job_fail(job_id=job.pk, error=f"{recovery.get('detail') or cause}; {rule.why}",
                      notify=[n for n in old_nodes if n not in failed])
             return None

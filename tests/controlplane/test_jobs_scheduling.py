@@ -309,6 +309,11 @@ def test_losing_a_node_fails_its_jobs_and_frees_the_gpus(two_nodes, token_client
     lost = run(node_loss.nodes_lost_sweep, silent_for=timedelta(seconds=6), now=later)
     assert lost == ["node-2"]
     job.refresh_from_db()
+    # node-2 went silent: node-1's ranks (whole replicas) would learn it at their step timeout
+    # and report waiting; none does here, and the final look fails the job (no checkpoint).
+    assert job.state == "restoring"
+    run(restore.job_restore, job_id=job.pk)
+    job.refresh_from_db()
     assert job.state == "failed"
     assert "node node-2 (ranks 2, 3) lost" in job.error
     gpus = _gpus()
