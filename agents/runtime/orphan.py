@@ -47,6 +47,9 @@ class Orphan:
     scalars: object
     error: str
     lost_at: float = field(default_factory=time.perf_counter)
+    # The step the broken collective still completed here (its StepResult: the state moved on
+    # with it): reported by the new rank 0 when the old one stopped a step behind.
+    trained: object = None
 
 
 class Orphaned(Exception):
@@ -115,9 +118,17 @@ def agreement(gathered: list[tuple[int, int, dict]], step: int, src_world: int) 
     return None
 
 
+def reporter_behind(old_steps: list[tuple[int, int]], step: int) -> bool:
+    """Whether the old rank 0, the one that reported the job's steps, is among the survivors
+    (old rank, step) a step behind `step`: it never reported the step the others completed."""
+    return any(old == 0 and at < step for old, at in old_steps)
+
+
 def recover(orphan: Orphan, order: protocol.JobRecoverOrder, settings):
     """Join the survivors' world and switch the state onto the order's layout. Returns
-    (new rank, settings, shards, scalars, SwitchReport), or None for a rank not in it.
+    (new rank, settings, shards, scalars, SwitchReport, marker, record), or None for a rank
+    not in it; `record`: the StepResult of the order's step for the new rank 0 to report,
+    when the old rank 0 stopped a step behind (else None).
     Under a device map that renumbers ranks, the new layout's world is formed with the new
     numbers, and the rank leaves its marker for its agent once its trainer is built
     (`renumbered`: the marker's name, or None)."""
@@ -137,10 +148,11 @@ def recover(orphan: Orphan, order: protocol.JobRecoverOrder, settings):
     orphan.shards = {}
     digests = {(key[0], key[1], s.box): shard_digest(s) for key, s in shards.items()}
     gathered: list = [None] * order.union_world
-    dist.all_gather_object(gathered, (orphan.scalars.step, orphan.scalars.data.samples, digests))
-    why = agreement(gathered, order.step, order.src_world)
+    dist.all_gather_object(gathered, (orphan.rank, orphan.scalars.step, orphan.scalars.data.samples, digests))
+    why = agreement([g[1:] for g in gathered], order.step, order.src_world)
     if why is not None:
         raise RecoveryError(f"restore {order.restore_id}: {why}")
+    record = orphan.trained if process == 0 and reporter_behind([g[:2] for g in gathered], order.step) else None
     new, scalars, report = switch_state(settings.tensors, shards, orphan.scalars, order.src_layout,
                                         order.layout, process, staging_bytes=order.staging_bytes,
                                         gpus_per_node=order.gpus_per_node, process_of=order.process_of)
@@ -151,4 +163,6 @@ def recover(orphan: Orphan, order: protocol.JobRecoverOrder, settings):
             return None
         rank = report.rank
     marker = renumbered_marker(recover_file(order.restore_id)) if report.renumbered else None
-    return rank, replace(settings, restore_id=order.restore_id), new, scalars, report, marker
+    if record is not None and record.step != order.step:
+        record = None
+    return rank, replace(settings, restore_id=order.restore_id), new, scalars, report, marker, record

@@ -157,11 +157,12 @@ def orphaned(trainer, rank: int, exc: RuntimeError, reporter: Reporter | None = 
     orphan = orphan_of(trainer, rank, exc) if peer_lost(exc) else None
     if orphan is None:
         return
+    trained = getattr(trainer, "trained", None)
+    if step_before is not None and trained is not None and trained.step == orphan.scalars.step > step_before:
+        orphan.trained = trained  # (whichever rank becomes rank 0 may have to report it)
     if rank == 0 and reporter is not None:
-        trained = getattr(trainer, "trained", None)
-        if (settings is not None and step_before is not None and trained is not None
-                and trained.step == orphan.scalars.step > step_before):
-            report_step(reporter, settings, trained, trainer)
+        if settings is not None and orphan.trained is not None:
+            report_step(reporter, settings, orphan.trained, trainer)
         if reporter.batcher is not None:
             reporter.batcher.flush()
     raise Orphaned(orphan) from None
@@ -182,7 +183,7 @@ def survive(orphan, settings: JobSettings, run_dir: Path, node: str, broker: str
         if dist.is_initialized():
             dist.destroy_process_group()
         return None
-    rank, settings, shards, scalars, report, marker = got
+    rank, settings, shards, scalars, report, marker, record = got
     ckpt = settings.checkpointer(rank)
     trainer = rank_trainer(settings, order.layout, rank, shards, scalars, ckpt)
     if marker is not None:
@@ -192,4 +193,6 @@ def survive(orphan, settings: JobSettings, run_dir: Path, node: str, broker: str
         return None
     print(f"rank {orphan.rank}: rank {rank} of {order.layout} after restore {order.restore_id}", file=sys.stderr)
     reporter = Reporter(settings.job_id, rank, node, broker, order.restore_id)
+    if record is not None:  # the step the old rank 0, a step behind, never reported
+        report_step(reporter, settings, record, trainer)
     return trainer, settings, rank, reporter, ckpt, (order.restore_id, report, orphan.lost_at, dict(report.phases))

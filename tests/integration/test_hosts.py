@@ -92,7 +92,11 @@ def test_a_job_trains_across_two_hosts_grows_onto_a_third_survives_its_link_cut_
     wait_for(lambda: max(steps()) > last + 2, timeout=60)
     stack.post(f"{url}/stop", {})
     stopped, _ = wait_for(lambda: (j := stack.get(url, token=True))["state"] == "stopped" and j, timeout=90)
-    assert sorted(steps()) == list(range(1, stopped["step"] + 1))
+    # Every step trained once (each reports its time); only the step the survivors went on from
+    # may lack a loss: the cut may have broken the all-reduce that sums it, after its update.
+    trained = stack.get(f"{url}/live", token=True)["metrics"]["step_seconds"]["x"]
+    assert sorted(trained) == list(range(1, stopped["step"] + 1)), sorted(trained)
+    assert set(trained) - set(steps()) <= {restore["step"]}, sorted(set(trained) - set(steps()))
     assert_each_sample_read_once(stopped, directory, 12, 16)
     layouts = {r["layout"] for r in read_records(stopped["checkpoint_dir"]) if "step" in r}
     assert layouts == {"dp=4", "dp=6"}, layouts

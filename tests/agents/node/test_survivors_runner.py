@@ -128,7 +128,7 @@ def test_without_an_order_the_survivor_gives_up_after_the_timeout_and_a_stop_end
 def test_only_a_lost_peers_errors_are_survived_and_the_survivors_must_agree() -> None:
     import torch.distributed as dist
 
-    from agents.runtime.orphan import agreement, peer_lost
+    from agents.runtime.orphan import agreement, peer_lost, reporter_behind
 
     assert peer_lost(RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed "
                                   "by peer [127.0.0.1]:3740"))
@@ -146,6 +146,9 @@ def test_only_a_lost_peers_errors_are_survived_and_the_survivors_must_agree() ->
     assert agreement([(9, 36, {box: 7}), (9, 36, {box: 8})], 9, 2) == (
         "replicas differ: tensor 0 param box (0, 4, 0, 1) on new ranks 0 and 1")
     assert agreement([(9, 36, {box: 7}), (9, 36, {box: 8})], 9, 1) is None  # rank 1 brings no state
+    # The old rank 0 (the job's reporter) a step behind: the new rank 0 reports the step it missed.
+    assert reporter_behind([(1, 9), (2, 9), (0, 8)], 9)
+    assert not reporter_behind([(1, 9), (0, 9)], 9) and not reporter_behind([(1, 9), (2, 8)], 9)
 
 
 def test_a_recovery_order_names_each_rank_once_inside_its_world() -> None:
