@@ -130,9 +130,7 @@ class JobRunner:
             # A restart from a checkpoint replaces whatever ranks of the job still run here
             # (waiting on a lost peer): they are killed without a failure report.
             log.warning("job %d: restart from %s; stopping the ranks still here", order.job_id, order.restore_from)
-            old.failed = True
-            self._kill(old)
-            del self.jobs[order.job_id]
+            self._drop(old)
         elif old is not None:
             log.warning("job %d already runs here; duplicate start order ignored", order.job_id)
             return
@@ -158,9 +156,7 @@ class JobRunner:
             # without it; they wait for a recovery order that is not theirs): replaced, unreported.
             log.warning("job %d: ranks %s here belong to its world before restore %s; stopping them", order.job_id,
                         sorted(job.ranks), order.restore_id)
-            job.failed = True
-            self._kill(job)
-            del self.jobs[order.job_id]
+            self._drop(job)
             job = None
         if job is None:
             suffix = f"-restore-{order.restore_id}" if order.restore_id else ""
@@ -186,6 +182,12 @@ class JobRunner:
         job.layout = order.layout
         log.info("job %d: switch %d to %s; ranks joining here: %s", order.job_id, order.transition_id, order.layout,
                  [s.rank for s in joining])
+
+    def _drop(self, job: LocalJob) -> None:
+        """The ranks here of a world the job has left: killed, without a failure report."""
+        job.failed = True
+        self._kill(job)
+        del self.jobs[job.job_id]
 
     def _recover(self, order: protocol.JobRecoverOrder) -> None:
         """Hand the recovery order to the job's ranks waiting here (they outlived their world)

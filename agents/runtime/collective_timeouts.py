@@ -34,9 +34,17 @@ class CollectiveTimeouts:
 
     def __init__(self, long_seconds: float, short_seconds: float) -> None:
         self.long, self.short = long_seconds, min(short_seconds, long_seconds)
+        self.now: float | None = None  # (None: the groups' own, the long wait they were made with)
 
     def steady(self) -> None:
-        set_wait(self.short)
+        self._set(self.short)
 
     def patient(self) -> None:
-        set_wait(self.long)
+        self._set(self.long)
+
+    def _set(self, seconds: float) -> None:
+        """Only on a change: steady() runs at every step boundary. Groups are made only while
+        the wait is long (start-up, a switch, a checkpoint), so the next change reaches them."""
+        if seconds != self.now:
+            set_wait(seconds)
+            self.now = seconds

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agents.protocol import STEP_TIMEOUT_SECONDS
 from parallelism.layout.model_request import ModelConfig, NamesAModel, resolved_field
 
 # The LR schedule's length. Not max_steps: stopping a job early (or late) must not change
@@ -29,7 +30,7 @@ class JobSettings(NamesAModel):
     dataset: str = ""  # the dataset directory the ranks read; "": synthetic tokens
     eval_every: int = 0  # validation loss after every eval_every steps (0: never)
     eval_batches: int = 4
-    step_timeout_seconds: float = 15.0  # a step's collectives (collective_timeouts.py)
+    step_timeout_seconds: float = STEP_TIMEOUT_SECONDS  # a step's collectives (collective_timeouts.py)
     model_config: ModelConfig | None = resolved_field()  # `model` resolved once per rank process
 
     @classmethod

@@ -152,7 +152,9 @@ def recover(orphan: Orphan, order: protocol.JobRecoverOrder, settings):
     why = agreement([g[1:] for g in gathered], order.step, order.src_world)
     if why is not None:
         raise RecoveryError(f"restore {order.restore_id}: {why}")
-    record = orphan.trained if process == 0 and reporter_behind([g[:2] for g in gathered], order.step) else None
+    trained = orphan.trained
+    record = trained if (process == 0 and trained is not None and trained.step == order.step
+                         and reporter_behind([g[:2] for g in gathered], order.step)) else None
     new, scalars, report = switch_state(settings.tensors, shards, orphan.scalars, order.src_layout,
                                         order.layout, process, staging_bytes=order.staging_bytes,
                                         gpus_per_node=order.gpus_per_node, process_of=order.process_of)
@@ -163,6 +165,4 @@ def recover(orphan: Orphan, order: protocol.JobRecoverOrder, settings):
             return None
         rank = report.rank
     marker = renumbered_marker(recover_file(order.restore_id)) if report.renumbered else None
-    if record is not None and record.step != order.step:
-        record = None
     return rank, replace(settings, restore_id=order.restore_id), new, scalars, report, marker, record
