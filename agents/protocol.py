@@ -28,6 +28,8 @@ CONTROL_SWEEP_RECONCILE = "control.sweep_reconcile"  # (beat) settle the jobs no
 CONTROL_SWEEP_EMULATIONS = "control.sweep_emulations"  # (beat) fail the emulation runs no agent works on
 CONTROL_SWEEP_ELASTIC = "control.sweep_elastic"  # (beat, and after changes) carry out the elastic scheduler's decisions
 CONTROL_JOB_LOG = "control.job_log"  # a JobLogTail: the last lines of rank 0's log, when they change
+CONTROL_PREFLIGHT_REPORT = "control.preflight_report"  # a PreflightReport: one node's pre-flight checks
+CONTROL_SWEEP_PREFLIGHTS = "control.sweep_preflights"  # (beat) fail the pre-flights a node never answered
 # Tasks one agent runs (queue "node.<name>").
 NODE_PING = "node.ping"
 NODE_JOB_START = "node.job_start"
@@ -35,6 +37,7 @@ NODE_JOB_STOP = "node.job_stop"
 NODE_JOB_SWITCH = "node.job_switch"
 NODE_JOB_SWITCH_CANCEL = "node.job_switch_cancel"
 NODE_JOB_RECOVER = "node.job_recover"
+NODE_PREFLIGHT = "node.preflight"
 # Tasks any agent runs (queue "emulate").
 EMULATE_RUN = "emulate.run"
 EMULATE_SEARCH = "emulate.search"
@@ -47,6 +50,8 @@ HEARTBEAT_SECONDS = 2.0
 # A training step's collectives wait at most this long for a peer by default (the control plane's
 # DYNAPLANE_STEP_TIMEOUT_SECONDS): a host cut off is found by its peers within it.
 STEP_TIMEOUT_SECONDS = 15.0
+# How long a pre-flight's nodes wait for each other (agents/node/preflight.py) by default.
+PREFLIGHT_SECONDS = 15.0
 # A checkpoint folder is complete once its ranks wrote this file (agents/runtime/checkpoints.py);
 # the control plane checks for it before a job resumes from the folder.
 CHECKPOINT_COMPLETE_MARKER = "complete.json"
@@ -625,3 +630,73 @@ class JobLogTail(_Message):
         if size > LOG_TAIL_BYTES:
             raise ValueError(f"lines hold {size} bytes, more than LOG_TAIL_BYTES={LOG_TAIL_BYTES}")
         return value
+
+
+PREFLIGHT_CHECKS = ("storage", "data", "port", "rendezvous", "all-reduce", "shared storage")
+PreflightCheckName = Literal["storage", "data", "port", "rendezvous", "all-reduce", "shared storage"]
+
+
+class PreflightOrder(_Message):
+    """Control plane -> each node of a start or a grow across hosts (docs/hosts.md, "Pre-flight"),
+    before any rank starts: check what the ranks will need of this host, together. The first of
+    `nodes` serves the rendezvous (it will run rank 0) and writes the probe file; every node joins
+    a tiny gloo all-reduce of len(nodes) members there and reports a PreflightReport."""
+
+    version: Literal[1] = PROTOCOL_VERSION
+    preflight_id: int = Field(gt=0)
+    job_id: int = Field(gt=0)
+    job_name: str = Field(min_length=1, max_length=63)
+    nodes: tuple[str, ...] = Field(min_length=1, max_length=4096)
+    rendezvous: str = Field(pattern=r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$", max_length=300)
+    checkpoint_dir: str = Field(default="", max_length=1000)  # written by every node, the probe read by all
+    read_dirs: tuple[Annotated[str, Field(max_length=DATASET_PATH_MAX)], ...] = Field(default=(), max_length=8)
+    timeout_seconds: float = Field(default=PREFLIGHT_SECONDS, gt=0, le=600)
+
+    @field_validator("nodes")
+    @classmethod
+    def _node_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            validate_node_name(name)
+        if len(set(value)) != len(value):
+            raise ValueError("a node appears twice")
+        return value
+
+
+def rendezvous_host_port(rendezvous: str) -> tuple[str, int]:
+    """("host", port) of a rendezvous "host:port" or "[v6]:port"."""
+    host, _, port = rendezvous.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class PreflightCheck(_Message):
+    """One check on one node: what it found (`detail` says what failed, or what was seen)."""
+
+    name: PreflightCheckName
+    ok: bool
+    detail: str = Field(default="", max_length=1000)
+
+    @classmethod
+    def of(cls, name: str, ok: bool, detail: str = "") -> "PreflightCheck":
+        """The check with its detail cut to the bound (an exception's text may be long)."""
+        return cls(name=name, ok=ok, detail=detail[:1000])
+
+
+class PreflightReport(_Message):
+    """Agent -> control plane (CONTROL_PREFLIGHT_REPORT): one node's pre-flight, every check it
+    ran in order (a check it could not run because an earlier one failed is left out)."""
+
+    version: Literal[1] = PROTOCOL_VERSION
+    preflight_id: int = Field(gt=0)
+    job_id: int = Field(gt=0)
+    node: str
+    checks: tuple[PreflightCheck, ...] = Field(max_length=len(PREFLIGHT_CHECKS))
+    seconds: float = Field(ge=0)
+
+    @field_validator("node")
+    @classmethod
+    def _node_name(cls, value: str) -> str:
+        return validate_node_name(value)
+
+    @property
+    def ok(self) -> bool:
+        return all(check.ok for check in self.checks)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from agents import protocol
 
@@ -219,6 +220,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 5.0,
         "options": {"expires": 10.0},
     },
+    "sweep-preflights": {  # controlplane/jobs/preflight.py: the pre-flights a node never answered
+        "task": protocol.CONTROL_SWEEP_PREFLIGHTS,
+        "schedule": 2.0,
+        "options": {"expires": 5.0},
+    },
     "sweep-reconcile": {  # controlplane/jobs/reconcile.py
         "task": protocol.CONTROL_SWEEP_RECONCILE,
         "schedule": 5.0,
@@ -244,6 +250,13 @@ DYNAPLANE_NODE_LOST_AFTER_SECONDS = float(os.environ.get("DYNAPLANE_NODE_LOST_AF
 # lost (checkpoints, switches and start-up wait the orders' timeout_seconds): docs/hosts.md.
 DYNAPLANE_STEP_TIMEOUT_SECONDS = float(os.environ.get("DYNAPLANE_STEP_TIMEOUT_SECONDS",
                                                       str(protocol.STEP_TIMEOUT_SECONDS)))
+# Pre-flight before a start or a grow (controlplane/jobs/preflight.py, docs/hosts.md): "hosts"
+# (when the ranks span more than one host), "always", or "off"; and how long the nodes of one wait
+# for each other (the control plane waits twice that + 10 s for their reports).
+DYNAPLANE_PREFLIGHT = os.environ.get("DYNAPLANE_PREFLIGHT", "hosts").strip().lower()
+if DYNAPLANE_PREFLIGHT not in ("hosts", "always", "off"):
+    raise ImproperlyConfigured(f"DYNAPLANE_PREFLIGHT={DYNAPLANE_PREFLIGHT!r}: give hosts, always or off")
+DYNAPLANE_PREFLIGHT_SECONDS = float(os.environ.get("DYNAPLANE_PREFLIGHT_SECONDS", str(protocol.PREFLIGHT_SECONDS)))
 # Reconciliation (controlplane/jobs/reconcile.py, emulation/services.emulations_reconcile):
 # a job or emulation run no agent reports is settled only once every agent concerned has
 # reported this long after the record last changed (orders still on their way, processes

@@ -59,7 +59,8 @@ JOBS_ORDER = [
     "lifecycle", "models", "metric_codec", "events", "selectors", "transfer_progress", "resume", "elastic_range",
     "elastic_trigger", "job_speakers",
     # writes every action shares: jobs and metrics, transitions, orders to the agents, failing a job
-    "services", "job_logs", "transitions", "orders", "failures", "layouts", "elastic_settings",
+    "services", "job_logs", "transitions", "orders", "failures", "switch_orders", "preflight", "layouts",
+    "elastic_settings",
     # pure previews of a resize
     "plan_preview", "proposals", "elastic_options", "resize_preview", "elastic_state",
     # actions

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from agents.node.config import AgentConfig
 from agents.node.emulation_slots import RETRY_SECONDS, EmulationSlots, pool_size
 from agents.node.heartbeat import HeartbeatSender
 from agents.node.jobs import JobRunner
+from agents.node.preflight import run_preflight
 from agents.node.inventory import discover
 
 log = logging.getLogger(__name__)
@@ -40,7 +42,7 @@ def build_app(config: AgentConfig, emulation_slots: int = 1) -> tuple[Celery, He
     )
     gpus = discover(config.device, config.gpus, config.virtual_gpu_memory_bytes)
     heartbeats = HeartbeatSender(app, config, gpus)
-    def publish(task: str, report: protocol.JobReport | protocol.TransitionReport) -> None:
+    def publish(task: str, report: protocol.JobReport | protocol.TransitionReport | protocol.PreflightReport) -> None:
         body = report.model_dump(mode="json")
         app.send_task(task, args=[body], kwargs={"seal": seal(config.key, config.name, task, body)},
                       queue=protocol.CONTROL_QUEUE, retry=False)
@@ -142,10 +144,33 @@ def build_app(config: AgentConfig, emulation_slots: int = 1) -> tuple[Celery, He
         if ordered(protocol.NODE_JOB_STOP, order, seal):
             runner.stop(protocol.JobStopOrder.model_validate(order))
 
+    @app.task(name=protocol.NODE_PREFLIGHT)
+    def preflight(order: dict, seal: dict | None = None) -> None:
+        """Check this host with the order's other nodes before a start or a grow (its own thread:
+        it waits for them up to the order's timeout); the report waits out a broker outage."""
+        if not ordered(protocol.NODE_PREFLIGHT, order, seal):
+            return
+        parsed = protocol.PreflightOrder.model_validate(order)
+        if config.name not in parsed.nodes:
+            log.warning("refused pre-flight %d of job %d: node %s is not one of its nodes", parsed.preflight_id,
+                        parsed.job_id, config.name)
+            return
+
+        def check() -> None:
+            report = run_preflight(parsed, config.name)
+            log.info("pre-flight %d of job %s: %s in %.1f s", parsed.preflight_id, parsed.job_name,
+                     "passed" if report.ok else "; ".join(f"{c.name}: {c.detail}" for c in report.checks if not c.ok),
+                     report.seconds)
+            reports.put(protocol.CONTROL_PREFLIGHT_REPORT, report)
+
+        threading.Thread(target=check, name=f"preflight-{parsed.preflight_id}", daemon=True).start()
+
     @signals.worker_ready.connect(weak=False)
     def _start_heartbeats(sender=None, **_: object) -> None:
         log.info("agent %s ready on %s with %d %s device(s)", config.name, config.queue, len(gpus), config.device)
         heartbeats.start()
+        if not _loopback(config.host):  # other hosts reach it: its pre-flights will meet theirs
+            threading.Thread(target=_preload_preflight_meeting, name="preload-torch", daemon=True).start()
 
     @signals.worker_shutting_down.connect(weak=False)
     def _stop_heartbeats(**_: object) -> None:
@@ -153,6 +178,19 @@ def build_app(config: AgentConfig, emulation_slots: int = 1) -> tuple[Celery, He
         runner.shutdown()
 
     return app, heartbeats
+
+
+def _loopback(address: str) -> bool:
+    return address.startswith("127.") or address in ("::1", "localhost")
+
+
+def _preload_preflight_meeting() -> None:
+    """Load torch now, beside the agent's work, so that the first pre-flight across hosts does
+    not wait seconds for it while the other nodes wait on this one."""
+    started = time.perf_counter()
+    import agents.runtime.preflight_meeting  # noqa: F401
+
+    log.info("torch loaded for pre-flights in %.1f s", time.perf_counter() - started)
 
 
 def order_refusal(config: AgentConfig, task: str, order: dict, received: object) -> str | None:

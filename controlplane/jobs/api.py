@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from agents.protocol import LOG_TAIL_LINES
 from controlplane.common import inputs
 from controlplane.jobs import elastic_settings, resize, resize_preview, scheduling, services
-from controlplane.jobs.models import Job, Transition
+from controlplane.jobs.models import Job, Preflight, Transition
 from controlplane.jobs.selectors import job_data_progress, job_live_snapshot, job_log_view
 
 
@@ -59,6 +59,36 @@ class JobSerializer(serializers.ModelSerializer):
         read_only_fields = ["world_size", "state", "error", "gpus", "placement", "rendezvous", "created_at",
                             "updated_at", "step", "checkpoint_step", "checkpoint_path", "checkpoint_seconds",
                             "checkpoint_at", "queued", "started_at", "resize_failures", "resize_failed_at"]
+
+
+class PreflightCheckSerializer(serializers.Serializer):
+    name = serializers.CharField(help_text="storage, data, port, rendezvous, all-reduce or shared storage")
+    ok = serializers.BooleanField()
+    detail = serializers.CharField()
+
+
+class PreflightNodeSerializer(serializers.Serializer):
+    node = serializers.CharField()
+    host = serializers.CharField(help_text="the address the node's agent advertises")
+    checks = PreflightCheckSerializer(many=True, allow_null=True,
+                                      help_text="in the order they ran; null: no report (yet)")
+    seconds = serializers.FloatField(allow_null=True)
+
+
+class PreflightSerializer(serializers.ModelSerializer):
+    """A pre-flight before a start or a grow across hosts (docs/hosts.md, "Pre-flight")."""
+
+    nodes = serializers.SerializerMethodField()
+
+    @extend_schema_field(PreflightNodeSerializer(many=True))
+    def get_nodes(self, row: Preflight) -> list[dict]:
+        return [{"node": entry["node"], "host": entry.get("host", ""),
+                 "checks": (row.results.get(entry["node"]) or {}).get("checks"),
+                 "seconds": (row.results.get(entry["node"]) or {}).get("seconds")} for entry in row.nodes]
+
+    class Meta:
+        model = Preflight
+        fields = ["id", "transition", "state", "error", "rendezvous", "nodes", "created_at", "finished_at"]
 
 
 class JobCreateSerializer(serializers.Serializer):
@@ -380,6 +410,14 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
     def live(self, request, pk=None):
         """The job's training metrics, consistent with `seq` of /ws/jobs/{id}/."""
         return Response(job_live_snapshot(job_id=self.get_object().pk).model_dump(mode="json"))
+
+    @extend_schema(responses={200: PreflightSerializer(many=True)})
+    @action(detail=True, methods=["get"])
+    def preflights(self, request, pk=None):
+        """The job's pre-flights before its starts and grows across hosts, newest first (at most
+        20): each node's checks, and what failed by host and check."""
+        rows = Preflight.objects.filter(job=self.get_object()).order_by("-created_at", "-id")[:20]
+        return Response(PreflightSerializer(rows, many=True).data)
 
     @extend_schema(parameters=[OpenApiParameter("lines", int, description=f"only the last N lines (1 to "
                                                                           f"{LOG_TAIL_LINES}; default all)")],

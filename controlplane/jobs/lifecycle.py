@@ -1,6 +1,7 @@
 """Job and transition lifecycles: documented enums, pure transition functions.
 
-Job:        pending -> starting -> running <-> switching ; running/starting/switching ->
+Job:        pending -> starting -> running <-> switching ; starting -> pending (its pre-flight
+            failed or was cancelled: no rank was ordered to start, preflight.py) ; running/starting/switching ->
             stopping -> stopped ; any live state -> failed ;
             running/starting/switching -> restoring (ranks lost; a checkpoint exists, or the
             survivors may take over) -> starting (a new world loads the checkpoint, or the
@@ -40,11 +41,13 @@ class JobTrigger(StrEnum):
     FAIL = "fail"
     RESTORE = "restore"
     RESTART = "restart"
+    UNSTART = "unstart"
 
 
 _JOB_EDGES: dict[tuple[JobState, JobTrigger], JobState] = {
     (JobState.PENDING, JobTrigger.START): JobState.STARTING,
     (JobState.STARTING, JobTrigger.STARTED): JobState.RUNNING,
+    (JobState.STARTING, JobTrigger.UNSTART): JobState.PENDING,
     (JobState.RUNNING, JobTrigger.SWITCH): JobState.SWITCHING,
     (JobState.SWITCHING, JobTrigger.SWITCHED): JobState.RUNNING,
     (JobState.PENDING, JobTrigger.STOP): JobState.STOPPED,

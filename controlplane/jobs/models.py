@@ -177,6 +177,35 @@ class Transition(models.Model):
         return f"{self.job.name}: {self.source_layout} -> {self.destination_layout} ({self.state})"
 
 
+class Preflight(models.Model):
+    """A pre-flight of a start or a grow across hosts (controlplane/jobs/preflight.py): its nodes
+    (the first serves the rendezvous), what each reported, and how it ended."""
+
+    class State(models.TextChoices):
+        RUNNING = "running"
+        PASSED = "passed"  # the start or switch orders went out
+        FAILED = "failed"  # a check failed, or a node never answered: the job stayed as it was
+        CANCELLED = "cancelled"  # the job or the resize moved on (stopped, timed out) before it ended
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="preflights")
+    transition = models.ForeignKey(Transition, on_delete=models.CASCADE, null=True, blank=True,
+                                   related_name="preflights", help_text="the grow it checks (none: a start)")
+    nodes = models.JSONField(default=list, help_text="[{node, host}] in order; the first runs rank 0")
+    rendezvous = models.CharField(max_length=300)
+    results = models.JSONField(default=dict, blank=True,
+                               help_text="node -> {checks: [{name, ok, detail}], seconds}, as each reported")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.RUNNING)
+    error = models.TextField(blank=True, help_text="what failed, by host and check")
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"pre-flight {self.pk} of {self.job.name}: {self.state}"
+
+
 class ElasticSweep(models.Model):
     """One row (id 1): the elastic scheduler's last sweep. Sweeps lock it, so two never
     decide at once (controlplane/jobs/elastic_apply.py)."""

@@ -22,6 +22,7 @@ from controlplane.jobs.failures import job_fail
 from controlplane.jobs.lifecycle import LIVE_JOB_STATES, TransitionKind, TransitionState
 from controlplane.jobs.models import Job
 from controlplane.jobs.orders import send_cancels_on_commit
+from controlplane.jobs.preflight import start_cancel
 from controlplane.jobs.restore import no_restore_reason, restore_begin
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,9 @@ def jobs_on_node_loss(*, nodes: list[str]) -> list[int]:
         where = "; ".join(f"node {node} (ranks {', '.join(map(str, r))})" for node, r in sorted(ranks.items()))
         where = where or "node " + ", ".join(sorted(lost))
         locked = Job.objects.select_for_update().get(pk=job_id)
+        if start_cancel(locked, f"{where} lost during the pre-flight; the job was not started"):
+            restored.append(job_id)  # (back to pending: no rank was ordered to start)
+            continue
         if restore_begin(locked, cause=f"{where} lost", known_lost=True, lost_nodes=lost, went_silent=True):
             restored.append(job_id)
             continue

@@ -32,6 +32,7 @@ from controlplane.cluster.models import Node
 from controlplane.jobs.failures import job_fail, job_finish
 from controlplane.jobs.lifecycle import JobState, JobTrigger, job_next_state
 from controlplane.jobs.models import Job
+from controlplane.jobs.preflight import running_start_check
 from controlplane.jobs.restore import restore_begin
 from controlplane.jobs.timeouts import last_moved
 from controlplane.jobs.transitions import active_transition, job_nodes
@@ -79,6 +80,8 @@ def jobs_reconcile(*, grace: timedelta = GRACE) -> list[tuple[int, str]]:
     for job in Job.objects.filter(state__in=[JobState.STARTING, JobState.RUNNING, JobState.SWITCHING,
                                              JobState.STOPPING]):
         nodes = sorted(job_nodes(job))
+        if running_start_check(job) is not None:  # no rank was ordered yet: its pre-flight's deadline rules
+            continue
         if not unseen(nodes, _changed_at(job), job.pk, seen, grace):
             continue
         with transaction.atomic():

@@ -19,11 +19,12 @@ from controlplane.cluster.services import gpus_allocate
 from controlplane.common import inputs
 from controlplane.common.errors import Conflict, InvalidInput
 from controlplane.jobs import transitions
-from controlplane.jobs.failures import job_finish, send_starts_on_commit
+from controlplane.jobs.failures import job_finish
 from controlplane.jobs.lifecycle import (STARTABLE_JOB_STATES, STOPPABLE_JOB_STATES, JobState, JobTrigger,
                                         job_next_state)
 from controlplane.jobs.models import Job
-from controlplane.jobs.orders import free_port, rendezvous_address, start_orders, stop_on_commit
+from controlplane.jobs.orders import free_port, rendezvous_address, stop_on_commit
+from controlplane.jobs.preflight import start_cancel, start_when_checked
 from controlplane.jobs.resume import is_resume, resume_row
 from controlplane.jobs.services import job_create, layout_check, publish_job
 
@@ -42,7 +43,7 @@ def job_submit(*, start: bool = True, queue: bool = False, **fields) -> Job:
 
 def job_start(*, job_id: int) -> Job:
     """pending -> starting: allocate GPUs, store the placement and rendezvous, and on commit
-    send each node its JobStartOrder. Conflict (409) when the GPUs or ports are not there."""
+    send each node its JobStartOrder (across hosts, after a pre-flight: preflight.py). Conflict (409) when the GPUs or ports are not there."""
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
         if job.state not in STARTABLE_JOB_STATES:
@@ -76,7 +77,7 @@ def job_start(*, job_id: int) -> Job:
         job.state = job_next_state(JobState.PENDING, JobTrigger.START)
         job.save()
         publish_job(job, "upsert")
-        send_starts_on_commit(job, start_orders(job))
+        start_when_checked(job)  # (across hosts, a pre-flight first: preflight.py)
     return job
 
 
@@ -86,6 +87,11 @@ def job_stop(*, job_id: int) -> Job:
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
         state = JobState(job.state)
+        if state is JobState.STARTING and start_cancel(job, "", failed=False):  # no rank was ordered to start
+            job.state = job_next_state(JobState.PENDING, JobTrigger.STOP)
+            job.save(update_fields=["state", "updated_at"])
+            publish_job(job, "upsert")
+            return job
         if state is JobState.RESTORING:  # no world trains; the restore task finds it stopped
             nodes = transitions.job_nodes(job) + [g.node.name for g in job.gpus.select_related("node")]
             job_finish(job, state=job_next_state(state, JobTrigger.STOP))

@@ -13,8 +13,8 @@ from agents import protocol
 from controlplane.cluster.agent_auth import Refused, refused, speaker
 from controlplane.cluster.hearing import Hearing
 from controlplane.common.errors import DATABASE_DOWN
-from controlplane.jobs import (elastic_apply, elastic_trigger, ingest, job_logs, node_loss, reconcile, reports, restore,
-                               timeouts)
+from controlplane.jobs import (elastic_apply, elastic_trigger, ingest, job_logs, node_loss, preflight, reconcile, reports,
+                               restore, timeouts)
 from controlplane.jobs.job_speakers import job_message_heard
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,21 @@ def job_log(report: dict, seal: dict | None = None) -> None:
     parsed = _validated(protocol.JobLogTail.model_validate, report, "log tail")
     if parsed is not None:
         job_logs.job_log_record(report=parsed)
+
+
+@shared_task(name=protocol.CONTROL_PREFLIGHT_REPORT, **WHILE_DATABASE_DOWN)
+def preflight_report(report: dict, seal: dict | None = None) -> None:
+    if not job_message_heard(protocol.CONTROL_PREFLIGHT_REPORT, report, seal):
+        return
+    parsed = _validated(protocol.PreflightReport.model_validate, report, "pre-flight report")
+    if parsed is not None:
+        preflight.preflight_record(parsed)
+
+
+@shared_task(name=protocol.CONTROL_SWEEP_PREFLIGHTS)
+def sweep_preflights() -> list[int]:
+    """Beat: fail the pre-flights a node has not answered in time (preflight.py)."""
+    return preflight.preflights_time_out()
 
 
 @shared_task(name=protocol.CONTROL_JOB_RESTORE, **WHILE_DATABASE_DOWN)

@@ -97,7 +97,8 @@ def two_nodes():
 
 
 AGENT_TASKS = {protocol.CONTROL_JOB_REPORT, protocol.CONTROL_TRANSITION_REPORT, protocol.CONTROL_INGEST_EVENTS,
-               protocol.CONTROL_JOB_LOG, protocol.CONTROL_AGENT_HEARTBEAT, protocol.CONTROL_EMULATION_PROGRESS}
+               protocol.CONTROL_JOB_LOG, protocol.CONTROL_AGENT_HEARTBEAT, protocol.CONTROL_EMULATION_PROGRESS,
+               protocol.CONTROL_PREFLIGHT_REPORT}
 
 
 @pytest.fixture
@@ -112,6 +113,13 @@ def run(django_capture_on_commit_callbacks):
         with django_capture_on_commit_callbacks(execute=True):
             return fn(*args, **kwargs)
     return call
+
+
+@pytest.fixture(autouse=True)
+def _no_preflight(settings):
+    """The agents these tests play answer no pre-flight (their nodes are on hosts of their own):
+    the orders go out at once. test_jobs_preflight.py turns it on and plays the agents' part."""
+    settings.DYNAPLANE_PREFLIGHT = "off"
 
 
 @pytest.fixture(autouse=True)

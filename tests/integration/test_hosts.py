@@ -37,6 +37,27 @@ def cluster(tmp_path):
         yield made
 
 
+@pytest.fixture
+def cluster_with_unshared_host(tmp_path):
+    """As `cluster`, but host-3 sees storage of its own at the checkpoint root (not the shared one)."""
+    with host_cluster(tmp_path / "stack", HOSTS, own_checkpoints=("host-3",)) as made:
+        yield made
+
+
+def passed_preflights(stack, job_id: int) -> list[dict]:
+    """The job's pre-flights, oldest first, each checked to have passed on every node (gloo across
+    the hosts included)."""
+    rows = stack.get(f"api/jobs/{job_id}/preflights", token=True)[::-1]
+    for row in rows:
+        assert row["state"] == "passed", row
+        for node in row["nodes"]:
+            assert node["checks"] and all(check["ok"] for check in node["checks"]), node
+        n = len(row["nodes"])
+        assert all(any(c["name"] == "all-reduce" and c["detail"].startswith(f"{n} nodes summed over gloo")
+                       for c in node["checks"]) for node in row["nodes"]), row
+    return rows
+
+
 def test_a_job_trains_across_two_hosts_grows_onto_a_third_survives_its_link_cut_and_grows_back(cluster) -> None:
     """The job starts on two hosts and grows onto the third; that host's link is cut (no reset
     reaches anyone): the others' collectives give up after the step timeout, and the job goes on
@@ -100,6 +121,9 @@ def test_a_job_trains_across_two_hosts_grows_onto_a_third_survives_its_link_cut_
     assert_each_sample_read_once(stopped, directory, 12, 16)
     layouts = {r["layout"] for r in read_records(stopped["checkpoint_dir"]) if "step" in r}
     assert layouts == {"dp=4", "dp=6"}, layouts
+    checked = passed_preflights(stack, job["id"])  # the start and both grows, each across hosts
+    assert [len(row["nodes"]) for row in checked] == [2, 3, 3], checked
+    assert [row["transition"] for row in checked] == [None, resize["id"], regrow["id"]], checked
     print(f"dp=4 over {sorted(spread)} grew to dp=6 over three hosts, committed {seconds:.1f} s after POST; "
           f"{third}'s link cut: training on the others {recovered:.1f} s later; grew back onto it; "
           f"{stopped['step']} steps each recorded once")
@@ -138,8 +162,11 @@ print(json.dumps(answers))
 """
 
 
-def test_from_an_agent_host_nothing_but_an_enrolled_agent_about_its_own_jobs_is_heard(cluster) -> None:
-    stack, hosts = cluster
+def test_from_an_agent_host_nothing_but_an_enrolled_agent_about_its_own_jobs_is_heard(
+        cluster_with_unshared_host) -> None:
+    """... and a job that would span a host without the shared checkpoint storage is not started:
+    its pre-flight names the host and the check, and the job stays pending with its GPUs free."""
+    stack, hosts = cluster_with_unshared_host
     job = stack.post("api/jobs", {"name": "guarded", "model": "tiny-gpt", "gpus": 2, "global_batch": 4,
                                   "seq_len": 16, "checkpoint_interval": 0})
     url = f"api/jobs/{job['id']}"
@@ -166,8 +193,26 @@ def test_from_an_agent_host_nothing_but_an_enrolled_agent_about_its_own_jobs_is_
     wait_for(lambda: stack.get(url)["step"] >= step + 3, timeout=60)  # trains on
     after = stack.get(url)
     assert (after["state"], after["error"], after["layout"]) == ("running", "", running["layout"])
+
+    stack.post(f"{url}/stop", {})
+    wait_for(lambda: stack.get(url)["state"] == "stopped", timeout=90)
+    wide = stack.post("api/jobs", {"name": "wide", "model": "tiny-gpt", "gpus": 6, "global_batch": 6,
+                                   "seq_len": 16, "checkpoint_interval": 0})
+    refused_at = time.monotonic()
+    back, _ = wait_for(lambda: (j := stack.get(f"api/jobs/{wide['id']}", token=True))["state"] == "pending" and j,
+                       timeout=90)
+    took = time.monotonic() - refused_at
+    assert back["error"].startswith(f"pre-flight failed: host host-3 ({hosts.address('host-3')}): shared storage: "), \
+        back["error"]
+    assert "is other storage on this host than on" in back["error"] and back["placement"] == [], back
+    assert sum(g["state"] == "free" for g in stack.get("api/gpus", token=True)["results"]) == 6
+    [row] = stack.get(f"api/jobs/{wide['id']}/preflights", token=True)
+    by_node = {node["node"]: {c["name"]: c["ok"] for c in node["checks"]} for node in row["nodes"]}
+    assert all(checks["all-reduce"] for checks in by_node.values()), by_node  # the network is fine
+    assert [name for name, checks in by_node.items() if not all(checks.values())] == ["host-3"], by_node
     print(f"refused from {intruder}: a report for job {job['id']} it does not serve, one under a revoked key; "
-          f"the broker without its password answered {answers}")
+          f"the broker without its password answered {answers}; a job across host-3 (storage of its own) "
+          f"refused by its pre-flight {took:.1f} s after POST, back to pending")
 
 
 def listening_sockets(pids: set[int]) -> set[tuple[str, int]]:

@@ -14,9 +14,18 @@ from tests.support.hosts import Hosts
 from tests.support.stack import ROOT, StackProcess, wait_for
 
 
+def unshared(folder: Path, argv: list[str]) -> list[str]:
+    """`argv` run in a mount namespace of its own that sees an empty tmpfs at `folder`: a host that
+    does not mount the shared storage there (its own disk at the same path)."""
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+            'mkdir -p "$0" && mount -t tmpfs dynaplane-unshared "$0" && exec "$@"', str(folder), *argv]
+
+
 @contextmanager
-def host_cluster(var_dir: Path, names: list[str], gpus_per_host: int = 2, ready_timeout: float = 120):
-    """(stack, hosts) with one healthy agent of `gpus_per_host` virtual GPUs on each host."""
+def host_cluster(var_dir: Path, names: list[str], gpus_per_host: int = 2, ready_timeout: float = 120,
+                 own_checkpoints: tuple[str, ...] = ()):
+    """(stack, hosts) with one healthy agent of `gpus_per_host` virtual GPUs on each host; the
+    hosts named in `own_checkpoints` see storage of their own at the checkpoint root (unshared)."""
     hosts = Hosts(names)
     stack = StackProcess(var_dir, agents=0, gpus_per_agent=gpus_per_host, env={"DATABASE_URL": None, "REDIS_URL": None})
     stack.argv += ["--host", hosts.gateway]
@@ -28,8 +37,10 @@ def host_cluster(var_dir: Path, names: list[str], gpus_per_host: int = 2, ready_
         for name in names:
             token = stack.post("api/agent-tokens", {"node": name})["token"]
             log = open(stack.var_dir / f"agent-{name}.log", "wb")
-            hosts.popen(name, [sys.executable, "-m", "dynaplane", "agent", "--join", stack.url,
-                               "--gpus", str(gpus_per_host)],
+            argv = [sys.executable, "-m", "dynaplane", "agent", "--join", stack.url, "--gpus", str(gpus_per_host)]
+            if name in own_checkpoints:
+                argv = unshared(stack.var_dir / "checkpoints", argv)
+            hosts.popen(name, argv,
                         env={**env, "DYNAPLANE_AGENT_TOKEN": token}, cwd=ROOT, stdout=log, stderr=log)
         wait_for(lambda: sum(n["state"] == "healthy" for n in stack.get("api/nodes")["results"]) == len(names),
                  timeout=90)
