@@ -32,8 +32,9 @@ HOSTS = ["host-1", "host-2", "host-3"]
 def cluster(tmp_path):
     """(stack, hosts): the control plane on the bridge's address with its embedded broker, no
     agents of its own; one agent with 2 virtual GPUs on each of three hosts, each enrolled with
-    a token of its own (tests/support/host_cluster.py)."""
-    with host_cluster(tmp_path / "stack", HOSTS) as made:
+    a token of its own (tests/support/host_cluster.py). The elastic scheduler resizes a job 5 s
+    after its last change at the earliest (not 300 s)."""
+    with host_cluster(tmp_path / "stack", HOSTS, env={"DYNAPLANE_ELASTIC_MIN_INTERVAL_SECONDS": "5"}) as made:
         yield made
 
 
@@ -59,11 +60,12 @@ def passed_preflights(stack, job_id: int) -> list[dict]:
 
 
 def test_a_job_trains_across_two_hosts_grows_onto_a_third_survives_its_link_cut_and_grows_back(cluster) -> None:
-    """The job starts on two hosts and grows onto the third; that host's link is cut (no reset
-    reaches anyone): the others' collectives give up after the step timeout, and the job goes on
-    on them without a checkpoint within 30 s. The link comes back, the host's agent rejoins, and
-    the job grows onto it again. Every switch verified; every step recorded once, every sample
-    read once."""
+    """The job starts on two hosts; made elastic up to 6 GPUs, the elastic scheduler grows it onto
+    the third; that host's link is cut (no reset reaches anyone): the others' collectives give up
+    after the step timeout, and the job goes on on them without a checkpoint within 30 s. The link
+    comes back, the host's agent rejoins, and the scheduler grows the job onto it again by itself.
+    Every switch verified and preceded by a pre-flight across its hosts; every step recorded
+    once, every sample read once."""
     stack, hosts = cluster
     nodes = {n["name"]: n for n in stack.get("api/nodes")["results"]}
     assert {name: nodes[name]["host"] for name in HOSTS} == {name: hosts.address(name) for name in HOSTS}
@@ -74,12 +76,21 @@ def test_a_job_trains_across_two_hosts_grows_onto_a_third_survives_its_link_cut_
     def steps() -> list:
         return loss_steps(stack, job)
 
+    def elastic_grow(after: set[int]) -> dict:
+        """The elastic scheduler's next resize of the job (not one of `after`), once it ended."""
+        found, _ = wait_for(lambda: next((t for t in stack.get(f"api/transitions?job={job['id']}", token=True)["results"]
+                                          if t["kind"] == "resize" and t["id"] not in after), None), timeout=90)
+        assert found["reason"].startswith("grew to 6 (dp=6)"), found["reason"]
+        return wait_for_transition_end(stack, found["id"])[0]
+
     spread = {slot["node"] for slot in running["placement"]}
     assert len(spread) == 2, running["placement"]
     host = running["rendezvous"].rsplit(":", 1)[0]
     assert host in {hosts.address(name) for name in spread}, running["rendezvous"]  # never localhost
-    resize = stack.post(f"{url}/resize", {"gpus": 6})
-    done, seconds = wait_for_transition_end(stack, resize["id"])
+    asked = time.monotonic()
+    stack.post(f"{url}/elastic", {"elastic": True, "min_gpus": 4, "max_gpus": 6}, method="PATCH")
+    resize = done = elastic_grow(set())
+    seconds = time.monotonic() - asked
     assert (done["state"], done["verification"]["verified"]) == ("committed", True), done
     grown = stack.get(url, token=True)
     assert {slot["node"] for slot in grown["placement"]} == set(HOSTS) and grown["layout"] == "dp=6"
@@ -104,8 +115,7 @@ def test_a_job_trains_across_two_hosts_grows_onto_a_third_survives_its_link_cut_
     wait_for(lambda: next(n for n in stack.get("api/nodes")["results"] if n["name"] == third)["state"] == "healthy"
              and sum(g["state"] == "free" for g in stack.get("api/gpus?node=" + third, token=True)["results"]) == 2,
              timeout=120)
-    regrow = stack.post(f"{url}/resize", {"gpus": 6})
-    done, _ = wait_for_transition_end(stack, regrow["id"])
+    regrow = done = elastic_grow({resize["id"]})  # by itself: the host's GPUs are free again
     assert (done["state"], done["verification"]["verified"]) == ("committed", True), done
     back = stack.get(url, token=True)
     assert third in {slot["node"] for slot in back["placement"]} and back["layout"] == "dp=6"
@@ -124,8 +134,10 @@ def test_a_job_trains_across_two_hosts_grows_onto_a_third_survives_its_link_cut_
     checked = passed_preflights(stack, job["id"])  # the start and both grows, each across hosts
     assert [len(row["nodes"]) for row in checked] == [2, 3, 3], checked
     assert [row["transition"] for row in checked] == [None, resize["id"], regrow["id"]], checked
-    print(f"dp=4 over {sorted(spread)} grew to dp=6 over three hosts, committed {seconds:.1f} s after POST; "
-          f"{third}'s link cut: training on the others {recovered:.1f} s later; grew back onto it; "
+    print(f"dp=4 over {sorted(spread)} grew to dp=6 over three hosts (elastic), committed {seconds:.1f} s after "
+          f"the PATCH; "
+          f"{third}'s link cut: training on the others {recovered:.1f} s later; the scheduler grew it back onto it "
+          f"({regrow['reason']}); "
           f"{stopped['step']} steps each recorded once")
 
 
@@ -196,9 +208,9 @@ def test_from_an_agent_host_nothing_but_an_enrolled_agent_about_its_own_jobs_is_
 
     stack.post(f"{url}/stop", {})
     wait_for(lambda: stack.get(url)["state"] == "stopped", timeout=90)
+    refused_at = time.monotonic()
     wide = stack.post("api/jobs", {"name": "wide", "model": "tiny-gpt", "gpus": 6, "global_batch": 6,
                                    "seq_len": 16, "checkpoint_interval": 0})
-    refused_at = time.monotonic()
     back, _ = wait_for(lambda: (j := stack.get(f"api/jobs/{wide['id']}", token=True))["state"] == "pending" and j,
                        timeout=90)
     took = time.monotonic() - refused_at
@@ -212,7 +224,7 @@ def test_from_an_agent_host_nothing_but_an_enrolled_agent_about_its_own_jobs_is_
     assert [name for name, checks in by_node.items() if not all(checks.values())] == ["host-3"], by_node
     print(f"refused from {intruder}: a report for job {job['id']} it does not serve, one under a revoked key; "
           f"the broker without its password answered {answers}; a job across host-3 (storage of its own) "
-          f"refused by its pre-flight {took:.1f} s after POST, back to pending")
+          f"refused by its pre-flight {took:.1f} s after the POST began, back to pending")
 
 
 def listening_sockets(pids: set[int]) -> set[tuple[str, int]]:

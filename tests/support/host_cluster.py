@@ -23,11 +23,13 @@ def unshared(folder: Path, argv: list[str]) -> list[str]:
 
 @contextmanager
 def host_cluster(var_dir: Path, names: list[str], gpus_per_host: int = 2, ready_timeout: float = 120,
-                 own_checkpoints: tuple[str, ...] = ()):
+                 own_checkpoints: tuple[str, ...] = (), env: dict[str, str] | None = None):
     """(stack, hosts) with one healthy agent of `gpus_per_host` virtual GPUs on each host; the
-    hosts named in `own_checkpoints` see storage of their own at the checkpoint root (unshared)."""
+    hosts named in `own_checkpoints` see storage of their own at the checkpoint root (unshared);
+    `env`: the control plane's settings."""
     hosts = Hosts(names)
-    stack = StackProcess(var_dir, agents=0, gpus_per_agent=gpus_per_host, env={"DATABASE_URL": None, "REDIS_URL": None})
+    stack = StackProcess(var_dir, agents=0, gpus_per_agent=gpus_per_host,
+                         env={"DATABASE_URL": None, "REDIS_URL": None, **(env or {})})
     stack.argv += ["--host", hosts.gateway]
     try:
         stack.start()

@@ -9,12 +9,21 @@ what this one made. Needs root (CI and the development machine run as root)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 PREFIX = "dp"
+# `ip netns exec NS` mounts /etc/netns/NS/* over /etc/*: each host's own resolver settings. The
+# hosts' network has no name server; the machine's one is out of their reach, so without this
+# every lookup waited for its timeout (c10d's store looks up each client's name: 10 s per
+# rendezvous). With a name server on the host's own loopback, where none listens, a lookup fails
+# at once, as on an isolated cluster network.
+NETNS_ETC = Path("/etc/netns")
+RESOLV_CONF = "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n"
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -51,6 +60,7 @@ def _kill_namespace(name: str) -> None:
         except ProcessLookupError:
             pass
     _ip("netns", "del", name, check=False)
+    shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
 
 
 def sweep_stale() -> list[str]:
@@ -68,6 +78,10 @@ def sweep_stale() -> list[str]:
         if name.startswith(f"{PREFIX}br") and owner.isdigit() and not _alive(int(owner)):
             _ip("link", "del", name, check=False)
             gone.append(name)
+    for folder in NETNS_ETC.glob(f"{PREFIX}*") if NETNS_ETC.is_dir() else ():
+        owner = folder.name[len(PREFIX):].split("-")[0]
+        if owner.isdigit() and not _alive(int(owner)):
+            shutil.rmtree(folder, ignore_errors=True)
     return gone
 
 
@@ -108,6 +122,8 @@ class Hosts:
     def _add(self, k: int, name: str) -> None:
         ns, inside, outside = self.namespace(name), self.interface(name), self._outside(name)
         _ip("netns", "add", ns)
+        (NETNS_ETC / ns).mkdir(parents=True, exist_ok=True)
+        (NETNS_ETC / ns / "resolv.conf").write_text(RESOLV_CONF)
         _ip("link", "add", outside, "type", "veth", "peer", "name", inside, "netns", ns)
         _ip("link", "set", outside, "master", self.bridge, "up")
         _ip("-n", ns, "addr", "add", f"{self.address(name)}/24", "dev", inside)

@@ -114,8 +114,8 @@ class StackProcess:
         with urllib.request.urlopen(request, timeout=5) as response:
             return json.loads(response.read())
 
-    def post(self, path: str, body: dict) -> dict:
-        request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST",
+    def post(self, path: str, body: dict, method: str = "POST") -> dict:
+        request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method=method,
                                          headers={"Content-Type": "application/json",
                                                   "Authorization": f"Token {self.state['token']}"})
         with urllib.request.urlopen(request, timeout=5) as response:
