@@ -315,6 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
     from dynaplane.token_commands import add_token_commands
 
     add_token_commands(sub)
+    from dynaplane.hosts_command import add_parser as add_hosts_command
+
+    add_hosts_command(sub)
     _add_emulate(sub)
     _add_compare_and_search(sub)
     _add_calibrate(sub)

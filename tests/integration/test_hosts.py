@@ -1,6 +1,6 @@
 """Issue 44: agents on hosts of their own. The control plane (web, worker, its embedded broker with
 a password) in the root namespace, `dynaplane up --host` on the bridge's address; each agent in a
-network namespace with its own address (tests/support/hosts.py), enrolled with a token of its own
+network namespace with its own address (dynaplane/netns_hosts.py), enrolled with a token of its own
 (`dynaplane agent --join URL`, token in its environment): the agents reach the broker only over
 that network, advertise the address other hosts reach them on (the route to the broker), and
 their ranks rendezvous and run gloo across it. From an agent host, what is not an enrolled agent
@@ -19,7 +19,7 @@ import pytest
 from agents.runtime.sample_log import read_records
 from tests.support.datasets import assert_each_sample_read_once, loss_steps, real_text_dataset, start_text_job
 from tests.support.host_cluster import host_cluster
-from tests.support.hosts import available
+from dynaplane.netns_hosts import available
 from tests.support.stack import wait_for, wait_for_transition_end
 
 pytestmark = [pytest.mark.integration, pytest.mark.hosts, pytest.mark.timeout(420),

@@ -4,21 +4,14 @@ benchmark across hosts: `dynaplane up --host` on the bridge's address with its e
 issued through the API (`dynaplane agent --join URL`, the token in its environment)."""
 from __future__ import annotations
 
-import os
 import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.support.hosts import Hosts
-from tests.support.stack import ROOT, StackProcess, wait_for
-
-
-def unshared(folder: Path, argv: list[str]) -> list[str]:
-    """`argv` run in a mount namespace of its own that sees an empty tmpfs at `folder`: a host that
-    does not mount the shared storage there (its own disk at the same path)."""
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-            'mkdir -p "$0" && mount -t tmpfs dynaplane-unshared "$0" && exec "$@"', str(folder), *argv]
+from dynaplane.hosts_command import start_agents, wait_healthy
+from dynaplane.netns_hosts import Hosts
+from tests.support.stack import StackProcess
 
 
 @contextmanager
@@ -34,18 +27,8 @@ def host_cluster(var_dir: Path, names: list[str], gpus_per_host: int = 2, ready_
     try:
         stack.start()
         stack.wait_ready(timeout=ready_timeout)
-        env = {**os.environ, "DYNAPLANE_VAR_DIR": str(stack.var_dir), "PYTHONUNBUFFERED": "1"}
-        env.pop("REDIS_URL", None)  # the agents learn the broker when they join
-        for name in names:
-            token = stack.post("api/agent-tokens", {"node": name})["token"]
-            log = open(stack.var_dir / f"agent-{name}.log", "wb")
-            argv = [sys.executable, "-m", "dynaplane", "agent", "--join", stack.url, "--gpus", str(gpus_per_host)]
-            if name in own_checkpoints:
-                argv = unshared(stack.var_dir / "checkpoints", argv)
-            hosts.popen(name, argv,
-                        env={**env, "DYNAPLANE_AGENT_TOKEN": token}, cwd=ROOT, stdout=log, stderr=log)
-        wait_for(lambda: sum(n["state"] == "healthy" for n in stack.get("api/nodes")["results"]) == len(names),
-                 timeout=90)
+        start_agents(hosts, stack.url, stack.state["token"], stack.var_dir, gpus_per_host, own_checkpoints)
+        wait_healthy(stack.url, stack.state["token"], names)
         yield stack, hosts
     finally:
         if stack.process is not None:

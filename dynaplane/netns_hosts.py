@@ -1,4 +1,4 @@
-"""Test hosts on this machine (issue 44): each a Linux network namespace with an address of its
+"""Test hosts on this machine (issue 44; the host tests and `dynaplane hosts`): each a Linux network namespace with an address of its
 own on a bridge in the root namespace, which holds the control plane. A process run in a host
 reaches the others, and the control plane, only over that network; cutting a host's link is
 `ip link set ... down` on its end of the veth pair.
@@ -113,14 +113,15 @@ class Hosts:
         """The host's end of its link, as the host itself names it."""
         return f"eth-{name}"[:15]
 
-    def _outside(self, name: str) -> str:
+    def outside(self, name: str) -> str:
+        """The root namespace's end of the host's link (on the bridge): down is a cut cable."""
         return f"v{self.tag}{self.names.index(name)}"[:15]
 
     def address(self, name: str) -> str:
         return f"{self.subnet}.{self.names.index(name) + 2}"
 
     def _add(self, k: int, name: str) -> None:
-        ns, inside, outside = self.namespace(name), self.interface(name), self._outside(name)
+        ns, inside, outside = self.namespace(name), self.interface(name), self.outside(name)
         _ip("netns", "add", ns)
         (NETNS_ETC / ns).mkdir(parents=True, exist_ok=True)
         (NETNS_ETC / ns / "resolv.conf").write_text(RESOLV_CONF)
@@ -144,10 +145,10 @@ class Hosts:
 
     def cut(self, name: str) -> None:
         """The host's link goes down (its cable pulled): nothing reaches it or leaves it."""
-        _ip("link", "set", self._outside(name), "down")
+        _ip("link", "set", self.outside(name), "down")
 
     def mend(self, name: str) -> None:
-        _ip("link", "set", self._outside(name), "up")
+        _ip("link", "set", self.outside(name), "up")
 
     def close(self) -> None:
         for process in self.processes:
@@ -158,7 +159,7 @@ class Hosts:
         for name in self.names:
             # the pair first, at once: a namespace is deleted lazily, and with it its veth, whose name
             # the next Hosts of this process would take
-            _ip("link", "del", self._outside(name), check=False)
+            _ip("link", "del", self.outside(name), check=False)
             _kill_namespace(self.namespace(name))
         _ip("link", "del", self.bridge, check=False)
         deadline = time.monotonic() + 5
