@@ -192,6 +192,7 @@ def preflight_end(preflight_id: int, verdict: Verdict) -> bool:
         row.save(update_fields=["state", "error", "finished_at"])
         if row.transition_id is None:
             if verdict.passed:
+                job.save(update_fields=["updated_at"])  # (reconcile's grace for the ranks to show starts now)
                 send_starts_on_commit(job, start_orders(job))
             else:
                 _unstart(job, verdict.error)

@@ -73,7 +73,10 @@ def test_a_start_across_hosts_waits_for_every_node_to_pass(two_nodes, token_clie
 
     run(preflight_report, _report(orders["node.node-2"], "node-2"))
     assert not _orders(sent_tasks, protocol.NODE_JOB_START)  # node-1 has not reported yet
+    long_ago = timezone.now() - timedelta(minutes=5)  # a slow pre-flight: the reconcile grace starts again at its end
+    Job.objects.filter(pk=job.pk).update(updated_at=long_ago)
     run(preflight_report, _report(orders["node.node-1"], "node-1"))
+    assert Job.objects.get(pk=job.pk).updated_at > long_ago + timedelta(minutes=4)
     starts = _orders(sent_tasks, protocol.NODE_JOB_START)
     assert set(starts) == {"node.node-1", "node.node-2"}
     row = Preflight.objects.get(job=job)
