@@ -38,11 +38,12 @@ def unshared(folder: Path, argv: list[str]) -> list[str]:
 
 
 def start_agents(hosts: Hosts, url: str, admin_token: str, var_dir: Path, gpus_per_host: int,
-                 own_checkpoints: tuple[str, ...] = ()) -> dict[str, Path]:
+                 own_checkpoints: tuple[str, ...] = (), env_of: dict[str, dict[str, str]] | None = None
+                 ) -> dict[str, Path]:
     """On each host, an agent with `gpus_per_host` virtual GPUs, joined with a token the admin
     issues through the API (the token in its environment, never on its command line). The hosts
-    named in `own_checkpoints` see storage of their own at the checkpoint root. Returns each
-    agent's log file."""
+    named in `own_checkpoints` see storage of their own at the checkpoint root; `env_of[host]`:
+    more of that agent's environment (its ranks inherit it). Returns each agent's log file."""
     env = {**os.environ, "DYNAPLANE_VAR_DIR": str(var_dir), "PYTHONUNBUFFERED": "1"}
     env.pop("REDIS_URL", None)  # the agents learn the broker when they join
     logs = {}
@@ -53,7 +54,8 @@ def start_agents(hosts: Hosts, url: str, admin_token: str, var_dir: Path, gpus_p
             argv = unshared(var_dir / "checkpoints", argv)
         logs[name] = var_dir / f"agent-{name}.log"
         log = open(logs[name], "wb")
-        hosts.popen(name, argv, env={**env, "DYNAPLANE_AGENT_TOKEN": token}, cwd=ROOT, stdout=log, stderr=log)
+        hosts.popen(name, argv, env={**env, **(env_of or {}).get(name, {}), "DYNAPLANE_AGENT_TOKEN": token}, cwd=ROOT,
+                    stdout=log, stderr=log)
     return logs
 
 

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from agents import protocol
+from agents.runtime.collective_timeouts import set_wait
 from agents.runtime.faults import faults
 from agents.runtime.job_settings import JobSettings, rank_trainer
 from agents.runtime.rank_reports import Reporter
@@ -85,6 +86,7 @@ def switch_old_rank(trainer, order: protocol.JobSwitchOrder, settings: JobSettin
         if rank == 0:
             boundary.reporter.transition(order.transition_id, "transferring", step=scalars.step)
         def verifying(transfer_seconds: float) -> None:
+            set_wait(settings.timeout_seconds)
             if rank == 0:
                 boundary.reporter.transition(order.transition_id, "verifying", step=scalars.step,
                                              transfer_seconds=transfer_seconds)
@@ -92,7 +94,7 @@ def switch_old_rank(trainer, order: protocol.JobSwitchOrder, settings: JobSettin
         new, new_scalars, report = switch_state(spec, shards, scalars, src, order.layout, rank,
                                                 staging_bytes=order.staging_bytes,
                                                 gpus_per_node=order.gpus_per_node, prepared=prepared,
-                                                on_verify=verifying,
+                                                on_verify=verifying, on_transfer=transfer_waits(settings),
                                                 on_round=round_reporter(boundary.reporter, order, rank,
                                                                          scalars.step),
                                                 process_of=order.process_of)
@@ -120,6 +122,19 @@ def switch_old_rank(trainer, order: protocol.JobSwitchOrder, settings: JobSettin
     if report.renumbered:
         (boundary.run_dir / renumbered_marker(switch_file(order.transition_id))).touch()
     return (trainer if trainer.active else None), report, phases, new_ckpt
+
+
+def transfer_waits(settings: JobSettings, stall: float = 0.0):
+    """switch_state's on_transfer: the transfer's rounds wait the step timeout for a peer, not the
+    switch's long one (a round moves at most the staging budget; a peer silent that long is gone:
+    a host cut off mid-transfer is found as in a training step, docs/hosts.md), until on_verify
+    gives the long wait back. `stall`: a fault injection's hold, past the barrier (its peers wait
+    in the first round)."""
+    def on_transfer() -> None:
+        set_wait(settings.step_timeout_seconds)
+        if stall:
+            time.sleep(stall)
+    return on_transfer
 
 
 PROGRESS_INTERVAL = 0.5  # seconds between live transfer reports (the first and last round always go)
@@ -177,9 +192,12 @@ def join_switch(order: protocol.JobSwitchOrder, rank: int, settings: JobSettings
             os._exit(17)
         if fault.startswith(f"hold-in-transfer:{rank}:"):  # hold the union world in the transfer (tests kill a node)
             time.sleep(float(fault.rsplit(":", 1)[1]))
+    stall = next((float(f.rsplit(":", 1)[1]) for f in faults() if f.startswith(f"stall-in-transfer:{rank}:")), 0.0)
     new, scalars, report = switch_state(spec, {}, TrainScalars(), order.src_layout, order.layout, rank,
                                         staging_bytes=order.staging_bytes, gpus_per_node=order.gpus_per_node,
-                                        prepared=prepared, process_of=order.process_of)
+                                        prepared=prepared, process_of=order.process_of,
+                                        on_transfer=transfer_waits(settings, stall),
+                                        on_verify=lambda seconds: set_wait(settings.timeout_seconds))
     (run_dir / switched_marker(order.transition_id, rank)).touch()  # from here on, a death fails the job
     if not report.renumbered:
         return rank_trainer(settings, order.layout, rank, new, scalars, ckpt), ckpt

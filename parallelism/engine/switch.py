@@ -70,12 +70,15 @@ def prepare_switch(spec, src: str, dst: str, rank: int, joining: bool, *, stagin
 
 def switch_state(spec, shards: dict[Key, LocalShard], scalars, src: str, dst: str, rank: int, *,
                  staging_bytes: int = 64 * 2**20, gpus_per_node: int = 8, prepared: PreparedSwitch | None = None,
-                 on_verify=None, on_round=None, group=None, process_of=None) -> tuple[dict[Key, LocalShard], object, SwitchReport]:
+                 on_verify=None, on_round=None, on_transfer=None, group=None,
+                 process_of=None) -> tuple[dict[Key, LocalShard], object, SwitchReport]:
     """Move handed-over state from layout src to dst; every rank of the union world calls
     this (`group`: that world; default the default group; `rank`: this process in it). Consumes `shards` (the engine
     frees each as soon as it has been sent).
-    `on_verify(transfer_seconds)` is called when the transfer is done and the digests are
-    about to be compared; `on_round(done, rounds, moved_bytes, wave)` after each round
+    `on_transfer()` is called when every rank is past the barrier before the transfer (its
+    rounds are bounded by the staging budget: the caller may wait less for a peer in them);
+    `on_verify(transfer_seconds)` when the transfer is done and the digests are about to be
+    compared; `on_round(done, rounds, moved_bytes, wave)` after each round
     (moved_bytes: the plan's network bytes of the rounds done; wave: WaveRecorder.wave)."""
     phases: dict[str, float] = {}
     clock = time.perf_counter()
@@ -101,6 +104,8 @@ def switch_state(spec, shards: dict[Key, LocalShard], scalars, src: str, dst: st
     recorder = WaveRecorder(progress)
     clock = time.perf_counter()
     dist.barrier(group=group)
+    if on_transfer is not None:
+        on_transfer()
     started = time.perf_counter()
     phases["barrier"] = started - clock
     new: dict[Key, LocalShard] = execute_plan(plan, rank, shards, group, sample=recorder, program=program, ready=ready)

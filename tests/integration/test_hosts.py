@@ -141,6 +141,52 @@ def test_a_job_trains_across_two_hosts_grows_onto_a_third_survives_its_link_cut_
           f"{stopped['step']} steps each recorded once")
 
 
+@pytest.fixture
+def cluster_stalling_in_transfer(tmp_path):
+    """As `cluster`, but host-3's joining ranks (processes 4 and 5 of a 4 -> 6 grow's world) stall
+    once the transfer has begun (fault injection), so that a cut lands while the state moves."""
+    stall = {"DYNAPLANE_FAULT": "stall-in-transfer:4:120,stall-in-transfer:5:120"}
+    with host_cluster(tmp_path / "stack", HOSTS, agent_env={"host-3": stall}) as made:
+        yield made
+
+
+def test_a_link_cut_while_a_grow_moves_the_state_rolls_back_and_the_job_trains_on(
+        cluster_stalling_in_transfer) -> None:
+    """A job on two hosts grows onto the third; while the state moves, the third host's link is
+    cut. The old ranks' transfer waits only the step timeout for a peer (not the switch's long
+    wait): they roll back to the old layout with the state they kept and train on within 30 s of
+    the cut, without a checkpoint; every step recorded once, every sample read once."""
+    stack, hosts = cluster_stalling_in_transfer
+    directory = real_text_dataset(stack, "stdlib-code")
+    job = start_text_job(stack, "cut-mid-grow", gpus=4, global_batch=12, checkpoint_interval=0, timeout=180)
+    url = f"api/jobs/{job['id']}"
+    assert {slot["node"] for slot in job["placement"]} == {"host-1", "host-2"}, job["placement"]
+    grow = stack.post(f"{url}/resize", {"gpus": 6})
+    assert {slot["node"] for slot in grow["destination_placement"] if slot["rank"] >= 4} == {"host-3"}, grow
+    wait_for(lambda: stack.get(f"api/transitions/{grow['id']}", token=True)["state"] == "transferring", timeout=120)
+    last = max(loss_steps(stack, job))
+    hosts.cut("host-3")
+    cut_at = time.monotonic()
+    done, _ = wait_for(lambda: (t := stack.get(f"api/transitions/{grow['id']}", token=True))["state"]
+                       in ("rolled_back", "aborted", "committed") and t, timeout=90)
+    back, _ = wait_for(lambda: max(loss_steps(stack, job)) > last and stack.get(url, token=True), timeout=60)
+    recovered = time.monotonic() - cut_at
+    assert done["state"] == "rolled_back", done
+    assert "Timed out" in done["reason"] or "timed out" in done["reason"].lower(), done["reason"]
+    assert (back["state"], back["layout"], back["error"]) == ("running", "dp=4", ""), back
+    assert recovered < 30, f"training again on the old layout {recovered:.1f} s after the link was cut"
+    last = max(loss_steps(stack, job))
+    wait_for(lambda: max(loss_steps(stack, job)) > last + 2, timeout=60)
+    stack.post(f"{url}/stop", {})
+    stopped, _ = wait_for(lambda: (j := stack.get(url, token=True))["state"] == "stopped" and j, timeout=90)
+    trained = stack.get(f"{url}/live", token=True)["metrics"]["step_seconds"]["x"]
+    assert sorted(trained) == list(range(1, stopped["step"] + 1)), sorted(trained)
+    assert set(trained) == set(loss_steps(stack, job)), sorted(set(trained) ^ set(loss_steps(stack, job)))
+    assert_each_sample_read_once(stopped, directory, 12, 16)
+    print(f"host-3's link cut while the grow moved the state: rolled back, training again on dp=4 "
+          f"{recovered:.1f} s after the cut; {stopped['step']} steps each recorded once")
+
+
 # Run on an agent host by a process that is not the agent: it holds what an agent's host holds
 # (the broker URL with its password from joining, a token of its own) and tries to speak out of turn.
 INTRUDER = r"""

@@ -16,10 +16,11 @@ from tests.support.stack import StackProcess
 
 @contextmanager
 def host_cluster(var_dir: Path, names: list[str], gpus_per_host: int = 2, ready_timeout: float = 120,
-                 own_checkpoints: tuple[str, ...] = (), env: dict[str, str] | None = None):
+                 own_checkpoints: tuple[str, ...] = (), env: dict[str, str] | None = None,
+                 agent_env: dict[str, dict[str, str]] | None = None):
     """(stack, hosts) with one healthy agent of `gpus_per_host` virtual GPUs on each host; the
     hosts named in `own_checkpoints` see storage of their own at the checkpoint root (unshared);
-    `env`: the control plane's settings."""
+    `env`: the control plane's settings; `agent_env[host]`: that host's agent's."""
     hosts = Hosts(names)
     stack = StackProcess(var_dir, agents=0, gpus_per_agent=gpus_per_host,
                          env={"DATABASE_URL": None, "REDIS_URL": None, **(env or {})})
@@ -27,7 +28,8 @@ def host_cluster(var_dir: Path, names: list[str], gpus_per_host: int = 2, ready_
     try:
         stack.start()
         stack.wait_ready(timeout=ready_timeout)
-        start_agents(hosts, stack.url, stack.state["token"], stack.var_dir, gpus_per_host, own_checkpoints)
+        start_agents(hosts, stack.url, stack.state["token"], stack.var_dir, gpus_per_host, own_checkpoints,
+                     agent_env)
         wait_healthy(stack.url, stack.state["token"], names)
         yield stack, hosts
     finally:
