@@ -78,6 +78,9 @@ SECRET_KEY = _secret_key()
 DEBUG = _env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",")
 CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+# Served over HTTPS (`dynaplane up --tls-cert`, or behind a TLS proxy that says so): the session and
+# CSRF cookies are never sent over plain HTTP.
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = _env_bool("DYNAPLANE_HTTPS", False)
 
 INSTALLED_APPS = [
     "daphne",

@@ -95,6 +95,10 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-agent-restart", action="store_true",
                    help="leave an agent that exits dead (its node is marked lost); web and worker are still restarted")
     p.add_argument("--verbose", action="store_true", help="stream every process's log to the console")
+    p.add_argument("--tls-cert", default=None, metavar="PEM",
+                   help="serve HTTPS with this certificate (chain), with --tls-key; agents then join https://... "
+                        "(a self-signed one: give them its certificate in SSL_CERT_FILE)")
+    p.add_argument("--tls-key", default=None, metavar="PEM", help="the certificate's private key")
     p.set_defaults(func=_run_up)
 
 

@@ -21,6 +21,7 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -49,6 +50,25 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
+def tls_files(cert: str | None, key: str | None) -> tuple[Path, Path] | None:
+    """--tls-cert and --tls-key: both or neither, readable PEM files whose key fits the
+    certificate (checked here, not by the web server failing later); ValueError says which."""
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise ValueError("give both --tls-cert and --tls-key (a certificate and its private key), or neither")
+    paths = Path(cert).resolve(), Path(key).resolve()
+    for option, path in zip(("--tls-cert", "--tls-key"), paths):
+        if not path.is_file():
+            raise ValueError(f"{option} {path} does not exist")
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(str(paths[0]), str(paths[1]))
+    except (ssl.SSLError, OSError) as exc:
+        raise ValueError(f"--tls-cert {cert} / --tls-key {key}: not a PEM certificate and its private key "
+                         f"({exc})") from None
+    return paths
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
@@ -65,6 +85,7 @@ class StackOptions:
     demo: bool
     verbose: bool
     restart_agents: bool = True
+    tls: tuple[Path, Path] | None = None  # (certificate chain, private key): the web server speaks HTTPS
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> StackOptions:
@@ -81,11 +102,24 @@ class StackOptions:
             raise ValueError(f"port {port} on {args.host} is in use; pass --port N (or --port 0 for any free port)")
         var_dir = Path(args.var_dir or os.environ.get("DYNAPLANE_VAR_DIR") or "var").resolve()
         return cls(args.host, port, args.agents, args.gpus_per_agent, var_dir, not args.no_demo, args.verbose,
-                   not getattr(args, "no_agent_restart", False))
+                   not getattr(args, "no_agent_restart", False),
+                   tls_files(getattr(args, "tls_cert", None), getattr(args, "tls_key", None)))
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}/"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}/"
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """What the launcher's own calls to its web server trust: the certificate it serves
+        (self-signed ones included). None without TLS."""
+        return ssl.create_default_context(cafile=str(self.tls[0])) if self.tls else None
+
+    def web_argv(self) -> list[str]:
+        """daphne on the address and port: plain HTTP, or TLS through Twisted's endpoint string."""
+        if not self.tls:
+            return ["-b", self.host, "-p", str(self.port)]
+        host, cert, key = (str(part).replace(":", "\\:") for part in (self.host, *self.tls))  # (the syntax's escape)
+        return ["-e", f"ssl:{self.port}:interface={host}:privateKey={key}:certKey={cert}"]
 
     @property
     def local_only(self) -> bool:
@@ -128,6 +162,8 @@ class Stack:
             self.env["DJANGO_ALLOWED_HOSTS"] = ",".join(dict.fromkeys([*allowed, options.host]))
         if not options.local_only:  # other hosts reach it: nothing is read without signing in (issue 44)
             self.env.setdefault("DYNAPLANE_OPEN_READS", "0")
+        if options.tls:  # its session and CSRF cookies travel over HTTPS only
+            self.env["DYNAPLANE_HTTPS"] = "1"
         self.env.update(
             DYNAPLANE_VAR_DIR=str(options.var_dir),
             DJANGO_SETTINGS_MODULE="controlplane.settings",
@@ -215,8 +251,8 @@ class Stack:
     def start_services(self) -> None:
         o = self.options
         self.services.append(
-            self._child("web", [sys.executable, "-m", "daphne", "-b", o.host, "-p", str(o.port),
-                                "controlplane.asgi:application"], critical=True)
+            self._child("web", [sys.executable, "-m", "daphne", *o.web_argv(), "controlplane.asgi:application"],
+                        critical=True)
         )
         self.services.append(
             self._child("worker", [sys.executable, "-m", "celery", "-A", "controlplane", "worker",
@@ -238,7 +274,7 @@ class Stack:
             request = urllib.request.Request(self.options.url + "api/health")
             if self.credentials.get("token"):  # (with closed reads only a signed-in caller gets the counts)
                 request.add_header("Authorization", f"Token {self.credentials['token']}")
-            with urllib.request.urlopen(request, timeout=2) as response:
+            with urllib.request.urlopen(request, timeout=2, context=self.options.ssl_context()) as response:
                 return json.loads(response.read())
         except (urllib.error.URLError, OSError, ValueError):
             return None
@@ -260,7 +296,7 @@ class Stack:
         request = urllib.request.Request(self.options.url + path, data=b"{}", method="POST", headers={
             "Content-Type": "application/json", "Authorization": f"Token {self.credentials['token']}"})
         try:
-            with urllib.request.urlopen(request, timeout=5) as response:
+            with urllib.request.urlopen(request, timeout=5, context=self.options.ssl_context()) as response:
                 return response.status, json.loads(response.read())
         except urllib.error.HTTPError as exc:
             try:

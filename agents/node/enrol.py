@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -59,7 +60,10 @@ def enrol(token: str, join_url: str | None, node: str | None, timeout: float = 1
             if isinstance(detail, dict) else ""
         raise EnrolError(f"{url} refused to enrol this agent (HTTP {exc.code}): {words or 'no reason given'}") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise EnrolError(f"cannot reach the control plane at {url}: {getattr(exc, 'reason', exc)}") from None
+        reason = getattr(exc, "reason", exc)
+        hint = (" (a certificate this host does not trust: give the control plane's certificate, or its CA's, in "
+                "SSL_CERT_FILE)") if isinstance(reason, ssl.SSLCertVerificationError) else ""
+        raise EnrolError(f"cannot reach the control plane at {url}: {reason}{hint}") from None
     if not isinstance(answer, dict) or not {"node", "broker_url"} <= set(answer):
         raise EnrolError(f"{url} did not answer as a dynaplane control plane")
     return Enrolment(key, str(answer["node"]), str(answer["broker_url"]))

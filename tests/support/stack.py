@@ -56,13 +56,15 @@ class StackProcess:
     """`dynaplane up --port 0` in a temporary var dir; `state` is its var/stack.json."""
 
     def __init__(self, var_dir: Path, *, agents: int = 2, gpus_per_agent: int = 2, env: dict[str, str | None],
-                 restart_agents: bool = False, demo: bool = False) -> None:
+                 restart_agents: bool = False, demo: bool = False, tls: tuple[Path, Path] | None = None) -> None:
         self.var_dir = var_dir
+        self.tls = tls  # (certificate, key): the web server speaks HTTPS, the calls here trust that certificate
         self.env = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
         self.env["PYTHONUNBUFFERED"] = "1"
         self.argv = [sys.executable, "-m", "dynaplane", "up", "--port", "0", "--var-dir", str(var_dir),
                      "--agents", str(agents), "--gpus-per-agent", str(gpus_per_agent),
-                     *([] if demo else ["--no-demo"]), *([] if restart_agents else ["--no-agent-restart"])]
+                     *([] if demo else ["--no-demo"]), *([] if restart_agents else ["--no-agent-restart"]),
+                     *(["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])] if tls else [])]
         self.process: subprocess.Popen | None = None
         self.state: dict = {}
         self.output_path = var_dir / "launcher.out"
@@ -111,14 +113,19 @@ class StackProcess:
             token = "--host" in self.argv and "token" in self.state
         if token:
             request.add_header("Authorization", f"Token {self.state['token']}")
-        with urllib.request.urlopen(request, timeout=5) as response:
+        with urllib.request.urlopen(request, timeout=5, context=self._trust()) as response:
             return json.loads(response.read())
+
+    def _trust(self):
+        import ssl
+
+        return ssl.create_default_context(cafile=str(self.tls[0])) if self.tls else None
 
     def post(self, path: str, body: dict, method: str = "POST") -> dict:
         request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method=method,
                                          headers={"Content-Type": "application/json",
                                                   "Authorization": f"Token {self.state['token']}"})
-        with urllib.request.urlopen(request, timeout=5) as response:
+        with urllib.request.urlopen(request, timeout=5, context=self._trust()) as response:
             return json.loads(response.read())
 
     def agent_env(self, name: str) -> dict[str, str]:
