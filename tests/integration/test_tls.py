@@ -4,6 +4,7 @@ the certificate (SSL_CERT_FILE for a self-signed one), and is told clearly why n
 not. The certificate is made here with openssl(1)."""
 from __future__ import annotations
 
+import http.client
 import os
 import shutil
 import subprocess
@@ -35,7 +36,7 @@ def test_the_stack_over_https_and_an_agent_that_joins_over_it(tmp_path, certific
     try:
         stack.wait_ready(timeout=180)
         assert stack.url.startswith("https://127.0.0.1:"), stack.url
-        with pytest.raises((urllib.error.URLError, ConnectionError)):  # no plain HTTP on that port
+        with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):  # no plain HTTP there
             urllib.request.urlopen(stack.url.replace("https://", "http://") + "api/health", timeout=5).read()
         with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):  # nor for who does not trust it
             urllib.request.urlopen(stack.url + "api/health", timeout=5)
