@@ -58,6 +58,7 @@ CHECKPOINT_COMPLETE_MARKER = "complete.json"
 DATASET_PATH_MAX = 4096  # a dataset directory's absolute path (PATH_MAX)
 PROTOCOL_VERSION = 1
 
+RENDEZVOUS_PATTERN = r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$"  # "host:port" or "[v6]:port": where rank 0's store listens
 NODE_NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
 
 DeviceKind = Literal["cpu", "cuda"]
@@ -218,7 +219,7 @@ class JobStartOrder(_Message):
     global_batch: int = Field(gt=0)
     micro_batch: int = Field(gt=0)
     seq: int = Field(gt=0)
-    rendezvous: str = Field(pattern=r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$", max_length=300)
+    rendezvous: str = Field(pattern=RENDEZVOUS_PATTERN, max_length=300)
     ranks: tuple[RankSlot, ...] = Field(min_length=1)
     max_steps: int | None = Field(default=None, gt=0)
     seed: int = 0
@@ -430,7 +431,7 @@ class JobSwitchOrder(_Message):
     src_world: int = Field(gt=0)
     layout: str = Field(min_length=1, max_length=500)
     world: int = Field(gt=0)
-    rendezvous: str = Field(pattern=r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$", max_length=300)
+    rendezvous: str = Field(pattern=RENDEZVOUS_PATTERN, max_length=300)
     ranks: tuple[RankSlot, ...] = ()
     staging_bytes: int = Field(default=64 * 2**20, gt=0)
     gpus_per_node: int = Field(default=8, gt=0)
@@ -493,7 +494,7 @@ class JobRecoverOrder(_Message):
     job_id: int = Field(gt=0)
     restore_id: int = Field(gt=0)
     step: int = Field(ge=0)
-    rendezvous: str = Field(pattern=r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$", max_length=300)
+    rendezvous: str = Field(pattern=RENDEZVOUS_PATTERN, max_length=300)
     src_layout: str = Field(min_length=1, max_length=500)
     src_world: int = Field(gt=0)
     layout: str = Field(min_length=1, max_length=500)
@@ -647,7 +648,7 @@ class PreflightOrder(_Message):
     job_id: int = Field(gt=0)
     job_name: str = Field(min_length=1, max_length=63)
     nodes: tuple[str, ...] = Field(min_length=1, max_length=4096)
-    rendezvous: str = Field(pattern=r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$", max_length=300)
+    rendezvous: str = Field(pattern=RENDEZVOUS_PATTERN, max_length=300)
     checkpoint_dir: str = Field(default="", max_length=1000)  # written by every node, the probe read by all
     read_dirs: tuple[Annotated[str, Field(max_length=DATASET_PATH_MAX)], ...] = Field(default=(), max_length=8)
     timeout_seconds: float = Field(default=PREFLIGHT_SECONDS, gt=0, le=600)

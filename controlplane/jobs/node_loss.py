@@ -83,6 +83,7 @@ def jobs_on_node_loss(*, nodes: list[str]) -> list[int]:
     spared = [job_id for job_id in ids if _abort_switch_of_lost_joiners(job_id, lost)]
     ids = [job_id for job_id in ids if job_id not in spared]
     restored: list[int] = []
+    unstarted: list[int] = []
     for job_id in ids:
         job = Job.objects.get(pk=job_id)
         active = transitions.active_transition(job)
@@ -97,14 +98,14 @@ def jobs_on_node_loss(*, nodes: list[str]) -> list[int]:
         where = where or "node " + ", ".join(sorted(lost))
         locked = Job.objects.select_for_update().get(pk=job_id)
         if start_cancel(locked, f"{where} lost during the pre-flight; the job was not started"):
-            restored.append(job_id)  # (back to pending: no rank was ordered to start)
+            unstarted.append(job_id)  # back to pending: no rank was ordered to start
             continue
         if restore_begin(locked, cause=f"{where} lost", known_lost=True, lost_nodes=lost, went_silent=True):
             restored.append(job_id)
             continue
         why = no_restore_reason(locked) or f"the job was {locked.state}"
         job_fail(job_id=job_id, error=f"{where} lost: its heartbeats stopped while it ran this job's ranks; {why}")
-    ids = [job_id for job_id in ids if job_id not in restored]
+    ids = [job_id for job_id in ids if job_id not in restored and job_id not in unstarted]
     for job_id in ids:
         log.warning("job %s failed: a node running its ranks was lost", job_id)
     return ids
