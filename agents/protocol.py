@@ -18,6 +18,7 @@ NODE_QUEUE_PREFIX = "node."
 # Tasks the control-plane worker runs (queue "control").
 CONTROL_AGENT_HEARTBEAT = "control.agent_heartbeat"
 CONTROL_SWEEP_LOST_NODES = "control.sweep_lost_nodes"
+CONTROL_TAKE_HEARTBEATS = "control.take_heartbeats"  # beat: the heartbeats posted to Redis (agents/liveness.py)
 CONTROL_EMULATION_PROGRESS = "control.emulation_progress"
 CONTROL_JOB_REPORT = "control.job_report"
 CONTROL_INGEST_EVENTS = "control.ingest_events"  # a ReportBatch: rank 0's job reports, batched

@@ -8,7 +8,8 @@ messages real agents send, through the real path
     Celery send_task (queue "control") -> control-plane worker (heartbeat / job report
     tasks, DB writes, seq) -> channels-redis group_send -> daphne websocket -> browser
 
-64 nodes heartbeat every 2 s (AgentHeartbeat, 8 virtual GPUs each); 10 jobs (dp=8) are
+64 nodes heartbeat every 2 s (AgentHeartbeat, 8 virtual GPUs each, posted to Redis as agents
+post them: agents/liveness.py); 10 jobs (dp=8) are
 created and started through the API and moved to running by a `started` JobReport; then
 every job sends `step` JobReports: one phase at 1/s per job, then one at 10/s per job
 (the issue's load), each drained before the next. Each job's reports go through the
@@ -39,6 +40,7 @@ from pathlib import Path
 from celery import Celery
 
 from agents import protocol
+from agents.liveness import HeartbeatPoster
 from agents.node.inventory import virtual_gpus
 from agents.runtime.batching import DEFAULT_WINDOW_SECONDS, ReportBatcher
 from agents.seal import AgentKey, key_of_token, seal
@@ -68,11 +70,11 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class SimulatedAgents:
-    """64 agents' heartbeats, every 2 s, in a background thread; each sealed with the key of the
-    token issued for its node (agents/seal.py), as a real agent's are."""
+    """64 agents' heartbeats, every 2 s, in a background thread, posted as agents post them
+    (agents/liveness.py); each sealed with the key of the token issued for its node (agents/seal.py)."""
 
-    def __init__(self, app: Celery, keys: dict[str, AgentKey]) -> None:
-        self.app, self.keys, self.stop = app, keys, threading.Event()
+    def __init__(self, redis_url: str, keys: dict[str, AgentKey]) -> None:
+        self.poster, self.keys, self.stop = HeartbeatPoster(redis_url), keys, threading.Event()
         self.started = datetime.now(timezone.utc)
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -84,8 +86,7 @@ class SimulatedAgents:
                                            started_at=self.started, sent_at=now,
                                            interval_seconds=protocol.HEARTBEAT_SECONDS,
                                            gpus=virtual_gpus(GPUS_PER_NODE, memory_bytes=80 * 2**30)).model_dump(mode="json")
-            self.app.send_task(protocol.CONTROL_AGENT_HEARTBEAT, args=[beat], queue=protocol.CONTROL_QUEUE,
-                               kwargs={"seal": seal(self.keys[node], node, protocol.CONTROL_AGENT_HEARTBEAT, beat)})
+            self.poster.post(node, beat, seal(self.keys[node], node, protocol.CONTROL_AGENT_HEARTBEAT, beat))
 
     def _run(self) -> None:
         while not self.stop.wait(protocol.HEARTBEAT_SECONDS):
@@ -102,13 +103,18 @@ class RankZeros:
             app.send_task(protocol.CONTROL_INGEST_EVENTS, args=[body], queue=protocol.CONTROL_QUEUE,
                           kwargs={"seal": seal(keys[batch.node], batch.node, protocol.CONTROL_INGEST_EVENTS, body)})
 
-        self.nodes = rank_zero_nodes
+        self.send, self.window = send, window
+        self.nodes = dict(rank_zero_nodes)
         self.batchers = {job_id: ReportBatcher(send, job_id=job_id, node=node, window=window)
                          for job_id, node in rank_zero_nodes.items()}
 
+    def add_job(self, job_id: int, node: str) -> None:
+        self.nodes[job_id] = node
+        self.batchers[job_id] = ReportBatcher(self.send, job_id=job_id, node=node, window=self.window)
+
     def __call__(self, job_id: int, kind: str, **fields) -> None:
-        self.batchers[job_id].add(protocol.JobReport(job_id=job_id, node=self.nodes[job_id], kind=kind,
-                                                     sent_at=datetime.now(timezone.utc), **fields))
+        self.batchers[job_id].add(protocol.JOB_REPORTS.validate_python(
+            dict(job_id=job_id, node=self.nodes[job_id], kind=kind, sent_at=datetime.now(timezone.utc), **fields)))
 
     def close(self) -> None:
         for batcher in self.batchers.values():
@@ -194,7 +200,7 @@ def _measure(stack, seconds: float, rates: list[float], out_dir: Path, window: f
     app.conf.update(task_serializer="json", accept_content=["json"], task_ignore_result=True)
     keys = {f"node-{n:02d}": key_of_token(stack.post("api/agent-tokens", {"node": f"node-{n:02d}"})["token"])
             for n in range(1, NODES + 1)}
-    agents = SimulatedAgents(app, keys)
+    agents = SimulatedAgents(stack.state["redis_url"], keys)
     agents.beat_once()
     agents.thread.start()
     wait_for(lambda: stack.get("api/health")["agents"]["healthy"] == NODES, timeout=60)
@@ -205,7 +211,7 @@ def _measure(stack, seconds: float, rates: list[float], out_dir: Path, window: f
     placed = {i: stack.get(f"api/jobs/{i}", token=True)["placement"] for i in job_ids}
     report = RankZeros(app, {i: slots[0]["node"] for i, slots in placed.items()}, keys, window)
     for job_id in job_ids:
-        report(job_id, "started")
+        report(job_id, "started", step=0)
     wait_for(lambda: all(stack.get(f"api/jobs/{i}")["state"] == "running" for i in job_ids), timeout=60)
 
     result: dict = {"nodes": NODES, "gpus": NODES * GPUS_PER_NODE, "jobs": JOBS, "batch_window_seconds": window,

@@ -184,7 +184,11 @@ CHANNEL_LAYERS = {
         # messages with a 5 s BZPOPMIN: an idle websocket's empty reply then races the timeout
         # and, on a busy machine, loses (the consumer dies with a TimeoutError). Give the
         # socket room beyond the blocking pop.
-        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "prefix": "dynaplane:channels"},
+        # redis-py 8's asyncio pool raises "Too many connections" past 100 connections in use,
+        # and every websocket that opens takes one for its group_add: 125 pages opening at once
+        # (benchmarks/cluster_scale.py, 200 jobs followed) failed there. Redis allows 10,000 clients.
+        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30, "max_connections": 2000}],
+                   "prefix": "dynaplane:channels"},
     }
 }
 
@@ -213,6 +217,11 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_WORKER_CONSUMER = "agents.celery_consumer:QuickReconnectConsumer"
 CELERY_BROKER_CONNECTION_MAX_RETRIES = None  # however long it is away (Celery's default: give up after 100 tries)
 CELERY_BEAT_SCHEDULE = {
+    "take-heartbeats": {  # controlplane/cluster/heartbeat_intake.py: what the agents posted to Redis
+        "task": protocol.CONTROL_TAKE_HEARTBEATS,
+        "schedule": 1.0,
+        "options": {"expires": 2.0},
+    },
     "sweep-lost-nodes": {
         "task": protocol.CONTROL_SWEEP_LOST_NODES,
         "schedule": float(os.environ.get("DYNAPLANE_SWEEP_SECONDS", "1.0")),

@@ -88,8 +88,10 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
                    help="the address the web server listens on and answers for (default 127.0.0.1: this "
                         "machine only; give the address other hosts reach it on for agents elsewhere)")
     p.add_argument("--port", type=int, default=8000, help="web port (0: pick a free one)")
-    p.add_argument("--agents", type=int, default=2)
-    p.add_argument("--gpus-per-agent", type=int, default=2)
+    p.add_argument("--agents", type=int, default=2, help="local agents to start (0-64; default 2)")
+    p.add_argument("--gpus-per-agent", type=int, default=2, help="virtual GPUs of each local agent (default 2)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="control-plane worker processes (default 1; more for large clusters: docs/scaling.md)")
     p.add_argument("--var-dir", default=None, help="local state (database, logs); default ./var or $DYNAPLANE_VAR_DIR")
     p.add_argument("--no-demo", action="store_true", help="do not create the demo job")
     p.add_argument("--no-agent-restart", action="store_true",

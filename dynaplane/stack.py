@@ -86,6 +86,7 @@ class StackOptions:
     verbose: bool
     restart_agents: bool = True
     tls: tuple[Path, Path] | None = None  # (certificate chain, private key): the web server speaks HTTPS
+    workers: int = 1  # control-plane worker processes (the first also runs beat)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> StackOptions:
@@ -100,10 +101,13 @@ class StackOptions:
             raise ValueError(f"--port {port} is not a TCP port")
         elif not _port_free(args.host, port):
             raise ValueError(f"port {port} on {args.host} is in use; pass --port N (or --port 0 for any free port)")
+        workers = getattr(args, "workers", 1)
+        if not 1 <= workers <= 32:
+            raise ValueError(f"--workers {workers}: give 1 to 32 control-plane worker processes")
         var_dir = Path(args.var_dir or os.environ.get("DYNAPLANE_VAR_DIR") or "var").resolve()
         return cls(args.host, port, args.agents, args.gpus_per_agent, var_dir, not args.no_demo, args.verbose,
                    not getattr(args, "no_agent_restart", False),
-                   tls_files(getattr(args, "tls_cert", None), getattr(args, "tls_key", None)))
+                   tls_files(getattr(args, "tls_cert", None), getattr(args, "tls_key", None)), workers)
 
     @property
     def url(self) -> str:
@@ -254,13 +258,15 @@ class Stack:
             self._child("web", [sys.executable, "-m", "daphne", *o.web_argv(), "controlplane.asgi:application"],
                         critical=True)
         )
-        self.services.append(
-            self._child("worker", [sys.executable, "-m", "celery", "-A", "controlplane", "worker",
-                                   "--beat", "--schedule", str(o.var_dir / "celerybeat-schedule"),
-                                   "--queues", "control,exports", "--hostname", f"control@{socket.gethostname()}",
+        for n in range(1, o.workers + 1):  # (scale-out: each a process of its own, the first also runs beat)
+            name = "worker" if n == 1 else f"worker-{n}"
+            beat = ["--beat", "--schedule", str(o.var_dir / "celerybeat-schedule")] if n == 1 else []
+            self.services.append(
+                self._child(name, [sys.executable, "-m", "celery", "-A", "controlplane", "worker", *beat,
+                                   "--queues", "control,exports", "--hostname", f"{name}@{socket.gethostname()}",
                                    "--pool", "threads", "--concurrency", "4", "--loglevel", "INFO",
                                    "--without-mingle", "--without-gossip"], critical=True)
-        )
+            )
         tokens = self.credentials.get("agent_tokens", {})
         for i in range(1, o.agents + 1):  # (each with its token in its environment: not on a command line)
             self.agents.append(

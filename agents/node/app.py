@@ -41,7 +41,7 @@ def build_app(config: AgentConfig, emulation_slots: int = 1) -> tuple[Celery, He
         broker_connection_max_retries=None,  # however long the broker is away (Celery's default: 100 tries)
     )
     gpus = discover(config.device, config.gpus, config.virtual_gpu_memory_bytes)
-    heartbeats = HeartbeatSender(app, config, gpus)
+    heartbeats = HeartbeatSender(config, gpus)
     def publish(task: str, report: protocol.JobReport | protocol.TransitionReport | protocol.PreflightReport) -> None:
         body = report.model_dump(mode="json")
         app.send_task(task, args=[body], kwargs={"seal": seal(config.key, config.name, task, body)},

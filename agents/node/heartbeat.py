@@ -1,14 +1,15 @@
-"""The heartbeat loop: every interval, send the node's inventory to the control queue."""
+"""The heartbeat loop: every interval, post the node's inventory to the control plane's inbox
+in Redis (agents/liveness.py)."""
 from __future__ import annotations
 
 import logging
 import threading
 from datetime import datetime, timezone
 
-from celery import Celery
-from kombu.exceptions import OperationalError
+import redis
 
 from agents import protocol
+from agents.liveness import HeartbeatPoster
 from agents.node.config import AgentConfig
 from agents.node.host_stats import HostSampler
 from agents.seal import seal
@@ -38,12 +39,14 @@ def build_heartbeat(config: AgentConfig, gpus: tuple[protocol.GpuReport, ...], l
 class HeartbeatSender:
     """A daemon thread; stop() ends it. Broker outages are logged and retried next beat.
 
-    Each heartbeat expires after three intervals, so a backlog of stale heartbeats can
-    never mark a dead node alive again.
+    Only a node's newest heartbeat is kept in the inbox and the control plane skips one posted
+    more than three intervals before it looks, so a stale heartbeat can never mark a dead node
+    alive again.
     """
 
-    def __init__(self, app: Celery, config: AgentConfig, gpus: tuple[protocol.GpuReport, ...]) -> None:
-        self._app = app
+    def __init__(self, config: AgentConfig, gpus: tuple[protocol.GpuReport, ...],
+                 poster: HeartbeatPoster | None = None) -> None:
+        self._poster = poster
         self._config = config
         self._gpus = gpus
         self.live = None  # () -> (jobs, emulations): what the node runs (set by the agent's app)
@@ -62,21 +65,16 @@ class HeartbeatSender:
 
     def beat(self) -> None:
         report = build_heartbeat(self._config, self._gpus, self.live, self._host.sample()).model_dump(mode="json")
-        self._app.send_task(
-            protocol.CONTROL_AGENT_HEARTBEAT,
-            kwargs={"report": report,
-                    "seal": seal(self._config.key, self._config.name, protocol.CONTROL_AGENT_HEARTBEAT, report)},
-            queue=protocol.CONTROL_QUEUE,
-            expires=3 * self._config.heartbeat_seconds,
-            retry=True,
-            retry_policy={"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5},
-        )
+        if self._poster is None:
+            self._poster = HeartbeatPoster(self._config.broker_url)
+        self._poster.post(self._config.name, report,
+                          seal(self._config.key, self._config.name, protocol.CONTROL_AGENT_HEARTBEAT, report))
         self.sent += 1
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
                 self.beat()
-            except (OperationalError, OSError) as exc:  # broker down or unreachable: try next beat
+            except (redis.RedisError, OSError) as exc:  # broker down or unreachable: try next beat
                 log.warning("heartbeat from %s not sent: %s", self._config.name, exc)
             self._stop.wait(self._config.heartbeat_seconds)

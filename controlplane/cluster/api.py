@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from redis import RedisError
 from rest_framework import serializers, viewsets
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.cluster.events import ClusterSnapshot
 from controlplane.cluster.lifecycle import GpuState
+from controlplane.cluster.liveness import last_heard
 from controlplane.cluster.models import Gpu, Node
 from controlplane.cluster.selectors import cluster_snapshot
 
@@ -22,7 +24,17 @@ class GpuSerializer(serializers.ModelSerializer):
 
 
 class NodeSerializer(serializers.ModelSerializer):
+    """`last_heartbeat`: the later of the row's (written when a heartbeat changed the node) and
+    the agent's last post to Redis (cluster/liveness.py), given in the context as `heard`."""
+
     gpus = GpuSerializer(many=True, read_only=True)
+
+    def to_representation(self, instance: Node) -> dict:
+        shown = super().to_representation(instance)
+        heard = self.context.get("heard", {}).get(instance.name)
+        if heard is not None and (instance.last_heartbeat is None or heard > instance.last_heartbeat):
+            shown["last_heartbeat"] = serializers.DateTimeField().to_representation(heard)
+        return shown
 
     class Meta:
         model = Node
@@ -35,6 +47,17 @@ class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     queryset = Node.objects.prefetch_related("gpus__job")
     serializer_class = NodeSerializer
     lookup_field = "name"
+
+    def get_serializer(self, *args, **kwargs):
+        """The rows shown, with when each was last heard (one Redis read for the page)."""
+        if args and not getattr(self, "swagger_fake_view", False):
+            rows = list(args[0]) if kwargs.get("many") else [args[0]]
+            try:
+                heard = last_heard([row.name for row in rows])
+            except (RedisError, OSError):  # (the broker away: the rows' own times)
+                heard = {}
+            kwargs["context"] = {**self.get_serializer_context(), "heard": heard}
+        return super().get_serializer(*args, **kwargs)
 
 
 @extend_schema_view(list=extend_schema(parameters=[

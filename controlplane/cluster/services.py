@@ -13,6 +13,7 @@ from agents.protocol import AgentHeartbeat
 from controlplane.cluster.events import GROUP, STREAM, GpuEvent, NodeEvent
 from controlplane.cluster.host_stats import Shown, worth_showing
 from controlplane.cluster.lifecycle import GpuState, GpuTrigger, NodeState, gpu_next_state, node_next_state
+from controlplane.cluster.liveness import kept_since, last_heard
 from controlplane.cluster.models import Gpu, Node
 from controlplane.cluster.selectors import gpu_view, node_view
 from controlplane.common.events import next_seq, publish_on_commit
@@ -127,13 +128,26 @@ def _steady(node: Node, report: AgentHeartbeat) -> bool:
 
 
 def nodes_mark_lost(*, silent_for: timedelta, now: datetime | None = None) -> list[str]:
-    """Mark nodes whose last heartbeat is older than `silent_for` lost, with their GPUs.
-    Returns the names of the nodes that were newly lost. What that means for the jobs on
-    them is the jobs app's (jobs/node_loss.py composes both in one transaction)."""
+    """Mark nodes not heard for `silent_for` lost, with their GPUs. Returns the names of the
+    nodes that were newly lost. What that means for the jobs on them is the jobs app's
+    (jobs/node_loss.py composes both in one transaction).
+
+    Heard: the row's last_heartbeat (written when a heartbeat changed the node) or, later, the
+    agent's last post to Redis (liveness.py); a node Redis has no post of is silent only if Redis
+    has kept liveness for the whole silence (it may have restarted or been flushed meanwhile).
+    Only the silent ones are locked."""
     cutoff = (now or timezone.now()) - silent_for
+    quiet = list(Node.objects.filter(state=NodeState.HEALTHY, last_heartbeat__lt=cutoff).values_list("name", flat=True))
+    heard = last_heard(quiet)
+    if len(heard) < len(quiet) and kept_since() >= cutoff:
+        heard = {name: heard.get(name, cutoff) for name in quiet}  # Redis lost what it heard lately: not silent
+    silent = [name for name in quiet if name not in heard or heard[name] < cutoff]
     lost = []
+    if not silent:
+        return lost
     with transaction.atomic():
-        for node in Node.objects.select_for_update().filter(state=NodeState.HEALTHY, last_heartbeat__lt=cutoff):
+        for node in Node.objects.select_for_update().filter(name__in=silent, state=NodeState.HEALTHY,
+                                                            last_heartbeat__lt=cutoff):
             node.state = node_next_state(NodeState(node.state), heartbeat_fresh=False)
             node.save(update_fields=["state"])
             _emit_node(node)

@@ -8,8 +8,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from agents import protocol
+from agents.liveness import TAKEN
 from parallelism.layout.catalog import model_from_config
 from controlplane.cluster.lifecycle import NodeState
+from controlplane.cluster.liveness import last_heard, later
 from controlplane.cluster.models import Node
 from controlplane.common import inputs
 from controlplane.common.errors import InvalidInput
@@ -130,9 +132,10 @@ def emulations_reconcile(*, grace: timedelta | None = None) -> list[int]:
     last change (an agent reports what it works on from the moment it takes a run up);
     returns their ids. (Jobs: controlplane/jobs/reconcile.py.)"""
     grace = timedelta(seconds=settings.DYNAPLANE_RECONCILE_GRACE_SECONDS) if grace is None else grace
-    seen = Node.objects.filter(state=NodeState.HEALTHY)
+    seen = list(Node.objects.filter(state=NodeState.HEALTHY))
     working = {int(run) for node in seen for run in (node.running_emulations or [])}
-    oldest_report = min((n.last_heartbeat for n in seen if n.last_heartbeat), default=None)
+    taken = last_heard([n.name for n in seen], which=TAKEN)  # (unchanged heartbeats since the row's: liveness.py)
+    oldest_report = min((later(n.last_heartbeat, taken.get(n.name)) for n in seen if n.last_heartbeat), default=None)
     if oldest_report is None:
         return []
     return emulation_fail_unseen(working=working, before=oldest_report - grace,

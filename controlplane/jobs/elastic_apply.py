@@ -51,7 +51,12 @@ def elastic_sweep(*, why: str = "beat", now: datetime | None = None) -> list[dic
         return []
     ElasticSweep.objects.get_or_create(pk=1)
     with transaction.atomic():
-        sweep = ElasticSweep.objects.select_for_update().get(pk=1)
+        # One sweep at a time across the worker processes; one that finds another running leaves
+        # the decision to it and to the next beat (they would only queue up behind each other).
+        sweep = ElasticSweep.objects.select_for_update(skip_locked=True).filter(pk=1).first()
+        if sweep is None:
+            log.info("elastic (%s): another sweep is running; the next beat looks again", why)
+            return []
         now = now or timezone.now()
         state = elastic_state(now)
         try:

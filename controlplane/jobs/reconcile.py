@@ -27,7 +27,9 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 
+from agents.liveness import TAKEN
 from controlplane.cluster.lifecycle import NodeState
+from controlplane.cluster.liveness import last_heard, later
 from controlplane.cluster.models import Node
 from controlplane.jobs.failures import job_fail, job_finish
 from controlplane.jobs.lifecycle import JobState, JobTrigger, job_next_state
@@ -68,9 +70,13 @@ def unseen(nodes_of_job: list[str], changed_at: datetime, job_id: int, seen: dic
 
 
 def observed() -> dict[str, Seen]:
-    return {n.name: Seen(n.state == NodeState.HEALTHY, n.last_heartbeat,
+    """Each node as the database holds its last heartbeat: its runs, and when the last heartbeat
+    it reflects came (written when one changed the node; taken unchanged since: liveness.py)."""
+    nodes = list(Node.objects.all())
+    taken = last_heard([n.name for n in nodes], which=TAKEN)
+    return {n.name: Seen(n.state == NodeState.HEALTHY, later(n.last_heartbeat, taken.get(n.name)),
                          frozenset(int(job) for job in (n.running_jobs or {})))
-            for n in Node.objects.all()}
+            for n in nodes}
 
 
 def jobs_reconcile(*, grace: timedelta = GRACE) -> list[tuple[int, str]]:

@@ -8,6 +8,7 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 from pydantic import ValidationError
+from redis import RedisError
 
 from agents import protocol
 from controlplane.cluster.agent_auth import Refused, refused, speaker
@@ -108,8 +109,8 @@ def sweep_lost_nodes() -> list[str]:
         lost = node_loss.nodes_lost_sweep(silent_for=timedelta(seconds=settings.DYNAPLANE_NODE_LOST_AFTER_SECONDS),
                                           now=now, heard_since=HEARING.sweep_arrived(now))
         elastic_trigger.nudge_for_joined_nodes()
-    except DATABASE_DOWN:  # nor could the heartbeats be recorded: the run of hearing breaks (a sweep
-        HEARING.interrupt()  # that fails anywhere: one just back from a gap looks at nothing else)
+    except (*DATABASE_DOWN, RedisError):  # nor could the heartbeats be recorded or read: the run of hearing
+        HEARING.interrupt()  # breaks (a sweep that fails anywhere: one just back from a gap looks at nothing else)
         raise
     return lost
 

@@ -135,6 +135,17 @@ def _fresh_speaker_caches():
 
 
 @pytest.fixture(autouse=True)
+def _fresh_liveness():
+    """No node heard in Redis (agents/liveness.py) but by the test itself: the keys outlive a
+    test's database, and a node name of one test is another node in the next."""
+    from agents.liveness import KEYS, SINCE
+    from controlplane.common.redis_client import control_redis
+
+    control_redis().delete(*KEYS)
+    control_redis().set(SINCE, "0")  # (Redis has kept liveness all along: a node's silence is its row's)
+
+
+@pytest.fixture(autouse=True)
 def enrolled_on_demand(request, monkeypatch):
     """Every node these tests give orders to was enrolled by an admin (its orders sealed with its
     key): a token is issued for it the first time. tests/controlplane/test_agent_auth.py, which

@@ -1,0 +1,125 @@
+"""The beat's intake of the heartbeats agents posted to Redis (agents/liveness.py): once a
+second, take the whole inbox in one transaction, check each heartbeat's seal, and write the
+database only for the nodes whose heartbeat says something new (heartbeat_news.py). A steady
+cluster costs one Redis round trip, one query of the healthy nodes named, and per node a seal
+check and a digest; liveness itself was set by the agent's post."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+
+from pydantic import ValidationError
+
+from agents import protocol
+from agents.liveness import INBOX, RECORDED, TAKEN, entry_read
+from controlplane.cluster import services
+from controlplane.cluster.agent_auth import heard_from, refused
+from controlplane.cluster.heartbeat_news import Recorded, content_digest, refresh_due, reported_stats, steady
+from controlplane.cluster.host_stats import Shown
+from controlplane.cluster.lifecycle import NodeState
+from controlplane.cluster.models import Node
+from controlplane.common.redis_client import control_redis
+
+log = logging.getLogger(__name__)
+
+# A heartbeat posted more than this many of its intervals before the intake looks is dropped: it
+# says nothing about the node now (the control plane was away; the node may have died since).
+STALE_INTERVALS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Intake:
+    taken: int  # heartbeats in the inbox
+    recorded: int  # written to the database
+    steady: int  # nothing new: liveness only
+    dropped: int  # refused, malformed or stale
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Heard:
+    node: str
+    at: float  # Redis's clock
+    report: protocol.AgentHeartbeat
+    key_id: str
+
+
+def heartbeats_take(client=None) -> Intake:
+    started = time.perf_counter()
+    client = client or control_redis()
+    pipe = client.pipeline(transaction=True)
+    pipe.time()
+    pipe.hgetall(INBOX)
+    pipe.delete(INBOX)
+    (seconds, micros), entries, _ = pipe.execute()
+    redis_now = seconds + micros / 1e6
+    offset = time.time() - redis_now
+    heard, dropped = [], 0
+    for raw_node, raw in entries.items():
+        one = _read(raw_node.decode(errors="replace"), raw, redis_now)
+        if one is None:
+            dropped += 1
+        else:
+            heard.append(one)
+    if not heard:
+        return Intake(len(entries), 0, 0, dropped, time.perf_counter() - started)
+    names = [h.node for h in heard]
+    recorded = dict(zip(names, client.hmget(RECORDED, names)))
+    healthy = dict(Node.objects.filter(name__in=names, state=NodeState.HEALTHY).values_list("name", "id"))
+    writes: dict[str, str] = {}
+    refresh: dict[int, float] = {}  # row id -> heard at (Redis's clock)
+    unchanged = 0
+    for one in heard:
+        digest = content_digest(one.report, one.key_id)
+        kept = Recorded.loads(recorded[one.node])
+        if steady(kept, digest=digest, healthy_id=healthy.get(one.node), stats=reported_stats(one.report),
+                  heard_at=one.at):
+            unchanged += 1
+            if refresh_due(kept, one.node, one.at):
+                refresh[kept.node_id] = one.at
+                writes[one.node] = replace(kept, at=one.at).dumps()
+            continue
+        node = services.node_record_heartbeat(report=one.report, key_id=one.key_id,
+                                              received_at=datetime.fromtimestamp(one.at + offset, timezone.utc))
+        shown = (Shown(node.cpu_percent, node.cpu_count, node.memory_used_bytes, node.memory_total_bytes)
+                 if node.host_stats_at is not None else None)  # (what the row shows: maybe an earlier report's)
+        writes[one.node] = Recorded(digest, node.pk, shown,
+                                    node.host_stats_at.timestamp() - offset if node.host_stats_at else None,
+                                    one.at).dumps()
+    if refresh:  # (one statement: the rows' last_heartbeat, at the latest of those heard)
+        Node.objects.filter(pk__in=list(refresh)).update(
+            last_heartbeat=datetime.fromtimestamp(max(refresh.values()) + offset, timezone.utc))
+    pipe = client.pipeline(transaction=False)
+    if writes:
+        pipe.hset(RECORDED, mapping=writes)
+    pipe.zadd(TAKEN, {h.node: h.at for h in heard})
+    pipe.execute()
+    return Intake(len(entries), len(writes) - len(refresh), unchanged, dropped, time.perf_counter() - started)
+
+
+def _read(node: str, raw: bytes, redis_now: float) -> _Heard | None:
+    """The inbox entry as a heartbeat heard from `node`, or None (logged) if it is not one."""
+    task = protocol.CONTROL_AGENT_HEARTBEAT
+    try:
+        at, report, seal = entry_read(raw)
+    except ValueError:
+        refused(task, None, f"the inbox entry of {node!r} is not a heartbeat")
+        return None
+    if report.get("node") != node:
+        refused(task, seal, f"the heartbeat of {report.get('node')!r} was posted as {node!r}")
+        return None
+    interval = report.get("interval_seconds")
+    interval = interval if isinstance(interval, (int, float)) and 0 < interval < 3600 else protocol.HEARTBEAT_SECONDS
+    if redis_now - at > STALE_INTERVALS * interval:
+        return None  # (quietly: after a control-plane outage every node's last one is stale)
+    who = heard_from(task, report, seal)
+    if who is None:
+        return None
+    try:
+        parsed = protocol.AgentHeartbeat.model_validate(report)
+    except ValidationError as exc:
+        log.error("rejected heartbeat %r: %s", node, exc)
+        return None
+    return _Heard(node, at, parsed, "" if who.is_control_plane else who.key_id)
