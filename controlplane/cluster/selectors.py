@@ -1,6 +1,9 @@
 """Reads of the inventory: view models, the snapshot, counts for health."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from django.apps import apps
 from django.db import transaction
 from django.db.models import Count, Min, Q
@@ -8,7 +11,10 @@ from django.db.models import Count, Min, Q
 from controlplane.cluster.events import STREAM, ClusterSnapshot, GpuView, JobView, NodeView
 from controlplane.cluster.lifecycle import GpuState, NodeState
 from controlplane.cluster.models import Gpu, Node
+from controlplane.common.errors import Conflict
 from controlplane.common.events import current_seq
+
+T = TypeVar("T")
 
 
 def node_view(node: Node) -> NodeView:
@@ -66,11 +72,32 @@ def inventory_capacity() -> tuple[int, int | None]:
     return got["total"], got["smallest"]
 
 
-def gpus_lock_free() -> list[Gpu]:
-    """The free GPU rows of healthy nodes, locked in id order (SELECT ... FOR UPDATE, inside
-    the caller's transaction): two schedulers never choose among the same rows."""
-    return list(Gpu.objects.select_for_update(of=("self",)).select_related("node")
-                .filter(state=GpuState.FREE, job__isnull=True, node__state=NodeState.HEALTHY).order_by("id"))
+def gpus_take(choose: Callable[[dict[str, list[int]]], tuple[T, list[tuple[str, int]]]],
+              tries: int = 5) -> tuple[T, dict[tuple[str, int], Gpu]]:
+    """Choose among the free GPUs of healthy nodes and lock the chosen rows (inside the caller's
+    transaction): `choose(free)` gets node -> free indices (read without a lock) and returns
+    (its result, the (node, index) pairs it takes); those rows are then locked in id order and
+    must still be free, else another scheduler took one meanwhile and the choice is made again
+    on a fresh read. Returns (the result, (node, index) -> the locked row).
+
+    Optimistic: locking every free row first (what this replaced) read 8,192 rows as objects
+    and serialized every start and grow behind it (0.64 s a start at 1,024 nodes)."""
+    for _ in range(tries):
+        free: dict[str, list[int]] = {}
+        ids: dict[tuple[str, int], int] = {}
+        for pk, node, index in (Gpu.objects.filter(state=GpuState.FREE, job__isnull=True,
+                                                   node__state=NodeState.HEALTHY)
+                                .order_by("id").values_list("id", "node__name", "index")):
+            free.setdefault(node, []).append(index)
+            ids[(node, index)] = pk
+        result, wanted = choose(free)
+        chosen = [ids[pair] for pair in wanted]
+        rows = list(Gpu.objects.select_for_update(of=("self",)).select_related("node")
+                    .filter(pk__in=chosen, state=GpuState.FREE, job__isnull=True, node__state=NodeState.HEALTHY)
+                    .order_by("id"))
+        if len(rows) == len(set(chosen)):
+            return result, {(row.node.name, row.index): row for row in rows}
+    raise Conflict(f"the free GPUs changed under {tries} tries to place on them; try again")
 
 
 def gpus_per_node() -> int:

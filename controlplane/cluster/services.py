@@ -160,7 +160,7 @@ def nodes_mark_lost(*, silent_for: timedelta, now: datetime | None = None) -> li
 
 
 def gpus_allocate(*, gpus: list[Gpu], job) -> None:
-    """Give these GPU rows (locked, free: selectors.gpus_lock_free) to `job`."""
+    """Give these GPU rows (locked, free: selectors.gpus_take) to `job`."""
     for gpu in gpus:
         gpu.job = job
         gpu.state = gpu_next_state(GpuState(gpu.state), GpuTrigger.ALLOCATE)

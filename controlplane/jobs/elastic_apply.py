@@ -58,7 +58,7 @@ def elastic_sweep(*, why: str = "beat", now: datetime | None = None) -> list[dic
             log.info("elastic (%s): another sweep is running; the next beat looks again", why)
             return []
         now = now or timezone.now()
-        state = elastic_state(now)
+        state = elastic_state(now, fixed_step_times=False)
         try:
             decision = elastic_plan(state)
         except LayoutError as exc:

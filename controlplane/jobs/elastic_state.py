@@ -110,8 +110,10 @@ def _holding(job: Job, held: list[tuple[str, int]], active: bool) -> tuple[tuple
     return tuple(sorted(node for node, _ in held)), True
 
 
-def elastic_state(now: datetime | None = None) -> ElasticState:
-    """Everything decide() takes, read from the database now (see the module docstring)."""
+def elastic_state(now: datetime | None = None, *, fixed_step_times: bool = True) -> ElasticState:
+    """Everything decide() takes, read from the database now (see the module docstring).
+    `fixed_step_times` False: the step times of jobs that are not elastic are left out (the
+    decision never resizes them; the sweep saves a series read per job; the overview shows them)."""
     now = now or django_timezone.now()
     counts = Counter(Gpu.objects.filter(node__state=NodeState.HEALTHY).exclude(state=GpuState.LOST)
                      .values_list("node__name", flat=True))
@@ -138,7 +140,7 @@ def elastic_state(now: datetime | None = None) -> ElasticState:
         size = job.world_size if pending else current
         lo, hi = job.gpu_range if job.elastic else (size, size)
         hi = max(lo, hi)  # (a bound left unset follows world_size, which a click may have put below min_gpus)
-        step = None if pending else recent_step_seconds(job)
+        step = None if pending or not (job.elastic or fixed_step_times) else recent_step_seconds(job)
         top = min(hi, sum(counts.values()))  # (no option larger than the cluster: a range may be far wider)
         options = _options(job, lo, top, current, per_node, capacity, step) if (job.elastic or pending) else ()
         changes = [at for at in (job.started_at, last_change.get(job.pk)) if at is not None]

@@ -86,6 +86,23 @@ def candidate_layouts(model: Model, gpus: int, current: Layout, global_batch: in
     return out
 
 
+_STATE_BYTES: dict[tuple[Model, Layout], int] = {}
+
+
+def most_state_bytes(placement: Placement) -> int:
+    """The largest per-rank model state of a placement, kept per (model, layout): it depends on
+    nothing else, and the elastic sweep asks for the same layouts of the same jobs every few
+    seconds (73 ms a job at tiny-gpt, most of a sweep's time; benchmarks/cluster_scale.py)."""
+    key = (placement.model, placement.layout)
+    found = _STATE_BYTES.get(key)
+    if found is None:
+        found = int(state_bytes_per_rank(placement).max(initial=0))
+        if len(_STATE_BYTES) >= 4096:  # (bounded: many models and layouts over a long life)
+            _STATE_BYTES.clear()
+        _STATE_BYTES[key] = found
+    return found
+
+
 def propose(model: Model, *, current_layout: str, gpus: int, global_batch: int, micro_batch: int, seq_len: int,
             capacity_bytes: int | None, step_seconds: float | None) -> list[Proposal]:
     """The layouts for `gpus` GPUs, ranked by RANKING_RULE. `step_seconds`: the job's
@@ -98,7 +115,7 @@ def propose(model: Model, *, current_layout: str, gpus: int, global_batch: int, 
     proposals = []
     for placement in candidate_layouts(model, gpus, current, global_batch, micro_batch):
         m = placement.layout.modules[0]
-        state = int(state_bytes_per_rank(placement).max(initial=0))
+        state = most_state_bytes(placement)
         predicted = None
         if step_seconds is not None and step_seconds > 0:
             bubble = _bubble(global_batch, micro_batch, m.dp, m.pp) / old_bubble

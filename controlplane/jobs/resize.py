@@ -26,7 +26,7 @@ from parallelism.layout.placement import Placement, batch_dp, place, tp_block
 from parallelism.planner.plan import PlanOptions, plan_routes
 from parallelism.layout.spec import parse_layout
 from controlplane.cluster.models import Node
-from controlplane.cluster.selectors import gpus_lock_free, gpus_per_node
+from controlplane.cluster.selectors import gpus_per_node, gpus_take
 from controlplane.cluster.services import gpus_allocate
 from controlplane.common import inputs
 from controlplane.common.errors import Conflict, InvalidInput
@@ -147,19 +147,19 @@ def job_resize(*, job_id: int, gpus: int | None = None, layout: str | None = Non
             raise Conflict(f"job {job.name!r} already runs {text} on {job.world_size} GPUs; nothing to switch")
         inputs.plan_world_check(place(model, job.layout), dst, field)
 
-        free_rows = gpus_lock_free()
         per_node = gpus_per_node()
         try:
             plan = plan_routes(model, job.layout, text,
                                PlanOptions(gpus_per_node=per_node, staging_bytes=STAGING_BYTES, map_ranks=True))
         except LayoutError as exc:
             raise InvalidInput({"layout": [f"the switch {job.layout} -> {text} cannot be planned: {exc}"]}) from None
-        free: dict[str, list[int]] = defaultdict(list)
-        for gpu in free_rows:
-            free[gpu.node.name].append(gpu.index)
         process_of = None if plan.process_of is None else [int(p) for p in plan.process_of]
-        joining = place_joining(job, dst, free, process_of)
-        rows = {(gpu.node.name, gpu.index): gpu for gpu in free_rows}
+
+        def choose(free: dict[str, list[int]]):
+            slots = place_joining(job, dst, defaultdict(list, free), process_of)
+            return slots, [(slot["node"], slot["gpu"]) for slot in slots]
+
+        joining, rows = gpus_take(choose)
         gpus_allocate(gpus=[rows[(slot["node"], slot["gpu"])] for slot in joining], job=job)
         rank0 = next(slot for slot in job.placement if slot["rank"] == 0)
         host = Node.objects.get(name=rank0["node"]).host

@@ -1,20 +1,19 @@
 """Jobs on the node agents: allocate GPUs, pick a rendezvous, send start and stop orders.
 
-Allocation is race-free: the free GPU rows of healthy nodes are locked (SELECT ... FOR
-UPDATE, in id order: cluster.selectors.gpus_lock_free) before allocate() chooses among
-them, so a second scheduler waits and then sees them allocated. Orders leave after commit,
+Allocation is race-free: allocate() chooses among the free GPUs of healthy nodes, and the
+chosen rows are then locked (SELECT ... FOR UPDATE, in id order) and must still be free, else
+the choice is made again (cluster.selectors.gpus_take): a second scheduler that chose the same
+rows waits for the first and then finds them taken. Orders leave after commit,
 one per node, on that node's queue (orders.py; a refused one fails the job, failures.py).
 """
 from __future__ import annotations
-
-from collections import defaultdict
 
 from django.db import transaction
 from django.utils import timezone
 
 from parallelism.layout.allocate import AllocationError, FreeGpus, allocate
 from parallelism.layout.placement import batch_dp, tp_block
-from controlplane.cluster.selectors import gpus_lock_free
+from controlplane.cluster.selectors import gpus_take
 from controlplane.cluster.services import gpus_allocate
 from controlplane.common import inputs
 from controlplane.common.errors import Conflict, InvalidInput
@@ -53,16 +52,15 @@ def job_start(*, job_id: int) -> Job:
         if job.global_batch % (job.micro_batch * dp):
             raise InvalidInput({"global_batch": [
                 f"global_batch={job.global_batch} is not a multiple of micro_batch={job.micro_batch} x dp={dp}"]})
-        free = gpus_lock_free()
-        by_node: dict[str, list[int]] = defaultdict(list)
-        for gpu in free:
-            by_node[gpu.node.name].append(gpu.index)
-        try:
-            slots = allocate(placement.world, tp_block(placement),
-                             [FreeGpus(node, tuple(indices)) for node, indices in by_node.items()])
-        except AllocationError as exc:
-            raise Conflict(f"job {job.name!r} ({job.layout}) cannot be placed: {exc}") from None
-        gpus = {(gpu.node.name, gpu.index): gpu for gpu in free}
+        def choose(free: dict[str, list[int]]):
+            try:
+                slots = allocate(placement.world, tp_block(placement),
+                                 [FreeGpus(node, tuple(indices)) for node, indices in free.items()])
+            except AllocationError as exc:
+                raise Conflict(f"job {job.name!r} ({job.layout}) cannot be placed: {exc}") from None
+            return slots, [(slot.node, slot.gpu) for slot in slots]
+
+        slots, gpus = gpus_take(choose)
         gpus_allocate(gpus=[gpus[(slot.node, slot.gpu)] for slot in slots], job=job)
         port = free_port(gpus[(slots[0].node, slots[0].gpu)].node.host)
         job.placement = [{"rank": s.rank, "node": s.node, "gpu": s.gpu} for s in slots]

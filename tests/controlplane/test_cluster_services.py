@@ -116,3 +116,44 @@ def test_a_heartbeat_records_what_the_node_runs(client) -> None:
     services.node_record_heartbeat(report=heartbeat("node-1", gpus=2))  # its ranks exited
     node = client.get("/api/nodes/node-1").json()
     assert (node["running_jobs"], node["running_emulations"]) == ({}, [])
+
+
+# --- choosing and locking free GPUs (selectors.gpus_take) --------------------------------------
+
+@pytest.mark.django_db
+def test_gpus_take_chooses_again_when_a_chosen_gpu_was_taken_meanwhile(two_nodes) -> None:
+    """Optimistic: the choice is made on an unlocked read and the chosen rows are locked after;
+    one taken in between (here by the first choice itself, as another scheduler would) makes
+    the choice run again on a fresh read, which no longer offers it."""
+    from django.db import transaction
+
+    from controlplane.cluster.selectors import gpus_take
+
+    offered = []
+
+    def choose(free: dict[str, list[int]]):
+        offered.append({node: list(indices) for node, indices in free.items()})
+        pick = [("node-1", free["node-1"][0]), ("node-2", free["node-2"][0])]
+        if len(offered) == 1:  # another scheduler takes node-1's GPU 0 before this one locks it
+            Gpu.objects.filter(node__name="node-1", index=0).update(state="allocated")
+        return "placed", pick
+
+    with transaction.atomic():
+        result, rows = gpus_take(choose)
+    assert result == "placed" and sorted(rows) == [("node-1", 1), ("node-2", 0)]
+    assert offered == [{"node-1": [0, 1], "node-2": [0, 1]}, {"node-1": [1], "node-2": [0, 1]}]
+    assert all(row.state == "free" for row in rows.values())  # (locked, not yet given: gpus_allocate does)
+
+
+@pytest.mark.django_db
+def test_gpus_take_gives_up_with_a_conflict_when_the_gpus_keep_changing(two_nodes) -> None:
+    from controlplane.cluster.selectors import gpus_take
+    from controlplane.common.errors import Conflict
+
+    def choose(free: dict[str, list[int]]):
+        node, indices = next(iter(free.items()))
+        Gpu.objects.filter(node__name=node, index=indices[0]).update(state="allocated")
+        return None, [(node, indices[0])]
+
+    with pytest.raises(Conflict, match="changed under 3 tries"):
+        gpus_take(choose, tries=3)

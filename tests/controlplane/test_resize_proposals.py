@@ -216,3 +216,16 @@ def test_proposals_use_the_steps_of_the_current_layout_and_a_finished_emulation(
     assert dp4["emulated"]["gpu_type"] == "a100" and dp4["emulated"]["fits"] is True
     assert dp4["measured_over_emulated"] == pytest.approx(100.0)
     assert all(p["emulated"] is None for name, p in by_layout.items() if name != "dp=4")
+
+
+def test_the_kept_state_bytes_are_the_placements_own_for_every_layout() -> None:
+    """proposals.most_state_bytes keeps a (model, layout)'s answer for the sweeps that follow; the
+    oracle is the computation itself on a fresh placement, asked twice (kept, then from the store)."""
+    from parallelism.layout.job_memory import state_bytes_per_rank
+    from controlplane.jobs.proposals import most_state_bytes
+
+    model = get_model("tiny-gpt")
+    for layout in ("dp=4", "tp=2,dp=2", "tp=2,pp=2,zero=1", "pp=2,dp=2,zero=3"):
+        expected = int(state_bytes_per_rank(place(model, layout)).max())
+        assert most_state_bytes(place(model, layout)) == expected
+        assert most_state_bytes(place(get_model("tiny-gpt"), layout)) == expected  # (an equal model: the store)
