@@ -344,7 +344,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
-                             "controlplane.common.schema_errors.add_error_responses"],
+                             "controlplane.common.schema_errors.add_error_responses",
+                             "controlplane.common.schema_security.open_operations_need_no_security"],
 }
 
 LOGGING = {

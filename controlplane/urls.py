@@ -2,12 +2,13 @@ from django.contrib import admin
 from django.http import JsonResponse
 from django.views.defaults import page_not_found
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
 from controlplane.cluster.agent_api import AgentJoinView, AgentTokenRevokeView, AgentTokensView
 from controlplane.cluster.api import ClusterSnapshotView, GpuViewSet, NodeViewSet
 from controlplane.common.api import HealthView, ModelViewSet
+from controlplane.common.api_docs import OfflineRedocView, redoc_bundle
 from controlplane.datasets.api import DatasetViewSet
 from controlplane.emulation.api import EmulationRunViewSet
 from controlplane.exports.api import ExportViewSet, JobExportsView, JobExportView
@@ -48,7 +49,8 @@ urlpatterns = [
     # Interactive docs of the schema above, with drf-spectacular-sidecar's local copies of
     # Swagger UI and ReDoc (no CDN: they work on a machine without internet).
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
-    path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),
+    path("api/redoc/", OfflineRedocView.as_view(url_name="schema"), name="api-redoc"),
+    path("api/redoc/redoc.standalone.js", redoc_bundle, name="api-redoc-bundle"),
     path("api/", include(router.urls)),
     path("admin/", admin.site.urls),
     path("", include("frontend.urls")),

@@ -19,9 +19,11 @@ def _add_agent(sub: argparse._SubParsersAction) -> None:
                    help="the control plane's web address: the agent enrols there with its token and is given "
                         "the broker (with its password) and its node name")
     p.add_argument("--gpus", type=int, default=0, help="devices to manage (cpu: virtual GPUs; cuda: first K, 0 = all)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cpu: virtual GPUs on the host; cuda: this host's GPUs")
     p.add_argument("--broker", default=None, help="Redis URL (default: $REDIS_URL, else redis://127.0.0.1:6379/0)")
-    p.add_argument("--gpu-memory-gib", type=float, default=None, help="memory of each virtual GPU (default: RAM / gpus)")
+    p.add_argument("--gpu-memory-gib", type=float, default=None,
+                   help="memory of each virtual GPU (default: RAM / gpus)")
     p.add_argument("--emulation-slots", type=int, default=1,
                    help="emulations run at once here; job orders always have threads of their own (default 1)")
     p.add_argument("--advertise", default=None, metavar="ADDRESS",
@@ -30,7 +32,7 @@ def _add_agent(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--interface", default=None, metavar="NAME",
                    help="the network interface gloo and NCCL use (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME; "
                         "default: the one holding the advertised address)")
-    p.add_argument("--loglevel", default="INFO")
+    p.add_argument("--loglevel", default="INFO", help="the agent's log level (DEBUG, INFO, WARNING, ERROR)")
     p.set_defaults(func=_run_agent)
 
 
@@ -118,14 +120,15 @@ def _run_up(args: argparse.Namespace) -> int:
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
     p = bench.add_parser("switch", help="engine switch vs checkpoint-restart (DCP) on local ranks")
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", required=True, help="catalog name (see `dynaplane models`) or path to a config.json")
     p.add_argument("--world", type=int, required=True, help="local processes (the union of both layouts' ranks)")
-    p.add_argument("--from", dest="src", required=True)
-    p.add_argument("--to", dest="dst", required=True)
-    p.add_argument("--staging-mb", type=float, default=256.0)
+    p.add_argument("--from", dest="src", required=True, help="the layout switched from, e.g. tp=2,dp=2")
+    p.add_argument("--to", dest="dst", required=True, help="the layout switched to, e.g. pp=2,dp=2")
+    p.add_argument("--staging-mb", type=float, default=256.0,
+                   help="memory each rank may stage in flight per round, MB (default 256)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu: gloo ranks, state on the host; cuda: NCCL ranks, one GPU each, state on it")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=_run_bench_switch)
 
 
@@ -161,16 +164,18 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                    help="a catalog name or a config.json (default: --init-from's config.json, else tiny-gpt)")
     p.add_argument("--layout", required=True, help="e.g. tp=2,pp=1,dp=2,zero=1")
     p.add_argument("--world", type=int, default=0, help="local processes (default: the largest layout's ranks)")
-    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--steps", type=int, required=True, help="optimizer steps to train")
     p.add_argument("--switch", action="append", metavar="STEP:LAYOUT",
                    help="switch to LAYOUT before step STEP+1 (repeatable; worlds may grow or shrink)")
-    p.add_argument("--global-batch", type=int, default=8)
-    p.add_argument("--seq", type=int, default=32)
-    p.add_argument("--micro-batches", type=int, default=2)
+    p.add_argument("--global-batch", type=int, default=8,
+                   help="sequences per optimizer step, over all data-parallel ranks (default 8)")
+    p.add_argument("--seq", type=int, default=32, help="tokens per sequence (default 32)")
+    p.add_argument("--micro-batches", type=int, default=2,
+                   help="micro-batches per step and data-parallel rank (default 2)")
     p.add_argument("--sequence-parallel", action="store_true",
                    help="Megatron-style sequence parallelism with tp > 1 (llama-style models)")
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default 3e-3)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the sample order (default 0)")
     p.add_argument("--dataset", metavar="DIR", default=None,
                    help="a dataset directory (`dynaplane data prepare`); default: synthetic tokens")
     p.add_argument("--init-from", metavar="HF_DIR", default=None,
@@ -181,7 +186,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                    help="validation loss every N steps on the dataset's held-out split (default: never)")
     p.add_argument("--eval-batches", type=int, default=4, metavar="B",
                    help="global batches of the validation split each evaluation reads (default 4)")
-    p.add_argument("--staging-mb", type=float, default=64.0)
+    p.add_argument("--staging-mb", type=float, default=64.0,
+                   help="memory each rank may stage in flight per switch round, MB (default 64)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before a silent rank fails the run")
     p.add_argument("--json", action="store_true", help="print rank 0's steps and switches as JSON at the end")
     p.set_defaults(func=_run_train)
@@ -195,14 +201,16 @@ def _run_train(args: argparse.Namespace) -> int:
 
 def _add_emulate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("emulate", help="predict step time, throughput and memory of a configuration at any scale")
-    p.add_argument("--model", required=True)
-    p.add_argument("--layout", required=True)
-    p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--model", required=True, help="catalog name (see `dynaplane models`) or path to a config.json")
+    p.add_argument("--layout", required=True, help="the parallel layout, e.g. tp=8,pp=4,dp=2,zero=1")
+    p.add_argument("--gpus", type=int, required=True, help="GPUs in all")
     p.add_argument("--gpu", default="h100", help="a100, h100, h200, b200 or cpu")
-    p.add_argument("--global-batch", type=int, required=True)
-    p.add_argument("--micro-batch", type=int, default=1)
-    p.add_argument("--seq", type=int, required=True)
-    p.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
+    p.add_argument("--global-batch", type=int, required=True,
+                   help="sequences per optimizer step, over all data-parallel ranks")
+    p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (default 1)")
+    p.add_argument("--seq", type=int, required=True, help="tokens per sequence")
+    p.add_argument("--recompute", default="none", choices=("none", "selective", "full"),
+                   help="activation recomputation: none, selective (attention core) or full (every layer)")
     p.add_argument("--sequence-parallel", action="store_true",
                    help="Megatron-style sequence parallelism with tp > 1 (llama-style models)")
     p.add_argument("--attention", default="flash", choices=("flash", "unfused"),
@@ -224,35 +232,39 @@ def _add_emulate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--optimizer", default="program", choices=("program", "megatron"),
                    help="the optimizer step's kernels: the program's foreach AdamW, or Megatron-LM's mixed-precision "
                         "optimizer with apex's fused Adam (one pass per kernel)")
-    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--gpus-per-node", type=int, default=8,
+                   help="GPUs per node: tensor-parallel groups stay within one (default 8)")
     p.add_argument("--profile", help="a calibrated device profile (JSON) instead of --gpu's built-in one")
     p.add_argument("--no-cache", action="store_true", help="trace again even when a cached trace exists")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=_emulator_command("emulate_main"))
 
 
 def _add_compare_and_search(sub: argparse._SubParsersAction) -> None:
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--model", required=True)
-        p.add_argument("--gpus", type=int, required=True)
+        p.add_argument("--model", required=True, help="catalog name (see `dynaplane models`) or path to a config.json")
+        p.add_argument("--gpus", type=int, required=True, help="GPUs in all")
         p.add_argument("--gpu", default="h100", help="a100, h100, h200, b200 or cpu")
-        p.add_argument("--global-batch", type=int, required=True)
-        p.add_argument("--seq", type=int, required=True)
-        p.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
+        p.add_argument("--global-batch", type=int, required=True,
+                       help="sequences per optimizer step, over all data-parallel ranks")
+        p.add_argument("--seq", type=int, required=True, help="tokens per sequence")
+        p.add_argument("--recompute", default="none", choices=("none", "selective", "full"),
+                       help="activation recomputation: none, selective (attention core) or full (every layer)")
         p.add_argument("--sequence-parallel", action="store_true",
                        help="Megatron-style sequence parallelism with tp > 1 (llama-style models)")
-        p.add_argument("--gpus-per-node", type=int, default=8)
+        p.add_argument("--gpus-per-node", type=int, default=8,
+                       help="GPUs per node: tensor-parallel groups stay within one (default 8)")
         p.add_argument("--profile", help="a calibrated device profile (JSON)")
-        p.add_argument("--json", action="store_true")
+        p.add_argument("--json", action="store_true", help="print the result as JSON")
 
     p = sub.add_parser("compare", help="emulate several layouts side by side")
     common(p)
     p.add_argument("--layout", action="append", required=True, help="repeat for each layout to compare")
-    p.add_argument("--micro-batch", type=int, default=1)
+    p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch (default 1)")
     p.set_defaults(func=_emulator_command("compare_main"))
     p = sub.add_parser("search", help="feasible layouts for a GPU count, ranked by predicted throughput")
     common(p)
-    p.add_argument("--top", type=int, default=5)
+    p.add_argument("--top", type=int, default=5, help="how many of the fastest fitting layouts to print (default 5)")
     p.add_argument("--max-candidates", type=int, default=24, help="emulate at most this many layouts")
     p.set_defaults(func=_emulator_command("search_main"))
 

@@ -28,9 +28,9 @@ def add_data_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=_prepare)
     d = verbs.add_parser("describe", help="check a dataset directory and print what it holds")
-    d.add_argument("directory")
+    d.add_argument("directory", help="the dataset's folder (as `dynaplane data prepare` wrote it)")
     d.add_argument("--seq", type=int, default=2048, help="sequence length to count samples for")
-    d.add_argument("--json", action="store_true")
+    d.add_argument("--json", action="store_true", help="print the result as JSON")
     d.set_defaults(func=_describe)
     r = verbs.add_parser("register", help="register a dataset directory under the control plane's data root")
     r.add_argument("directory", metavar="DIR",

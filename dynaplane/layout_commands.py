@@ -9,14 +9,15 @@ import sys
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     m = sub.add_parser("models", help="list the model catalog with parameter counts")
-    m.add_argument("--json", action="store_true")
+    m.add_argument("--json", action="store_true", help="print the catalog as JSON")
     m.set_defaults(func=run_models)
 
     p = sub.add_parser("plan", help="plan a layout switch (routing plan, rounds, memory, time)")
     p.add_argument("--model", required=True, help="catalog name (see `dynaplane models`) or path to a config.json")
     p.add_argument("--from", dest="src", required=True, help="source layout, e.g. tp=8,pp=4,dp=4,zero=1")
     p.add_argument("--to", dest="dst", required=True, help="destination layout")
-    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--gpus-per-node", type=int, default=8,
+                   help="GPUs per node of the cluster the plan is for (default 8)")
     p.add_argument("--staging-mb", type=float, default=256.0, help="per-rank staging budget per round (MiB)")
     p.add_argument("--intra-gbps", type=float, default=None, help="same-node GB/s per GPU (default 150)")
     p.add_argument("--inter-gbps", type=float, default=None, help="cross-node GB/s per GPU (default 25 = 200 Gb/s)")
@@ -24,7 +25,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="give destination rank d to the GPU of source rank d (the contract's order) instead of "
                         "the device-to-rank map that moves the fewest bytes")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--dump", metavar="FILE", help="write every shard, transfer, local copy and derived box (small cases)")
+    p.add_argument("--dump", metavar="FILE",
+                   help="write every shard, transfer, local copy and derived box (small cases)")
     p.set_defaults(func=run_plan)
 
 

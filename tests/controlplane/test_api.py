@@ -39,6 +39,16 @@ def test_schema_lists_the_resources() -> None:
         assert path in paths, path
 
 
+def test_the_schema_shows_open_reads_without_a_lock_and_writes_with_one() -> None:
+    """Reads anyone may make (open reads, the default here) need no security in the schema, so
+    Swagger UI draws no lock on them; writes, and reads only staff may make, keep theirs."""
+    paths = APIClient().get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()["paths"]
+    assert paths["/api/jobs"]["get"]["security"] == [] and paths["/api/nodes"]["get"]["security"] == []
+    assert {"tokenAuth": []} in paths["/api/jobs"]["post"]["security"]
+    assert {} not in paths["/api/jobs"]["post"]["security"]
+    assert paths["/api/agent-tokens"]["get"]["security"] and {} not in paths["/api/agent-tokens"]["get"]["security"]
+
+
 def test_writes_need_a_token(user) -> None:
     response = APIClient().post("/api/jobs", {"name": "j", "model": "tiny-gpt", "layout": "dp=2"}, format="json")
     assert response.status_code == 401
@@ -125,7 +135,9 @@ def test_cluster_snapshot_endpoint(token_client) -> None:
 @pytest.mark.parametrize("path", ["/api/docs/", "/api/redoc/"])
 def test_the_interactive_api_docs_load_only_files_of_this_server(path) -> None:
     """Swagger UI and ReDoc from drf-spectacular-sidecar: every script and stylesheet the page
-    loads is one of this server's static files, and each is there."""
+    loads is a path of this server (its static files; ReDoc's bundle through api_docs.py, with
+    its one remote address taken out), and each is there. (In a browser with the network
+    blocked: tests/browser/test_api_docs_offline.py.)"""
     import re
 
     from django.test import Client
@@ -135,9 +147,11 @@ def test_the_interactive_api_docs_load_only_files_of_this_server(path) -> None:
     assert response.status_code == 200 and response["Content-Type"].startswith("text/html")
     html = response.content.decode()
     assets = re.findall(r'(?:src|href)="([^"]+\.(?:js|css))"', html)
-    assert assets and all(a.startswith("/static/") for a in assets), assets
+    assert assets and all(a.startswith("/") and not a.startswith("//") for a in assets), assets
+    assert "fonts.googleapis.com" not in html
     assert "/api/schema/" in html
     for asset in assets:
         served = client.get(asset)
         assert served.status_code == 200, asset
+        assert b"cdn.redoc.ly" not in b"".join(served.streaming_content if served.streaming else [served.content])
         served.close()
