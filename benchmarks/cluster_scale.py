@@ -142,33 +142,29 @@ class Followers:
 
         opened = 0
 
-        async def follow_job(job_id: int) -> None:
+        async def follow(path: str, on_event) -> None:
             nonlocal opened
-            async with connect(f"{self.ws}ws/jobs/{job_id}/", additional_headers=self.headers, open_timeout=60,
-                               max_size=None) as socket:
-                opened += 1
-                if opened == len(self.job_ids) + 1:
-                    self.ready.set()
-                got = self.got[job_id]
-                async for message in socket:
-                    now = time.time()
-                    event = json.loads(message)
-                    if event.get("type") == "metrics":
-                        got.append((event["seq"], event["step"], now))
-
-        async def follow_cluster() -> None:
-            nonlocal opened
-            async with connect(f"{self.ws}ws/cluster/", additional_headers=self.headers, open_timeout=60,
+            async with connect(f"{self.ws}{path}", additional_headers=self.headers, open_timeout=60,
                                max_size=None) as socket:
                 opened += 1
                 if opened == len(self.job_ids) + 1:
                     self.ready.set()
                 async for message in socket:
-                    event = json.loads(message)
-                    if event.get("type") == "node" and event.get("node", {}).get("state") == "lost":
-                        self.lost_nodes.setdefault(event["node"]["name"], time.time())
+                    on_event(json.loads(message), time.time())
 
-        await asyncio.gather(follow_cluster(), *(follow_job(j) for j in self.job_ids), return_exceptions=True)
+        def job_event(got: list):
+            def keep(event: dict, now: float) -> None:
+                if event.get("type") == "metrics":
+                    got.append((event["seq"], event["step"], now))
+            return keep
+
+        def cluster_event(event: dict, now: float) -> None:
+            if event.get("type") == "node" and event.get("node", {}).get("state") == "lost":
+                self.lost_nodes.setdefault(event["node"]["name"], now)
+
+        await asyncio.gather(follow("ws/cluster/", cluster_event),
+                             *(follow(f"ws/jobs/{j}/", job_event(self.got[j])) for j in self.job_ids),
+                             return_exceptions=True)
 
     def start(self, timeout: float = 120.0) -> None:
         self.thread.start()
