@@ -12,10 +12,14 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
 CONTROL_QUEUE = "control"
+# The control plane's own work (the beat's sweeps, the heartbeat intake, restores) has a queue
+# of its own: a backlog of the agents' reports on `control` must never hold up node loss
+# (docs/scaling.md). Every control worker takes both.
+CONTROL_FLOWS_QUEUE = "control-flows"
 EMULATE_QUEUE = "emulate"
 NODE_QUEUE_PREFIX = "node."
 
-# Tasks the control-plane worker runs (queue "control").
+# Tasks the control-plane worker runs (queue "control"; CONTROL_FLOW_TASKS on "control-flows").
 CONTROL_AGENT_HEARTBEAT = "control.agent_heartbeat"
 CONTROL_SWEEP_LOST_NODES = "control.sweep_lost_nodes"
 CONTROL_TAKE_HEARTBEATS = "control.take_heartbeats"  # beat: the heartbeats posted to Redis (agents/liveness.py)
@@ -31,6 +35,12 @@ CONTROL_SWEEP_ELASTIC = "control.sweep_elastic"  # (beat, and after changes) car
 CONTROL_JOB_LOG = "control.job_log"  # a JobLogTail: the last lines of rank 0's log, when they change
 CONTROL_PREFLIGHT_REPORT = "control.preflight_report"  # a PreflightReport: one node's pre-flight checks
 CONTROL_SWEEP_PREFLIGHTS = "control.sweep_preflights"  # (beat) fail the pre-flights a node never answered
+CONTROL_FLOW_TASKS = (CONTROL_TAKE_HEARTBEATS, CONTROL_SWEEP_LOST_NODES, CONTROL_SWEEP_STUCK_TRANSITIONS,
+                      CONTROL_SWEEP_RECONCILE, CONTROL_SWEEP_EMULATIONS, CONTROL_SWEEP_ELASTIC,
+                      CONTROL_SWEEP_PREFLIGHTS, CONTROL_JOB_RESTORE)
+CONTROL_QUEUES = (CONTROL_FLOWS_QUEUE, CONTROL_QUEUE)
+
+
 # Tasks one agent runs (queue "node.<name>").
 NODE_PING = "node.ping"
 NODE_JOB_START = "node.job_start"

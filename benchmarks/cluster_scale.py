@@ -40,17 +40,15 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
 from pathlib import Path
 
 import redis
 
 from agents import protocol
-from agents.liveness import HeartbeatPoster
-from agents.node.inventory import virtual_gpus
 from agents.runtime.batching import DEFAULT_WINDOW_SECONDS
-from agents.seal import AgentKey, key_of_token, seal
-from benchmarks.dashboard_events import RankZeros, percentile
+from agents.seal import key_of_token
+from benchmarks.dashboard_events import percentile
+from tests.support.simulated_agents import Heartbeats, RankZeros
 
 BENCH_REDIS_DB = 8  # the benchmark's own Redis database, emptied before and after
 
@@ -59,65 +57,8 @@ def node_name(n: int) -> str:
     return f"sim-{n:04d}"
 
 
-class Heartbeats:
-    """N nodes' heartbeats, each node every interval at its own phase, from one thread (a post is
-    one Redis round trip). `silence(name)` stops one node; `posted` counts posts."""
-
-    def __init__(self, redis_url: str, keys: dict[str, AgentKey], gpus_per_node: int,
-                 interval: float = protocol.HEARTBEAT_SECONDS) -> None:
-        self.poster, self.keys, self.interval = HeartbeatPoster(redis_url), keys, interval
-        self.started = datetime.now(timezone.utc)
-        self.gpus = virtual_gpus(gpus_per_node, memory_bytes=80 * 2**30)
-        self.names = sorted(keys)
-        self.jobs: dict[str, dict[int, list[int]]] = {}  # name -> {job id: its ranks there} (what it runs)
-        self.silent: dict[str, float] = {}  # name -> the time of its last post
-        self.last_post: dict[str, float] = {}
-        self.posted = 0
-        self.late = 0.0  # the most a post ran behind its time
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="heartbeats", daemon=True)
-
-    def report(self, n: int, name: str) -> dict:
-        now = datetime.now(timezone.utc)
-        return protocol.AgentHeartbeat(
-            node=name, host=f"host-{name}", device="cpu", pid=10_000 + n, started_at=self.started, sent_at=now,
-            interval_seconds=self.interval, gpus=self.gpus,
-            jobs=tuple(protocol.RunningJob(job_id=job, ranks=tuple(ranks))
-                       for job, ranks in sorted(self.jobs.get(name, {}).items())),
-            host_stats=protocol.HostStats(cpu_percent=40.0 + (n % 7), cpu_count=128, memory_used_bytes=2**40,
-                                          memory_total_bytes=2**41)).model_dump(mode="json")
-
-    def post(self, n: int, name: str) -> None:
-        body = self.report(n, name)
-        self.poster.post(name, body, seal(self.keys[name], name, protocol.CONTROL_AGENT_HEARTBEAT, body))
-        self.last_post[name] = time.time()
-        self.posted += 1
-
-    def beat_all_once(self) -> None:
-        for n, name in enumerate(self.names):
-            self.post(n, name)
-
-    def silence(self, name: str) -> float:
-        self.silent[name] = self.last_post.get(name, time.time())
-        return self.silent[name]
-
-    def _run(self) -> None:
-        start, count, k = time.monotonic(), len(self.names), 0
-        while not self.stop.is_set():
-            due = start + k * self.interval / count
-            delay = due - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            else:
-                self.late = max(self.late, -delay)
-            n = k % count
-            name = self.names[n]
-            if name not in self.silent:
-                try:
-                    self.post(n, name)
-                except (redis.RedisError, OSError):  # (an agent tries again next beat)
-                    pass
-            k += 1
+# Pages open their websockets when they load, not all in the same instant.
+OPENING_AT_ONCE = 25
 
 
 class Followers:
@@ -129,6 +70,7 @@ class Followers:
         self.job_ids = job_ids
         self.got: dict[int, list[tuple[int, int, float]]] = {j: [] for j in job_ids}  # (seq, step, received)
         self.lost_nodes: dict[str, float] = {}  # node -> when its `lost` event arrived
+        self.errors: list[str] = []  # why websockets ended (set once they all have)
         self.ready = threading.Event()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self._run, name="followers", daemon=True)
@@ -141,11 +83,14 @@ class Followers:
         from websockets.asyncio.client import connect
 
         opened = 0
+        opening = asyncio.Semaphore(OPENING_AT_ONCE)
 
         async def follow(path: str, on_event) -> None:
             nonlocal opened
-            async with connect(f"{self.ws}{path}", additional_headers=self.headers, open_timeout=60,
-                               max_size=None) as socket:
+            async with opening:
+                socket = await connect(f"{self.ws}{path}", additional_headers=self.headers, open_timeout=60,
+                                       max_size=None)
+            async with socket:
                 opened += 1
                 if opened == len(self.job_ids) + 1:
                     self.ready.set()
@@ -162,14 +107,15 @@ class Followers:
             if event.get("type") == "node" and event.get("node", {}).get("state") == "lost":
                 self.lost_nodes.setdefault(event["node"]["name"], now)
 
-        await asyncio.gather(follow("ws/cluster/", cluster_event),
-                             *(follow(f"ws/jobs/{j}/", job_event(self.got[j])) for j in self.job_ids),
-                             return_exceptions=True)
+        ended = await asyncio.gather(follow("ws/cluster/", cluster_event),
+                                     *(follow(f"ws/jobs/{j}/", job_event(self.got[j])) for j in self.job_ids),
+                                     return_exceptions=True)
+        self.errors = sorted({repr(e)[:200] for e in ended if isinstance(e, BaseException)})
 
     def start(self, timeout: float = 120.0) -> None:
         self.thread.start()
         if not self.ready.wait(timeout):
-            raise RuntimeError("the websockets did not all open")
+            raise RuntimeError(f"the websockets did not all open: {self.errors or 'still opening'}")
 
 
 class ApiReader:
@@ -222,6 +168,11 @@ def task_times(log_dir: Path) -> dict[str, dict]:
                    "max": round(max(v), 4)} for name, v in sorted(times.items())}
 
 
+def say(line: str) -> None:
+    """Progress, on stderr (stdout is the result)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
+
+
 def summary(values: list[float], scale: float = 1.0, digits: int = 3) -> dict | None:
     if not values:
         return None
@@ -262,6 +213,7 @@ def measure(args: argparse.Namespace, workers: int, stack, wait_for) -> dict:
         tokens = list(pool.map(lambda name: stack.post("api/agent-tokens", {"node": name})["token"], names))
     keys = {name: key_of_token(token) for name, token in zip(names, tokens)}
     result["enrol_seconds"] = round(time.perf_counter() - started, 1)
+    say(f"{args.nodes} agent tokens issued in {result['enrol_seconds']} s; registering the nodes")
 
     beats = Heartbeats(redis_url, keys, args.gpus_per_node)
     started = time.perf_counter()
@@ -270,6 +222,7 @@ def measure(args: argparse.Namespace, workers: int, stack, wait_for) -> dict:
     wait_for(lambda: stack.get("api/health", token=True)["agents"]["healthy"] == args.nodes, timeout=300,
              interval=1.0)
     result["register_seconds"] = round(time.perf_counter() - started, 1)
+    say(f"{args.nodes} nodes healthy after {result['register_seconds']} s; creating {args.jobs} jobs")
 
     app = Celery("simulated-ranks", broker=redis_url)
     app.conf.update(task_serializer="json", accept_content=["json"], task_ignore_result=True)
@@ -300,15 +253,18 @@ def measure(args: argparse.Namespace, workers: int, stack, wait_for) -> dict:
     web_pid = stack.state["pids"]["web"]
     client = redis.Redis.from_url(redis_url)
     depth: list[int] = []
+    flows_depth: list[int] = []
     sampling = threading.Event()
 
     def sample_depth() -> None:
         while not sampling.wait(0.5):
             depth.append(client.llen(protocol.CONTROL_QUEUE))
+            flows_depth.append(client.llen(protocol.CONTROL_FLOWS_QUEUE))
 
     threading.Thread(target=sample_depth, daemon=True).start()
 
     # Phase 1: heartbeats alone.
+    say(f"{len(job_ids)} jobs running; websockets open; heartbeats alone for {args.heartbeat_seconds:.0f} s")
     cpu0 = {name: cpu_seconds(pid) for name, pid in worker_pids.items()}
     posted0, t0 = beats.posted, time.perf_counter()
     time.sleep(args.heartbeat_seconds)
@@ -321,6 +277,7 @@ def measure(args: argparse.Namespace, workers: int, stack, wait_for) -> dict:
     result["worker_cpu_per_heartbeat_ms"] = round(1000 * hb_cpu / max(1, heartbeats), 4)
 
     # Phase 2: heartbeats and reports; a node lost every --lose-every s.
+    say(f"heartbeats and reports for {args.seconds:.0f} s, a node lost every {args.lose_every:.0f} s")
     api = ApiReader(stack.url, stack.state["token"], job_ids)
     api.thread.start()
     idle = [name for name in names if name not in beats.jobs]
@@ -347,6 +304,7 @@ def measure(args: argparse.Namespace, workers: int, stack, wait_for) -> dict:
             losses[name] = beats.silence(name)
             next_loss += args.lose_every
     report_phase = time.perf_counter() - t2
+    say("reports sent; waiting for the events to arrive")
     cpu3 = {n: cpu_seconds(p) for n, p in worker_pids.items()}
     web1 = cpu_seconds(web_pid)
     heartbeats2 = beats.posted - posted2
@@ -406,6 +364,7 @@ def measure(args: argparse.Namespace, workers: int, stack, wait_for) -> dict:
         "node_loss_detect_seconds": round(max(detect), 2) if detect else None,
         "node_lost_after_seconds": lost_after,
         "control_queue_depth": {"max": max(depth, default=0), "last": depth[-1] if depth else 0},
+        "flows_queue_depth": {"max": max(flows_depth, default=0), "last": flows_depth[-1] if flows_depth else 0},
         "heartbeats_late_max_seconds": round(beats.late, 3),
         "beat_tasks": task_times(stack.var_dir / "logs"),
         "load_average_after": os.getloadavg(),

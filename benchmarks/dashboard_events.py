@@ -42,8 +42,9 @@ from celery import Celery
 from agents import protocol
 from agents.liveness import HeartbeatPoster
 from agents.node.inventory import virtual_gpus
-from agents.runtime.batching import DEFAULT_WINDOW_SECONDS, ReportBatcher
+from agents.runtime.batching import DEFAULT_WINDOW_SECONDS
 from agents.seal import AgentKey, key_of_token, seal
+from tests.support.simulated_agents import RankZeros
 
 NODES, GPUS_PER_NODE, JOBS = 64, 8, 10
 CHROMIUM = os.environ.get("DYNAPLANE_CHROMIUM", "/usr/bin/chromium")
@@ -91,34 +92,6 @@ class SimulatedAgents:
     def _run(self) -> None:
         while not self.stop.wait(protocol.HEARTBEAT_SECONDS):
             self.beat_once()
-
-
-class RankZeros:
-    """Each job's rank 0 as the product has it: its reports go through a ReportBatcher
-    (agents/runtime/batching.py) as control.ingest_events tasks."""
-
-    def __init__(self, app: Celery, rank_zero_nodes: dict[int, str], keys: dict[str, AgentKey], window: float) -> None:
-        def send(batch: protocol.ReportBatch) -> None:
-            body = batch.model_dump(mode="json")
-            app.send_task(protocol.CONTROL_INGEST_EVENTS, args=[body], queue=protocol.CONTROL_QUEUE,
-                          kwargs={"seal": seal(keys[batch.node], batch.node, protocol.CONTROL_INGEST_EVENTS, body)})
-
-        self.send, self.window = send, window
-        self.nodes = dict(rank_zero_nodes)
-        self.batchers = {job_id: ReportBatcher(send, job_id=job_id, node=node, window=window)
-                         for job_id, node in rank_zero_nodes.items()}
-
-    def add_job(self, job_id: int, node: str) -> None:
-        self.nodes[job_id] = node
-        self.batchers[job_id] = ReportBatcher(self.send, job_id=job_id, node=node, window=self.window)
-
-    def __call__(self, job_id: int, kind: str, **fields) -> None:
-        self.batchers[job_id].add(protocol.JOB_REPORTS.validate_python(
-            dict(job_id=job_id, node=self.nodes[job_id], kind=kind, sent_at=datetime.now(timezone.utc), **fields)))
-
-    def close(self) -> None:
-        for batcher in self.batchers.values():
-            batcher.close()
 
 
 def send_steps(report: RankZeros, job_ids: list[int], seconds: float, rate: float,

@@ -199,7 +199,8 @@ DYNAPLANE_AGENT_BROKER_URL = os.environ.get("DYNAPLANE_AGENT_BROKER_URL") or RED
 CELERY_RESULT_BACKEND = REDIS_URL
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = protocol.CONTROL_QUEUE
-CELERY_TASK_ROUTES = {
+CELERY_TASK_ROUTES = {  # (exact names before patterns: Celery's MapRoute)
+    **{task: {"queue": protocol.CONTROL_FLOWS_QUEUE} for task in protocol.CONTROL_FLOW_TASKS},
     "control.*": {"queue": protocol.CONTROL_QUEUE},
     "emulate.*": {"queue": protocol.EMULATE_QUEUE},
     "exports.*": {"queue": "exports"},  # DYNAPLANE_EXPORTS_QUEUE: the control worker takes it too

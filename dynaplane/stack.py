@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from agents import protocol
 from agents.broker_urls import redacted
 from agents.processes import Child, stop_in_tiers
 
@@ -119,11 +120,14 @@ class StackOptions:
         return ssl.create_default_context(cafile=str(self.tls[0])) if self.tls else None
 
     def web_argv(self) -> list[str]:
-        """daphne on the address and port: plain HTTP, or TLS through Twisted's endpoint string."""
+        """daphne on the address and port: plain HTTP, or TLS through Twisted's endpoint string.
+        A websocket may take 30 s to be accepted (daphne's default, 5 s, closed most of 200 pages
+        that opened at once on a busy machine: benchmarks/cluster_scale.py)."""
+        patience = ["--websocket_connect_timeout", "30"]
         if not self.tls:
-            return ["-b", self.host, "-p", str(self.port)]
+            return ["-b", self.host, "-p", str(self.port), *patience]
         host, cert, key = (str(part).replace(":", "\\:") for part in (self.host, *self.tls))  # (the syntax's escape)
-        return ["-e", f"ssl:{self.port}:interface={host}:privateKey={key}:certKey={cert}"]
+        return ["-e", f"ssl:{self.port}:interface={host}:privateKey={key}:certKey={cert}", *patience]
 
     @property
     def local_only(self) -> bool:
@@ -263,7 +267,8 @@ class Stack:
             beat = ["--beat", "--schedule", str(o.var_dir / "celerybeat-schedule")] if n == 1 else []
             self.services.append(
                 self._child(name, [sys.executable, "-m", "celery", "-A", "controlplane", "worker", *beat,
-                                   "--queues", "control,exports", "--hostname", f"{name}@{socket.gethostname()}",
+                                   "--queues", ",".join((*protocol.CONTROL_QUEUES, "exports")),
+                                   "--hostname", f"{name}@{socket.gethostname()}",
                                    "--pool", "threads", "--concurrency", "4", "--loglevel", "INFO",
                                    "--without-mingle", "--without-gossip"], critical=True)
             )

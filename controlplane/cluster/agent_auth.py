@@ -20,6 +20,7 @@ log = logging.getLogger("dynaplane.refused")
 # A revoked token's messages are refused at most this long after the revocation (each worker
 # keeps the keys it read this long: a lookup per message would cost a query per heartbeat).
 KEY_CACHE_SECONDS = 5.0
+MAX_KEYS_READ = 5000  # keys read in one query at most
 CONTROL_PLANE = "control-plane"  # the name in the control plane's own seals
 CONTROL_KEY_ID = "0" * 16  # token key ids are random 64-bit values: never all zeros (agent_tokens.py)
 
@@ -55,18 +56,36 @@ class _Keys:
         self._rows: dict[str, tuple[float, tuple[str, bytes, bool] | None]] = {}
 
     def get(self, key_id: str) -> tuple[str, bytes, bool] | None:
+        """The key, read again with every other cached key that is due (one query for all: at
+        200 jobs each rank 0's key came due every KEY_CACHE_SECONDS, a query per report batch)."""
         now = time.monotonic()
         with self._lock:
             cached = self._rows.get(key_id)
-        if cached is not None and now - cached[0] < KEY_CACHE_SECONDS:
-            return cached[1]
-        row = AgentToken.objects.filter(key_id=key_id).values_list("node", "secret", "revoked_at").first()
-        entry = None if row is None else (row[0], bytes.fromhex(row[1]), row[2] is not None)
+            if cached is not None and now - cached[0] < KEY_CACHE_SECONDS:
+                return cached[1]
+            due = {k for k, (at, _) in self._rows.items() if now - at >= KEY_CACHE_SECONDS} if cached else set()
+        return self._read({key_id} | set(list(due)[:MAX_KEYS_READ - 1]), now).get(key_id)
+
+    def load(self, key_ids: set[str]) -> None:
+        """Read the keys of `key_ids` that are not cached (or are older than KEY_CACHE_SECONDS)
+        in one query: an intake of a thousand heartbeats must not ask for them one by one."""
+        now = time.monotonic()
         with self._lock:
-            if len(self._rows) > 100_000:  # unknown ids sent by a flood must not grow it without bound
+            stale = {k for k in key_ids if k not in self._rows or now - self._rows[k][0] >= KEY_CACHE_SECONDS}
+        stale.discard(CONTROL_KEY_ID)
+        if stale:
+            self._read(stale, now)
+
+    def _read(self, stale: set[str], now: float) -> dict[str, tuple[str, bytes, bool]]:
+        """Read `stale` from the database into the cache (an id with no token: None); returns what was found."""
+        rows = {key_id: (node, bytes.fromhex(secret), revoked is not None) for key_id, node, secret, revoked in
+                AgentToken.objects.filter(key_id__in=stale).values_list("key_id", "node", "secret", "revoked_at")}
+        with self._lock:
+            if len(self._rows) + len(stale) > 100_000:  # unknown ids sent by a flood must not grow it without bound
                 self._rows.clear()
-            self._rows[key_id] = (now, entry)
-        return entry
+            for key_id in stale:
+                self._rows[key_id] = (now, rows.get(key_id))
+        return rows
 
     def forget(self) -> None:
         with self._lock:
@@ -74,6 +93,18 @@ class _Keys:
 
 
 KEYS = _Keys()
+
+
+def keys_load(seals: list[object]) -> None:
+    """Have the keys that sealed `seals` at hand (one query for those not cached): before
+    checking many messages at once. Seals that cannot be read are left to speaker() to refuse."""
+    ids = set()
+    for received in seals:
+        try:
+            ids.add(seal_read(received).key_id)
+        except SealError:
+            continue
+    KEYS.load(ids)
 
 
 def speaker(task: str, body: object, received: object) -> Speaker:

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from agents import protocol
 from agents.liveness import INBOX, RECORDED, TAKEN, entry_read
 from controlplane.cluster import services
-from controlplane.cluster.agent_auth import heard_from, refused
+from controlplane.cluster.agent_auth import heard_from, keys_load, refused
 from controlplane.cluster.heartbeat_news import Recorded, content_digest, refresh_due, reported_stats, steady
 from controlplane.cluster.host_stats import Shown
 from controlplane.cluster.lifecycle import NodeState
@@ -56,9 +56,17 @@ def heartbeats_take(client=None) -> Intake:
     (seconds, micros), entries, _ = pipe.execute()
     redis_now = seconds + micros / 1e6
     offset = time.time() - redis_now
-    heard, dropped = [], 0
+    heard, dropped, posts = [], 0, []
     for raw_node, raw in entries.items():
-        one = _read(raw_node.decode(errors="replace"), raw, redis_now)
+        node = raw_node.decode(errors="replace")
+        try:
+            posts.append((node, *entry_read(raw)))
+        except ValueError:
+            refused(protocol.CONTROL_AGENT_HEARTBEAT, None, f"the inbox entry of {node!r} is not a heartbeat")
+            dropped += 1
+    keys_load([seal for *_, seal in posts])
+    for node, at, report, seal in posts:
+        one = _read(node, at, report, seal, redis_now)
         if one is None:
             dropped += 1
         else:
@@ -99,14 +107,10 @@ def heartbeats_take(client=None) -> Intake:
     return Intake(len(entries), len(writes) - len(refresh), unchanged, dropped, time.perf_counter() - started)
 
 
-def _read(node: str, raw: bytes, redis_now: float) -> _Heard | None:
-    """The inbox entry as a heartbeat heard from `node`, or None (logged) if it is not one."""
+def _read(node: str, at: float, report: dict, seal: object, redis_now: float) -> _Heard | None:
+    """The inbox entry (read: at, report, seal) as a heartbeat heard from `node`, or None
+    (logged) if it is not one."""
     task = protocol.CONTROL_AGENT_HEARTBEAT
-    try:
-        at, report, seal = entry_read(raw)
-    except ValueError:
-        refused(task, None, f"the inbox entry of {node!r} is not a heartbeat")
-        return None
     if report.get("node") != node:
         refused(task, seal, f"the heartbeat of {report.get('node')!r} was posted as {node!r}")
         return None

@@ -10,13 +10,12 @@ from __future__ import annotations
 import logging
 from typing import Literal
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.db import connection, transaction
 from django.db.models import F
 from pydantic import BaseModel, ConfigDict
 from redis.exceptions import RedisError
 
+from controlplane.common.layer_sends import group_send
 from controlplane.common.models import EventStream
 
 log = logging.getLogger(__name__)
@@ -79,8 +78,8 @@ def send_many_now(group: str, events: list[Closed]) -> None:
 
 def _group_send(group: str, message: dict, what: str) -> None:
     try:
-        async_to_sync(get_channel_layer().group_send)(group, message)
-    except (RedisError, OSError) as exc:
+        group_send(group, message)
+    except (RedisError, OSError) as exc:  # (TimeoutError is an OSError)
         log.warning("%s to %s not delivered: %s", what, group, exc)
 
 

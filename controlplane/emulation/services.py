@@ -132,7 +132,9 @@ def emulations_reconcile(*, grace: timedelta | None = None) -> list[int]:
     last change (an agent reports what it works on from the moment it takes a run up);
     returns their ids. (Jobs: controlplane/jobs/reconcile.py.)"""
     grace = timedelta(seconds=settings.DYNAPLANE_RECONCILE_GRACE_SECONDS) if grace is None else grace
-    seen = list(Node.objects.filter(state=NodeState.HEALTHY))
+    if not EmulationRun.objects.filter(state=EmulationRun.State.RUNNING).exists():
+        return []  # (the usual case: nothing to read about a thousand nodes for)
+    seen = list(Node.objects.filter(state=NodeState.HEALTHY).only("name", "last_heartbeat", "running_emulations"))
     working = {int(run) for node in seen for run in (node.running_emulations or [])}
     taken = last_heard([n.name for n in seen], which=TAKEN)  # (unchanged heartbeats since the row's: liveness.py)
     oldest_report = min((later(n.last_heartbeat, taken.get(n.name)) for n in seen if n.last_heartbeat), default=None)

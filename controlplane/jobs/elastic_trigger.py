@@ -58,7 +58,8 @@ def _queue(why: str) -> None:
             return  # the queued sweep starts after this change: it will see it
         _due = now + delay
     try:
-        app.send_task(protocol.CONTROL_SWEEP_ELASTIC, args=[why[:200]], queue=protocol.CONTROL_QUEUE, countdown=delay)
+        app.send_task(protocol.CONTROL_SWEEP_ELASTIC, args=[why[:200]], queue=protocol.CONTROL_FLOWS_QUEUE,
+                      countdown=delay)
     except (OperationalError, OSError) as exc:  # the beat's next sweep comes anyway
         with _lock:
             _due = 0.0

@@ -32,12 +32,12 @@ from controlplane.cluster.lifecycle import NodeState
 from controlplane.cluster.liveness import last_heard, later
 from controlplane.cluster.models import Node
 from controlplane.jobs.failures import job_fail, job_finish
-from controlplane.jobs.lifecycle import JobState, JobTrigger, job_next_state
-from controlplane.jobs.models import Job
+from controlplane.jobs.lifecycle import TERMINAL_TRANSITION_STATES, JobState, JobTrigger, job_next_state
+from controlplane.jobs.models import Job, Transition
 from controlplane.jobs.preflight import running_start_check
 from controlplane.jobs.restore import restore_begin
 from controlplane.jobs.timeouts import last_moved
-from controlplane.jobs.transitions import active_transition, job_nodes
+from controlplane.jobs.transitions import active_transition, nodes_of
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def unseen(nodes_of_job: list[str], changed_at: datetime, job_id: int, seen: dic
 def observed() -> dict[str, Seen]:
     """Each node as the database holds its last heartbeat: its runs, and when the last heartbeat
     it reflects came (written when one changed the node; taken unchanged since: liveness.py)."""
-    nodes = list(Node.objects.all())
+    nodes = list(Node.objects.only("name", "state", "last_heartbeat", "running_jobs"))
     taken = last_heard([n.name for n in nodes], which=TAKEN)
     return {n.name: Seen(n.state == NodeState.HEALTHY, later(n.last_heartbeat, taken.get(n.name)),
                          frozenset(int(job) for job in (n.running_jobs or {})))
@@ -80,19 +80,25 @@ def observed() -> dict[str, Seen]:
 
 
 def jobs_reconcile(*, grace: timedelta = GRACE) -> list[tuple[int, str]]:
-    """The beat's sweep over live jobs; returns (job id, what it became) for each one settled."""
+    """The beat's sweep over live jobs; returns (job id, what it became) for each one settled.
+    Two queries for all live jobs (they and their active transitions); a job is locked and read
+    again only when it looks unseen."""
     seen = observed()
+    jobs = list(Job.objects.filter(state__in=[JobState.STARTING, JobState.RUNNING, JobState.SWITCHING,
+                                              JobState.STOPPING]))
+    active = {t.job_id: t for t in Transition.objects.filter(job__in=[job.pk for job in jobs]).exclude(
+        state__in=[s.value for s in TERMINAL_TRANSITION_STATES])}
     settled = []
-    for job in Job.objects.filter(state__in=[JobState.STARTING, JobState.RUNNING, JobState.SWITCHING,
-                                             JobState.STOPPING]):
-        nodes = sorted(job_nodes(job))
-        if running_start_check(job) is not None:  # no rank was ordered yet: its pre-flight's deadline rules
+    for job in jobs:
+        nodes = sorted(nodes_of(job, active.get(job.pk)))
+        changed_at = changed_at_of(job, active.get(job.pk))
+        if not unseen(nodes, changed_at, job.pk, seen, grace):
             continue
-        if not unseen(nodes, _changed_at(job), job.pk, seen, grace):
+        if running_start_check(job) is not None:  # no rank was ordered yet: its pre-flight's deadline rules
             continue
         with transaction.atomic():
             locked = Job.objects.select_for_update().get(pk=job.pk)
-            if locked.state != job.state or _changed_at(locked) != _changed_at(job):
+            if locked.state != job.state or changed_at_of(locked, active_transition(locked)) != changed_at:
                 continue  # it moved meanwhile: look again next sweep
             where = ", ".join(nodes)
             if locked.state == JobState.STOPPING:
@@ -111,9 +117,8 @@ def jobs_reconcile(*, grace: timedelta = GRACE) -> list[tuple[int, str]]:
     return settled
 
 
-def _changed_at(job: Job) -> datetime:
-    """When the job's record or its active transition last changed."""
-    active = active_transition(job)
+def changed_at_of(job: Job, active: Transition | None) -> datetime:
+    """When the job's record or its active transition (`active`) last changed."""
     return job.updated_at if active is None else max(job.updated_at, last_moved(active))
 
 

@@ -181,7 +181,7 @@ def restore_order(job_id: int, early: bool) -> dict:
 
 def _queue_restore(job_id: int, delay: float, *, early: bool = False) -> None:
     try:
-        app.send_task(protocol.CONTROL_JOB_RESTORE, args=[job_id, early], queue=protocol.CONTROL_QUEUE,
+        app.send_task(protocol.CONTROL_JOB_RESTORE, args=[job_id, early], queue=protocol.CONTROL_FLOWS_QUEUE,
                       kwargs={"seal": control_seal(protocol.CONTROL_JOB_RESTORE, restore_order(job_id, early))},
                       countdown=delay)
     except (OperationalError, OSError) as exc:

@@ -46,8 +46,12 @@ def active_transition(job: Job, *, lock: bool = False) -> Transition | None:
 def job_nodes(job: Job) -> list[str]:
     """Nodes with ranks of the job: its placement's, and during a transition also the nodes
     of the joining ranks (they run processes, or are starting them)."""
+    return nodes_of(job, active_transition(job))
+
+
+def nodes_of(job: Job, active: Transition | None) -> list[str]:
+    """job_nodes() with the job's active transition already read (`active`)."""
     nodes = list(job.nodes)
-    active = active_transition(job)
     if active is not None:
         nodes += [slot["node"] for slot in active.destination_placement]
     return list(dict.fromkeys(nodes))

@@ -241,3 +241,25 @@ def test_the_agents_page_is_for_staff_and_lists_tokens_without_their_secrets(bro
     assert f'id="token-{row.key_id}"' in html and "in use" in html and "rack 4" in html
     assert token.split("_")[2] not in html and row.secret not in html
     assert '<a href="/agents/">Agents</a>' in html
+
+
+def test_keys_that_come_due_are_read_again_together(monkeypatch) -> None:
+    """A worker's cache reads every key that is due in the one query a due key causes (200 rank
+    zeros' keys came due one by one: a query per report batch), and still sees a revocation."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from controlplane.cluster import agent_auth
+
+    keys = {f"node-{i}": enrol(f"node-{i}") for i in range(1, 6)}
+    for key in keys.values():
+        assert KEYS.get(key.key_id)[0] in keys
+    clock = [agent_auth.time.monotonic() + agent_auth.KEY_CACHE_SECONDS + 1]
+    monkeypatch.setattr(agent_auth.time, "monotonic", lambda: clock[0])
+    token_revoke(key_id=keys["node-3"].key_id)
+    with CaptureQueriesContext(connection) as queries:
+        entries = {node: KEYS.get(key.key_id) for node, key in keys.items()}
+    assert len(queries.captured_queries) == 1
+    assert {node: entry[2] for node, entry in entries.items()} == {
+        "node-1": False, "node-2": False, "node-3": True, "node-4": False, "node-5": False}
+    assert KEYS.get("f" * 16) is None  # an id no token has

@@ -228,3 +228,30 @@ def test_a_steady_nodes_row_gets_only_its_last_heartbeat_refreshed_when_due(run,
     node = Node.objects.get(name="node-1")
     assert abs(node.last_heartbeat.timestamp() - posted) < 1.0 and node.cpu_percent == 77.0  # (only the time)
     assert Recorded.loads(client.hget(RECORDED, "node-1")).at == pytest.approx(posted, abs=0.01)
+
+
+def test_an_intake_reads_the_agents_keys_in_one_query(run, poster) -> None:
+    """1,024 nodes' heartbeats in one intake: their keys are read together, not one query each
+    (benchmarks/cluster_scale.py found a query per heartbeat every KEY_CACHE_SECONDS)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from controlplane.cluster.agent_auth import KEYS
+    from controlplane.cluster.models import AgentToken
+
+    names = [f"node-{i}" for i in range(1, 31)]
+    for name in names:
+        post(poster, name)
+    KEYS.forget()
+    with CaptureQueriesContext(connection) as queries:
+        intake = take(run)
+    assert (intake.taken, intake.recorded, intake.dropped) == (30, 30, 0)
+    table = AgentToken._meta.db_table
+    assert sum(table in q["sql"] for q in queries.captured_queries) == 1
+    Node.objects.filter(name="node-3").update(state="lost")  # (a node back from lost: written again)
+    for name in names:
+        post(poster, name)
+    KEYS.forget()
+    with CaptureQueriesContext(connection) as queries:
+        assert take(run).taken == 30
+    assert sum(table in q["sql"] for q in queries.captured_queries) == 1

@@ -117,7 +117,7 @@ def test_a_node_lost_while_training_restores_the_job_on_the_survivors(two_nodes,
         "node node-2 (ranks 2, 3) lost; restoring from checkpoint step 10 unless the surviving ranks take over")
     # node-1's ranks may have outlived their world (a silent node: they learn it at their step
     # timeout): a first look, and the final one once they would have reported.
-    assert sent_of(sent_tasks, protocol.CONTROL_JOB_RESTORE) == [(job.pk, protocol.CONTROL_QUEUE)] * 2
+    assert sent_of(sent_tasks, protocol.CONTROL_JOB_RESTORE) == [(job.pk, protocol.CONTROL_FLOWS_QUEUE)] * 2
     sent_tasks.clear()
     row = run(restore.job_restore, job_id=job.pk)
     job.refresh_from_db()

@@ -44,7 +44,7 @@ def test_rank_0s_node_lost_the_survivors_are_renumbered_and_go_on_without_a_chec
     assert job.error == ("node node-2 ranks 2 lost their peers (RuntimeError: Connection closed by peer); recovering "
                          "on the surviving ranks if they outlived their world (no checkpoint)")
     # A first look soon (the survivors need not wait for the sweep), and the final decision.
-    assert [q for _, q in sent_of(sent_tasks, protocol.CONTROL_JOB_RESTORE)] == [protocol.CONTROL_QUEUE] * 2
+    assert [q for _, q in sent_of(sent_tasks, protocol.CONTROL_JOB_RESTORE)] == [protocol.CONTROL_FLOWS_QUEUE] * 2
     _orphaned(run, job, "node-2", (3,), 14)
     _orphaned(run, job, "node-2", (3,), 14)  # a duplicate changes nothing
     sent_tasks.clear()
@@ -160,7 +160,7 @@ def test_no_survivors_at_all_and_no_checkpoint_fails_and_a_broken_recovery_does_
     job.refresh_from_db()
     # node-2 went silent (a cut link?): node-1's ranks would learn it when their step times out.
     assert job.state == "restoring"
-    assert [q for _, q in sent_of(sent_tasks, protocol.CONTROL_JOB_RESTORE)] == [protocol.CONTROL_QUEUE] * 2
+    assert [q for _, q in sent_of(sent_tasks, protocol.CONTROL_JOB_RESTORE)] == [protocol.CONTROL_FLOWS_QUEUE] * 2
     run(restore.job_restore, job_id=job.pk)  # ... they never report: the final look
     job.refresh_from_db()
     assert job.state == "failed" and job.error == (

@@ -138,3 +138,22 @@ def test_a_resizing_job_whose_ranks_are_all_gone_is_settled_without_waiting_for_
     assert resize.state == "aborted"
     assert "; ranks lost while the resize was planned: no rank process of the job runs on " \
            "its nodes (node-1, node-2) any more" in resize.reason
+
+
+def test_the_sweep_reads_many_live_jobs_in_a_fixed_number_of_queries(two_nodes, token_client, sent_tasks,
+                                                                        run) -> None:
+    """The sweep runs every 5 s over every live job: at 200 jobs a few queries per job held a
+    worker thread for seconds (benchmarks/cluster_scale.py). Jobs that their nodes run cost none."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    jobs = [_running(run, token_client, f"j{i}", gpus=1, checkpoint_interval=0) for i in range(4)]
+    later = max(job.updated_at for job in jobs) + GRACE + timedelta(seconds=1)
+    for node in ("node-1", "node-2"):
+        ranks = tuple(protocol.RunningJob(job_id=job.pk, ranks=(0,)) for job in jobs
+                      if job.placement[0]["node"] == node)
+        cluster.node_record_heartbeat(report=heartbeat(node, gpus=2, host=f"host-{node[-1]}", jobs=ranks),
+                                      received_at=later)
+    with CaptureQueriesContext(connection) as few:
+        assert run(reconcile.jobs_reconcile) == []
+    assert len(few.captured_queries) <= 3  # (nodes, jobs, their transitions; was 2 + 2 a job)
