@@ -210,6 +210,12 @@ CELERY_TASK_ROUTES = {  # (exact names before patterns: Celery's MapRoute)
 # queue, which the control worker consumes beside `control` (`dynaplane up`, docker-compose.yml):
 # never in the web process; one at a time (the worker's threads also take the agents' reports).
 DYNAPLANE_EXPORTS_QUEUE = "exports"
+# Celery's Django fixup closes a worker thread's database connection before and after every task
+# unless this is set: every report batch opened a new PostgreSQL connection (a backend process
+# each; 7-8% of a control worker's time at 200 jobs reporting, benchmarks/cluster_scale.py). With
+# it, the fixup closes them every this many tasks, and controlplane/celery.py closes the old and
+# the broken ones as Django does between requests (CONN_MAX_AGE, health checks).
+CELERY_DB_REUSE_MAX = 1000
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True

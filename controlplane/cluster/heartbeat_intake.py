@@ -42,7 +42,7 @@ class Intake:
 class _Heard:
     node: str
     at: float  # Redis's clock
-    report: protocol.AgentHeartbeat
+    report: dict  # as posted (sealed by its node's key): validated whole only when it is news
     key_id: str
 
 
@@ -79,17 +79,27 @@ def heartbeats_take(client=None) -> Intake:
     writes: dict[str, str] = {}
     refresh: dict[int, float] = {}  # row id -> heard at (Redis's clock)
     unchanged = 0
+    malformed = set()
     for one in heard:
         digest = content_digest(one.report, one.key_id)
         kept = Recorded.loads(recorded[one.node])
-        if steady(kept, digest=digest, healthy_id=healthy.get(one.node), stats=reported_stats(one.report),
-                  heard_at=one.at):
+        try:
+            stats = reported_stats(one.report)
+        except ValueError:
+            stats = kept = None  # (not steady: validated whole below, and refused)
+        if steady(kept, digest=digest, healthy_id=healthy.get(one.node), stats=stats, heard_at=one.at):
             unchanged += 1
             if refresh_due(kept, one.node, one.at):
                 refresh[kept.node_id] = one.at
                 writes[one.node] = replace(kept, at=one.at).dumps()
             continue
-        node = services.node_record_heartbeat(report=one.report, key_id=one.key_id,
+        try:
+            parsed = protocol.AgentHeartbeat.model_validate(one.report)
+        except ValidationError as exc:
+            log.error("rejected heartbeat %r: %s", one.node, exc)
+            malformed.add(one.node)
+            continue
+        node = services.node_record_heartbeat(report=parsed, key_id=one.key_id,
                                               received_at=datetime.fromtimestamp(one.at + offset, timezone.utc))
         shown = (Shown(node.cpu_percent, node.cpu_count, node.memory_used_bytes, node.memory_total_bytes)
                  if node.host_stats_at is not None else None)  # (what the row shows: maybe an earlier report's)
@@ -102,9 +112,12 @@ def heartbeats_take(client=None) -> Intake:
     pipe = client.pipeline(transaction=False)
     if writes:
         pipe.hset(RECORDED, mapping=writes)
-    pipe.zadd(TAKEN, {h.node: h.at for h in heard})
+    taken = {h.node: h.at for h in heard if h.node not in malformed}
+    if taken:
+        pipe.zadd(TAKEN, taken)
     pipe.execute()
-    return Intake(len(entries), len(writes) - len(refresh), unchanged, dropped, time.perf_counter() - started)
+    return Intake(len(entries), len(writes) - len(refresh), unchanged, dropped + len(malformed),
+                  time.perf_counter() - started)
 
 
 def _read(node: str, at: float, report: dict, seal: object, redis_now: float) -> _Heard | None:
@@ -121,9 +134,4 @@ def _read(node: str, at: float, report: dict, seal: object, redis_now: float) ->
     who = heard_from(task, report, seal)
     if who is None:
         return None
-    try:
-        parsed = protocol.AgentHeartbeat.model_validate(report)
-    except ValidationError as exc:
-        log.error("rejected heartbeat %r: %s", node, exc)
-        return None
-    return _Heard(node, at, parsed, "" if who.is_control_plane else who.key_id)
+    return _Heard(node, at, report, "" if who.is_control_plane else who.key_id)

@@ -13,22 +13,32 @@ import hashlib
 import json
 from dataclasses import asdict, astuple, dataclass
 
-from agents.protocol import AgentHeartbeat
+from pydantic import ValidationError
+
+from agents.protocol import HostStats
 from controlplane.cluster.host_stats import Shown, worth_showing
 
 REFRESH_SECONDS = 60.0
 
 
-def content_digest(report: AgentHeartbeat, key_id: str) -> str:
-    """What the node row holds of a heartbeat: all of it but its clock and its host stats."""
-    body = report.model_dump(mode="json", exclude={"sent_at", "host_stats"})
+def content_digest(report: dict, key_id: str) -> str:
+    """What the node row holds of a heartbeat, as posted (its JSON): all of it but its clock and
+    its host stats. Read from the post itself so that a steady heartbeat is never parsed whole
+    (validating 512 heartbeats of 8 GPUs a second was most of the intake's time)."""
+    body = {name: value for name, value in report.items() if name not in ("sent_at", "host_stats")}
     return hashlib.sha256(json.dumps([body, key_id], sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def reported_stats(report: AgentHeartbeat) -> Shown | None:
-    stats = report.host_stats
-    return None if stats is None else Shown(stats.cpu_percent, stats.cpu_count, stats.memory_used_bytes,
-                                            stats.memory_total_bytes)
+def reported_stats(report: dict) -> Shown | None:
+    """The heartbeat's host stats (validated); ValueError when they are not host stats."""
+    raw = report.get("host_stats")
+    if raw is None:
+        return None
+    try:
+        stats = HostStats.model_validate(raw)
+    except ValidationError as exc:
+        raise ValueError(str(exc)) from None
+    return Shown(stats.cpu_percent, stats.cpu_count, stats.memory_used_bytes, stats.memory_total_bytes)
 
 
 @dataclass(frozen=True, slots=True)

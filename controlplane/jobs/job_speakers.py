@@ -9,7 +9,10 @@ import time
 from controlplane.cluster.agent_auth import heard_from, refused
 from controlplane.jobs.models import Job, Transition
 
-SERVES_CACHE_SECONDS = 5.0  # a node found serving a job is not looked up again for this long
+# A node found serving a job is not looked up again for this long. Holding or having held a job's
+# ranks is for good (the bound only matters for a deleted job whose id SQLite gives again): at
+# 5 s, 200 jobs' rank zeros cost a worker 40 lookups a second (benchmarks/cluster_scale.py).
+SERVES_CACHE_SECONDS = 60.0
 
 
 def _nodes(placement: object) -> set[str]:

@@ -356,26 +356,37 @@ def job_metrics_extend(*, job: Job, rows: Sequence[tuple[float, Mapping[str, flo
             if name not in series:
                 series[name] = metrics_series_get(job=job, name=name, unit=units.get(name, ""))
         partial = [s for s in series.values() if s.points % CHUNK_POINTS]
+        # PostgreSQL appends to a chunk's arrays in place (bytea ||): only the new samples travel,
+        # where reading the chunk and writing it whole moved up to 16 KB a series per report
+        # (most of a report's cost at 200 jobs: benchmarks/cluster_scale.py). SQLite's || makes
+        # text of blobs, so there the chunk is rewritten.
+        in_place = connection.vendor == "postgresql"
         last = {}
         if partial:
             where = Q(pk__in=[])
             for s in partial:
                 where |= Q(series_id=s.pk, first_point=s.points // CHUNK_POINTS * CHUNK_POINTS)
-            last = {c.series_id: c for c in MetricChunk.objects.filter(where)}
-        new, changed, counts = [], [], []
+            chunks = MetricChunk.objects.filter(where)
+            if in_place:
+                chunks = chunks.only("id", "series_id", "first_point", "count")
+            last = {c.series_id: c for c in chunks}
+        new, appended, counts = [], {}, []  # appended: chunk id -> (chunk, xs, ys) added to a stored chunk
         for name, (xs, ys) in columns.items():
             s = series[name]
             chunk = last.get(s.pk)
-            if chunk is not None:
-                changed.append(chunk)
             done = 0
             while done < len(xs):
                 if chunk is None or chunk.count >= CHUNK_POINTS:
                     chunk = MetricChunk(series=s, first_point=s.points + done, count=0, x=b"", y=b"")
                     new.append(chunk)
                 take = min(CHUNK_POINTS - chunk.count, len(xs) - done)
-                chunk.x = pack(unpack(chunk.x) + xs[done:done + take])
-                chunk.y = pack(unpack(chunk.y) + ys[done:done + take])
+                if chunk.pk is None:
+                    chunk.x = pack(unpack(chunk.x) + xs[done:done + take])
+                    chunk.y = pack(unpack(chunk.y) + ys[done:done + take])
+                else:
+                    _, added_x, added_y = appended.setdefault(chunk.pk, (chunk, [], []))
+                    added_x += xs[done:done + take]
+                    added_y += ys[done:done + take]
                 chunk.count += take
                 done += take
             counts.append((len(xs), s.pk))
@@ -386,9 +397,13 @@ def job_metrics_extend(*, job: Job, rows: Sequence[tuple[float, Mapping[str, flo
         # (~17 ms of a 90 ms report on the loaded CI machine) than the round trips it saves
         # (benchmarks/step_reports.py).
         with connection.cursor() as cursor:
-            if changed:
-                table = connection.ops.quote_name(MetricChunk._meta.db_table)
+            table = connection.ops.quote_name(MetricChunk._meta.db_table)
+            if appended and in_place:
+                cursor.executemany(f"UPDATE {table} SET x = x || %s, y = y || %s, count = count + %s WHERE id = %s",
+                                   [(pack(xs), pack(ys), len(xs), c.pk) for c, xs, ys in appended.values()])
+            elif appended:
                 cursor.executemany(f"UPDATE {table} SET x = %s, y = %s, count = %s WHERE id = %s",
-                                   [(c.x, c.y, c.count, c.pk) for c in changed])
+                                   [(pack(unpack(c.x) + xs), pack(unpack(c.y) + ys), c.count, c.pk)
+                                    for c, xs, ys in appended.values()])
             table = connection.ops.quote_name(MetricSeries._meta.db_table)
             cursor.executemany(f"UPDATE {table} SET points = points + %s WHERE id = %s", counts)
