@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 from django.conf import settings as django_settings
-from django.db.models import Max, Q
+from django.db.models import Count, Max, Q
 from django.utils import timezone as django_timezone
 
 from parallelism.layout.elastic_inputs import Decision, ElasticJob, ElasticSettings, EndedJob, Node, OnlinePause, SizeOption
@@ -115,8 +115,8 @@ def elastic_state(now: datetime | None = None, *, fixed_step_times: bool = True)
     `fixed_step_times` False: the step times of jobs that are not elastic are left out (the
     decision never resizes them; the sweep saves a series read per job; the overview shows them)."""
     now = now or django_timezone.now()
-    counts = Counter(Gpu.objects.filter(node__state=NodeState.HEALTHY).exclude(state=GpuState.LOST)
-                     .values_list("node__name", flat=True))
+    counts = dict(Gpu.objects.filter(node__state=NodeState.HEALTHY).exclude(state=GpuState.LOST).order_by()
+                  .values("node__name").annotate(n=Count("id")).values_list("node__name", "n"))  # (a row a node)
     nodes = tuple(Node(name=n.name, gpus=counts.get(n.name, 0), joined_at=_seconds(n.joined_at or n.registered_at))
                   for n in NodeRow.objects.filter(state=NodeState.HEALTHY).order_by("name"))
     held: dict[int, list[tuple[str, int]]] = defaultdict(list)

@@ -20,7 +20,7 @@ from controlplane.jobs.models import Job, MetricSeries, Transition
 from controlplane.jobs.plan_preview import plan_preview
 from controlplane.jobs.proposals import RANKING_RULE, propose, reconcile
 from controlplane.jobs.layouts import STAGING_BYTES, layout_for_resize
-from controlplane.jobs.selectors import metric_points
+from controlplane.jobs.selectors import metric_tail
 
 RECENT_STEPS = 5
 EMULATIONS_LOOKED_AT = 200
@@ -32,7 +32,7 @@ def recent_step_seconds(job: Job) -> float | None:
     series = MetricSeries.objects.filter(job=job, transition=None, rank=None, name="step_seconds").first()
     if series is None:
         return None
-    steps, values = metric_points(series_id=series.pk)
+    steps, values = metric_tail(series_id=series.pk, points=RECENT_STEPS)
     switched = (Transition.objects.filter(job=job, state=TransitionState.COMMITTED, step__isnull=False)
                 .order_by("-step").values_list("step", flat=True).first())
     if switched is not None:

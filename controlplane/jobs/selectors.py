@@ -15,7 +15,7 @@ from controlplane.jobs.events import (
     job_stream,
 )
 from controlplane.jobs.metric_codec import unpack
-from controlplane.jobs.models import JobLog, MetricSeries, Transition
+from controlplane.jobs.models import JobLog, MetricChunk, MetricSeries, Transition
 
 
 def _iso(value) -> str | None:
@@ -44,6 +44,21 @@ def metric_points(*, series_id: int) -> tuple[list[float], list[float]]:
         xs += unpack(chunk.x)
         ys += unpack(chunk.y)
     return xs, ys
+
+
+def metric_tail(*, series_id: int, points: int) -> tuple[list[float], list[float]]:
+    """The series' last `points` samples or more (whole chunks, newest last), in append order:
+    what a sweep needs of a job's step times without reading its whole history."""
+    xs: list[list[float]] = []
+    ys: list[list[float]] = []
+    got = 0
+    for chunk in MetricChunk.objects.filter(series_id=series_id).order_by("-first_point"):
+        xs.append(unpack(chunk.x))
+        ys.append(unpack(chunk.y))
+        got += chunk.count
+        if got >= points:
+            break
+    return [x for part in reversed(xs) for x in part], [y for part in reversed(ys) for y in part]
 
 
 def job_live_snapshot(*, job_id: int) -> JobLiveSnapshot:

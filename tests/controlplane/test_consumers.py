@@ -81,3 +81,32 @@ async def test_a_batch_of_step_events_reaches_a_job_page_one_message_each(user) 
     events = [job_event_adapter.validate_python(await communicator.receive_json_from(timeout=5)) for _ in range(5)]
     assert [(e.type, e.step, e.seq) for e in events] == [("metrics", s, hello.seq + s) for s in range(1, 6)]
     await communicator.disconnect()
+
+
+async def test_events_sent_out_of_order_reach_the_page_in_seq_order(user) -> None:
+    """Two workers send their events after their own commits: n+1 can reach the channel layer
+    before n. The socket holds n+1 until n comes, or for seq_order.HOLD_SECONDS if n was lost."""
+    from channels.layers import get_channel_layer
+
+    from controlplane.cluster.consumers import ClusterConsumer
+
+    key = (await database_sync_to_async(Token.objects.create)(user=user)).key
+    communicator = _communicator([(b"authorization", f"Token {key}".encode())])
+    assert (await communicator.connect())[0]
+    hello = (await communicator.receive_json_from(timeout=5))["seq"]
+    layer, group = get_channel_layer(), ClusterConsumer.group
+
+    async def send(*seqs: int) -> None:
+        events = [{"type": "test", "seq": hello + s} for s in seqs]
+        await layer.group_send(group, {"type": "event.batch", "events": events} if len(events) > 1
+                               else {"type": "event.message", "event": events[0]})
+
+    await send(2)
+    await send(3, 4)
+    assert await communicator.receive_nothing(timeout=0.2)  # held: 1 has not come
+    await send(1)
+    assert [(await communicator.receive_json_from(timeout=5))["seq"] - hello for _ in range(4)] == [1, 2, 3, 4]
+    await send(6)  # 5 is lost
+    assert await communicator.receive_nothing(timeout=0.2)
+    assert (await communicator.receive_json_from(timeout=5))["seq"] - hello == 6  # after the hold
+    await communicator.disconnect()

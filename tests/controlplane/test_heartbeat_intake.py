@@ -255,3 +255,17 @@ def test_an_intake_reads_the_agents_keys_in_one_query(run, poster) -> None:
     with CaptureQueriesContext(connection) as queries:
         assert take(run).taken == 30
     assert sum(table in q["sql"] for q in queries.captured_queries) == 1
+
+
+def test_one_intake_at_a_time(run, poster) -> None:
+    """While an intake runs (another worker's), a second takes nothing: the next beat's does."""
+    from controlplane.cluster.heartbeat_intake import INTAKE_LOCK
+
+    post(poster)
+    running = control_redis().lock(INTAKE_LOCK, timeout=30)
+    assert running.acquire(blocking=False)
+    try:
+        assert take(run).taken == 0
+    finally:
+        running.release()
+    assert take(run).taken == 1

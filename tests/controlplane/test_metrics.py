@@ -78,3 +78,20 @@ def test_per_step_append_of_several_series_matches_the_chunked_store(django_asse
     assert xs == [-1.0] * 7 + [float(s) for s in range(steps)] and ys[7:] == [1.0 / (s + 1) for s in range(steps)]
     xs, ys = metric_points(series_id=seconds.pk)
     assert xs == [float(s) for s in range(5, steps)] and ys == [0.5 + s for s in range(5, steps)]
+
+
+@pytest.mark.parametrize("points", [1, 5, 6, CHUNK_POINTS + 5, CHUNK_POINTS + 6, 3 * CHUNK_POINTS])
+def test_a_series_tail_is_the_end_of_the_whole_series(points: int) -> None:
+    """metric_tail (what an elastic sweep reads of a job's step times) against metric_points: whole
+    chunks from the end, at least `points` samples (all of them when there are fewer)."""
+    from controlplane.jobs.selectors import metric_tail
+
+    job = job_create(name="t", model="tiny-gpt", layout="dp=1")
+    series = metrics_series_get(job=job, name="step_seconds", unit="s")
+    xs = [float(i) for i in range(2 * CHUNK_POINTS + 5)]
+    metrics_append(series_id=series.pk, xs=xs, ys=[x / 2 for x in xs])
+    all_x, all_y = metric_points(series_id=series.pk)
+    tail_x, tail_y = metric_tail(series_id=series.pk, points=points)
+    assert len(tail_x) >= min(points, len(all_x)) and tail_x == all_x[len(all_x) - len(tail_x):]
+    assert tail_y == all_y[len(all_y) - len(tail_y):]
+    assert len(tail_x) - points < CHUNK_POINTS  # (no more than the chunks needed)
