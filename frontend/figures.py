@@ -6,44 +6,6 @@ from collections.abc import Iterable, Mapping
 from frontend.figure_style import axis, byte_axis, legend_below, no_data
 from frontend.formatting import binary_bytes, duration
 
-GPU_STATES = ("free", "allocated", "draining", "lost")
-STATE_COLORS = {"free": "#2e9d5b", "allocated": "#2f6fd6", "draining": "#d79a1c", "lost": "#c0392b"}
-
-
-def gpu_state_counts(nodes: Iterable[str], gpus: Iterable[Mapping]) -> dict[str, list[int]]:
-    """Per state, the number of GPUs of each node (in the given node order)."""
-    order = list(nodes)
-    position = {name: i for i, name in enumerate(order)}
-    counts = {state: [0] * len(order) for state in GPU_STATES}
-    for gpu in gpus:
-        if gpu["node"] in position:
-            counts[gpu["state"]][position[gpu["node"]]] += 1
-    return counts
-
-
-def gpu_state_figure(nodes: Iterable[str], gpus: Iterable[Mapping]) -> dict:
-    """Stacked bars: GPUs per node, split by state. One trace per state, always present
-    (and in GPU_STATES order) so the page can update it in place."""
-    order = list(nodes)
-    counts = gpu_state_counts(order, gpus)
-    figure = {
-        "data": [
-            {"type": "bar", "name": state, "x": order, "y": counts[state], "marker": {"color": STATE_COLORS[state]},
-             "hovertemplate": "%{x}: %{y} " + state + "<extra></extra>"}
-            for state in GPU_STATES
-        ],
-        "layout": {
-            "barmode": "stack",
-            "height": 240,
-            "margin": {"l": 40, "r": 10, "t": 10, "b": 40},
-            "xaxis": axis(),
-            "yaxis": axis(title={"text": "GPUs"}, dtick=1, rangemode="tozero"),
-            "legend": legend_below(traceorder="normal"),
-        },
-    }
-    return figure if order else no_data(figure, "no nodes yet")
-
-
 # --- job pages ------------------------------------------------------------------------------
 
 METRIC_TITLES = {"loss": "Loss", "step_seconds": "Step time (s)", "tokens_per_second": "Tokens/s"}

@@ -5,6 +5,7 @@ from frontend import agent_views, compare_views, dataset_views, elastic_views, j
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
+    path("cluster/snapshot.json", views.dashboard_snapshot, name="dashboard-snapshot"),
     path("compare/", compare_views.compare, name="compare"),
     path("compare/data", compare_views.compare_data, name="compare-data"),
     path("compare/export.csv", compare_views.compare_export, name="compare-export"),

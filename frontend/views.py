@@ -2,20 +2,34 @@
 its script applies live events on top."""
 from __future__ import annotations
 
+from typing import get_args
+
 from django.contrib.auth.decorators import login_required
+from django.http import JsonResponse
 from django.shortcuts import render
 
-from controlplane.cluster.selectors import cluster_snapshot
-from frontend.figures import GPU_STATES, STATE_COLORS, gpu_state_figure
+from controlplane.cluster.events import GpuStateName, NodeStateName
+from controlplane.cluster.page_snapshot import cluster_rows
+from controlplane.jobs.lifecycle import JobState
+from frontend.cluster_compact import compact_gpus
+
+STATES = {"node": list(get_args(NodeStateName)), "gpu": list(get_args(GpuStateName)),
+          "job": [s.value for s in JobState]}
+
+
+def _cluster_page_snapshot() -> dict:
+    seq, nodes, gpus, jobs = cluster_rows()
+    return {"seq": seq, "nodes": nodes, "gpus": compact_gpus(gpus), "jobs": jobs}
 
 
 @login_required
 def dashboard(request):
-    snapshot = cluster_snapshot()
-    data = snapshot.model_dump(mode="json")
-    figure = gpu_state_figure([n["name"] for n in data["nodes"]], data["gpus"])
-    return render(
-        request,
-        "frontend/dashboard.html",
-        {"snapshot": data, "gpu_figure": figure, "gpu_states": GPU_STATES, "state_colors": STATE_COLORS},
-    )
+    """The cluster page: summary, the GPU grid (a canvas), the node list, the jobs."""
+    return render(request, "frontend/dashboard.html",
+                  {"snapshot": _cluster_page_snapshot(), "states": STATES})
+
+
+@login_required
+def dashboard_snapshot(request):
+    """The cluster page's snapshot again (compact GPUs), for a page that missed events."""
+    return JsonResponse(_cluster_page_snapshot())

@@ -5,13 +5,18 @@ export const GPU_STATES = ["free", "allocated", "draining", "lost"];
 
 export const gpuKey = (gpu) => `${gpu.node}/${gpu.index}`;
 
+// What to do with an event at a snapshot taken at `seq`: "gap" (events were missed: a fresh
+// snapshot is needed), "stale" (already in it) or "apply" (the next one).
+export function seqVerdict(seq, event) {
+  if (event.type === "hello") return event.seq > seq ? "gap" : "stale";
+  if (event.seq <= seq) return "stale";
+  return event.seq === seq + 1 ? "apply" : "gap";
+}
+
 // Returns {snapshot, gap}: gap is true when events were missed and a fresh snapshot is needed.
 export function applyEvent(snapshot, event) {
-  if (event.type === "hello") {
-    return { snapshot, gap: event.seq > snapshot.seq };
-  }
-  if (event.seq <= snapshot.seq) return { snapshot, gap: false };
-  if (event.seq !== snapshot.seq + 1) return { snapshot, gap: true };
+  const verdict = seqVerdict(snapshot.seq, event);
+  if (verdict !== "apply") return { snapshot, gap: verdict === "gap" };
   const next = { ...snapshot, seq: event.seq };
   if (event.type === "node") {
     next.nodes = snapshot.nodes.filter((n) => n.name !== event.node.name).concat([event.node]);
@@ -25,13 +30,4 @@ export function applyEvent(snapshot, event) {
     return { snapshot, gap: false };
   }
   return { snapshot: next, gap: false };
-}
-
-export function gpuStateCounts(nodeNames, gpus) {
-  const position = new Map(nodeNames.map((name, i) => [name, i]));
-  const counts = Object.fromEntries(GPU_STATES.map((s) => [s, nodeNames.map(() => 0)]));
-  for (const gpu of gpus) {
-    if (position.has(gpu.node)) counts[gpu.state][position.get(gpu.node)] += 1;
-  }
-  return counts;
 }
