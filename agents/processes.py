@@ -32,6 +32,7 @@ class Child:
     process: subprocess.Popen | None = None
     log_file: IO[bytes] | None = field(default=None, repr=False)
     own_env: dict[str, str] = field(default_factory=dict, repr=False)  # this child's on top of the shared env
+    pass_fds: tuple[int, ...] = ()  # descriptors it inherits (a listening socket several web processes share)
 
     @property
     def pid(self) -> int | None:
@@ -47,6 +48,7 @@ class Child:
             stderr=self.log_file,
             stdin=subprocess.DEVNULL,
             preexec_fn=_child_setup,
+            pass_fds=self.pass_fds,
         )
 
     def poll(self) -> int | None:

@@ -48,7 +48,7 @@ from agents import protocol
 from agents.runtime.batching import DEFAULT_WINDOW_SECONDS
 from agents.seal import key_of_token
 from benchmarks.dashboard_events import percentile
-from tests.support.simulated_agents import Heartbeats, RankZeros
+from tests.support.simulated_agents import HeartbeatProcess, RankZeros
 
 BENCH_REDIS_DB = 8  # the benchmark's own Redis database, emptied before and after
 
@@ -147,6 +147,13 @@ class ApiReader:
             self._get("job live", f"api/jobs/{job}/live")
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine spent busy (all cores), from /proc/stat."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU of a process (all its threads), from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -189,7 +196,7 @@ def run(args: argparse.Namespace, workers: int, out_dir: Path) -> dict:
         env["REDIS_URL"] = base.rsplit("/", 1)[0] + f"/{BENCH_REDIS_DB}"
         redis.Redis.from_url(env["REDIS_URL"]).flushdb()
     with isolated_database() as database_url:
-        stack = StackProcess(out_dir / "stack", agents=0, workers=workers,
+        stack = StackProcess(out_dir / "stack", agents=0, workers=workers, web=args.web,
                              env={"DATABASE_URL": database_url, **env})
         stack.start()
         try:
@@ -205,7 +212,8 @@ def measure(args: argparse.Namespace, workers: int, stack, wait_for) -> dict:
     from celery import Celery
 
     result: dict = {"nodes": args.nodes, "gpus": args.nodes * args.gpus_per_node, "jobs": args.jobs,
-                    "fast_jobs": args.fast_jobs, "workers": workers, "load_average_before": os.getloadavg()}
+                    "fast_jobs": args.fast_jobs, "workers": workers, "web": args.web,
+                    "load_average_before": os.getloadavg()}
     redis_url = stack.state["redis_url"]
     names = [node_name(n) for n in range(1, args.nodes + 1)]
     started = time.perf_counter()
@@ -215,10 +223,9 @@ def measure(args: argparse.Namespace, workers: int, stack, wait_for) -> dict:
     result["enrol_seconds"] = round(time.perf_counter() - started, 1)
     say(f"{args.nodes} agent tokens issued in {result['enrol_seconds']} s; registering the nodes")
 
-    beats = Heartbeats(redis_url, keys, args.gpus_per_node)
+    beats = HeartbeatProcess(redis_url, keys, args.gpus_per_node)
     started = time.perf_counter()
-    beats.beat_all_once()
-    beats.thread.start()
+    beats.start()
     wait_for(lambda: stack.get("api/health", token=True)["agents"]["healthy"] == args.nodes, timeout=300,
              interval=1.0)
     result["register_seconds"] = round(time.perf_counter() - started, 1)
@@ -240,6 +247,7 @@ def measure(args: argparse.Namespace, workers: int, stack, wait_for) -> dict:
         job_ids.append(job_id)
         for rank, slot in enumerate(slots):  # its ranks run there from now on, as the agents' heartbeats say
             beats.jobs.setdefault(slot["node"], {}).setdefault(job_id, []).append(rank)
+        beats.push_jobs()
         rank_zero[job_id] = slots[0]["node"]
         report.add_job(job_id, slots[0]["node"])
         report(job_id, "started", step=0)
@@ -250,7 +258,7 @@ def measure(args: argparse.Namespace, workers: int, stack, wait_for) -> dict:
     followers = Followers(stack.url, stack.state["token"], job_ids)
     followers.start()
     worker_pids = {name: pid for name, pid in stack.state["pids"].items() if name.startswith("worker")}
-    web_pid = stack.state["pids"]["web"]
+    web_pids = [pid for name, pid in stack.state["pids"].items() if name.startswith("web")]
     client = redis.Redis.from_url(redis_url)
     depth: list[int] = []
     flows_depth: list[int] = []
@@ -284,7 +292,9 @@ def measure(args: argparse.Namespace, workers: int, stack, wait_for) -> dict:
     losses: dict[str, float] = {}
     sent: dict[tuple[int, int], float] = {}
     fast = set(job_ids[:args.fast_jobs])
-    web0, cpu2, posted2 = cpu_seconds(web_pid), {n: cpu_seconds(p) for n, p in worker_pids.items()}, beats.posted
+    web0, cpu2, posted2 = sum(map(cpu_seconds, web_pids)), {n: cpu_seconds(p) for n, p in worker_pids.items()}, \
+        beats.posted
+    machine0, own0 = machine_busy_seconds(), cpu_seconds(os.getpid())
     t2 = time.perf_counter()
     next_loss = t2 + min(args.lose_every, args.seconds / 2)
     tick = 1.0 / args.fast_rate
@@ -306,7 +316,8 @@ def measure(args: argparse.Namespace, workers: int, stack, wait_for) -> dict:
     report_phase = time.perf_counter() - t2
     say("reports sent; waiting for the events to arrive")
     cpu3 = {n: cpu_seconds(p) for n, p in worker_pids.items()}
-    web1 = cpu_seconds(web_pid)
+    web1 = sum(map(cpu_seconds, web_pids))
+    machine1, own1 = machine_busy_seconds(), cpu_seconds(os.getpid())
     heartbeats2 = beats.posted - posted2
     report.close()
 
@@ -352,6 +363,13 @@ def measure(args: argparse.Namespace, workers: int, stack, wait_for) -> dict:
         "report_phase": {"seconds": round(report_phase, 1), "reports": reports, "heartbeats": heartbeats2,
                          "worker_cpu_seconds": round(total_cpu, 2), "web_cpu_seconds": round(web1 - web0, 2),
                          "worker_cpu_by_process": {n: round(cpu3[n] - cpu2[n], 2) for n in cpu3}},
+        # Where the machine's cores went in the reporting phase (cores busy on average): the stack's
+        # workers and web, this simulator, and the rest (PostgreSQL, Redis, the kernel, anything else).
+        "cores_busy": {"machine": round((machine1 - machine0) / report_phase, 2),
+                       "workers": round(total_cpu / report_phase, 2), "web": round((web1 - web0) / report_phase, 2),
+                       "simulator": round((own1 - own0) / report_phase, 2),
+                       "rest": round((machine1 - machine0 - total_cpu - (web1 - web0) - (own1 - own0)) / report_phase,
+                                     2), "of": os.cpu_count()},
         "worker_cpu_per_report_ms": round(1000 * report_cpu / max(1, reports), 4),
         "events_sent": reports, "events_lost": events_lost, "events_out_of_order": out_of_order,
         "seq_gaps": seq_gaps, "lost_by_job": {str(j): v for j, v in list(lost_by_job.items())[:10]},
@@ -403,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fast-rate", type=float, default=10.0, help="steps/s of the fast jobs (default 10)")
     parser.add_argument("--workers", default="2",
                         help="control-plane worker processes; a comma list runs each in turn (e.g. 1,2)")
+    parser.add_argument("--web", type=int, default=1, help="web server processes of the stack (default 1)")
     parser.add_argument("--seconds", type=float, default=60.0, help="the reporting phase (default 60)")
     parser.add_argument("--heartbeat-seconds", type=float, default=20.0, help="the heartbeats-only phase (default 20)")
     parser.add_argument("--lose-every", type=float, default=60.0, help="a node falls silent this often (s)")
@@ -431,7 +450,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def side_by_side(results: list[dict]) -> str:
-    rows = [("worker processes", "workers"), ("CPU per heartbeat (ms)", "worker_cpu_per_heartbeat_ms"),
+    rows = [("worker processes", "workers"), ("web processes", "web"),
+            ("CPU per heartbeat (ms)", "worker_cpu_per_heartbeat_ms"),
             ("CPU per report (ms)", "worker_cpu_per_report_ms"), ("events lost", "events_lost"),
             ("out of order", "events_out_of_order"), ("event p95 (s)", "event_p95_seconds"),
             ("API p95 (s)", "api_p95_seconds"), ("node loss seen after (s)", "node_loss_detect_seconds"),
@@ -440,6 +460,8 @@ def side_by_side(results: list[dict]) -> str:
     for label, key in rows:
         lines.append(f"{label:28}" + "".join(f"{str(r.get(key)):>14}" for r in results))
     lines.append(f"{'control queue max depth':28}" + "".join(f"{r['control_queue_depth']['max']:>14}" for r in results))
+    for part in ("machine", "workers", "web", "simulator", "rest"):
+        lines.append(f"{'cores busy: ' + part:28}" + "".join(f"{r['cores_busy'][part]:>14}" for r in results))
     lines.append(f"{'missed':28}" + "".join(f"{len(r['missed']):>14}" for r in results))
     return "\n".join(lines)
 

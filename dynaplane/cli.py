@@ -94,6 +94,9 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus-per-agent", type=int, default=2, help="virtual GPUs of each local agent (default 2)")
     p.add_argument("--workers", type=int, default=1,
                    help="control-plane worker processes (default 1; more for large clusters: docs/scaling.md)")
+    p.add_argument("--web", type=int, default=1,
+                   help="web server processes sharing the port (default 1; more for many open dashboards and API "
+                        "readers: docs/scaling.md; one with --tls-cert)")
     p.add_argument("--var-dir", default=None, help="local state (database, logs); default ./var or $DYNAPLANE_VAR_DIR")
     p.add_argument("--no-demo", action="store_true", help="do not create the demo job")
     p.add_argument("--no-agent-restart", action="store_true",

@@ -88,6 +88,7 @@ class StackOptions:
     restart_agents: bool = True
     tls: tuple[Path, Path] | None = None  # (certificate chain, private key): the web server speaks HTTPS
     workers: int = 1  # control-plane worker processes (the first also runs beat)
+    web: int = 1  # web server processes on the one port (a listening socket they share)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> StackOptions:
@@ -105,10 +106,16 @@ class StackOptions:
         workers = getattr(args, "workers", 1)
         if not 1 <= workers <= 32:
             raise ValueError(f"--workers {workers}: give 1 to 32 control-plane worker processes")
+        tls = tls_files(getattr(args, "tls_cert", None), getattr(args, "tls_key", None))
+        web = getattr(args, "web", 1)
+        if not 1 <= web <= 32:
+            raise ValueError(f"--web {web}: give 1 to 32 web server processes")
+        if web > 1 and tls:
+            raise ValueError(f"--web {web} with --tls-cert: one web process serves TLS; for more, put them behind "
+                             "a TLS-terminating proxy and leave --tls-cert out")
         var_dir = Path(args.var_dir or os.environ.get("DYNAPLANE_VAR_DIR") or "var").resolve()
         return cls(args.host, port, args.agents, args.gpus_per_agent, var_dir, not args.no_demo, args.verbose,
-                   not getattr(args, "no_agent_restart", False),
-                   tls_files(getattr(args, "tls_cert", None), getattr(args, "tls_key", None)), workers)
+                   not getattr(args, "no_agent_restart", False), tls, workers, web)
 
     @property
     def url(self) -> str:
@@ -119,11 +126,14 @@ class StackOptions:
         (self-signed ones included). None without TLS."""
         return ssl.create_default_context(cafile=str(self.tls[0])) if self.tls else None
 
-    def web_argv(self) -> list[str]:
-        """daphne on the address and port: plain HTTP, or TLS through Twisted's endpoint string.
+    def web_argv(self, shared_fd: int | None = None) -> list[str]:
+        """daphne on the address and port: plain HTTP, or TLS through Twisted's endpoint string;
+        with `shared_fd`, on the listening socket the launcher opened for several processes.
         A websocket may take 30 s to be accepted (daphne's default, 5 s, closed most of 200 pages
         that opened at once on a busy machine: benchmarks/cluster_scale.py)."""
         patience = ["--websocket_connect_timeout", "30"]
+        if shared_fd is not None:
+            return ["--fd", str(shared_fd), *patience]
         if not self.tls:
             return ["-b", self.host, "-p", str(self.port), *patience]
         host, cert, key = (str(part).replace(":", "\\:") for part in (self.host, *self.tls))  # (the syntax's escape)
@@ -181,6 +191,7 @@ class Stack:
         self.services: list[Child] = []
         self.agents: list[Child] = []
         self.credentials: dict = {}
+        self._listener: socket.socket | None = None  # the web port, when several web processes share it
         self.started = time.monotonic()
         self.restarts: dict[str, dict] = {}  # child name -> {count, due, since}
         self.demo_deadline: float | None = None  # while the demo job waits to be started
@@ -189,8 +200,23 @@ class Stack:
     def say(self, message: str) -> None:
         print(f"dynaplane [{time.monotonic() - self.started:5.1f}s] {message}", flush=True)
 
-    def _child(self, name: str, argv: list[str], critical: bool, own_env: dict[str, str] | None = None) -> Child:
-        child = Child(name, argv, self.logs / f"{name}.log", critical, own_env=dict(own_env or {}))
+    def _shared_listener(self) -> socket.socket:
+        """The web port's listening socket, opened here and inherited by every web process (kept
+        open by the launcher, so a web process restarted takes it up again)."""
+        if self._listener is None:
+            family = socket.AF_INET6 if ":" in self.options.host else socket.AF_INET
+            listener = socket.socket(family, socket.SOCK_STREAM)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((self.options.host, self.options.port))
+            listener.listen(1024)
+            listener.set_inheritable(True)
+            self._listener = listener
+        return self._listener
+
+    def _child(self, name: str, argv: list[str], critical: bool, own_env: dict[str, str] | None = None,
+               pass_fds: tuple[int, ...] = ()) -> Child:
+        child = Child(name, argv, self.logs / f"{name}.log", critical, own_env=dict(own_env or {}),
+                      pass_fds=pass_fds)
         child.start(self.env, stdout=None if not self.options.verbose else sys.stdout.buffer)
         return child
 
@@ -258,10 +284,12 @@ class Stack:
 
     def start_services(self) -> None:
         o = self.options
-        self.services.append(
-            self._child("web", [sys.executable, "-m", "daphne", *o.web_argv(), "controlplane.asgi:application"],
-                        critical=True)
-        )
+        shared = self._shared_listener() if o.web > 1 else None
+        for n in range(1, o.web + 1):  # (several: each accepts on the one socket; the kernel shares the connections)
+            argv = [sys.executable, "-m", "daphne", *o.web_argv(shared.fileno() if shared else None),
+                    "controlplane.asgi:application"]
+            self.services.append(self._child("web" if n == 1 else f"web-{n}", argv, critical=True,
+                                             pass_fds=(shared.fileno(),) if shared else ()))
         for n in range(1, o.workers + 1):  # (scale-out: each a process of its own, the first also runs beat)
             name = "worker" if n == 1 else f"worker-{n}"
             beat = ["--beat", "--schedule", str(o.var_dir / "celerybeat-schedule")] if n == 1 else []
@@ -401,6 +429,8 @@ class Stack:
 
     def stop(self) -> None:
         stop_in_tiers([self.agents, self.services, self.broker])
+        if self._listener is not None:
+            self._listener.close()
         try:
             (self.options.var_dir / "stack.json").unlink()
         except FileNotFoundError:

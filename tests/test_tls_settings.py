@@ -32,3 +32,18 @@ def test_tls_files_take_a_certificate_and_its_key_or_neither(tmp_path) -> None:
         tls_files(str(cert), str(other_key))  # a key that does not fit
     with pytest.raises(ValueError, match="not a PEM certificate and its private key"):
         tls_files(str(key), str(key))
+
+
+def test_several_web_processes_are_refused_with_tls_and_outside_1_to_32(tmp_path) -> None:
+    """`dynaplane up --web N` (processes sharing the port): one serves TLS; the count is bounded."""
+    from dynaplane.cli import build_parser
+    from dynaplane.stack import StackOptions
+
+    cert, key = _pair(tmp_path, "a")
+    parse = build_parser().parse_args
+    assert StackOptions.from_args(parse(["up", "--port", "0", "--web", "3"])).web == 3
+    with pytest.raises(ValueError, match="--web 2 with --tls-cert: one web process serves TLS"):
+        StackOptions.from_args(parse(["up", "--port", "0", "--web", "2", "--tls-cert", str(cert), "--tls-key", str(key)]))
+    for bad in ("0", "33"):
+        with pytest.raises(ValueError, match=f"--web {bad}: give 1 to 32 web server processes"):
+            StackOptions.from_args(parse(["up", "--port", "0", "--web", bad]))

@@ -4,6 +4,8 @@ post them (agents/liveness.py), rank 0's reports through the ReportBatcher rank 
 that need hundreds of nodes or a control plane under load without running training."""
 from __future__ import annotations
 
+import multiprocessing
+import queue
 import threading
 import time
 from datetime import datetime, timezone
@@ -105,3 +107,72 @@ class RankZeros:
     def close(self) -> None:
         for batcher in self.batchers.values():
             batcher.close()
+
+
+class HeartbeatProcess:
+    """Heartbeats (above) posted from a process of their own, as agents post from theirs: in the
+    simulator's process they shared one interpreter with the report senders and the websockets,
+    and on a saturated machine ran up to 41 s late, so that live nodes were found lost
+    (benchmarks/cluster_scale.py). The same surface: `jobs` (push_jobs() sends it), silence(),
+    `posted`, `late`, `stop`, beat_all_once() and `thread`-like start()."""
+
+    def __init__(self, redis_url: str, keys: dict[str, AgentKey], gpus_per_node: int,
+                 interval: float = protocol.HEARTBEAT_SECONDS) -> None:
+        context = multiprocessing.get_context("spawn")  # (the simulator runs threads: no fork)
+        self.jobs: dict[str, dict[int, list[int]]] = {}
+        self._commands, self._replies = context.Queue(), context.Queue()
+        self._posted, self._late = context.Value("q", 0), context.Value("d", 0.0)
+        self._process = context.Process(target=_heartbeat_process, name="heartbeats", daemon=True,
+                                        args=(redis_url, keys, gpus_per_node, interval, self._commands,
+                                              self._replies, self._posted, self._late))
+        self.stop = _Stop(self._commands)
+
+    def start(self) -> None:
+        """Post every node's heartbeat once, then every interval (returns once the first are posted)."""
+        self._process.start()
+        if self._replies.get(timeout=120) != "started":
+            raise RuntimeError("the heartbeat process did not start")
+
+    def push_jobs(self) -> None:
+        self._commands.put(("jobs", {node: dict(runs) for node, runs in self.jobs.items()}))
+
+    def silence(self, name: str) -> float:
+        self._commands.put(("silence", name))
+        return self._replies.get(timeout=30)
+
+    @property
+    def posted(self) -> int:
+        return self._posted.value
+
+    @property
+    def late(self) -> float:
+        return self._late.value
+
+
+class _Stop:
+    def __init__(self, commands) -> None:
+        self._commands = commands
+
+    def set(self) -> None:
+        self._commands.put(("stop", None))
+
+
+def _heartbeat_process(redis_url, keys, gpus_per_node, interval, commands, replies, posted, late) -> None:
+    beats = Heartbeats(redis_url, keys, gpus_per_node, interval)
+    beats.beat_all_once()
+    beats.thread.start()
+    replies.put("started")
+    while True:
+        posted.value, late.value = beats.posted, beats.late
+        try:
+            what, arg = commands.get(timeout=0.5)
+        except queue.Empty:
+            continue
+        if what == "jobs":
+            beats.jobs = arg
+        elif what == "silence":
+            replies.put(beats.silence(arg))
+        elif what == "stop":
+            beats.stop.set()
+            posted.value, late.value = beats.posted, beats.late
+            return

@@ -57,7 +57,7 @@ class StackProcess:
 
     def __init__(self, var_dir: Path, *, agents: int = 2, gpus_per_agent: int = 2, env: dict[str, str | None],
                  restart_agents: bool = False, demo: bool = False, tls: tuple[Path, Path] | None = None,
-                 workers: int = 1) -> None:
+                 workers: int = 1, web: int = 1) -> None:
         self.var_dir = var_dir
         self.tls = tls  # (certificate, key): the web server speaks HTTPS, the calls here trust that certificate
         self.env = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
@@ -66,7 +66,8 @@ class StackProcess:
                      "--agents", str(agents), "--gpus-per-agent", str(gpus_per_agent),
                      *([] if demo else ["--no-demo"]), *([] if restart_agents else ["--no-agent-restart"]),
                      *(["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])] if tls else []),
-                     *(["--workers", str(workers)] if workers != 1 else [])]
+                     *(["--workers", str(workers)] if workers != 1 else []),
+                     *(["--web", str(web)] if web != 1 else [])]
         self.process: subprocess.Popen | None = None
         self.state: dict = {}
         self.output_path = var_dir / "launcher.out"
