@@ -187,8 +187,11 @@ CHANNEL_LAYERS = {
         # redis-py 8's asyncio pool raises "Too many connections" past 100 connections in use,
         # and every websocket that opens takes one for its group_add: 125 pages opening at once
         # (benchmarks/cluster_scale.py, 200 jobs followed) failed there. Redis allows 10,000 clients.
+        # A websocket's channel holds up to 1,000 messages (channels-redis drops the newest past
+        # `capacity`, 100 by default: a web process that fell behind under load dropped a page's
+        # events there and the page reloaded its snapshot; they still expire after 60 s).
         "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30, "max_connections": 2000}],
-                   "prefix": "dynaplane:channels"},
+                   "prefix": "dynaplane:channels", "capacity": 1000},
     }
 }
 

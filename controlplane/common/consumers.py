@@ -26,7 +26,7 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
         seq = await database_sync_to_async(current_seq)(self.stream)
-        self.order, self.hold = InOrder(seq), None
+        self.order, self.hold, self.sending = InOrder(seq), None, asyncio.Lock()
         await self.send_json(HelloEvent(seq=seq).model_dump(mode="json"))
 
     async def disconnect(self, code: int) -> None:
@@ -49,9 +49,10 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
         order = getattr(self, "order", None)
         if order is None:  # (not connected: nothing to keep in order for)
             return
-        for event in events:
-            for ready in order.arrive(event):
-                await self.send_json(ready)
+        async with self.sending:  # (the hold's expiry sends too: one sender at a time keeps the order)
+            for event in events:
+                for ready in order.arrive(event):
+                    await self.send_json(ready)
         if order.waiting and self.hold is None:
             self.hold = asyncio.get_running_loop().call_later(
                 HOLD_SECONDS, lambda: asyncio.ensure_future(self._hold_expired()))
@@ -61,5 +62,6 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):
 
     async def _hold_expired(self) -> None:
         self.hold = None
-        for event in self.order.release():
-            await self.send_json(event)
+        async with self.sending:
+            for event in self.order.release():
+                await self.send_json(event)
