@@ -25,7 +25,7 @@ from celery import Celery
 from agents import protocol
 from agents.seal import key_of_token, seal
 from tests.support.simulated_agents import Heartbeats, RankZeros
-from tests.support.stack import StackProcess, empty_redis_db, isolated_database, wait_for
+from tests.support.stack import stack_of_its_own, wait_for
 
 POSTGRES = os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://"))
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300),
@@ -41,17 +41,9 @@ LIVE = {"starting", "running", "switching", "restoring", "stopping"}
 
 @pytest.fixture(scope="module")
 def two_workers(tmp_path_factory):
-    redis_url = empty_redis_db(os.environ["REDIS_URL"], REDIS_DB)
-    with isolated_database() as database_url:
-        stack = StackProcess(tmp_path_factory.mktemp("two-workers"), agents=0, workers=2,
-                             env={"DATABASE_URL": database_url, "REDIS_URL": redis_url, "DYNAPLANE_PREFLIGHT": "off"})
-        stack.database_url = database_url
-        stack.start()
-        try:
-            stack.wait_ready(timeout=120)
-            yield stack
-        finally:
-            stack.stop()
+    with stack_of_its_own(tmp_path_factory.mktemp("two-workers"), REDIS_DB, agents=0, workers=2,
+                          env={"DYNAPLANE_PREFLIGHT": "off"}) as stack:
+        yield stack
 
 
 def database(stack) -> dict:

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 
 import pytest
 
-from tests.support.stack import StackProcess, empty_redis_db, isolated_database
+from tests.support.stack import stack_of_its_own
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -22,16 +21,8 @@ SOCKETS = 12
 
 @pytest.fixture(scope="module")
 def two_web(tmp_path_factory):
-    env = {"REDIS_URL": empty_redis_db(os.environ["REDIS_URL"], REDIS_DB)} if os.environ.get("REDIS_URL") else {}
-    with isolated_database() as database_url:
-        stack = StackProcess(tmp_path_factory.mktemp("two-web"), agents=0, web=2,
-                             env={"DATABASE_URL": database_url, **env})
-        stack.start()
-        try:
-            stack.wait_ready(timeout=120)
-            yield stack
-        finally:
-            stack.stop()
+    with stack_of_its_own(tmp_path_factory.mktemp("two-web"), REDIS_DB, agents=0, web=2) as stack:
+        yield stack
 
 
 def served(stack, name: str, needle: str) -> int:

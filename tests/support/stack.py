@@ -174,6 +174,24 @@ class StackProcess:
         return left
 
 
+@contextmanager
+def stack_of_its_own(var_dir: Path, redis_db: int, *, env: dict[str, str] | None = None, timeout: float = 120.0,
+                     **options):
+    """A started, healthy StackProcess on a database of its own and, when the tests run on the
+    machine's Redis, database `redis_db` of it (else its embedded Valkey); stopped afterwards.
+    `.database_url` is its database (None: its SQLite)."""
+    redis = {"REDIS_URL": empty_redis_db(os.environ["REDIS_URL"], redis_db)} if os.environ.get("REDIS_URL") else {}
+    with isolated_database() as database_url:
+        stack = StackProcess(var_dir, env={"DATABASE_URL": database_url, **redis, **(env or {})}, **options)
+        stack.database_url = database_url
+        stack.start()
+        try:
+            stack.wait_ready(timeout=timeout)
+            yield stack
+        finally:
+            stack.stop()
+
+
 def wait_for(predicate, timeout: float, interval: float = 0.1):
     """Poll until predicate() is truthy; return (value, seconds waited)."""
     start = time.monotonic()
