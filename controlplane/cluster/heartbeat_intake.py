@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 from pydantic import ValidationError
-from redis.exceptions import LockError
+from redis.exceptions import LockError, RedisError
 
 from agents import protocol
 from agents.liveness import INBOX, RECORDED, TAKEN, entry_read
@@ -67,6 +67,9 @@ def heartbeats_take(client=None) -> Intake:
             lock.release()
         except LockError:  # (it outlived INTAKE_LOCK_SECONDS: another may have started meanwhile)
             log.warning("heartbeat intake took more than %.0f s", INTAKE_LOCK_SECONDS)
+        except RedisError as exc:  # (the broker went away: the lock expires, what was taken stays recorded)
+            log.warning("heartbeat intake: its lock not released (%s); the next intake waits for it to expire, "
+                        "%.0f s at most", exc, INTAKE_LOCK_SECONDS)
 
 
 def _take(client, started: float) -> Intake:
