@@ -94,6 +94,25 @@ def shared_storage_check(folder: str, preflight_id: int, token: str, first: str)
     return _check("shared storage", True, f"read the probe {first} wrote")
 
 
+def _not_joined(store: PrefixStore, nodes: tuple[str, ...], deadline: float) -> list[str]:
+    """The nodes that did not join by `deadline`, each waited for in turn. Once one is missing the
+    rest are only looked at; a store that has gone meanwhile (the first node closes it when its own
+    wait ends, which may be a moment before this node's) counts them as missing, never raises."""
+    missing: list[str] = []
+    for name in nodes:
+        try:
+            if missing:
+                joined = store.check([f"joined/{name}"])
+            else:
+                store.wait([f"joined/{name}"], _left(deadline))
+                joined = True
+        except Exception:  # torch's DistError kinds: the wait timed out or the store went away
+            joined = False
+        if not joined:
+            missing.append(name)
+    return missing
+
+
 def meet(order: protocol.PreflightOrder, node: str, deadline: float) -> list[protocol.PreflightCheck]:
     """The rendezvous, all-reduce and shared storage checks, with the order's other nodes, all
     done by `deadline` (time.monotonic())."""
@@ -117,11 +136,9 @@ def meet(order: protocol.PreflightOrder, node: str, deadline: float) -> list[pro
         if first:
             probe = _write_probe(order.checkpoint_dir, order.preflight_id)
             store.set("probe", probe)
-        try:
-            store.wait([f"joined/{name}" for name in order.nodes], _left(deadline))
-        except Exception:
-            missing = [name for name in order.nodes if not store.check([f"joined/{name}"])]
-            return [_check("rendezvous", False, f"{', '.join(missing) or 'a node'} did not join the rendezvous "
+        missing = _not_joined(store, order.nodes, deadline)
+        if missing:
+            return [_check("rendezvous", False, f"{', '.join(missing)} did not join the rendezvous "
                                                 f"{order.rendezvous} within {order.timeout_seconds:.0f} s")]
         out = [_check("rendezvous", True, f"{n} nodes met at {order.rendezvous}")]
         try:

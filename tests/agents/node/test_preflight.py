@@ -61,6 +61,29 @@ def test_a_node_that_does_not_come_is_named_by_the_others(tmp_path) -> None:
             False, f"c did not join the rendezvous {order.rendezvous} within 3 s")
 
 
+def test_a_store_closed_while_a_node_waits_names_the_missing_node_and_raises_nothing(tmp_path) -> None:
+    """The first node closes its store when its own wait ends, which under load can be a moment
+    before another node's wait ends: that node still reports, naming the node that did not come."""
+    import time
+
+    from torch.distributed import PrefixStore, TCPStore
+
+    order = _order(tmp_path, timeout_seconds=30)
+    host, port = order.rendezvous.rsplit(":", 1)
+    server = TCPStore(host, int(port), world_size=None, is_master=True, wait_for_workers=False)
+    PrefixStore(f"dynaplane-preflight/{order.preflight_id}", server).set("joined/a", "1")
+    reports = {}
+    waiting = threading.Thread(target=lambda: reports.__setitem__("b", run_preflight(order, "b")))
+    began = time.monotonic()
+    waiting.start()
+    time.sleep(1.5)  # b has joined and waits for c
+    del server  # the first node's store goes away
+    waiting.join(60)
+    assert "b" in reports, "b's pre-flight raised instead of reporting"
+    assert _checks(reports["b"])["rendezvous"] == (False, f"c did not join the rendezvous {order.rendezvous} within 30 s")
+    assert time.monotonic() - began < 20  # it did not wait out its whole deadline on a store that is gone
+
+
 def test_a_taken_port_fails_on_the_first_node_and_the_others_cannot_reach_it(tmp_path) -> None:
     with socket.socket() as holder:
         holder.bind(("0.0.0.0", 0))
