@@ -39,6 +39,10 @@ READY_TIMEOUT_SECONDS = 90.0
 DEMO_START_SECONDS = 60.0  # a 409 (its GPUs not registered yet) is retried this long
 RESTART_BACKOFF_SECONDS = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
 STABLE_SECONDS = 60.0  # a process that ran this long starts its backoff from the beginning again
+# Threads of a control worker process. They share one interpreter, so they add no compute; what
+# they add is report batches held at the same time, which one of them applies together in one
+# transaction (controlplane/common/combining.py): the more threads wait, the bigger the groups.
+WORKER_THREADS = 8
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -297,7 +301,7 @@ class Stack:
                 self._child(name, [sys.executable, "-m", "celery", "-A", "controlplane", "worker", *beat,
                                    "--queues", ",".join((*protocol.CONTROL_QUEUES, "exports")),
                                    "--hostname", f"{name}@{socket.gethostname()}",
-                                   "--pool", "threads", "--concurrency", "4", "--loglevel", "INFO",
+                                   "--pool", "threads", "--concurrency", str(WORKER_THREADS), "--loglevel", "INFO",
                                    "--without-mingle", "--without-gossip"], critical=True)
             )
         tokens = self.credentials.get("agent_tokens", {})

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Iterator
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
 from itertools import groupby
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from agents import protocol
 from controlplane.jobs import reports
@@ -46,28 +47,89 @@ def batch_ingest(*, batch: protocol.ReportBatch, wait: bool = True) -> Outcome:
     with transaction.atomic():
         job = Job.objects.select_for_update().filter(pk=batch.job_id).first()
         if job is None:
-            log.info("ignored report batch %s/%s from %s: job %s does not exist", batch.stream, batch.batch,
-                     batch.node, batch.job_id)
+            _unknown(batch)
             return Outcome.UNKNOWN_JOB
-        outcome = _place(job, batch, wait)
-        if outcome is not Outcome.APPLIED:
-            return outcome
-        job.report_stream, job.report_batch = batch.stream, batch.batch + batch.covers - 1
-        for run in _runs(batch.reports):
-            if run[0].kind != "step" and reports.recovery_report(job, run[0]):
+        return _apply(job, batch, wait)
+
+
+def batches_ingest(entries: Sequence[tuple[protocol.ReportBatch, bool]]) -> list[Outcome]:
+    """Several batches, of one job or many (what a worker's threads took at the same time:
+    controlplane/common/combining.py), each with its `wait`, in one transaction: the jobs
+    locked in id order in one query; a job's batches applied in their streams' order (so
+    batch n+1 taken beside batch n is not early); the common case, batches of step reports
+    only, with one metrics append, one seq allocation and one job update for all jobs
+    together; a job with any other report applied batch by batch as batch_ingest does.
+    Outcomes in the entries' order, each what batch_ingest would have said."""
+    outcomes: list[Outcome] = [Outcome.UNKNOWN_JOB] * len(entries)
+    with transaction.atomic():
+        jobs = {job.pk: job for job in Job.objects.select_for_update().filter(
+            pk__in=sorted({batch.job_id for batch, _ in entries})).order_by("pk")}
+        by_job: dict[int, list[int]] = defaultdict(list)
+        for i, (batch, _) in enumerate(entries):
+            if batch.job_id in jobs:
+                by_job[batch.job_id].append(i)
+            else:
+                _unknown(batch)
+        stepped: list[tuple[Job, list[protocol.JobStepped]]] = []
+        moved: list[Job] = []
+        for job_id in sorted(by_job):
+            job = jobs[job_id]
+            streams = list(dict.fromkeys(entries[i][0].stream for i in by_job[job_id]))
+            order = sorted(by_job[job_id], key=lambda i: (streams.index(entries[i][0].stream), entries[i][0].batch))
+            if not all(report.kind == "step" for i in order for report in entries[i][0].reports):
+                for i in order:
+                    outcomes[i] = _apply(job, *entries[i])
                 continue
-            why = {id(report): reports.refusal(job, report) for report in run}
-            for refused in {w for w in why.values() if w}:  # one line per reason, not per step
-                log.info("ignored %d %s report(s) of batch %s/%s from %s: %s",
-                         sum(w == refused for w in why.values()), run[0].kind, batch.stream, batch.batch, batch.node,
-                         refused)
-            kept = [report for report in run if not why[id(report)]]
-            if run[0].kind == "step":
-                reports.steps(job, kept)
-            elif kept:
-                reports.HANDLERS[run[0].kind](job, kept[0])
-        job.save(update_fields=["report_stream", "report_batch", "step"])  # (one statement for the batch)
+            kept: list[protocol.JobStepped] = []
+            for i in order:
+                batch, wait = entries[i]
+                outcomes[i] = _place(job, batch, wait)
+                if outcomes[i] is Outcome.APPLIED:
+                    job.report_stream, job.report_batch = batch.stream, batch.batch + batch.covers - 1
+                    kept += _kept(job, batch, list(batch.reports))
+            if any(outcomes[i] is Outcome.APPLIED for i in order):
+                moved.append(job)
+                stepped.append((job, kept))
+        reports.steps_of_jobs(stepped)
+        if moved:
+            table = connection.ops.quote_name(Job._meta.db_table)
+            with connection.cursor() as cursor:
+                cursor.executemany(f"UPDATE {table} SET report_stream = %s, report_batch = %s, step = %s WHERE id = %s",
+                                   [(job.report_stream, job.report_batch, job.step, job.pk) for job in moved])
+    return outcomes
+
+
+def _unknown(batch: protocol.ReportBatch) -> None:
+    log.info("ignored report batch %s/%s from %s: job %s does not exist", batch.stream, batch.batch,
+             batch.node, batch.job_id)
+
+
+def _apply(job: Job, batch: protocol.ReportBatch, wait: bool) -> Outcome:
+    """Apply one batch to its locked job if it is the job's next."""
+    outcome = _place(job, batch, wait)
+    if outcome is not Outcome.APPLIED:
+        return outcome
+    job.report_stream, job.report_batch = batch.stream, batch.batch + batch.covers - 1
+    for run in _runs(batch.reports):
+        if run[0].kind != "step" and reports.recovery_report(job, run[0]):
+            continue
+        kept = _kept(job, batch, run)
+        if run[0].kind == "step":
+            reports.steps(job, kept)
+        elif kept:
+            reports.HANDLERS[run[0].kind](job, kept[0])
+    job.save(update_fields=["report_stream", "report_batch", "step"])  # (one statement for the batch)
     return Outcome.APPLIED
+
+
+def _kept(job: Job, batch: protocol.ReportBatch, run: list[protocol.JobReport]) -> list[protocol.JobReport]:
+    """The reports of a run the (locked) job takes; the refused ones logged, one line per reason."""
+    why = {id(report): reports.refusal(job, report) for report in run}
+    for refused in {w for w in why.values() if w}:  # one line per reason, not per step
+        log.info("ignored %d %s report(s) of batch %s/%s from %s: %s",
+                 sum(w == refused for w in why.values()), run[0].kind, batch.stream, batch.batch, batch.node,
+                 refused)
+    return [report for report in run if not why[id(report)]]
 
 
 def _place(job: Job, batch: protocol.ReportBatch, wait: bool) -> Outcome:

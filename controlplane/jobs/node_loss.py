@@ -32,7 +32,7 @@ def nodes_lost_sweep(*, silent_for: timedelta, now: datetime | None = None,
                      heard_since: datetime | None = None) -> list[str]:
     """The beat's sweep: mark nodes silent for `silent_for` lost (with their GPUs) and act on
     the live jobs with ranks there, all in one transaction. Returns the newly lost nodes.
-    `heard_since`: since when the control plane has heard without a break (cluster/hearing.py);
+    `heard_since`: since when the control plane has heard without a break (cluster/shared_hearing.py);
     until it has heard for `silent_for`, no silence counts and no node is lost."""
     now = now or timezone.now()
     if heard_since is not None and now - heard_since < silent_for:

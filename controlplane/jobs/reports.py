@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from agents import protocol
 from controlplane.cluster.lifecycle import IllegalTransition
-from controlplane.common.events import next_seq, next_seqs, publish_many_on_commit, publish_on_commit
+from controlplane.common.events import next_seq, next_seqs_of, publish_many_on_commit, publish_on_commit
 from controlplane.jobs import restore, transitions
 from controlplane.jobs.events import METRIC_NAMES, METRIC_UNITS, CheckpointEvent, MetricsEvent, job_stream
 from controlplane.jobs.lifecycle import (
@@ -41,7 +41,7 @@ from controlplane.jobs.lifecycle import (
 from controlplane.jobs.models import Job, Transition
 from controlplane.jobs.failures import job_finish
 from controlplane.jobs.orders import stop_on_commit
-from controlplane.jobs.services import job_metrics_extend, publish_job
+from controlplane.jobs.services import jobs_metrics_extend, publish_job
 from controlplane.jobs.transfer_progress import merge_progress
 
 log = logging.getLogger(__name__)
@@ -133,25 +133,37 @@ def steps(job: Job, reports: list[protocol.JobStepped]) -> bool:
     """Apply step reports of the (locked) job, in order: one metrics append and one seq
     allocation for all of them, their events sent as one channel-layer message. True when
     job.step moved on (the caller saves it, with whatever else it changes)."""
-    if not reports:
-        return False
-    _to_running(job)
-    top = max(report.step for report in reports)
-    moved = job.step is None or top > job.step
-    if moved:
-        job.step = top
-    values = [{name: getattr(report, name) for name in METRIC_NAMES} for report in reports]
-    job_metrics_extend(job=job, units=METRIC_UNITS, rows=[
-        (float(report.step), {name: value for name, value in row.items() if value is not None})
-        for report, row in zip(reports, values)])
-    stream = job_stream(job.pk)
-    events = [MetricsEvent(seq=seq, job=job.pk, step=report.step, **row)
-              for seq, report, row in zip(next_seqs(stream, len(reports)), reports, values)]
-    if len(events) == 1:
-        publish_on_commit(stream, events[0])
-    else:
-        publish_many_on_commit(stream, events)
-    return moved
+    step = job.step
+    steps_of_jobs([(job, reports)])
+    return job.step != step
+
+
+def steps_of_jobs(items: list[tuple[Job, list[protocol.JobStepped]]]) -> None:
+    """`steps` for several (locked) jobs at once: one metrics append and one seq allocation for
+    all of them together, each job's events one channel-layer message. Each job's `step` is
+    moved on in memory; the caller saves it."""
+    items = [(job, reports) for job, reports in items if reports]
+    if not items:
+        return
+    rows_of, values_of = [], {}
+    for job, reports in items:
+        _to_running(job)
+        top = max(report.step for report in reports)
+        if job.step is None or top > job.step:
+            job.step = top
+        values = values_of[job.pk] = [{name: getattr(report, name) for name in METRIC_NAMES} for report in reports]
+        rows_of.append((job, [(float(report.step), {name: value for name, value in row.items() if value is not None})
+                              for report, row in zip(reports, values)]))
+    jobs_metrics_extend(items=rows_of, units=METRIC_UNITS)
+    seqs = next_seqs_of({job_stream(job.pk): len(reports) for job, reports in items})
+    for job, reports in items:
+        stream = job_stream(job.pk)
+        events = [MetricsEvent(seq=seq, job=job.pk, step=report.step, **row)
+                  for seq, report, row in zip(seqs[stream], reports, values_of[job.pk])]
+        if len(events) == 1:
+            publish_on_commit(stream, events[0])
+        else:
+            publish_many_on_commit(stream, events)
 
 
 def _stopped(job: Job, report: protocol.JobStopped) -> None:

@@ -7,7 +7,6 @@ from collections.abc import Mapping, Sequence
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q
 
 from parallelism.layout.catalog import model_from_config
 from parallelism.layout.errors import LayoutError
@@ -335,27 +334,37 @@ def job_metrics_extend(*, job: Job, rows: Sequence[tuple[float, Mapping[str, flo
                        units: Mapping[str, str]) -> None:
     """Append samples to the job-level series (no rank, no transition): for each row
     (x, {name: value}), (x, value) to series `name`, creating a series on its first sample.
-    The path of every step report (one row) and of a batch of them (many rows), so it takes
-    a fixed handful of statements for all series and rows together (metrics_append takes
-    four per series): the series locked in one query, their last chunks fetched in one
-    (a series' last chunk starts at points // CHUNK_POINTS * CHUNK_POINTS, as appends fill
-    chunks in order), one insert of the new chunks, one executemany each for the changed
-    chunks and the series' counts."""
-    columns: dict[str, tuple[list[float], list[float]]] = {}
-    for x, values in rows:
-        for name, value in values.items():
-            xs, ys = columns.setdefault(name, ([], []))
-            xs.append(float(x))
-            ys.append(float(value))
+    The path of every step report (one row) and of a batch of them (many rows)."""
+    jobs_metrics_extend(items=[(job, rows)], units=units)
+
+
+def jobs_metrics_extend(*, items: Sequence[tuple[Job, Sequence[tuple[float, Mapping[str, float]]]]],
+                        units: Mapping[str, str]) -> None:
+    """job_metrics_extend for several jobs at once (the report batches a worker applies
+    together: controlplane/jobs/ingest.py), in a fixed handful of statements for all jobs,
+    series and rows together (metrics_append takes four per series): the series locked in
+    one query, their last chunks fetched in one (a series' last chunk starts at
+    points // CHUNK_POINTS * CHUNK_POINTS, as appends fill chunks in order), one insert of the
+    new chunks, one executemany each for the changed chunks and the series' counts."""
+    columns: dict[tuple[int, str], tuple[list[float], list[float]]] = {}
+    jobs = {}
+    for job, rows in items:
+        jobs[job.pk] = job
+        for x, values in rows:
+            for name, value in values.items():
+                xs, ys = columns.setdefault((job.pk, name), ([], []))
+                xs.append(float(x))
+                ys.append(float(value))
     if not columns:
         return
     with transaction.atomic(savepoint=False):  # (a savepoint would cost two statements per report)
-        series = {s.name: s for s in MetricSeries.objects.select_for_update().filter(
-            job=job, transition__isnull=True, rank__isnull=True, name__in=list(columns))}
-        for name in columns:
-            if name not in series:
-                series[name] = metrics_series_get(job=job, name=name, unit=units.get(name, ""))
-        partial = [s for s in series.values() if s.points % CHUNK_POINTS]
+        series = {(s.job_id, s.name): s for s in MetricSeries.objects.select_for_update().filter(
+            job_id__in=sorted({job_id for job_id, _ in columns}), transition__isnull=True, rank__isnull=True,
+            name__in=sorted({name for _, name in columns})).order_by("pk")}
+        for job_id, name in columns:
+            if (job_id, name) not in series:
+                series[job_id, name] = metrics_series_get(job=jobs[job_id], name=name, unit=units.get(name, ""))
+        partial = [s for s in series.values() if s.points % CHUNK_POINTS and (s.job_id, s.name) in columns]
         # PostgreSQL appends to a chunk's arrays in place (bytea ||): only the new samples travel,
         # where reading the chunk and writing it whole moved up to 16 KB a series per report
         # (most of a report's cost at 200 jobs: benchmarks/cluster_scale.py). SQLite's || makes
@@ -363,16 +372,17 @@ def job_metrics_extend(*, job: Job, rows: Sequence[tuple[float, Mapping[str, flo
         in_place = connection.vendor == "postgresql"
         last = {}
         if partial:
-            where = Q(pk__in=[])
-            for s in partial:
-                where |= Q(series_id=s.pk, first_point=s.points // CHUNK_POINTS * CHUNK_POINTS)
-            chunks = MetricChunk.objects.filter(where)
-            if in_place:
-                chunks = chunks.only("id", "series_id", "first_point", "count")
-            last = {c.series_id: c for c in chunks}
+            # (row values: one condition for all series, where an OR of Q objects per series cost
+            # the ORM milliseconds of Python at a few hundred series)
+            table = connection.ops.quote_name(MetricChunk._meta.db_table)
+            fields = "id, series_id, first_point, count" + ("" if in_place else ", x, y")
+            pairs = ", ".join(["(%s, %s)"] * len(partial))
+            params = [v for s in partial for v in (s.pk, s.points // CHUNK_POINTS * CHUNK_POINTS)]
+            last = {c.series_id: c for c in MetricChunk.objects.raw(
+                f"SELECT {fields} FROM {table} WHERE (series_id, first_point) IN ({pairs})", params)}
         new, appended, counts = [], {}, []  # appended: chunk id -> (chunk, xs, ys) added to a stored chunk
-        for name, (xs, ys) in columns.items():
-            s = series[name]
+        for key, (xs, ys) in columns.items():
+            s = series[key]
             chunk = last.get(s.pk)
             done = 0
             while done < len(xs):

@@ -12,7 +12,8 @@ from redis import RedisError
 
 from agents import protocol
 from controlplane.cluster.agent_auth import Refused, refused, speaker
-from controlplane.cluster.hearing import Hearing
+from controlplane.cluster.shared_hearing import SharedHearing
+from controlplane.common.combining import Combiner
 from controlplane.common.errors import DATABASE_DOWN
 from controlplane.jobs import (elastic_apply, elastic_trigger, ingest, job_logs, node_loss, preflight, reconcile, reports,
                                restore, timeouts)
@@ -25,8 +26,9 @@ log = logging.getLogger(__name__)
 WHILE_DATABASE_DOWN = dict(autoretry_for=DATABASE_DOWN, retry_backoff=1, retry_backoff_max=5, retry_jitter=False,
                            max_retries=None)
 
-# Since when this worker has heard without a break (cluster/hearing.py): the sweep's own arrivals.
-HEARING = Hearing(gap=timedelta(seconds=max(3.0, 3 * settings.CELERY_BEAT_SCHEDULE["sweep-lost-nodes"]["schedule"])))
+# Since when the control plane has heard without a break: the sweep's own arrivals, at whichever
+# worker process (cluster/shared_hearing.py).
+HEARING = SharedHearing(gap=timedelta(seconds=max(3.0, 3 * settings.CELERY_BEAT_SCHEDULE["sweep-lost-nodes"]["schedule"])))
 
 
 def _validated(validate, message, what: str):
@@ -140,6 +142,13 @@ ORDER_WAIT_RETRIES = 50
 ORDER_WAIT_SECONDS = 0.1
 
 
+# The batches this process's worker threads hold at the same time are applied together, in one
+# transaction (ingest.batches_ingest): at 200 jobs most of a batch's cost was its own transaction's
+# round trips and commit (docs/scaling.md).
+INGESTS = Combiner(ingest.batches_ingest, lambda entry: ingest.batch_ingest(batch=entry[0], wait=entry[1]),
+                   everyones=DATABASE_DOWN)
+
+
 @shared_task(bind=True, name=protocol.CONTROL_INGEST_EVENTS, **WHILE_DATABASE_DOWN)
 def ingest_events(self, batch: dict, early_tries: int = 0, seal: dict | None = None) -> str:
     """A batch of one job's reports from its rank 0 (protocol.ReportBatch). `early_tries`: how
@@ -151,7 +160,7 @@ def ingest_events(self, batch: dict, early_tries: int = 0, seal: dict | None = N
     except ValidationError as exc:
         log.error("rejected report batch of job %r from %r: %s", batch.get("job_id"), batch.get("node"), exc)
         return "rejected"
-    outcome = ingest.batch_ingest(batch=parsed, wait=early_tries < ORDER_WAIT_RETRIES)
+    outcome = INGESTS.submit((parsed, early_tries < ORDER_WAIT_RETRIES))
     if outcome is ingest.Outcome.EARLY:
         raise self.retry(kwargs={"batch": batch, "early_tries": early_tries + 1, "seal": seal},
                          countdown=ORDER_WAIT_SECONDS)

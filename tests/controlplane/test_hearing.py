@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from controlplane.cluster.hearing import Hearing
+from controlplane.cluster.shared_hearing import SharedHearing
 from controlplane.cluster.models import Node
 from controlplane.jobs import node_loss
 from controlplane.jobs.tasks import HEARING, sweep_lost_nodes
@@ -18,14 +18,30 @@ from controlplane.cluster import services as cluster
 SILENT = timedelta(seconds=6)
 
 
-def test_a_gap_between_sweeps_starts_a_new_run_of_hearing() -> None:
-    hearing, t0 = Hearing(gap=timedelta(seconds=3)), timezone.now()
-    assert hearing.sweep_arrived(t0) == t0
-    assert hearing.sweep_arrived(t0 + timedelta(seconds=1)) == t0
-    assert hearing.sweep_arrived(t0 + timedelta(seconds=3.5)) == t0  # 2.5 s apart: still heard
-    back = t0 + timedelta(seconds=20)  # 16.5 s without a sweep: the broker (or the worker) was away
-    assert hearing.sweep_arrived(back) == back
-    assert hearing.heard_for(back + timedelta(seconds=2)) == timedelta(seconds=2)
+def test_arrivals_at_any_process_extend_one_run_and_a_gap_in_all_of_them_starts_a_new_one() -> None:
+    """Two worker processes (two SharedHearing on one Redis) taking the sweeps in turn: one run,
+    never broken by the other's arrivals; a pause longer than the gap, or an interrupt (a sweep
+    that could not look), starts a new run for both."""
+    import time
+
+    gap = timedelta(seconds=0.4)
+    first, second = SharedHearing(gap), SharedHearing(gap)
+    first.forget()
+    began = timezone.now()
+    assert abs((first.sweep_arrived(began) - began).total_seconds()) < 0.05  # a fresh run
+    for n in range(8):  # 1.2 s of sweeps 0.15 s apart, taken by each in turn
+        time.sleep(0.15)
+        hearing = (first, second)[n % 2]
+        since = hearing.sweep_arrived(now := timezone.now())
+        assert abs((since - began).total_seconds()) < 0.1, (n, now - since)
+    time.sleep(0.6)  # a gap in every process's arrivals (the broker was away)
+    back = timezone.now()
+    assert abs((second.sweep_arrived(back) - back).total_seconds()) < 0.05
+    time.sleep(0.15)
+    assert abs((first.sweep_arrived(timezone.now()) - back).total_seconds()) < 0.1
+    second.interrupt()  # the database was down for that sweep
+    again = timezone.now()
+    assert abs((first.sweep_arrived(again) - again).total_seconds()) < 0.05
 
 
 @pytest.mark.django_db
@@ -46,8 +62,7 @@ def test_nodes_silent_through_an_outage_are_kept_until_the_sweeps_have_heard_for
 def test_the_beat_task_keeps_its_run_of_hearing(run, monkeypatch) -> None:
     """The task passes its own arrivals: a first sweep (a worker just started, or back from an
     outage) marks nothing lost however old the heartbeats."""
-    monkeypatch.setattr(HEARING, "since", None)
-    monkeypatch.setattr(HEARING, "_last", None)
+    HEARING.forget()
     cluster.node_record_heartbeat(report=heartbeat("node-1"), received_at=timezone.now() - timedelta(minutes=5))
     assert run(sweep_lost_nodes) == []
     assert Node.objects.get(name="node-1").state == "healthy"
@@ -62,8 +77,7 @@ def test_sweeps_that_fail_on_the_database_never_count_as_hearing(run, monkeypatc
 
     from controlplane.jobs import elastic_trigger
 
-    monkeypatch.setattr(HEARING, "since", None)
-    monkeypatch.setattr(HEARING, "_last", None)
+    HEARING.forget()
     cluster.node_record_heartbeat(report=heartbeat("node-1"), received_at=timezone.now() - timedelta(seconds=30))
     database = {"up": False}
     nudge = elastic_trigger.nudge_for_joined_nodes

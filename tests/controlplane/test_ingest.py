@@ -243,3 +243,75 @@ def test_a_message_carrying_several_batches_applies_them_as_one(job, run, caplog
     assert _loss_steps(job) == [float(s) for s in range(1, 10)]
     overlapping = _batch(job.pk, 5, _steps(job.pk, 9, 10)).model_copy(update={"covers": 2})
     assert run(batch_ingest, batch=overlapping) is Outcome.REPEAT and "overlap" in caplog.text
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(jobs=st.lists(st.tuples(st.integers(1, 25), st.lists(st.integers(1, 24), max_size=8), st.integers(0, 30)),
+                     min_size=1, max_size=4),
+       seed=st.integers(0, 2**16), group_cuts=st.lists(st.integers(1, 60), max_size=10))
+def test_groups_of_many_jobs_batches_end_as_if_each_batch_came_alone(jobs, seed, group_cuts, run,
+                                                                      sent_events) -> None:
+    """What a worker's threads hand in together (ingest.batches_ingest): several jobs' batches, in
+    a random order, cut into random groups, an EARLY one handed in again later; some jobs with a
+    checkpoint among their steps (applied batch by batch). Oracle: every job ends as batch_ingest
+    one batch at a time leaves it (test above): every step once, in order, its stream's events
+    contiguous in seq and replaying the snapshot."""
+    from controlplane.jobs.ingest import batches_ingest
+    from controlplane.jobs.events import job_stream
+
+    Job.objects.all().delete()
+    made, batches = [], []
+    for n, (steps, cuts, checkpoint_at) in enumerate(jobs):
+        job = Job.objects.create(name=f"grouped-{n}", model="tiny-gpt", layout="dp=2", world_size=2,
+                                 state="running" if n % 2 else "starting")
+        reports = _steps(job.pk, 1, steps)
+        if checkpoint_at < steps:
+            reports.insert(checkpoint_at, _report(job.pk, "checkpoint", step=checkpoint_at, checkpoint_path="/c"))
+        bounds = [0, *sorted({c for c in cuts if c < len(reports)}), len(reports)]
+        batches += [_batch(job.pk, b + 1, reports[x:y]) for b, (x, y) in enumerate(zip(bounds, bounds[1:]))]
+        made.append((job, reports, job_live_snapshot(job_id=job.pk)))
+    pending = batches[:]
+    rng = random.Random(seed)
+    rng.shuffle(pending)
+    pending += [batches[0]]  # and one redelivered
+    sent_events.clear()
+    rounds = 0
+    while pending:
+        rounds += 1
+        assert rounds < 10 * len(batches) ** 2
+        size = group_cuts[rounds % len(group_cuts)] if group_cuts else len(pending)
+        group, pending = pending[:size], pending[size:]
+        outcomes = run(batches_ingest, [(batch, True) for batch in group])
+        assert len(outcomes) == len(group)
+        pending += [batch for batch, outcome in zip(group, outcomes) if outcome is Outcome.EARLY]
+    for job, reports, before in made:
+        job.refresh_from_db()
+        assert job.state == "running" and job.step == max(r.step for r in reports)
+        assert _loss_steps(job) == [float(r.step) for r in reports if r.kind == "step"]
+        stream = [e for e in sent_events if isinstance(e, (MetricsEvent, CheckpointEvent)) and e.job == job.pk]
+        assert [e.seq for e in stream] == list(range(before.seq + 1, before.seq + 1 + len(reports)))
+        assert [e.step for e in stream] == [r.step for r in reports]
+        snapshot = before
+        for event in stream:
+            snapshot = apply_job_event(snapshot, event)
+        assert snapshot == job_live_snapshot(job_id=job.pk)
+        assert job_stream(job.pk)  # (its own stream)
+
+
+def test_a_group_of_many_jobs_costs_a_fixed_number_of_statements(run, django_assert_max_num_queries) -> None:
+    """The point of applying a worker's batches together: one transaction's statements for all
+    the jobs, not a transaction per batch."""
+    from controlplane.jobs.ingest import batches_ingest
+
+    jobs = [Job.objects.create(name=f"many-{n}", model="tiny-gpt", layout="dp=2", world_size=2, state="running")
+            for n in range(12)]
+    run(batches_ingest, [(_batch(job.pk, 1, _steps(job.pk, 1, 2)), True) for job in jobs])  # the series exist
+    # (savepoint) jobs' locks, series, last chunks, chunk updates, series updates, seqs, jobs'
+    # steps and report positions (release): however many jobs and reports
+    with django_assert_max_num_queries(9):
+        outcomes = run(batches_ingest, [(_batch(job.pk, 2, _steps(job.pk, 3, 40)), True) for job in jobs])
+    assert outcomes == [Outcome.APPLIED] * len(jobs)
+    assert all(_loss_steps(job) == [float(s) for s in range(1, 41)] for job in jobs)
+    assert run(batches_ingest, [(_batch(99999, 1, [_report(99999, step=1)]), True),
+                                (_batch(jobs[0].pk, 2, _steps(jobs[0].pk, 3, 4)), True)]) == [
+        Outcome.UNKNOWN_JOB, Outcome.REPEAT]

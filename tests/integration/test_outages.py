@@ -1,7 +1,7 @@
 """Issue 43: the control plane's plumbing goes away under a training job and comes back. The
 job's ranks never exit, it trains through the outage, and afterwards its record holds every step
 exactly once: the reports rank 0 kept are resent (agents/runtime/outbox.py), ingest ignores the
-repeats, and no node is marked lost for the silence the outage caused (cluster/hearing.py)."""
+repeats, and no node is marked lost for the silence the outage caused (cluster/shared_hearing.py)."""
 from __future__ import annotations
 
 import http.cookiejar
