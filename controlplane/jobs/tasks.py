@@ -161,6 +161,8 @@ def ingest_events(self, batch: dict, early_tries: int = 0, seal: dict | None = N
         log.error("rejected report batch of job %r from %r: %s", batch.get("job_id"), batch.get("node"), exc)
         return "rejected"
     outcome = INGESTS.submit((parsed, early_tries < ORDER_WAIT_RETRIES))
+    if INGESTS.groups % 1000 == 0:  # (how well this process groups: docs/scaling.md)
+        log.info("report batches applied: %d in %d groups", INGESTS.items, INGESTS.groups)
     if outcome is ingest.Outcome.EARLY:
         raise self.retry(kwargs={"batch": batch, "early_tries": early_tries + 1, "seal": seal},
                          countdown=ORDER_WAIT_SECONDS)
