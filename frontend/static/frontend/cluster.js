@@ -7,6 +7,7 @@ import { GpuMap } from "./gpu-map.js";
 import { gpuLabel, NodeList } from "./cluster-nodes.js";
 import { JobsTable } from "./cluster-jobs.js";
 import { integer as count } from "./format.js";
+import { filterFromQuery, filterToQuery } from "./cluster-filter.js";
 
 const $ = (id) => document.getElementById(id);
 const readJson = (id) => JSON.parse($(id).textContent);
@@ -18,7 +19,12 @@ const colors = Object.fromEntries(GPU_STATES.map((s) => [s, style.getPropertyVal
 const map = new GpuMap($("gpu-map"), colors);
 const nodes = new NodeList($("cluster-grid"), $("nodes-count"), $("nodes-more"));
 const jobs = new JobsTable($("jobs-body"), $("jobs-empty"), $("filter-job"));
-const filter = { state: "", job: "", name: "" };
+// What the node list shows and the map outlines, from the address (a shared link) and kept in it.
+const filter = filterFromQuery(location.search, STATES.node, new Set([...model.jobs.values()].map((j) => j.name)));
+function keepInAddress() {
+  const query = filterToQuery(filter);
+  if (query !== location.search) history.replaceState(null, "", location.pathname + query);
+}
 
 // What the next frame redraws.
 const dirty = { all: true, slots: new Set(), nodes: new Set(), list: false, jobs: new Set(), jobList: false,
@@ -152,6 +158,7 @@ function selectJob(name) {
   filter.job = name || "";
   $("filter-job").value = filter.job;
   map.highlight(filter.job);
+  keepInAddress();
   dirty.list = true;
   schedule();
 }
@@ -185,7 +192,12 @@ canvas.addEventListener("click", (event) => {
     if (job) selectJob(filter.job === job ? "" : job);
   }
 });
-const refilter = (field) => (event) => { filter[field] = event.target.value; dirty.list = true; schedule(); };
+const refilter = (field) => (event) => {
+  filter[field] = event.target.value;
+  keepInAddress();
+  dirty.list = true;
+  schedule();
+};
 $("filter-state").addEventListener("change", refilter("state"));
 $("filter-job").addEventListener("change", (event) => selectJob(event.target.value));
 $("filter-name").addEventListener("input", refilter("name"));
@@ -202,6 +214,9 @@ new ResizeObserver(() => {
 }).observe($("gpu-map-wrap"));
 
 flush();
+$("filter-state").value = filter.state;
+$("filter-name").value = filter.name;
+selectJob(filter.job);  // (the picker has its options from the first flush)
 connect();
 window.dynaplane = {
   get snapshot() { return model.plain(); },
