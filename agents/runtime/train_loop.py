@@ -52,8 +52,12 @@ class JobRounds:
     def failed(self, trainer, exc: RuntimeError, step_before: int) -> None:
         """Only a lost peer's errors are kept (orphan.peer_lost): then Orphaned is raised."""
         trained = getattr(trainer, "trained", None)
-        if self.samples is not None and trained is not None and trained.step > step_before:
-            for read in whole_batch(trainer, trained):  # the state moved on with this step
+        # The last step whose update this rank completed, in this layout: the one that failed, if
+        # its update went through (the state moved on with it), else the one before (a peer lost
+        # after that step's all-reduce may have died before writing its own record). Its update
+        # summed every data rank's gradient, so every slice of it was read; equal reads collapse.
+        if self.samples is not None and trained is not None and trained.step >= step_before:
+            for read in whole_batch(trainer, trained):
                 self.samples.record(read, str(trainer.placement.layout))
         orphaned(trainer, self.rank, exc, self.reporter, self.settings, step_before)
 

@@ -52,3 +52,28 @@ def test_a_restore_discards_the_steps_after_its_checkpoint_whatever_layout_they_
     # without the markers the two attempts of step 3 overlap: the check would name it
     unmarked = [r for r in read_records(tmp_path) if "from" not in r]
     assert any(p.startswith("step 3:") for p in gaps_and_repeats(consumed(unmarked), 8))
+
+
+def test_a_survivor_records_every_slice_of_the_last_step_it_completed_when_a_peer_is_lost(tmp_path, monkeypatch):
+    """A peer lost right after a step's all-reduce may die before writing its own record (CI: an
+    agent killed under a dp=3 job left step 8 without its slice). The survivors' update of that
+    step summed the lost rank's gradient, so a survivor whose next step fails records every slice
+    of it (train_loop.JobRounds.failed); equal reads collapse with the records the ranks wrote."""
+    from agents.runtime import train_loop
+    from parallelism.training import data
+
+    monkeypatch.setattr(train_loop, "orphaned", lambda *args, **kwargs: None)
+    monkeypatch.setattr(data, "sample_digest", lambda dataset, first, count: f"{first}+{count}")
+    survivor = SampleLog(str(tmp_path), "node-1")
+    for step in range(1, 9):  # dp=3, 4 samples a rank: ranks 0 and 1 wrote theirs, rank 2 only up to step 7
+        for rank in (0, 1, 2)[: 3 if step < 8 else 2]:
+            first = (step - 1) * 12 + rank * 4
+            survivor.record(_result(step, first, 4, f"{first}+4"), "dp=3")
+    rounds = train_loop.JobRounds.__new__(train_loop.JobRounds)
+    rounds.samples, rounds.rank, rounds.reporter, rounds.settings = survivor, 0, None, None
+    trainer = SimpleNamespace(trained=_result(8, 84, 4, "84+4"), ml=SimpleNamespace(dp=3), dp_rank=0, data=None,
+                              placement=SimpleNamespace(layout="dp=3"))
+    rounds.failed(trainer, RuntimeError("a peer is gone"), step_before=8)  # step 9 failed before its update
+    reads = consumed(read_records(tmp_path))
+    assert reads[8] == [(84, 4, "84+4"), (88, 4, "88+4"), (92, 4, "92+4")]
+    assert gaps_and_repeats(reads, 12) == []
