@@ -51,15 +51,19 @@ class JobRounds:
 
     def failed(self, trainer, exc: RuntimeError, step_before: int) -> None:
         """Only a lost peer's errors are kept (orphan.peer_lost): then Orphaned is raised."""
+        self._read_by_all(trainer, step_before)
+        orphaned(trainer, self.rank, exc, self.reporter, self.settings, step_before)
+
+    def _read_by_all(self, trainer, step_before: int) -> None:
+        """A peer is lost: record every data rank's slice of the last step whose update this rank
+        completed in this layout, if it is at or after `step_before`: the step that failed, if its
+        update went through (the state moved on with it), else the one before (a peer lost after
+        that step's all-reduce may have died before writing its own record). Its update summed
+        every data rank's gradient, so every slice of it was read; equal reads collapse."""
         trained = getattr(trainer, "trained", None)
-        # The last step whose update this rank completed, in this layout: the one that failed, if
-        # its update went through (the state moved on with it), else the one before (a peer lost
-        # after that step's all-reduce may have died before writing its own record). Its update
-        # summed every data rank's gradient, so every slice of it was read; equal reads collapse.
         if self.samples is not None and trained is not None and trained.step >= step_before:
             for read in whole_batch(trainer, trained):
                 self.samples.record(read, str(trainer.placement.layout))
-        orphaned(trainer, self.rank, exc, self.reporter, self.settings, step_before)
 
     def stepped(self, trainer, result, validation: float | None) -> None:
         if self.samples is not None:
@@ -103,6 +107,7 @@ class JobRounds:
         try:
             stop, order = self.edge.decide(trainer)
         except RuntimeError as exc:
+            self._read_by_all(trainer, trainer.scalars.step)
             orphaned(trainer, self.rank, exc, reporter)
             raise
         if stop:
