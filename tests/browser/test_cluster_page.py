@@ -65,15 +65,21 @@ def _listed(page) -> list[str]:
     return page.eval_on_selector_all("[data-node]", "rows => rows.map((r) => r.dataset.node)")
 
 
-def test_summary_filters_highlight_live_loss_and_a_phone(cluster, browser) -> None:
-    jobs = {name: [f"{node}/{index}" for node, index in pairs] for name, pairs in cluster["jobs"].items()}
-    held = sum(len(keys) for keys in jobs.values())
+
+def _live_page(cluster, browser):
+    """A signed-in page on the cluster page, live; and the list its page errors go to."""
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.set_default_timeout(30_000)
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     cp.sign_in(page, cluster["url"], cluster["password"])
     page.wait_for_selector("#connection[data-state=live]")
+    return page, errors
+
+def test_summary_filters_highlight_live_loss_and_a_phone(cluster, browser) -> None:
+    jobs = {name: [f"{node}/{index}" for node, index in pairs] for name, pairs in cluster["jobs"].items()}
+    held = sum(len(keys) for keys in jobs.values())
+    page, errors = _live_page(cluster, browser)
     page.evaluate("window.__sameDocument = true")
 
     # Summary first: nodes, GPUs and jobs by state.
@@ -153,12 +159,7 @@ def test_the_filter_is_in_the_address_and_a_link_opens_the_page_so(cluster, brow
     """A shared link opens the cluster page filtered and outlined as its sender had it; changing
     the filter rewrites the address (no reload); what the page does not know is left out."""
     jobs = {name: [f"{node}/{index}" for node, index in pairs] for name, pairs in cluster["jobs"].items()}
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.set_default_timeout(30_000)
-    errors: list[str] = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    cp.sign_in(page, cluster["url"], cluster["password"])
-    page.wait_for_selector("#connection[data-state=live]")
+    page, errors = _live_page(cluster, browser)
     nodes_of_job = sorted({key.split("/")[0] for key in jobs["job-003"]})
     page.goto(cluster["url"] + f"?state=healthy&job=job-003&node={nodes_of_job[0]}")
     page.wait_for_selector("#connection[data-state=live]")

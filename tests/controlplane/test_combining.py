@@ -13,6 +13,16 @@ from hypothesis import strategies as st
 from controlplane.common.combining import Combiner
 
 
+
+def _submitter(combiner: Combiner, results: dict, expected: type[Exception]):
+    """submit(item) for a thread: its result, or the `expected` error it raised, in results[item]."""
+    def submit(item):
+        try:
+            results[item] = combiner.submit(item)
+        except expected as exc:
+            results[item] = exc
+    return submit
+
 def test_a_lone_item_is_applied_at_once_in_a_group_of_one() -> None:
     groups = []
     combiner = Combiner(lambda items: (groups.append(list(items)), [i * 2 for i in items])[1], lambda i: -1)
@@ -64,12 +74,7 @@ def test_a_group_that_raises_is_applied_item_by_item_and_each_error_is_its_own()
 
     combiner = Combiner(apply_group, apply_one)
     results = {}
-
-    def submit(item):
-        try:
-            results[item] = combiner.submit(item)
-        except ValueError as exc:
-            results[item] = exc
+    submit = _submitter(combiner, results, ValueError)
 
     threads = [threading.Thread(target=submit, args=("first",))]
     threads[0].start()
@@ -106,12 +111,7 @@ def test_an_error_that_is_everyones_reaches_every_submitter_without_tries_alone(
 
     combiner = Combiner(apply_group, alone.append, everyones=(ConnectionError,))
     results = {}
-
-    def submit(item):
-        try:
-            results[item] = combiner.submit(item)
-        except ConnectionError as exc:
-            results[item] = exc
+    submit = _submitter(combiner, results, ConnectionError)
 
     threads = [threading.Thread(target=submit, args=(i,)) for i in range(4)]
     threads[0].start()

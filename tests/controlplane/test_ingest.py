@@ -33,6 +33,18 @@ def _steps(job_id: int, first: int, last: int) -> list[protocol.JobReport]:
     return [_report(job_id, step=s) for s in range(first, last + 1)]
 
 
+def _assert_stream_replays(job: Job, reports, before, sent_events) -> None:
+    """The job's events went out once per report, contiguous in seq, in the reports' order, and
+    replayed on the snapshot from before they give the snapshot now."""
+    stream = [e for e in sent_events if isinstance(e, (MetricsEvent, CheckpointEvent)) and e.job == job.pk]
+    assert [e.seq for e in stream] == list(range(before.seq + 1, before.seq + 1 + len(reports)))
+    assert [e.step for e in stream] == [r.step for r in reports]
+    snapshot = before
+    for event in stream:
+        snapshot = apply_job_event(snapshot, event)
+    assert snapshot == job_live_snapshot(job_id=job.pk)
+
+
 @pytest.fixture
 def job(db) -> Job:
     return Job.objects.create(name="ingested", model="tiny-gpt", layout="dp=2", world_size=2, state="starting",
@@ -182,13 +194,7 @@ def test_batches_delivered_in_any_order_end_as_if_sent_one_by_one(steps, cuts, s
         if run(batch_ingest, batch=batch) is Outcome.EARLY:
             pending.append(batch)
     assert _loss_steps(job) == [float(s) for s in range(1, steps + 1)]
-    stream = [e for e in sent_events if isinstance(e, (MetricsEvent, CheckpointEvent))]
-    assert [e.seq for e in stream] == list(range(before.seq + 1, before.seq + 1 + len(reports)))
-    assert [e.step for e in stream] == [r.step for r in reports]
-    snapshot = before
-    for event in stream:
-        snapshot = apply_job_event(snapshot, event)
-    assert snapshot == job_live_snapshot(job_id=job.pk)
+    _assert_stream_replays(job, reports, before, sent_events)
 
 
 def test_a_batch_must_hold_reports_of_its_own_job() -> None:
@@ -256,8 +262,8 @@ def test_groups_of_many_jobs_batches_end_as_if_each_batch_came_alone(jobs, seed,
     checkpoint among their steps (applied batch by batch). Oracle: every job ends as batch_ingest
     one batch at a time leaves it (test above): every step once, in order, its stream's events
     contiguous in seq and replaying the snapshot."""
-    from controlplane.jobs.ingest import batches_ingest
     from controlplane.jobs.events import job_stream
+    from controlplane.jobs.ingest import batches_ingest
 
     Job.objects.all().delete()
     made, batches = [], []
@@ -288,13 +294,7 @@ def test_groups_of_many_jobs_batches_end_as_if_each_batch_came_alone(jobs, seed,
         job.refresh_from_db()
         assert job.state == "running" and job.step == max(r.step for r in reports)
         assert _loss_steps(job) == [float(r.step) for r in reports if r.kind == "step"]
-        stream = [e for e in sent_events if isinstance(e, (MetricsEvent, CheckpointEvent)) and e.job == job.pk]
-        assert [e.seq for e in stream] == list(range(before.seq + 1, before.seq + 1 + len(reports)))
-        assert [e.step for e in stream] == [r.step for r in reports]
-        snapshot = before
-        for event in stream:
-            snapshot = apply_job_event(snapshot, event)
-        assert snapshot == job_live_snapshot(job_id=job.pk)
+        _assert_stream_replays(job, reports, before, sent_events)
         assert job_stream(job.pk)  # (its own stream)
 
 
