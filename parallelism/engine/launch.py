@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import tempfile
 import time
@@ -47,7 +48,11 @@ def _entry(rank: int, world: int, init_file: str, timeout_s: float, fn: Callable
         dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s))
         try:
-            results.put((rank, "ok", fn(rank, world, *args)))
+            # Plain pickle copies tensors into the message. The queue's own pickler (torch
+            # registers its reductions there) would pass them as shared memory by file
+            # descriptor, served by this process: gone if it exits before the caller reads
+            # the message (CI saw FileNotFoundError on the sharer's socket).
+            results.put((rank, "ok", pickle.dumps(fn(rank, world, *args), protocol=pickle.HIGHEST_PROTOCOL)))
         finally:
             dist.destroy_process_group()
     except BaseException as exc:  # report everything, including KeyboardInterrupt in a child
@@ -120,6 +125,8 @@ def run_ranks(world: int, fn: Callable[..., Any], *args: Any, timeout_s: float =
             while len(out) + len(errors) < world:
                 try:
                     rank, status, value = results.get(timeout=0.5)
+                    if status == "ok":
+                        value = pickle.loads(value)
                     (out if status == "ok" else errors)[rank] = value
                     continue
                 except queue.Empty:

@@ -74,3 +74,22 @@ def test_a_rank_that_raises_is_shown_before_a_killed_one() -> None:
     assert failure_rank("ValueError: bad shape\nTraceback ...") < failure_rank("rank 1 died with exit code -9 and no "
                                                                            "report") < failure_rank(gloo)
     assert failure_rank("RuntimeError: Connection closed by peer [127.0.0.1]:1234\n...") == failure_rank(gloo)
+
+
+def _a_tensor(rank: int, world: int) -> object:
+    import torch
+
+    return {"rank": rank, "values": torch.arange(1000, dtype=torch.float32) * (rank + 1)}
+
+
+def test_tensors_come_back_as_copies_not_shared_with_the_rank_process() -> None:
+    """A tensor a rank returns must not be passed by file descriptor through the rank's
+    resource sharer: the rank may exit before the caller reads its message (CI saw
+    FileNotFoundError rebuilding one). A copy owns its memory: it is not shared."""
+    import torch
+
+    results = run_ranks(2, _a_tensor, timeout_s=60)
+    for rank, result in enumerate(results):
+        assert result["rank"] == rank
+        assert not result["values"].is_shared()
+        assert torch.equal(result["values"], torch.arange(1000, dtype=torch.float32) * (rank + 1))
