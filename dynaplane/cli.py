@@ -235,6 +235,13 @@ def _add_emulate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--optimizer", default="program", choices=("program", "megatron"),
                    help="the optimizer step's kernels: the program's foreach AdamW, or Megatron-LM's mixed-precision "
                         "optimizer with apex's fused Adam (one pass per kernel)")
+    p.add_argument("--precision", default="bf16", choices=("bf16", "fp8"),
+                   help="the linear layers' GEMMs: bf16, or fp8 as Transformer Engine and torchao run them (casts "
+                        "with transposes, FP8 weight copies; attention, the LM head and routers stay bf16); "
+                        "fp8 needs h100, h200 or b200")
+    p.add_argument("--fp8-scaling", default="delayed", choices=("delayed", "current"),
+                   help="with --precision fp8: delayed (Transformer Engine's default: amax history, one all-reduce "
+                        "a forward) or current (torchao's default: an amax pass before each cast)")
     p.add_argument("--gpus-per-node", type=int, default=8,
                    help="GPUs per node: tensor-parallel groups stay within one (default 8)")
     p.add_argument("--profile", help="a calibrated device profile (JSON) instead of --gpu's built-in one")

@@ -43,7 +43,8 @@ def emulate_main(args) -> int:
                                  attention_dropout=args.attention_dropout, hidden_dropout=args.hidden_dropout,
                                  grad_sync=args.grad_sync,
                                  grad_accumulation=args.grad_accumulation, pipeline_p2p=args.pipeline_p2p,
-                                 optimizer=args.optimizer)
+                                 optimizer=args.optimizer, precision=args.precision,
+                                 fp8_scaling=args.fp8_scaling)
         return emulate(request, use_cache=not args.no_cache, progress=progress)
 
     result, code = _run("emulate", args, work)
@@ -58,7 +59,8 @@ def emulate_main(args) -> int:
           + (f", gradients reduced {r['grad_sync']}" if "grad_sync" in r else "")
           + (", gradient accumulation fused" if "grad_accumulation" in r else "")
           + (", Megatron's pipeline exchange" if "pipeline_p2p" in r else "")
-          + (", Megatron's optimizer" if "optimizer" in r else ""))
+          + (", Megatron's optimizer" if "optimizer" in r else "")
+          + (f", {r['precision'].upper()} GEMMs ({r['fp8_scaling']} scaling)" if "precision" in r else ""))
     print(f"  step {r['step_seconds']:.3f} s   {r['tokens_per_second']:,.0f} tokens/s   "
           f"{r['model_tflops_per_gpu']:.0f} model TFLOP/s per GPU (MFU {r['mfu']:.1%}), "
           f"{r['hardware_tflops_per_gpu']:.0f} hardware")

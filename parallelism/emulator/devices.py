@@ -110,6 +110,9 @@ class DeviceProfile:
     matmul_table: dict = field(default_factory=dict)
     attention_table: dict = field(default_factory=dict)
     op_bandwidth_table: dict = field(default_factory=dict)
+    # The best fraction of peak a large GEMM reaches in another dtype than bf16 (matmul_max_fraction's),
+    # where it was measured apart: {"fp8": ...}.
+    matmul_fraction_of: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         require(isinstance(self.name, str) and self.name, f"profile name={self.name!r} must be a non-empty string")
@@ -127,6 +130,10 @@ class DeviceProfile:
                     f"profile {self.name}: {key}={value!r} must be in (0, 1]")
         _check_collective_table(self.name, self.collective_table)
         check_tables(self.name, self.matmul_table, self.attention_table, self.op_bandwidth_table)
+        require(isinstance(self.matmul_fraction_of, dict), f"profile {self.name}: matmul_fraction_of must be an object")
+        for dtype, value in self.matmul_fraction_of.items():
+            require(isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1,
+                    f"profile {self.name}: matmul_fraction_of[{dtype!r}]={value!r} must be in (0, 1]")
         require(isinstance(self.comm_overlap, (int, float)) and 0 <= self.comm_overlap <= 1,
                 f"profile {self.name}: comm_overlap={self.comm_overlap!r} must be in [0, 1]")
         require(isinstance(self.comm_streams, bool),
@@ -152,17 +159,18 @@ class DeviceProfile:
         waves = math.ceil(tiles / self.sm_count)
         return tiles / (waves * self.sm_count)
 
-    def matmul_efficiency(self, shape: tuple[int, ...] = ()) -> float:
+    def matmul_efficiency(self, shape: tuple[int, ...] = (), dtype: str = "bf16") -> float:
         """Achieved fraction of peak for a GEMM of shape (m, n, k) or (batch, m, n, k)."""
+        best = self.matmul_fraction_of.get(dtype, self.matmul_max_fraction)
         if len(shape) == 3:
             batch, (m, n, k) = 1, shape
         elif len(shape) == 4:
             batch, m, n, k = shape
         else:
-            return self.matmul_max_fraction
+            return best
         if min(batch, m, n, k) <= 0:
-            return self.matmul_max_fraction
-        eff = self.matmul_max_fraction * k / (k + self.matmul_k_half)
+            return best
+        eff = best * k / (k + self.matmul_k_half)
         if self.sm_count:
             tm, tn = math.ceil(m / self.tile_m), math.ceil(n / self.tile_n)
             eff *= (m * n) / (tm * self.tile_m * tn * self.tile_n)     # tile quantization
@@ -181,7 +189,7 @@ class DeviceProfile:
         """Achieved FLOP/s of a GEMM: measured at (or near) its shape and form when the
         profile has a table for its dtype, else peak x matmul_efficiency."""
         measured = matmul_rate(self.matmul_table, dtype, form, shape)
-        return measured if measured is not None else self.peak(dtype) * self.matmul_efficiency(shape)
+        return measured if measured is not None else self.peak(dtype) * self.matmul_efficiency(shape, dtype)
 
     def attention_rate(self, name: str, dtype: str, shape: tuple[int, ...] = ()) -> float:
         """Achieved FLOP/s of a fused attention op (measured, else the efficiency model)."""
@@ -293,6 +301,14 @@ def get_profile(name: str) -> DeviceProfile:
 # moved 40.3 GB in 41.7 ms on an A100-SXM4-40GB (1.555 TB/s): 62% of it. The A100 profile
 # runs those kernels at that fraction of its own HBM bandwidth (docs/emulator.md, "Device
 # numbers"). No such measurement is known for H100, whose runs here use flash attention.
+#
+# FP8 (E4M3) GEMMs on H100 SXM, per-tensor scaled, through cuBLASLt (the path Transformer
+# Engine's GEMMs take): 8192 x 8192 x 8192 in TN layout, bf16 out, fp32 accumulate, 500
+# iterations, 16 GPUs of two nodes one at a time: mean 1608.6 and 1613.7 TFLOP/s (spread
+# 1.0-1.7%), 81% of the 1978.9 dense peak (docs/emulator.md, "Device numbers"). The same
+# report's torch._scaled_mm path reached 1170-1180, which stacks calling it through other
+# layouts may see. B200's FP8 has no such measurement here: its bf16 fraction is used.
+FP8_CUBLASLT_H100 = {"tflops": 1611.2, "m": 8192, "n": 8192, "k": 8192, "layout": "TN"}
 FLASH_PAPER_STANDARD_ATTENTION = {"hbm_bytes": 40.3e9, "seconds": 41.7e-3, "device_hbm_bandwidth": 1.555e12}
 SCORE_KERNEL_FRACTION_A100 = (FLASH_PAPER_STANDARD_ATTENTION["hbm_bytes"] / FLASH_PAPER_STANDARD_ATTENTION["seconds"]
                               / FLASH_PAPER_STANDARD_ATTENTION["device_hbm_bandwidth"])
@@ -308,7 +324,8 @@ _A100 = DeviceProfile(
 _A100 = replace(_A100, op_bandwidth={name: _A100.hbm_bandwidth * SCORE_KERNEL_FRACTION_A100 for name in SCORE_KERNELS})
 _H100 = DeviceProfile(
     name="h100",
-    peak_flops={"bf16": 989.4e12, "fp16": 989.4e12, "fp32": 66.9e12},
+    peak_flops={"bf16": 989.4e12, "fp16": 989.4e12, "fp32": 66.9e12, "fp8": 1978.9e12},
+    matmul_fraction_of={"fp8": FP8_CUBLASLT_H100["tflops"] / 1978.9},
     hbm_bytes=81559 * MiB, hbm_bandwidth=3.35e12, sm_count=132,
     matmul_max_fraction=0.801, attention_fraction=0.40, memory_fraction=0.80, launch_seconds=2e-6,
     intra_node_bandwidth=450e9, intra_node_efficiency=0.80, intra_node_latency=1e-6,   # NVLink4: 18 x 25 GB/s per direction
@@ -321,7 +338,7 @@ _H200 = replace(
 )
 _B200 = DeviceProfile(
     name="b200",
-    peak_flops={"bf16": 2250e12, "fp16": 2250e12, "fp32": 80e12},
+    peak_flops={"bf16": 2250e12, "fp16": 2250e12, "fp32": 80e12, "fp8": 4500e12},
     hbm_bytes=183359 * MiB, hbm_bandwidth=8.0e12, sm_count=148,
     matmul_max_fraction=0.70, attention_fraction=0.50, memory_fraction=0.80, launch_seconds=2e-6,
     intra_node_bandwidth=900e9, intra_node_efficiency=0.80, intra_node_latency=1e-6,   # NVLink5: 18 x 50 GB/s per direction

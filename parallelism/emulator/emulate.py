@@ -26,6 +26,7 @@ from parallelism.emulator.grad_sync import GRAD_SYNCS, with_grad_sync
 from parallelism.emulator.hidden_dropout import with_hidden_dropout
 from parallelism.emulator.optimizer_step import OPTIMIZERS, with_optimizer
 from parallelism.emulator.pipeline_p2p import PIPELINE_P2PS, with_pipeline_p2p
+from parallelism.emulator.precision import FP8_SCALINGS, PRECISIONS, Dims, with_precision
 from parallelism.emulator.metrics import (hardware_tflops_per_gpu, mfu, model_flops_per_token, model_tflops_per_gpu,
                                      module_flops, tokens_per_second)
 from parallelism.emulator.simulate import RECOMPUTE, SimResult, simulate
@@ -69,6 +70,10 @@ class EmulateRequest(NamesAModel):
     # The optimizer step's kernels (optimizer_step.py): the program's (fused AdamW), or
     # "megatron": Megatron-LM's mixed-precision optimizer with apex's fused Adam.
     optimizer: str = "program"
+    # The linear layers' GEMM precision (precision.py): bf16 as traced, or fp8 as Transformer
+    # Engine and torchao run it, with its scaling recipe.
+    precision: str = "bf16"
+    fp8_scaling: str = "delayed"
     model_config: ModelConfig | None = resolved_field()  # `model` resolved once (NamesAModel)
     model_error = EmulatorError
 
@@ -124,7 +129,8 @@ def check_request(request: EmulateRequest) -> int:
 
 # The request's fields with a fixed set of choices, and the choices.
 RUN_CHOICES = (("recompute", RECOMPUTE), ("grad_accumulation", GRAD_ACCUMULATIONS), ("pipeline_p2p", PIPELINE_P2PS),
-               ("grad_sync", GRAD_SYNCS), ("attention", ATTENTION_KERNELS), ("optimizer", OPTIMIZERS))
+               ("grad_sync", GRAD_SYNCS), ("attention", ATTENTION_KERNELS), ("optimizer", OPTIMIZERS),
+               ("precision", PRECISIONS), ("fp8_scaling", FP8_SCALINGS))
 
 
 def _flag(key: str) -> str:
@@ -143,6 +149,10 @@ def _checked(request: EmulateRequest) -> tuple[Placement, int]:
     if dropout and request.attention == "flash":
         raise EmulatorError("--attention-dropout is modelled for --attention unfused only (a flash kernel drops "
                             "inside the fused kernel, with no pass of its own)")
+    if request.precision == "fp8" and "fp8" not in _profile(request).peak_flops:
+        profile = _profile(request)
+        raise EmulatorError(f"--precision fp8: device {profile.name} has no FP8 rate (its profile's peak_flops has "
+                            f"{', '.join(sorted(profile.peak_flops))}); FP8 GEMMs need Hopper or later (h100, h200, b200)")
     for key in ("gpus", "global_batch", "micro_batch", "seq", "gpus_per_node"):
         if getattr(request, key) < 1:
             raise EmulatorError(f"{_flag(key)} {getattr(request, key)} must be >= 1")
@@ -229,6 +239,7 @@ def emulate(request: EmulateRequest, *, use_cache: bool = True, progress=None) -
         **({"grad_accumulation": request.grad_accumulation} if request.grad_accumulation != "program" else {}),
         **({"pipeline_p2p": request.pipeline_p2p} if request.pipeline_p2p != "program" else {}),
         **({"optimizer": request.optimizer} if request.optimizer != "program" else {}),
+        **({"precision": request.precision, "fp8_scaling": request.fp8_scaling} if request.precision != "bf16" else {}),
         "step_seconds": step, "tokens_per_second": tokens,
         **({"llm_tokens_per_second": request.global_batch * (request.seq + sum(i.tokens for i in inputs)) / step}
            if inputs else {}),
@@ -261,9 +272,11 @@ def emulate(request: EmulateRequest, *, use_cache: bool = True, progress=None) -
 
 
 def as_run(traced: Trace, request: EmulateRequest) -> Trace:
-    """The traced program as the request's run differs from it: its dropout, attention kernels, where it
+    """The traced program as the request's run differs from it: its GEMM precision, dropout, attention kernels, where it
     accumulates and when it reduces its gradients, how its pipeline exchanges, how it steps (each a
     no-op at the program's own default)."""
+    traced = with_precision(traced, request.precision, Dims.of(request.model_config.llm), request.fp8_scaling,
+                            request.gpus_per_node)
     traced = with_hidden_dropout(traced, request.hidden_dropout, request.sequence_parallel)
     traced = with_attention(traced, request.attention, request.attention_dropout)
     traced = with_grad_accumulation(traced, request.grad_accumulation)

@@ -28,7 +28,7 @@ ROLES = ("", "grad_accumulate")
 COMM_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast")
 DIMS = ("tp", "dp", "pp", "cp", "ep", "embed", "kv")  # embed: a tied embedding's two end stages;
 # kv: the TP ranks sharing a replicated kv head (kv heads fewer than tp), which sum its gradient
-DTYPES = ("bf16", "fp16", "fp32")
+DTYPES = ("bf16", "fp16", "fp32", "fp8")  # fp8: a run's FP8 GEMMs and casts (precision.py), never traced
 SYNC_PHASES = ("forward", "backward", "step")
 FORMAT_VERSION = 1
 

@@ -16,6 +16,7 @@ def test_spec_sheet_numbers():
     assert get_profile("h100").peak("bf16") == 989.4e12
     assert get_profile("h200").peak("bf16") == 989.4e12
     assert get_profile("b200").peak("bf16") == 2250e12
+    assert [get_profile(n).peak("fp8") for n in ("h100", "h200", "b200")] == [1978.9e12, 1978.9e12, 4500e12]
     assert [get_profile(n).hbm_bandwidth for n in ("a100", "h100", "h200", "b200")] == [2.039e12, 3.35e12, 4.8e12, 8e12]
     assert get_profile("h200").hbm_bytes > 140e9 > get_profile("h100").hbm_bytes > 80e9
     assert get_profile("a100").intra_node_bandwidth == 300e9  # NVLink3, one direction
@@ -26,7 +27,9 @@ def test_unknown_device_is_named():
     with pytest.raises(ValueError, match="unknown device 'tpu-v5'; known: a100, b200, cpu, h100, h200"):
         get_profile("tpu-v5")
     with pytest.raises(ValueError, match="dtype 'fp8'"):
-        get_profile("h100").peak("fp8")
+        get_profile("a100").peak("fp8")  # Ampere has no FP8 tensor cores
+    with pytest.raises(ValueError, match="dtype 'fp4'"):
+        get_profile("h100").peak("fp4")
 
 
 @pytest.mark.parametrize("name", sorted(PROFILES))
@@ -78,3 +81,16 @@ def test_bad_profile_values():
         replace(get_profile("h100"), matmul_max_fraction=1.5)
     with pytest.raises(ValueError, match="peak_flops"):
         DeviceProfile.from_dict({**get_profile("h100").to_dict(), "peak_flops": {"bf16": 1e12}})
+
+
+def test_fp8_gemms_reach_their_own_measured_fraction_of_the_fp8_peak():
+    """H100's FP8 fraction is cuBLASLt's measured 1611 of 1978.9 TFLOP/s, not bf16's sweep; a
+    profile without an FP8 measurement (B200) uses its bf16 fraction."""
+    big = (16384, 16384, 16384)
+    h100, b200 = get_profile("h100"), get_profile("b200")
+    assert h100.matmul_efficiency(big, "fp8") / h100.matmul_efficiency(big) == pytest.approx(
+        (1611.2 / 1978.9) / h100.matmul_max_fraction)
+    assert h100.matmul_rate("fp8", big) == pytest.approx(1978.9e12 * h100.matmul_efficiency(big, "fp8"))
+    assert b200.matmul_efficiency(big, "fp8") == b200.matmul_efficiency(big)
+    with pytest.raises(ValueError, match=r"matmul_fraction_of\['fp8'\]=1.5 must be in \(0, 1\]"):
+        DeviceProfile.from_dict({**h100.to_dict(), "matmul_fraction_of": {"fp8": 1.5}})
