@@ -17,7 +17,7 @@ import re
 from parallelism.hf_weights.errors import HFWeightsError
 from parallelism.hf_weights.pieces import HFMap, Piece, Variant
 from parallelism.layout.catalog import build_model
-from parallelism.layout.hf_config import SUPPORTED_TYPES
+from parallelism.layout.hf_config import WEIGHT_TYPES
 from parallelism.layout.model_config import DecoderConfig, ModelConfig
 from parallelism.layout.tensors import TensorSpec
 
@@ -30,9 +30,9 @@ _LAYER = re.compile(r"^llm\.layers\.(\d+)\.(.+)$")
 def model_type_of(family: str) -> str:
     """The HF model_type of a catalog family (gpt -> gpt2; the llama-like ones are their own)."""
     model_type = "gpt2" if family == "gpt" else family
-    if model_type not in SUPPORTED_TYPES:
+    if model_type not in WEIGHT_TYPES:
         raise HFWeightsError(f"family {family!r} has no Hugging Face adapter (supported model_type: "
-                             f"{', '.join(SUPPORTED_TYPES)})")
+                             f"{', '.join(WEIGHT_TYPES)})")
     return model_type
 
 
@@ -47,8 +47,8 @@ def detect_variant(model_type: str, hf_names: list[str] | set[str]) -> Variant:
 
 def hf_map(config: DecoderConfig, model_type: str, variant: Variant = Variant()) -> HFMap:
     """The Pieces of every logical tensor of `config` in a `model_type` checkpoint spelt `variant`."""
-    if model_type not in SUPPORTED_TYPES:
-        raise HFWeightsError(f"unsupported model_type {model_type!r} (supported: {', '.join(SUPPORTED_TYPES)})")
+    if model_type not in WEIGHT_TYPES:
+        raise HFWeightsError(f"unsupported model_type {model_type!r} (supported: {', '.join(WEIGHT_TYPES)})")
     if (model_type == "gpt2") != (config.style == "gpt"):
         raise HFWeightsError(f"model_type {model_type!r} does not fit a {config.style}-style decoder")
     if variant.experts not in ("per_expert", "fused"):

@@ -42,7 +42,7 @@ from parallelism.hf_weights.pieces import HFMap, Range
 from parallelism.hf_weights.region_read import SafetensorsFile
 from parallelism.layout.catalog import model_from_config
 from parallelism.layout.errors import LayoutError
-from parallelism.layout.hf_config import SUPPORTED_TYPES, load_hf_config
+from parallelism.layout.hf_config import SUPPORTED_TYPES, WEIGHT_TYPES, load_hf_config
 from parallelism.layout.model_config import ModelConfig
 from parallelism.layout.placement import Placement
 from parallelism.layout.shards import b_dim
@@ -67,8 +67,11 @@ def hf_model_config(hf_dir: str) -> ModelConfig:
     path = os.path.join(hf_dir, CONFIG)
     raw = read_json(path)
     model_type = raw.get("model_type") if isinstance(raw, dict) else None
-    if model_type not in SUPPORTED_TYPES:
-        raise HFWeightsError(f"{path}: unsupported model_type {model_type!r} (supported: {', '.join(SUPPORTED_TYPES)})")
+    if model_type not in WEIGHT_TYPES:
+        read_only = ": read as a model (to train from scratch, to emulate), its weights have no adapter" \
+            if model_type in SUPPORTED_TYPES else ""
+        raise HFWeightsError(f"{path}: unsupported model_type {model_type!r}{read_only} (supported: "
+                             f"{', '.join(WEIGHT_TYPES)})")
     try:
         return load_hf_config(path)
     except LayoutError as exc:

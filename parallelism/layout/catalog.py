@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from parallelism.layout.errors import LayoutError, require
 from parallelism.layout.hf_config import load_hf_config
-from parallelism.layout.model_config import DecoderConfig, ModelConfig, VisionConfig
+from parallelism.layout.model_config import NORMS, DecoderConfig, ModelConfig, VisionConfig
 from parallelism.layout.tensors import Model, ModuleSpec, Place, TensorSpec, TensorSplit
 
 
@@ -37,9 +37,15 @@ def _gpt_layer(p: str, mod: str, i: int, h: int, heads: int, hd: int, ffn: int) 
     return out
 
 
+def _norm(name: str, c: DecoderConfig, **where) -> list[TensorSpec]:
+    """A llama-style norm's tensors: RMSNorm's weight, LayerNorm's weight and bias."""
+    out = [_t(f"{name}.weight", (c.hidden,), "llm", **where)]
+    return out + ([_t(f"{name}.bias", (c.hidden,), "llm", **where)] if c.norm == "layernorm" else [])
+
+
 def _llama_layer(c: DecoderConfig, i: int) -> list[TensorSpec]:
     p, h, hd = f"llm.layers.{i}.", c.hidden, c.head_dim
-    out = [_t(f"{p}attn_norm.weight", (h,), "llm", layer=i)]
+    out = _norm(f"{p}attn_norm", c, layer=i)
     for proj, units in (("q", c.heads), ("k", c.kv_heads), ("v", c.kv_heads)):
         out.append(_t(f"{p}attn.{proj}.weight", (units * hd, h), "llm", layer=i, tp_dim=0, tp_units=units))
         if c.qkv_bias:
@@ -49,7 +55,7 @@ def _llama_layer(c: DecoderConfig, i: int) -> list[TensorSpec]:
     out.append(_t(f"{p}attn.o.weight", (h, c.heads * hd), "llm", layer=i, tp_dim=1, tp_units=c.heads))
     if c.o_bias:
         out.append(_t(f"{p}attn.o.bias", (h,), "llm", layer=i))
-    out.append(_t(f"{p}mlp_norm.weight", (h,), "llm", layer=i))
+    out += _norm(f"{p}mlp_norm", c, layer=i)
     if c.is_moe_layer(i):
         e, f = c.experts, c.moe_ffn
         out += [
@@ -59,7 +65,7 @@ def _llama_layer(c: DecoderConfig, i: int) -> list[TensorSpec]:
             _t(f"{p}moe.experts.down.weight", (e, h, f), "llm", layer=i, tp_dim=2, ep_dim=0),
         ]
         return out
-    for proj in ("gate", "up"):
+    for proj in ("gate", "up") if c.gated_mlp else ("up",):
         out.append(_t(f"{p}mlp.{proj}.weight", (c.ffn, h), "llm", layer=i, tp_dim=0))
         if c.mlp_bias:
             out.append(_t(f"{p}mlp.{proj}.bias", (c.ffn,), "llm", layer=i, tp_dim=0))
@@ -80,9 +86,13 @@ def _decoder_tensors(c: DecoderConfig) -> list[TensorSpec]:
         out += [_t("llm.final_norm.weight", (c.hidden,), "llm", place="last"),
                 _t("llm.final_norm.bias", (c.hidden,), "llm", place="last")]
     else:
+        require(c.norm in NORMS, f"unknown norm {c.norm!r} (known: {', '.join(NORMS)})")
+        require(c.gated_mlp or not c.experts, "experts without a gate (down(act(up(x)))) are not built")
+        require(0 <= c.rotary_dim <= c.head_dim and c.rotary_dim % 2 == 0,
+                f"rotary_dim {c.rotary_dim} must be even and at most head_dim {c.head_dim}")
         for i in range(c.layers):
             out += _llama_layer(c, i)
-        out.append(_t("llm.final_norm.weight", (c.hidden,), "llm", place="last"))
+        out += _norm("llm.final_norm", c, place="last")
     if not c.tied:
         out.append(_t("llm.head.weight", (c.vocab, c.hidden), "llm", place="last", tp_dim=0))
     return out

@@ -1,4 +1,5 @@
-"""Read a Hugging Face config.json into a catalog ModelConfig (llama, qwen2/3, qwen3_moe, mixtral, gpt2)."""
+"""Read a Hugging Face config.json into a catalog ModelConfig (llama, qwen2/3, qwen3_moe, mixtral, nemotron,
+gpt2). A key this module does not know for the model_type is refused by name (hf_config_keys.py)."""
 from __future__ import annotations
 
 import json
@@ -6,15 +7,22 @@ import os
 from typing import Any
 
 from parallelism.layout.errors import LayoutError
+from parallelism.layout.hf_config_keys import check_keys
 from parallelism.layout.model_config import ACTIVATIONS, DecoderConfig, ModelConfig, RopeScaling
 
-SUPPORTED_TYPES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt2")
+SUPPORTED_TYPES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "nemotron", "gpt2")
+# The model_types whose weights load and export (parallelism/hf_weights/families.py); the others
+# are read as models (to train from scratch, to emulate) only.
+WEIGHT_TYPES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt2")
 # transformers' per-class defaults for keys a config.json may leave out (shape keys have none: they are required).
 _TIED_DEFAULT = {"gpt2": True}  # every other supported class defaults to untied
 _HEAD_DIM_DEFAULT = {"qwen3": 128, "qwen3_moe": 128}  # others: hidden // heads
 _TOP_K_DEFAULT = {"mixtral": 2, "qwen3_moe": 8}
 _ROPE_THETA_DEFAULT = {"mixtral": 1e6}  # others: transformers' default_theta, 1e4
-_NORM_EPS_DEFAULT = {"llama": 1e-6, "qwen2": 1e-6, "qwen3": 1e-6, "qwen3_moe": 1e-6, "mixtral": 1e-5, "gpt2": 1e-5}
+_NORM_EPS_DEFAULT = {"llama": 1e-6, "qwen2": 1e-6, "qwen3": 1e-6, "qwen3_moe": 1e-6, "mixtral": 1e-5, "nemotron": 1e-5,
+                     "gpt2": 1e-5}
+_ACT_DEFAULT = {"nemotron": "relu2"}  # others: the style's own (silu, gelu_new)
+_ROTARY_FRACTION_DEFAULT = 0.5  # NemotronConfig.partial_rotary_factor
 
 
 class _Reader:
@@ -74,6 +82,7 @@ def load_hf_config(path: str) -> ModelConfig:
     if model_type not in SUPPORTED_TYPES:
         raise LayoutError(f"{path}: unsupported model_type {model_type!r} (supported: {', '.join(SUPPORTED_TYPES)})")
     r = _Reader(raw, path, model_type)
+    check_keys(raw, model_type, r.fail)
     name = raw.get("_name_or_path")
     if not isinstance(name, str) or not name:
         name = os.path.basename(os.path.dirname(os.path.abspath(path))) or path
@@ -92,7 +101,7 @@ def _head_dim(r: _Reader, hidden: int, heads: int) -> int:
 def _activation(r: _Reader, *keys: str) -> str:
     key = next((k for k in keys if r.raw.get(k) is not None), None)
     if key is None:
-        return ""
+        return _ACT_DEFAULT.get(r.model_type, "")
     value = r.raw[key]
     if value not in ACTIVATIONS:
         raise r.fail(f"{key}={value!r} is not an activation the trainer computes ({', '.join(ACTIVATIONS)})")
@@ -147,20 +156,38 @@ def _llama_like(r: _Reader) -> DecoderConfig:
     ffn = r.get_int("intermediate_size") if needs_ffn else r.get_int("intermediate_size", default=moe_ffn)
     attention_bias = r.get_bool("attention_bias", False)
     theta, scaling = _rope(r)
+    head_dim = _head_dim(r, hidden, heads)
+    nemotron = mt == "nemotron"
     return DecoderConfig(
-        "llama", hidden, layers, heads, kv, _head_dim(r, hidden, heads), ffn, r.get_int("vocab_size"),
+        "llama", hidden, layers, heads, kv, head_dim, ffn, r.get_int("vocab_size"),
         tied=r.get_bool("tie_word_embeddings", _TIED_DEFAULT.get(mt, False)),
         qkv_bias=mt == "qwen2" or attention_bias,  # Qwen2 always has q/k/v biases (and never an o bias)
         o_bias=mt != "qwen2" and attention_bias,  # Llama/Qwen3 put attention_bias on o_proj too
-        mlp_bias=mt == "llama" and r.get_bool("mlp_bias", False),
+        mlp_bias=mt in ("llama", "nemotron") and r.get_bool("mlp_bias", False),
         qk_norm=mt in ("qwen3", "qwen3_moe"),
         experts=experts, top_k=top_k, moe_ffn=moe_ffn,
         dense_layers=frozenset(dense) if experts else frozenset(),
         rope_theta=theta, rope_scaling=scaling,
-        norm_eps=r.get_float("rms_norm_eps", default=_NORM_EPS_DEFAULT[mt]),
+        norm_eps=r.get_float("norm_eps" if nemotron else "rms_norm_eps", default=_NORM_EPS_DEFAULT[mt]),
         norm_topk_prob=r.get_bool("norm_topk_prob", False) if mt == "qwen3_moe" else True,  # Mixtral: always
         hidden_act=_activation(r, "hidden_act"),
+        # Nemotron: LayerNorm1P (weight + 1, a bias), an MLP without a gate, RoPE on part of each head
+        gated_mlp=not nemotron, norm="layernorm" if nemotron else "rms",
+        rotary_dim=_rotary_dim(r, head_dim) if nemotron else 0,
     )
+
+
+def _rotary_dim(r: _Reader, head_dim: int) -> int:
+    """The rotated dims of a head: int(head_dim x partial_rotary_factor), as transformers takes them."""
+    params = r.raw.get("rope_parameters") or {}  # transformers 5 keeps it there
+    fraction = r.get_float("partial_rotary_factor", default=_ROTARY_FRACTION_DEFAULT)
+    if isinstance(params, dict):
+        fraction = r.get_float("partial_rotary_factor", default=fraction, source=params)
+    dims = int(head_dim * fraction)
+    if fraction > 1 or dims < 2 or dims % 2:
+        raise r.fail(f"partial_rotary_factor={fraction!r} gives {dims} rotated dims of head_dim {head_dim}: "
+                     "must be an even number from 2 to head_dim")
+    return 0 if dims == head_dim else dims
 
 
 def _gpt2(r: _Reader) -> DecoderConfig:

@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 ROPE_THETA = 500_000.0  # Llama 3's RoPE base: the catalog's llama-style models use it
 # Activations the trainer computes, by their Hugging Face names (ACT2FN's): SiLU, exact GELU and
 # GELU's tanh approximation under its three names. "" is a style's own: silu (llama), gelu_new (gpt).
-ACTIVATIONS: tuple[str, ...] = ("silu", "swish", "gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+ACTIVATIONS: tuple[str, ...] = ("silu", "swish", "gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast",
+                                "relu2")  # relu2: squared ReLU (Primer; Nemotron's MLP)
+NORMS: tuple[str, ...] = ("rms", "layernorm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,17 @@ class DecoderConfig:
     norm_eps: float = 1e-5  # RMSNorm / LayerNorm epsilon
     norm_topk_prob: bool = True  # MoE: renormalize the top-k gates to sum to 1 (Mixtral; Qwen3-MoE's flag)
     hidden_act: str = ""  # "": the style's own, silu (llama) or gelu_new, GELU's tanh form (gpt)
+    # llama style: a gated MLP down(act(gate(x)) * up(x)), or without a gate down(act(up(x)))
+    # (Nemotron: squared ReLU); its norms RMSNorm or LayerNorm with a bias (Nemotron's
+    # LayerNorm1P computes weight + 1: the same function of a shifted stored weight); RoPE on
+    # the first `rotary_dim` dims of each head (0: all of them; Nemotron rotates half).
+    gated_mlp: bool = True
+    norm: str = "rms"
+    rotary_dim: int = 0
+
+    @property
+    def rope_dim(self) -> int:
+        return self.rotary_dim or self.head_dim
 
     def is_moe_layer(self, i: int) -> bool:
         return self.experts > 0 and i not in self.dense_layers

@@ -29,6 +29,8 @@ def activation(name: str, style: str = "llama") -> Callable[[Tensor], Tensor]:
         return F.gelu
     if name in _TANH_GELU:
         return lambda x: F.gelu(x, approximate="tanh")
+    if name == "relu2":
+        return lambda x: torch.square(F.relu(x))
     raise ValueError(f"unknown activation {name!r}")
 
 
@@ -77,9 +79,13 @@ def llama3_frequencies(inv_freq: Tensor, s: RopeScaling) -> Tensor:
 
 
 def apply_rope(x: Tensor, rope: Rope) -> Tensor:
-    """Rotate x [B, heads, T, head_dim] by its positions' angles."""
+    """Rotate x [B, heads, T, head_dim] by its positions' angles; tables narrower than a head
+    (partial rotary, Nemotron's) rotate its first dims and pass the rest through."""
     cos, sin = rope
-    half = x.shape[-1] // 2
+    dim = cos.shape[-1]
+    if dim < x.shape[-1]:
+        return torch.cat((apply_rope(x[..., :dim], rope), x[..., dim:]), dim=-1)
+    half = dim // 2
     xf = x.float()
     rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
     return (xf * cos + rotated * sin).to(x.dtype)
@@ -122,17 +128,28 @@ class Attention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """Llama's MLP: down(silu(gate(x)) * up(x)) (`act` in place of silu when a config names another)."""
+    """Llama's MLP: down(silu(gate(x)) * up(x)) (`act` in place of silu when a config names another);
+    without a gate (gated=False) down(act(up(x))), Nemotron's with squared ReLU."""
 
-    def __init__(self, hidden: int, ffn: int, fk: Factory, *, bias: bool = False, act: str = "silu") -> None:
+    def __init__(self, hidden: int, ffn: int, fk: Factory, *, bias: bool = False, act: str = "silu",
+                 gated: bool = True) -> None:
         super().__init__()
         self.act = activation(act)
-        self.gate = nn.Linear(hidden, ffn, bias=bias, **fk)
+        self.gate = nn.Linear(hidden, ffn, bias=bias, **fk) if gated else None
         self.up = nn.Linear(hidden, ffn, bias=bias, **fk)
         self.down = nn.Linear(ffn, hidden, bias=bias, **fk)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.gate is None:
+            return self.down(self.act(self.up(x)))
         return self.down(self.act(self.gate(x)) * self.up(x))
+
+
+def decoder_norm(c: DecoderConfig, fk: Factory) -> nn.Module:
+    """A llama-style decoder's norm: RMSNorm, or LayerNorm with a bias (c.norm)."""
+    if c.norm == "layernorm":
+        return nn.LayerNorm(c.hidden, eps=c.norm_eps, **fk)
+    return RMSNorm(c.hidden, fk, c.norm_eps)
 
 
 class GeluMLP(nn.Module):
@@ -154,13 +171,13 @@ class LlamaBlock(nn.Module):
 
     def __init__(self, c: DecoderConfig, index: int, fk: Factory) -> None:
         super().__init__()
-        self.attn_norm = RMSNorm(c.hidden, fk, c.norm_eps)
+        self.attn_norm = decoder_norm(c, fk)
         self.attn = Attention(c.hidden, c.heads, c.kv_heads, c.head_dim, fk, qkv_bias=c.qkv_bias,
                               o_bias=c.o_bias, qk_norm=c.qk_norm, eps=c.norm_eps)
-        self.mlp_norm = RMSNorm(c.hidden, fk, c.norm_eps)
+        self.mlp_norm = decoder_norm(c, fk)
         moe = c.is_moe_layer(index)  # MoE layers hold `moe.*` and no `mlp.*`, as the catalog names them
         act = c.hidden_act or "silu"
-        self.mlp = None if moe else SwiGLU(c.hidden, c.ffn, fk, bias=c.mlp_bias, act=act)
+        self.mlp = None if moe else SwiGLU(c.hidden, c.ffn, fk, bias=c.mlp_bias, act=act, gated=c.gated_mlp)
         self.moe = (MoE(c.hidden, c.moe_ffn, c.experts, c.top_k, fk, norm_topk_prob=c.norm_topk_prob,
                         act=activation(act)) if moe else None)
 

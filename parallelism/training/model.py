@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from parallelism.layout.model_config import ACTIVATIONS, ROPE_THETA, DecoderConfig, ModelConfig, VisionConfig
-from parallelism.training.layers import NORM_EPS, Factory, GeluMLP, GptBlock, LlamaBlock, RMSNorm, rope_cos_sin
+from parallelism.training.layers import NORM_EPS, Factory, GeluMLP, GptBlock, LlamaBlock, decoder_norm, rope_cos_sin
 
 __all__ = ["ROPE_THETA", "Decoder", "TrainingModel", "VisionEncoder", "build_training_model"]
 
@@ -35,7 +35,7 @@ class Decoder(nn.Module):
         ]
         self.layers = nn.ModuleList(blocks)
         self.final_norm: nn.Module = (nn.LayerNorm(c.hidden, eps=c.norm_eps, **fk) if self.gpt
-                                      else RMSNorm(c.hidden, fk, c.norm_eps))
+                                      else decoder_norm(c, fk))
         self.head = None if c.tied else nn.Linear(c.hidden, c.vocab, bias=False, **fk)
 
     def forward(self, tokens: Tensor, prefix: Tensor | None = None) -> Tensor:
@@ -52,7 +52,7 @@ class Decoder(nn.Module):
                      f"sequence of {length} positions exceeds the {self.config.positions}-row position table")
             x = x + self.pos_embed(torch.arange(length, device=x.device))
         else:
-            rope = rope_cos_sin(length, self.config.head_dim, self.rope_theta, x.device,
+            rope = rope_cos_sin(length, self.config.rope_dim, self.rope_theta, x.device,
                                 scaling=self.config.rope_scaling)
         for layer in self.layers:
             x = layer(x, rope)

@@ -276,9 +276,10 @@ def tp_plan(stage: DecoderStage, sequence_parallel: bool = False, kv_units: int 
                                                    desired_input_layouts=(Replicate(), None))
         plan[f"{p}.attn.o"] = RowwiseParallel(output_layouts=seq)
         if getattr(layer, "mlp", None) is not None:
-            if hasattr(layer.mlp, "gate"):
-                plan.update({f"{p}.mlp.gate": ColwiseParallel(), f"{p}.mlp.up": ColwiseParallel(),
-                             f"{p}.mlp.down": RowwiseParallel(output_layouts=seq)})
+            if hasattr(layer.mlp, "up"):  # llama style, with or without a gate
+                plan.update({f"{p}.mlp.up": ColwiseParallel(), f"{p}.mlp.down": RowwiseParallel(output_layouts=seq)})
+                if layer.mlp.gate is not None:
+                    plan[f"{p}.mlp.gate"] = ColwiseParallel()
                 if not sequence_parallel:
                     plan[f"{p}.mlp"] = PrepareModuleInput(input_layouts=(Replicate(),),
                                                           desired_input_layouts=(Replicate(),))

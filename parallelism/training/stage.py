@@ -118,7 +118,7 @@ class DecoderStage(nn.Module):
         if not self.gpt:
             length = x.shape[1] * self.sequence_shards
             start = self.context.start(length) if self.context is not None else 0
-            rope = rope_cos_sin(length, self.config.head_dim, self.rope_theta, x.device, start,
+            rope = rope_cos_sin(length, self.config.rope_dim, self.rope_theta, x.device, start,
                                 self.config.rope_scaling)
         for layer in self.llm.layers.values():
             x = layer(x, rope)

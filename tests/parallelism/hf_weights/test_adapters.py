@@ -12,7 +12,7 @@ from parallelism.hf_weights.convert import from_hf, read_box, to_hf
 from parallelism.hf_weights.families import detect_variant, hf_map
 from parallelism.hf_weights.pieces import HFMap, Variant
 from parallelism.layout.catalog import build_model
-from parallelism.layout.hf_config import SUPPORTED_TYPES
+from parallelism.layout.hf_config import WEIGHT_TYPES
 from parallelism.layout.model_config import DecoderConfig, ModelConfig
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -21,7 +21,7 @@ SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
 @st.composite
 def configs(draw) -> tuple[DecoderConfig, str, Variant]:
     """A DecoderConfig as hf_config makes it for a random model_type, and a name variant."""
-    mt = draw(st.sampled_from(SUPPORTED_TYPES))
+    mt = draw(st.sampled_from(WEIGHT_TYPES))
     heads = draw(st.sampled_from([1, 2, 4]))
     kv = heads if mt == "gpt2" else draw(st.sampled_from([k for k in (1, 2, 4) if heads % k == 0]))
     head_dim = draw(st.sampled_from([2, 4]))

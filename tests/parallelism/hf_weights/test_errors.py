@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from parallelism.hf_weights import HFWeightsError, export_hf, export_hf_from_checkpoint, hf_initial_shards
-from parallelism.hf_weights.load import RegionFiles
+from parallelism.hf_weights.load import RegionFiles, hf_model_config
+from parallelism.layout.errors import LayoutError
 from parallelism.layout.catalog import get_config, get_model, model_from_config
 from parallelism.layout.model_config import DecoderConfig, ModelConfig
 from parallelism.layout.placement import place
@@ -180,9 +181,6 @@ def test_unreadable_file_and_dtype(copy) -> None:
 
 @pytest.mark.parametrize(("changes", "rule"), [
     ({"rope_parameters": {**LLAMA3_ROPE, "rope_type": "yarn"}}, r"rope_type 'yarn' is not implemented"),
-    ({"sliding_window": 8, "use_sliding_window": True}, r"sliding_window=8: sliding-window attention"),
-    ({"layer_types": ["sliding_attention", "full_attention"]},
-     r"layer_types \['full_attention', 'sliding_attention'\]"),
 ])
 def test_settings_computed_otherwise_are_refused(copy, changes: dict, rule: str) -> None:
     folder = copy("qwen2")
@@ -191,11 +189,24 @@ def test_settings_computed_otherwise_are_refused(copy, changes: dict, rule: str)
         load(folder)
 
 
-def test_gpt2_attention_scaling_refused(copy) -> None:
-    folder = copy("gpt2")
-    edit_config(folder, scale_attn_by_inverse_layer_idx=True)
-    with refused(r"scale_attn_by_inverse_layer_idx=true is not implemented"):
-        load(folder)
+@pytest.mark.parametrize(("family", "changes", "rule"), [
+    ("qwen2", {"sliding_window": 8, "use_sliding_window": True}, r"sliding_window=8: sliding-window attention"),
+    ("qwen2", {"layer_types": ["sliding_attention", "full_attention"]},
+     r"layer_types\[0\]='sliding_attention': only full_attention layers are built"),
+    ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, r"scale_attn_by_inverse_layer_idx=true"),
+    ("gpt2", {"add_cross_attention": True}, r"add_cross_attention=True: a decoder-only model has no cross-attention"),
+    ("qwen2", {"attn_logit_softcapping": 50.0}, r"key 'attn_logit_softcapping' not known for this model_type"),
+])
+def test_settings_that_change_the_model_are_refused_when_the_config_is_read(copy, family: str, changes: dict,
+                                                                           rule: str) -> None:
+    """The model, and so its weights: named before any tensor is read, whether the config is read
+    as a model (get_model: LayoutError) or for its weights (hf_model_config: HFWeightsError)."""
+    folder = copy(family)
+    edit_config(folder, **changes)
+    with pytest.raises(LayoutError, match=rf"config\.json: {rule}"):
+        get_model(str(folder), paths=True)
+    with refused(rf"config\.json: {rule}"):
+        hf_model_config(str(folder))
 
 
 # --- export ---------------------------------------------------------------------------

@@ -68,7 +68,7 @@ def test_llama3_rope_scaling(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("raw", "message"), [
     ({**LLAMA3_8B_HF, "rope_theta": "big"}, "rope_theta='big' must be a positive number"),
     ({**LLAMA3_8B_HF, "rms_norm_eps": 0}, "rms_norm_eps=0 must be a positive number"),
-    ({**LLAMA3_8B_HF, "hidden_act": "relu2"}, "hidden_act='relu2' is not an activation"),
+    ({**LLAMA3_8B_HF, "hidden_act": "relu6"}, "hidden_act='relu6' is not an activation"),
     ({**LLAMA3_8B_HF, "rope_scaling": [1]}, "rope_parameters=[1] must be an object"),
     ({**LLAMA3_8B_HF, "rope_scaling": {"rope_type": "llama3", "original_max_position_embeddings": "8k"}},
      "original_max_position_embeddings='8k' must be an integer"),
