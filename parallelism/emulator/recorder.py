@@ -29,7 +29,14 @@ MATMUL = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten._scaled_mm}
 # CPU's attention kernels are not in flop_counter's registry; their FLOPs follow flash attention's.
 CPU_ATTENTION = {"_scaled_dot_product_flash_attention_for_cpu": "forward",
                  "_scaled_dot_product_flash_attention_for_cpu_backward": "backward"}
-ATTENTION_NAMES = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention")
+ATTENTION_NAMES = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention",
+                   "window_attention")
+# The trainer's windowed attention (parallelism/training/window_attention.py): where its q, k
+# and v are among the arguments and where the window is. Priced as a flash kernel with a
+# window (FlashAttention's window_size) that skips the blocks outside it: FLOPs by the share of
+# the score matrix the window keeps (window_fraction), the kernel's inner loop as long as the
+# window (shape's s_kv).
+WINDOW_ATTENTION = {"window_attention": ("forward", 0, 3), "window_attention_backward": ("backward", 1, 6)}
 
 COLLECTIVES = {  # op name (functional or c10d) -> kind
     "all_reduce": "all_reduce", "allreduce_": "all_reduce",
@@ -115,6 +122,16 @@ def causal_fraction(s_q: int, s_kv: int) -> float:
         return 1.0
     below = min(s_q, s_kv)  # rows 0..below-1 see i+1 keys, the rest see all s_kv
     return (below * (below + 1) // 2 + (s_q - below) * s_kv) / (s_q * s_kv)
+
+
+def window_fraction(s_q: int, s_kv: int, window: int) -> float:
+    """Share of the s_q x s_kv score matrix a causal attention within `window` keys computes:
+    query i sees keys max(0, i - window + 1)..i (window 0: causal_fraction)."""
+    if not window or s_q <= 0 or s_kv <= 0:
+        return causal_fraction(s_q, s_kv)
+    cap = min(window, s_kv)
+    ramp = min(s_q, cap)  # queries 0..ramp-1 see i + 1 keys, the rest see `cap`
+    return (ramp * (ramp + 1) // 2 + (s_q - ramp) * cap) / (s_q * s_kv)
 
 
 def _argument(func, args, kwargs, name: str):
@@ -322,6 +339,14 @@ class OpRecorder(TorchDispatchMode):
             q, k, v = args[0:3] if CPU_ATTENTION[name] == "forward" else args[1:4]
             flops = float(sdpa_flop_count(q.shape, k.shape, v.shape) if CPU_ATTENTION[name] == "forward"
                           else sdpa_backward_flop_count(args[0].shape, q.shape, k.shape, v.shape))
+        elif name in WINDOW_ATTENTION and namespace == "dynaplane":
+            direction, first, at = WINDOW_ATTENTION[name]
+            q, k = args[first], args[first + 1]
+            b, h, s_q, d = q.shape
+            s_kv, window = k.shape[2], int(args[at])
+            # two GEMMs forward, five backward (the scores recomputed), over the window's share
+            flops = 2 * 2 * b * h * s_q * s_kv * d * (1 if direction == "forward" else 2.5) \
+                * window_fraction(s_q, s_kv, window)
         kind = ("matmul" if packet in MATMUL else
                 "attention" if any(a in name for a in ATTENTION_NAMES) else "memory")
         shape: tuple[int, ...] = ()
@@ -331,7 +356,10 @@ class OpRecorder(TorchDispatchMode):
             form = matmul_form(name, args) if name != "_scaled_mm" else ""
         elif kind == "attention":
             q, k = (args[0], args[1]) if "backward" not in name else (args[1], args[2])
-            if q.dim() == 4 and k.dim() == 4:
+            if name in WINDOW_ATTENTION:  # FLOPs scaled above; the inner loop runs over the window
+                window = int(args[WINDOW_ATTENTION[name][2]])
+                shape = (q.shape[0], q.shape[1], q.shape[2], min(k.shape[2], window or k.shape[2]), q.shape[3])
+            elif q.dim() == 4 and k.dim() == 4:
                 shape = _attention_shape(q, k)
                 if _argument(func, args, kwargs, "is_causal"):
                     flops *= causal_fraction(q.shape[2], k.shape[2])

@@ -51,7 +51,10 @@ class TraceRequest(NamesAModel):
 
     def key(self) -> str:
         spec = self.tensors
+        # the whole config, not only its name and size: a config.json edited in place (a window
+        # turned on, another activation) is another program
         text = json.dumps({"v": TRACER_VERSION, "torch": torch.__version__, "model": spec.name,
+                           "config": repr(self.model_config),
                            "params": spec.param_count, "layout": str(place(spec, self.layout).layout),
                            **{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("layout", "model_config")}},
                           sort_keys=True)

@@ -77,7 +77,8 @@ def class_key(request: TraceRequest, role: tuple) -> str:
               {"offset": ml.offset, "micro_batch": request.micro_batch, "seq": request.seq,
                "micro_batches": request.micro_batches, "sequence_parallel": request.sequence_parallel})
     text = json.dumps({"v": (TRACER_VERSION, MODULES_VERSION), "torch": torch.__version__,
-                       "model": request.model, "params": request.tensors.param_count, "role": list(role),
+                       "model": request.model, "config": repr(request.model_config),
+                       "params": request.tensors.param_count, "role": list(role),
                        "layout": own, "gpn": request.gpus_per_node, **fields}, sort_keys=True)
     return f"module-{role[0]}-" + hashlib.sha256(text.encode()).hexdigest()[:24]
 

@@ -10,7 +10,7 @@ from parallelism.layout.errors import LayoutError
 from parallelism.layout.hf_config_keys import check_keys
 from parallelism.layout.model_config import ACTIVATIONS, DecoderConfig, ModelConfig, RopeScaling
 
-SUPPORTED_TYPES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "nemotron", "gpt2")
+SUPPORTED_TYPES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "nemotron", "gpt2")
 # The model_types whose weights load and export (parallelism/hf_weights/families.py); the others
 # are read as models (to train from scratch, to emulate) only.
 WEIGHT_TYPES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt2")
@@ -18,8 +18,8 @@ WEIGHT_TYPES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtra
 _TIED_DEFAULT = {"gpt2": True}  # every other supported class defaults to untied
 _HEAD_DIM_DEFAULT = {"qwen3": 128, "qwen3_moe": 128}  # others: hidden // heads
 _TOP_K_DEFAULT = {"mixtral": 2, "qwen3_moe": 8}
-_ROPE_THETA_DEFAULT = {"mixtral": 1e6}  # others: transformers' default_theta, 1e4
-_NORM_EPS_DEFAULT = {"llama": 1e-6, "qwen2": 1e-6, "qwen3": 1e-6, "qwen3_moe": 1e-6, "mixtral": 1e-5, "nemotron": 1e-5,
+_ROPE_THETA_DEFAULT = {"mixtral": 1e6, "mistral": 1e4}  # others: transformers' default_theta, 1e4
+_NORM_EPS_DEFAULT = {"llama": 1e-6, "mistral": 1e-6, "qwen2": 1e-6, "qwen3": 1e-6, "qwen3_moe": 1e-6, "mixtral": 1e-5, "nemotron": 1e-5,
                      "gpt2": 1e-5}
 _ACT_DEFAULT = {"nemotron": "relu2"}  # others: the style's own (silu, gelu_new)
 _ROTARY_FRACTION_DEFAULT = 0.5  # NemotronConfig.partial_rotary_factor
@@ -174,7 +174,28 @@ def _llama_like(r: _Reader) -> DecoderConfig:
         # Nemotron: LayerNorm1P (weight + 1, a bias), an MLP without a gate, RoPE on part of each head
         gated_mlp=not nemotron, norm="layernorm" if nemotron else "rms",
         rotary_dim=_rotary_dim(r, head_dim) if nemotron else 0,
+        **_windows(r, layers),
     )
+
+
+def _windows(r: _Reader, layers: int) -> dict:
+    """sliding_window and the layers it applies to, as transformers reads them: `layer_types`
+    where given (transformers 5 writes it), else Qwen2's use_sliding_window from layer
+    max_window_layers on, else (Mistral, Mixtral) every layer when sliding_window is set."""
+    window = r.raw.get("sliding_window")
+    types = r.raw.get("layer_types")
+    if types is not None:
+        if len(types) != layers:
+            raise r.fail(f"layer_types has {len(types)} entries for num_hidden_layers {layers}")
+        chosen = {i for i, kind in enumerate(types) if kind == "sliding_attention"}
+    elif "use_sliding_window" in r.raw:
+        first = r.get_int("max_window_layers", default=0, minimum=0)
+        chosen = set(range(first, layers)) if r.get_bool("use_sliding_window", False) else set()
+    else:
+        chosen = set(range(layers))
+    if window is None or not chosen:
+        return {}
+    return {"sliding_window": r.get_int("sliding_window"), "window_layers": frozenset(chosen)}
 
 
 def _rotary_dim(r: _Reader, head_dim: int) -> int:

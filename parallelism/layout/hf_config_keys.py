@@ -35,7 +35,7 @@ _LLAMA = frozenset({"hidden_size", "num_hidden_layers", "num_attention_heads", "
                     "intermediate_size", "vocab_size", "tie_word_embeddings", "attention_bias", "hidden_act",
                     "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings",
                     "layer_types"})
-_WINDOWED = frozenset({"sliding_window", "use_sliding_window", "max_window_layers"})  # checked: off, not used
+_WINDOWED = frozenset({"sliding_window", "use_sliding_window", "max_window_layers"})  # Qwen2's optional window
 KNOWN: dict[str, frozenset[str]] = {
     "llama": _LLAMA | {"mlp_bias"},
     "qwen2": _LLAMA | _WINDOWED,
@@ -43,6 +43,7 @@ KNOWN: dict[str, frozenset[str]] = {
     "qwen3_moe": _LLAMA | _WINDOWED | {"num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
                                        "decoder_sparse_step", "mlp_only_layers", "norm_topk_prob"},
     "mixtral": _LLAMA | {"sliding_window", "num_local_experts", "num_experts_per_tok"},
+    "mistral": _LLAMA | {"sliding_window"},
     "nemotron": (_LLAMA - {"rms_norm_eps"}) | {"norm_eps", "partial_rotary_factor", "mlp_bias"},
     "gpt2": frozenset({"n_embd", "hidden_size", "n_head", "num_attention_heads", "n_layer", "num_hidden_layers",
                        "n_inner", "n_positions", "max_position_embeddings", "n_ctx", "vocab_size", "activation_function",
@@ -52,6 +53,8 @@ KNOWN: dict[str, frozenset[str]] = {
 }
 
 
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
 # Keys that would change the model when set, accepted at their off value (an encoder-decoder's
 # cross-attention is not a decoder-only model's).
 _OFF = {"add_cross_attention": False, "is_encoder_decoder": False, "tie_encoder_decoder": False}
@@ -59,7 +62,7 @@ _OFF = {"add_cross_attention": False, "is_encoder_decoder": False, "tie_encoder_
 
 def check_keys(raw: dict[str, Any], model_type: str, fail: Callable[[str], Exception]) -> None:
     """Raise fail(message) for the first key `model_type`'s model would not honour: unknown keys,
-    attention windows that are on, layer types other than full attention."""
+    layer types other than full and sliding-window attention."""
     for key, off in _OFF.items():
         if raw.get(key, off) != off:
             raise fail(f"{key}={raw[key]!r}: a decoder-only model has no cross-attention or encoder")
@@ -67,19 +70,14 @@ def check_keys(raw: dict[str, Any], model_type: str, fail: Callable[[str], Excep
     if unknown:
         raise fail(f"{'keys' if len(unknown) > 1 else 'key'} {', '.join(map(repr, unknown))} not known for this "
                    "model_type: refused rather than guessed (it may change the model)")
-    window = raw.get("sliding_window")
-    windowed = raw.get("use_sliding_window", True) if "use_sliding_window" in raw else window is not None
-    if windowed and window is not None:
-        raise fail(f"sliding_window={window!r}: sliding-window attention is not built (set use_sliding_window "
-                   "false or sliding_window null for full attention)")
     types = raw.get("layer_types")
     if types is not None:
         if not isinstance(types, list):
             raise fail(f"layer_types={types!r} must be a list")
-        other = [(i, kind) for i, kind in enumerate(types) if kind != "full_attention"]
+        other = [(i, kind) for i, kind in enumerate(types) if kind not in LAYER_TYPES]
         if other:
             i, kind = other[0]
-            raise fail(f"layer_types[{i}]={kind!r}: only full_attention layers are built")
+            raise fail(f"layer_types[{i}]={kind!r}: only {' and '.join(LAYER_TYPES)} layers are built")
     if model_type == "gpt2" and raw.get("scale_attn_weights", True) is not True:
         raise fail("scale_attn_weights=false: attention without the 1/sqrt(head_dim) scale is not built")
     if model_type == "gpt2" and raw.get("scale_attn_by_inverse_layer_idx", False) is not False:

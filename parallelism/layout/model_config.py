@@ -60,6 +60,14 @@ class DecoderConfig:
     gated_mlp: bool = True
     norm: str = "rms"
     rotary_dim: int = 0
+    # Sliding-window attention (Mistral, Qwen2's optional window, GPT-OSS's alternate layers):
+    # the layers in `window_layers` attend to the last `sliding_window` keys only.
+    sliding_window: int = 0
+    window_layers: frozenset[int] = field(default_factory=frozenset)
+
+    def layer_window(self, i: int) -> int:
+        """Keys a query of layer i attends to at most (0: every earlier key)."""
+        return self.sliding_window if i in self.window_layers else 0
 
     @property
     def rope_dim(self) -> int:

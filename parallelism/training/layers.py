@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from parallelism.layout.model_config import DecoderConfig, RopeScaling
 from parallelism.training.moe import MoE
+from parallelism.training.window_attention import window_attention
 
 Factory = dict[str, Any]  # {"device": ..., "dtype": ...}: passed to every parameter's constructor
 Rope = tuple[Tensor, Tensor]  # (cos, sin), each [T, head_dim], float32
@@ -95,9 +96,11 @@ class Attention(nn.Module):
     """Multi-head attention with grouped kv heads; optional q/k/v and o biases, Qwen3's per-head q/k norms, RoPE."""
 
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, fk: Factory, *, qkv_bias: bool,
-                 o_bias: bool, qk_norm: bool = False, causal: bool = True, eps: float = NORM_EPS) -> None:
+                 o_bias: bool, qk_norm: bool = False, causal: bool = True, eps: float = NORM_EPS,
+                 window: int = 0) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim, self.causal = heads, kv_heads, head_dim, causal
+        self.window = window  # a causal sliding window of this many keys (0: none)
         # Registration order q, k, v, q_norm, k_norm, o is the catalog's order, so named_parameters() follows it.
         self.q = nn.Linear(hidden, heads * head_dim, bias=qkv_bias, **fk)
         self.k = nn.Linear(hidden, kv_heads * head_dim, bias=qkv_bias, **fk)
@@ -120,7 +123,9 @@ class Attention(nn.Module):
         if rope is not None:
             q, k = apply_rope(q, rope), apply_rope(k, rope)
         gqa = self.kv_heads != self.heads
-        if self.context is not None:
+        if self.window and self.window < k.shape[2]:  # shorter sequences: the window holds every key
+            out = window_attention(q, k, v, self.window)
+        elif self.context is not None:
             out = self.context.attend(q, k, v, causal=self.causal, enable_gqa=gqa)
         else:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, enable_gqa=gqa)
@@ -173,7 +178,7 @@ class LlamaBlock(nn.Module):
         super().__init__()
         self.attn_norm = decoder_norm(c, fk)
         self.attn = Attention(c.hidden, c.heads, c.kv_heads, c.head_dim, fk, qkv_bias=c.qkv_bias,
-                              o_bias=c.o_bias, qk_norm=c.qk_norm, eps=c.norm_eps)
+                              o_bias=c.o_bias, qk_norm=c.qk_norm, eps=c.norm_eps, window=c.layer_window(index))
         self.mlp_norm = decoder_norm(c, fk)
         moe = c.is_moe_layer(index)  # MoE layers hold `moe.*` and no `mlp.*`, as the catalog names them
         act = c.hidden_act or "silu"

@@ -122,6 +122,10 @@ def check_trainable(config: TrainConfig, placement: Placement) -> None:
     if mc.encoder is not None:
         raise TrainingError(f"{config.model} is multimodal; the parallel trainer trains decoder-only models")
     check_interleaved(config, ml)
+    window = mc.llm.sliding_window if mc.llm.window_layers else 0
+    if ml.cp > 1 and 0 < window < config.seq_len:
+        raise TrainingError(f"{config.model}: sliding-window attention ({window} keys) with context parallelism "
+                            f"(cp={ml.cp}) is not trained: a chunk's window would reach into its neighbour's")
     if config.seq_len % ml.cp:
         raise TrainingError(f"context parallelism splits the sequence over cp={ml.cp}: seq {config.seq_len} "
                             f"is not a multiple of {ml.cp}")

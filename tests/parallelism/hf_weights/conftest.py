@@ -18,6 +18,8 @@ CASES: dict[str, tuple[str, dict]] = {
     "llama-bf16": ("llama", {"dtype": torch.bfloat16}),
     "llama3-rope": ("llama", {"rope_parameters": LLAMA3_ROPE}),
     "qwen2": ("qwen2", {}),
+    # a window of 4 keys on layer 1 (transformers: use_sliding_window from max_window_layers on)
+    "qwen2-window": ("qwen2", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1}),
     "qwen3": ("qwen3", {}),
     "mixtral": ("mixtral", {}),
     "mixtral-fused": ("mixtral", {"fused": True}),

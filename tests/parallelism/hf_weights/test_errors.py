@@ -130,7 +130,11 @@ def test_known_extras_are_ignored(copy) -> None:
 def test_unsupported_model_type(copy) -> None:
     folder = copy("llama")
     edit_config(folder, model_type="mistral")
-    with refused(r"config\.json: unsupported model_type 'mistral' \(supported: llama, qwen2"):
+    with refused(r"config\.json: unsupported model_type 'mistral': read as a model \(to train from scratch, to "
+                 r"emulate\), its weights have no adapter \(supported: llama, qwen2"):
+        load(folder, get_model("tiny-gpt"))
+    edit_config(folder, model_type="bert")
+    with refused(r"config\.json: unsupported model_type 'bert' \(supported: llama, qwen2"):
         load(folder, get_model("tiny-gpt"))
 
 
@@ -190,9 +194,9 @@ def test_settings_computed_otherwise_are_refused(copy, changes: dict, rule: str)
 
 
 @pytest.mark.parametrize(("family", "changes", "rule"), [
-    ("qwen2", {"sliding_window": 8, "use_sliding_window": True}, r"sliding_window=8: sliding-window attention"),
-    ("qwen2", {"layer_types": ["sliding_attention", "full_attention"]},
-     r"layer_types\[0\]='sliding_attention': only full_attention layers are built"),
+    ("qwen2", {"layer_types": ["chunked_attention", "full_attention"]},
+     r"layer_types\[0\]='chunked_attention': only full_attention and sliding_attention layers are built"),
+    ("qwen2", {"layer_types": ["full_attention"]}, r"layer_types has 1 entries for num_hidden_layers 2"),
     ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, r"scale_attn_by_inverse_layer_idx=true"),
     ("gpt2", {"add_cross_attention": True}, r"add_cross_attention=True: a decoder-only model has no cross-attention"),
     ("qwen2", {"attn_logit_softcapping": 50.0}, r"key 'attn_logit_softcapping' not known for this model_type"),

@@ -28,8 +28,8 @@ def hf_config(kind: str, **overrides):
                   num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=128)
     if kind == "llama":
         cfg = transformers.LlamaConfig(**common, rope_theta=10000.0, rms_norm_eps=1e-6)
-    elif kind == "qwen2":
-        cfg = transformers.Qwen2Config(**common)
+    elif kind == "qwen2":  # overrides at construction: its layer_types follow use_sliding_window there
+        cfg, overrides = transformers.Qwen2Config(**common, **overrides), {}
     elif kind == "qwen3":
         cfg = transformers.Qwen3Config(**common, head_dim=8, tie_word_embeddings=True)
     elif kind == "mixtral":
