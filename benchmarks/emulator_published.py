@@ -36,7 +36,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from parallelism.emulator.emulate import EmulateRequest, emulate
 
@@ -82,6 +82,10 @@ class PublishedRun:
     grad_accumulation: str = "program"
     pipeline_p2p: str = "program"
     optimizer: str = "program"
+    precision: str = "bf16"
+    fp8_scaling: str = "delayed"
+    elementwise: str = "program"
+    stack: str = "program"
 
 
 # Megatron-LM as both papers ran it: core attention before FlashAttention (Dao et al. 2022):
@@ -201,7 +205,8 @@ def predict(run: PublishedRun, use_cache: bool) -> dict:
                              attention=run.attention, attention_dropout=run.attention_dropout,
                              hidden_dropout=run.hidden_dropout,
                              grad_sync=run.grad_sync, grad_accumulation=run.grad_accumulation,
-                             pipeline_p2p=run.pipeline_p2p, optimizer=run.optimizer)
+                             pipeline_p2p=run.pipeline_p2p, optimizer=run.optimizer, precision=run.precision,
+                             fp8_scaling=run.fp8_scaling, elementwise=run.elementwise, stack=run.stack)
     started = time.perf_counter()
     result = emulate(request, use_cache=use_cache)
     if run.metric == "megatron":
@@ -212,6 +217,10 @@ def predict(run: PublishedRun, use_cache: bool) -> dict:
         predicted = korthikanti_flops(run.global_batch, run.seq, a["l"], a["h"], a["V"]) / result["step_seconds"] \
             / run.gpus / 1e12
         published_step = run.published_step_seconds
+    elif run.metric == "step":  # a published step time: compared as the model TFLOP/s it implies
+        predicted = result["model_tflops_per_gpu"]
+        published_step = run.published_step_seconds
+        run = replace(run, published_tflops=predicted * result["step_seconds"] / published_step)
     else:
         predicted = result["model_tflops_per_gpu"]
         published_step = result["step_seconds"] * predicted / run.published_tflops
@@ -243,6 +252,12 @@ def run_as(run: PublishedRun) -> str:
         parts.append("Megatron p2p")
     if run.optimizer == "megatron":
         parts.append("Megatron optimizer")
+    if run.precision != "bf16":
+        parts.append(f"{run.precision} ({run.fp8_scaling})")
+    if run.elementwise != "program":
+        parts.append(f"{run.elementwise} element-wise")
+    if run.stack != "program":
+        parts.insert(0, f"stack {run.stack}:")
     return ", ".join(parts)
 
 

@@ -239,6 +239,15 @@ def _add_emulate(sub: argparse._SubParsersAction) -> None:
                    help="the linear layers' GEMMs: bf16, or fp8 as Transformer Engine and torchao run them (casts "
                         "with transposes, FP8 weight copies; attention, the LM head and routers stay bf16); "
                         "fp8 needs h100, h200 or b200")
+    p.add_argument("--elementwise", default="program", choices=("program", "fused"),
+                   help="a decoder layer's element-wise kernels: the program's eager ones, or Transformer Engine's "
+                        "fused norms, RoPE, activation and residual adds (dense decoders)")
+    p.add_argument("--stack", default="program", choices=("program", "megatron-core", "megatron-lm-2021"),
+                   help="the program the run used; it sets the options above that are left at their defaults: "
+                        "megatron-core (NeMo 2.0 / Megatron-Bridge with Transformer Engine: overlapped distributed "
+                        "optimizer, fused accumulation, Megatron's optimizer, fused element-wise kernels), "
+                        "megatron-lm-2021 (unfused attention, dropout 0.1, synchronous pipeline exchange, Megatron's "
+                        "optimizer)")
     p.add_argument("--fp8-scaling", default="delayed", choices=("delayed", "current"),
                    help="with --precision fp8: delayed (Transformer Engine's default: amax history, one all-reduce "
                         "a forward) or current (torchao's default: an amax pass before each cast)")

@@ -26,7 +26,9 @@ from parallelism.emulator.grad_sync import GRAD_SYNCS, with_grad_sync
 from parallelism.emulator.hidden_dropout import with_hidden_dropout
 from parallelism.emulator.optimizer_step import OPTIMIZERS, with_optimizer
 from parallelism.emulator.pipeline_p2p import PIPELINE_P2PS, with_pipeline_p2p
+from parallelism.emulator.elementwise import ELEMENTWISE, LayerShape, with_elementwise
 from parallelism.emulator.precision import FP8_SCALINGS, PRECISIONS, Dims, with_precision
+from parallelism.emulator.stacks import STACKS, stack_defaults
 from parallelism.emulator.metrics import (hardware_tflops_per_gpu, mfu, model_flops_per_token, model_tflops_per_gpu,
                                      module_flops, tokens_per_second)
 from parallelism.emulator.simulate import RECOMPUTE, SimResult, simulate
@@ -74,6 +76,11 @@ class EmulateRequest(NamesAModel):
     # Engine and torchao run it, with its scaling recipe.
     precision: str = "bf16"
     fp8_scaling: str = "delayed"
+    # A decoder layer's element-wise kernels (elementwise.py): the program's eager ones, or
+    # Transformer Engine's fused ones.
+    elementwise: str = "program"
+    # The program the run used (stacks.py): its settings fill the options left at their defaults.
+    stack: str = "program"
     model_config: ModelConfig | None = resolved_field()  # `model` resolved once (NamesAModel)
     model_error = EmulatorError
 
@@ -130,7 +137,8 @@ def check_request(request: EmulateRequest) -> int:
 # The request's fields with a fixed set of choices, and the choices.
 RUN_CHOICES = (("recompute", RECOMPUTE), ("grad_accumulation", GRAD_ACCUMULATIONS), ("pipeline_p2p", PIPELINE_P2PS),
                ("grad_sync", GRAD_SYNCS), ("attention", ATTENTION_KERNELS), ("optimizer", OPTIMIZERS),
-               ("precision", PRECISIONS), ("fp8_scaling", FP8_SCALINGS))
+               ("precision", PRECISIONS), ("fp8_scaling", FP8_SCALINGS), ("elementwise", ELEMENTWISE),
+               ("stack", tuple(STACKS)))
 
 
 def _flag(key: str) -> str:
@@ -201,6 +209,9 @@ def _check_modules(request: EmulateRequest, placement: Placement) -> None:
 
 def emulate(request: EmulateRequest, *, use_cache: bool = True, progress=None) -> dict:
     started = time.perf_counter()
+    if request.stack not in STACKS:
+        raise EmulatorError(f"--stack {request.stack!r} not in {tuple(STACKS)}")
+    request = stack_defaults(request)
     placement, micro_batches = _checked(request)
     profile = _profile(request)
     traced, info = trace(TraceRequest(request.model, request.layout, request.micro_batch, request.seq,
@@ -240,6 +251,8 @@ def emulate(request: EmulateRequest, *, use_cache: bool = True, progress=None) -
         **({"pipeline_p2p": request.pipeline_p2p} if request.pipeline_p2p != "program" else {}),
         **({"optimizer": request.optimizer} if request.optimizer != "program" else {}),
         **({"precision": request.precision, "fp8_scaling": request.fp8_scaling} if request.precision != "bf16" else {}),
+        **({"elementwise": request.elementwise} if request.elementwise != "program" else {}),
+        **({"stack": request.stack} if request.stack != "program" else {}),
         "step_seconds": step, "tokens_per_second": tokens,
         **({"llm_tokens_per_second": request.global_batch * (request.seq + sum(i.tokens for i in inputs)) / step}
            if inputs else {}),
@@ -277,6 +290,8 @@ def as_run(traced: Trace, request: EmulateRequest) -> Trace:
     no-op at the program's own default)."""
     traced = with_precision(traced, request.precision, Dims.of(request.model_config.llm), request.fp8_scaling,
                             request.gpus_per_node)
+    traced = with_elementwise(traced, request.elementwise, LayerShape.of(request.model_config.llm),
+                              request.sequence_parallel)
     traced = with_hidden_dropout(traced, request.hidden_dropout, request.sequence_parallel)
     traced = with_attention(traced, request.attention, request.attention_dropout)
     traced = with_grad_accumulation(traced, request.grad_accumulation)
