@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from parallelism.emulator.emulate import EmulateRequest, emulate
+from parallelism.emulator.stacks import stack_defaults
 
 NARAYANAN = ("Narayanan et al. 2021, Efficient Large-Scale Language Model Training on GPU Clusters Using "
              "Megatron-LM (SC21, arXiv 2104.04473), Table 1; configuration (MBS, interleaving, recompute) from "
@@ -209,6 +210,7 @@ def predict(run: PublishedRun, use_cache: bool) -> dict:
                              fp8_scaling=run.fp8_scaling, elementwise=run.elementwise, stack=run.stack)
     started = time.perf_counter()
     result = emulate(request, use_cache=use_cache)
+    described = run_as(stack_defaults(request))
     if run.metric == "megatron":
         predicted = megatron_flops(run) / result["step_seconds"] / run.gpus / 1e12
         published_step = megatron_flops(run) / (run.published_tflops * 1e12 * run.gpus)
@@ -228,7 +230,7 @@ def predict(run: PublishedRun, use_cache: bool) -> dict:
         "name": run.name, "gpu": run.gpu, "gpus": run.gpus, "layout": run.layout, "model": run.model,
         "global_batch": run.global_batch, "micro_batch": run.micro_batch, "seq": run.seq,
         "recompute": run.recompute, "sequence_parallel": run.sequence_parallel, "metric": run.metric,
-        "source": run.source, "notes": run.notes, "run_as": run_as(run),
+        "source": run.source, "notes": run.notes, "run_as": described,
         "published_tflops": run.published_tflops, "predicted_tflops": predicted,
         "error": predicted / run.published_tflops - 1,
         "published_step_seconds": published_step, "predicted_step_seconds": result["step_seconds"],
@@ -240,8 +242,9 @@ def predict(run: PublishedRun, use_cache: bool) -> dict:
     }
 
 
-def run_as(run: PublishedRun) -> str:
-    """How the run differs from the traced program, in a few words."""
+def run_as(run) -> str:
+    """How the run (a PublishedRun or an EmulateRequest, its stack resolved) differs from the
+    traced program, in a few words."""
     parts = [f"{run.attention} attention" + (f" (dropout {run.attention_dropout:g})" if run.attention_dropout else "")
              + (f", hidden dropout {run.hidden_dropout:g}" if run.hidden_dropout else ""),
              {"step": "grads reduced after backward", "overlapped": "grads reduced in backward",
@@ -257,7 +260,7 @@ def run_as(run: PublishedRun) -> str:
     if run.elementwise != "program":
         parts.append(f"{run.elementwise} element-wise")
     if run.stack != "program":
-        parts.insert(0, f"stack {run.stack}:")
+        parts.insert(0, f"stack {run.stack}")
     return ", ".join(parts)
 
 
