@@ -242,10 +242,14 @@ def _add_emulate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--elementwise", default="program", choices=("program", "fused"),
                    help="a decoder layer's element-wise kernels: the program's eager ones, or Transformer Engine's "
                         "fused norms, RoPE, activation and residual adds (dense decoders)")
+    p.add_argument("--memory-model", default="program", choices=("program", "megatron-core"),
+                   help="what the run keeps in memory: the program's eager activations and fp32 gradient buffers, or "
+                        "Megatron-Core's (per-layer activations from its saved tensors, bf16 main gradients)")
     p.add_argument("--stack", default="program", choices=("program", "megatron-core", "megatron-lm-2021"),
                    help="the program the run used; it sets the options above that are left at their defaults: "
                         "megatron-core (NeMo 2.0 / Megatron-Bridge with Transformer Engine: overlapped distributed "
-                        "optimizer, fused accumulation, Megatron's optimizer, fused element-wise kernels), "
+                        "optimizer, fused accumulation, Megatron's optimizer, fused element-wise kernels, its "
+                        "memory), "
                         "megatron-lm-2021 (unfused attention, dropout 0.1, synchronous pipeline exchange, Megatron's "
                         "optimizer)")
     p.add_argument("--fp8-scaling", default="delayed", choices=("delayed", "current"),

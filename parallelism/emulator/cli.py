@@ -44,7 +44,8 @@ def emulate_main(args) -> int:
                                  grad_sync=args.grad_sync,
                                  grad_accumulation=args.grad_accumulation, pipeline_p2p=args.pipeline_p2p,
                                  optimizer=args.optimizer, precision=args.precision,
-                                 fp8_scaling=args.fp8_scaling, elementwise=args.elementwise, stack=args.stack)
+                                 fp8_scaling=args.fp8_scaling, elementwise=args.elementwise,
+                                 memory_model=args.memory_model, stack=args.stack)
         return emulate(request, use_cache=not args.no_cache, progress=progress)
 
     result, code = _run("emulate", args, work)

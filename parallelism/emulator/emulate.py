@@ -28,6 +28,7 @@ from parallelism.emulator.optimizer_step import OPTIMIZERS, with_optimizer
 from parallelism.emulator.pipeline_p2p import PIPELINE_P2PS, with_pipeline_p2p
 from parallelism.emulator.elementwise import ELEMENTWISE, LayerShape, with_elementwise
 from parallelism.emulator.precision import FP8_SCALINGS, PRECISIONS, Dims, with_precision
+from parallelism.emulator.stack_memory import MEMORY_MODELS, DecoderWidths, with_stack_memory
 from parallelism.emulator.stacks import STACKS, stack_defaults
 from parallelism.emulator.metrics import (hardware_tflops_per_gpu, mfu, model_flops_per_token, model_tflops_per_gpu,
                                      module_flops, tokens_per_second)
@@ -79,6 +80,8 @@ class EmulateRequest(NamesAModel):
     # A decoder layer's element-wise kernels (elementwise.py): the program's eager ones, or
     # Transformer Engine's fused ones.
     elementwise: str = "program"
+    # What the run keeps in memory (stack_memory.py): the traced program's, or Megatron-Core's.
+    memory_model: str = "program"
     # The program the run used (stacks.py): its settings fill the options left at their defaults.
     stack: str = "program"
     model_config: ModelConfig | None = resolved_field()  # `model` resolved once (NamesAModel)
@@ -138,6 +141,7 @@ def check_request(request: EmulateRequest) -> int:
 RUN_CHOICES = (("recompute", RECOMPUTE), ("grad_accumulation", GRAD_ACCUMULATIONS), ("pipeline_p2p", PIPELINE_P2PS),
                ("grad_sync", GRAD_SYNCS), ("attention", ATTENTION_KERNELS), ("optimizer", OPTIMIZERS),
                ("precision", PRECISIONS), ("fp8_scaling", FP8_SCALINGS), ("elementwise", ELEMENTWISE),
+               ("memory_model", MEMORY_MODELS),
                ("stack", tuple(STACKS)))
 
 
@@ -252,6 +256,7 @@ def emulate(request: EmulateRequest, *, use_cache: bool = True, progress=None) -
         **({"optimizer": request.optimizer} if request.optimizer != "program" else {}),
         **({"precision": request.precision, "fp8_scaling": request.fp8_scaling} if request.precision != "bf16" else {}),
         **({"elementwise": request.elementwise} if request.elementwise != "program" else {}),
+        **({"memory_model": request.memory_model} if request.memory_model != "program" else {}),
         **({"stack": request.stack} if request.stack != "program" else {}),
         "step_seconds": step, "tokens_per_second": tokens,
         **({"llm_tokens_per_second": request.global_batch * (request.seq + sum(i.tokens for i in inputs)) / step}
@@ -292,6 +297,8 @@ def as_run(traced: Trace, request: EmulateRequest) -> Trace:
                             request.gpus_per_node)
     traced = with_elementwise(traced, request.elementwise, LayerShape.of(request.model_config.llm),
                               request.sequence_parallel)
+    traced = with_stack_memory(traced, request.memory_model, DecoderWidths.of(request.model_config.llm),
+                               request.sequence_parallel, fp8=request.precision == "fp8")
     traced = with_hidden_dropout(traced, request.hidden_dropout, request.sequence_parallel)
     traced = with_attention(traced, request.attention, request.attention_dropout)
     traced = with_grad_accumulation(traced, request.grad_accumulation)
