@@ -239,6 +239,9 @@ def _add_emulate(sub: argparse._SubParsersAction) -> None:
                    help="the linear layers' GEMMs: bf16, or fp8 as Transformer Engine and torchao run them (casts "
                         "with transposes, FP8 weight copies; attention, the LM head and routers stay bf16); "
                         "fp8 needs h100, h200 or b200")
+    p.add_argument("--fp8-casts", default="separate", choices=("separate", "fused"),
+                   help="with --precision fp8: casts as kernels of their own, or fused as Transformer Engine runs "
+                        "them (norms and the activation write FP8, a weight cast once a step)")
     p.add_argument("--elementwise", default="program", choices=("program", "fused"),
                    help="a decoder layer's element-wise kernels: the program's eager ones, or Transformer Engine's "
                         "fused norms, RoPE, activation and residual adds (dense decoders)")

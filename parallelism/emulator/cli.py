@@ -44,7 +44,7 @@ def emulate_main(args) -> int:
                                  grad_sync=args.grad_sync,
                                  grad_accumulation=args.grad_accumulation, pipeline_p2p=args.pipeline_p2p,
                                  optimizer=args.optimizer, precision=args.precision,
-                                 fp8_scaling=args.fp8_scaling, elementwise=args.elementwise,
+                                 fp8_scaling=args.fp8_scaling, fp8_casts=args.fp8_casts, elementwise=args.elementwise,
                                  memory_model=args.memory_model, stack=args.stack)
         return emulate(request, use_cache=not args.no_cache, progress=progress)
 
@@ -61,7 +61,8 @@ def emulate_main(args) -> int:
           + (", gradient accumulation fused" if "grad_accumulation" in r else "")
           + (", Megatron's pipeline exchange" if "pipeline_p2p" in r else "")
           + (", Megatron's optimizer" if "optimizer" in r else "")
-          + (f", {r['precision'].upper()} GEMMs ({r['fp8_scaling']} scaling)" if "precision" in r else "")
+          + (f", {r['precision'].upper()} GEMMs ({r['fp8_scaling']} scaling, {r['fp8_casts']} casts)"
+             if "precision" in r else "")
           + (", fused element-wise kernels" if "elementwise" in r else "")
           + (f", stack {r['stack']}" if "stack" in r else ""))
     print(f"  step {r['step_seconds']:.3f} s   {r['tokens_per_second']:,.0f} tokens/s   "

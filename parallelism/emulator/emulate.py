@@ -27,7 +27,7 @@ from parallelism.emulator.hidden_dropout import with_hidden_dropout
 from parallelism.emulator.optimizer_step import OPTIMIZERS, with_optimizer
 from parallelism.emulator.pipeline_p2p import PIPELINE_P2PS, with_pipeline_p2p
 from parallelism.emulator.elementwise import ELEMENTWISE, LayerShape, with_elementwise
-from parallelism.emulator.precision import FP8_SCALINGS, PRECISIONS, Dims, with_precision
+from parallelism.emulator.precision import FP8_CASTS, FP8_SCALINGS, PRECISIONS, Dims, with_precision
 from parallelism.emulator.stack_memory import MEMORY_MODELS, DecoderWidths, with_stack_memory
 from parallelism.emulator.stacks import STACKS, stack_defaults
 from parallelism.emulator.metrics import (hardware_tflops_per_gpu, mfu, model_flops_per_token, model_tflops_per_gpu,
@@ -77,6 +77,7 @@ class EmulateRequest(NamesAModel):
     # Engine and torchao run it, with its scaling recipe.
     precision: str = "bf16"
     fp8_scaling: str = "delayed"
+    fp8_casts: str = "separate"  # precision.FP8_CASTS: kernels of their own, or fused as Transformer Engine's
     # A decoder layer's element-wise kernels (elementwise.py): the program's eager ones, or
     # Transformer Engine's fused ones.
     elementwise: str = "program"
@@ -140,7 +141,7 @@ def check_request(request: EmulateRequest) -> int:
 # The request's fields with a fixed set of choices, and the choices.
 RUN_CHOICES = (("recompute", RECOMPUTE), ("grad_accumulation", GRAD_ACCUMULATIONS), ("pipeline_p2p", PIPELINE_P2PS),
                ("grad_sync", GRAD_SYNCS), ("attention", ATTENTION_KERNELS), ("optimizer", OPTIMIZERS),
-               ("precision", PRECISIONS), ("fp8_scaling", FP8_SCALINGS), ("elementwise", ELEMENTWISE),
+               ("precision", PRECISIONS), ("fp8_scaling", FP8_SCALINGS), ("fp8_casts", FP8_CASTS), ("elementwise", ELEMENTWISE),
                ("memory_model", MEMORY_MODELS),
                ("stack", tuple(STACKS)))
 
@@ -254,7 +255,8 @@ def emulate(request: EmulateRequest, *, use_cache: bool = True, progress=None) -
         **({"grad_accumulation": request.grad_accumulation} if request.grad_accumulation != "program" else {}),
         **({"pipeline_p2p": request.pipeline_p2p} if request.pipeline_p2p != "program" else {}),
         **({"optimizer": request.optimizer} if request.optimizer != "program" else {}),
-        **({"precision": request.precision, "fp8_scaling": request.fp8_scaling} if request.precision != "bf16" else {}),
+        **({"precision": request.precision, "fp8_scaling": request.fp8_scaling, "fp8_casts": request.fp8_casts}
+           if request.precision != "bf16" else {}),
         **({"elementwise": request.elementwise} if request.elementwise != "program" else {}),
         **({"memory_model": request.memory_model} if request.memory_model != "program" else {}),
         **({"stack": request.stack} if request.stack != "program" else {}),
@@ -294,7 +296,7 @@ def as_run(traced: Trace, request: EmulateRequest) -> Trace:
     accumulates and when it reduces its gradients, how its pipeline exchanges, how it steps (each a
     no-op at the program's own default)."""
     traced = with_precision(traced, request.precision, Dims.of(request.model_config.llm), request.fp8_scaling,
-                            request.gpus_per_node)
+                            request.gpus_per_node, request.fp8_casts)
     traced = with_elementwise(traced, request.elementwise, LayerShape.of(request.model_config.llm),
                               request.sequence_parallel)
     traced = with_stack_memory(traced, request.memory_model, DecoderWidths.of(request.model_config.llm),

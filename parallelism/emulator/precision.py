@@ -46,6 +46,13 @@ from parallelism.emulator.trace_edit import each_stage, expand_ops, with_ops
 
 PRECISIONS = ("bf16", "fp8")
 FP8_SCALINGS = ("delayed", "current")
+# Where the casts run: kernels of their own ("separate"), or as Transformer Engine runs them under
+# Megatron-Core ("fused"): a norm writes its output as FP8 for the GEMMs after it (TE's
+# LayerNormLinear / LayerNormMLP), the MLP's activation writes the second GEMM's input as FP8,
+# and a weight is cast on a step's first micro-batch and reused by the others (Megatron-Core
+# passes TE `is_first_microbatch`); only the attention output's cast and the backward's runs
+# on their own.
+FP8_CASTS = ("separate", "fused")
 CAST = "fp8_cast_transpose"
 AMAX = "fp8_amax_all_reduce"
 _AMAX_BYTES_PER_GEMM = 3 * 4  # one fp32 amax for each of a GEMM's three cast tensors
@@ -83,14 +90,16 @@ class Dims:
 
 
 def with_precision(trace: Trace, precision: str, dims: Dims, scaling: str = "delayed",
-                   gpus_per_node: int = 8) -> Trace:
+                   gpus_per_node: int = 8, casts: str = "separate") -> Trace:
     require(precision in PRECISIONS, f"precision={precision!r} not in {PRECISIONS}")
     require(scaling in FP8_SCALINGS, f"fp8 scaling={scaling!r} not in {FP8_SCALINGS}")
+    require(casts in FP8_CASTS, f"fp8 casts={casts!r} not in {FP8_CASTS}")
     if precision == "bf16":
         return trace
     amax_group = trace.tp * trace.cp * trace.dp
     amax_nodes = max(1, min(amax_group, math.ceil(amax_group / gpus_per_node)))
-    return each_stage(trace, lambda stage: _fp8_stage(stage, trace, dims, scaling, amax_group, amax_nodes))
+    return each_stage(trace, lambda stage: _fp8_stage(stage, trace, dims, scaling, amax_group, amax_nodes,
+                                                      casts == "fused"))
 
 
 def is_fp8_gemm(op, dims: Dims, trace: Trace) -> bool:
@@ -111,31 +120,44 @@ def _cast(elements: float, scaling: str) -> ComputeOp:
 
 
 def _fp8_stage(stage: StageTrace, trace: Trace, dims: Dims, scaling: str, amax_group: int,
-               amax_nodes: int) -> StageTrace:
+               amax_nodes: int, fused: bool = False) -> StageTrace:
     fp8 = lambda op: is_fp8_gemm(op, dims, trace)  # noqa: E731
     inputs: list[int] = []  # elements of each distinct input the forward's FP8 GEMMs read
     weights: list[int] = []
+    step_casts: list[ComputeOp] = []  # fused: the weights' casts, once a step
     previous: tuple | None = None  # the last FP8 GEMM's (m, k, shared-input group)
+    after_attention = False  # an attention op since the last FP8 GEMM: the next reads its output
 
     def forward(op: ComputeOp) -> tuple:
-        nonlocal previous
+        nonlocal previous, after_attention
         m, n, k = op.shape
         weights.append(k * n)
         casts = [_cast(k * n, scaling)]
-        this = (m, k, dims.group(n, trace.tp))
-        if this[2] is None or this != previous:  # q/k/v and gate/up read one input: it is cast once
+        if fused:
+            step_casts.extend(casts)
+            casts = []
+        # q/k/v and gate/up read one input: it is cast once (the attention output's reader never shares)
+        this = (m, k, None if after_attention else dims.group(n, trace.tp))
+        if this[2] is None or this != previous:
             inputs.append(m * k)
-            casts.insert(0, _cast(m * k, scaling))
-        previous = this
+            if not fused or after_attention:  # fused: norms and the activation write FP8; attention does not
+                casts.insert(0, _cast(m * k, scaling))
+        previous, after_attention = this, False
         return (*casts, _fp8(op))
 
-    fwd = expand_ops(stage.forward, fp8, forward)
+    def matches(op) -> bool:
+        nonlocal after_attention
+        if isinstance(op, ComputeOp) and op.kind == "attention":
+            after_attention = True
+        return fp8(op)
+
+    fwd = expand_ops(stage.forward, matches, forward)
     bwd = expand_ops(stage.backward, fp8, lambda op: (_cast(op.shape[0] * op.shape[2] / 2, scaling), _fp8(op)))
     if scaling == "delayed" and weights:
         amax = CommOp(AMAX, "all_reduce", float(_AMAX_BYTES_PER_GEMM * len(weights)), amax_group, amax_nodes, "dp")
         fwd = ((*fwd[0], amax), fwd[1])  # after the last op: positions before it are unchanged
     memory = _fp8_memory(stage.memory, sum(inputs), sum(weights), trace.zero)
-    return with_ops(stage, forward=fwd, backward=bwd, memory=memory)
+    return with_ops(stage, forward=fwd, backward=bwd, memory=memory, optimizer=(*stage.optimizer, *step_casts))
 
 
 def _fp8_memory(memory: StageMemory, input_elements: int, weight_elements: int, zero: int) -> StageMemory:

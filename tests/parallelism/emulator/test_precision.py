@@ -168,3 +168,24 @@ def test_emulate_help_lists_the_precisions_and_scalings(capsys) -> None:
     assert done.value.code == 0
     out = capsys.readouterr().out
     assert "--precision {bf16,fp8}" in out and "--fp8-scaling {delayed,current}" in out
+
+
+def test_fused_casts_leave_the_attention_outputs_and_cast_weights_once_a_step() -> None:
+    """Transformer Engine under Megatron-Core: norms and the activation write FP8 for the GEMMs
+    after them, a weight is cast on the step's first micro-batch only; the o projection's input
+    (attention's output) is still cast, and so is every output gradient in the backward."""
+    traced, dims = _traced("tiny-gpt", "tp=2")
+    separate = with_precision(traced, "fp8", dims, casts="separate").stages[0]
+    fused = with_precision(traced, "fp8", dims, casts="fused").stages[0]
+    c = get_config("tiny-gpt").llm
+    casts = lambda ops: [op for op in ops if getattr(op, "name", "") == CAST]  # noqa: E731
+    # forward: one cast a layer left, of the attention output (SEQ x q/tp elements)
+    assert [op.flops for op in casts(fused.forward)] == [SEQ * c.heads * c.head_dim / 2] * c.layers
+    gemms, weight_elements = _linear_weights("tiny-gpt", tp=2)
+    assert sorted(op.flops for op in casts(fused.optimizer)) == sorted(
+        op.shape[1] * op.shape[2] for op in fused.forward if getattr(op, "dtype", "") == "fp8" and op.kind == "matmul")
+    assert sum(op.flops for op in casts(fused.optimizer)) == weight_elements and len(casts(fused.optimizer)) == gemms
+    assert casts(fused.backward) == casts(separate.backward)
+    assert fused.memory == separate.memory  # the same tensors kept; only where the casts run moves
+    with pytest.raises(EmulatorError, match=r"fp8 casts='tiled' not in \('separate', 'fused'\)"):
+        with_precision(traced, "fp8", dims, casts="tiled")
