@@ -245,6 +245,9 @@ def _add_emulate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--elementwise", default="program", choices=("program", "fused"),
                    help="a decoder layer's element-wise kernels: the program's eager ones, or Transformer Engine's "
                         "fused norms, RoPE, activation and residual adds (dense decoders)")
+    p.add_argument("--param-gather", default="step", choices=("step", "overlapped"),
+                   help="ZeRO-1/2's parameter all-gathers: after the optimizer (the program), or beside the next "
+                        "step's first forward (Megatron-Core's overlap_param_gather)")
     p.add_argument("--memory-model", default="program", choices=("program", "megatron-core"),
                    help="what the run keeps in memory: the program's eager activations and fp32 gradient buffers, or "
                         "Megatron-Core's (per-layer activations from its saved tensors, bf16 main gradients)")

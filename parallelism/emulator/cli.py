@@ -45,7 +45,7 @@ def emulate_main(args) -> int:
                                  grad_accumulation=args.grad_accumulation, pipeline_p2p=args.pipeline_p2p,
                                  optimizer=args.optimizer, precision=args.precision,
                                  fp8_scaling=args.fp8_scaling, fp8_casts=args.fp8_casts, elementwise=args.elementwise,
-                                 memory_model=args.memory_model, stack=args.stack)
+                                 memory_model=args.memory_model, param_gather=args.param_gather, stack=args.stack)
         return emulate(request, use_cache=not args.no_cache, progress=progress)
 
     result, code = _run("emulate", args, work)

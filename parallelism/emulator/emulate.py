@@ -25,6 +25,7 @@ from parallelism.emulator.grad_accumulation import GRAD_ACCUMULATIONS, with_grad
 from parallelism.emulator.grad_sync import GRAD_SYNCS, with_grad_sync
 from parallelism.emulator.hidden_dropout import with_hidden_dropout
 from parallelism.emulator.optimizer_step import OPTIMIZERS, with_optimizer
+from parallelism.emulator.param_gather import PARAM_GATHERS, with_param_gather
 from parallelism.emulator.pipeline_p2p import PIPELINE_P2PS, with_pipeline_p2p
 from parallelism.emulator.elementwise import ELEMENTWISE, LayerShape, with_elementwise
 from parallelism.emulator.precision import FP8_CASTS, FP8_SCALINGS, PRECISIONS, Dims, with_precision
@@ -83,6 +84,9 @@ class EmulateRequest(NamesAModel):
     elementwise: str = "program"
     # What the run keeps in memory (stack_memory.py): the traced program's, or Megatron-Core's.
     memory_model: str = "program"
+    # When ZeRO-1/2's parameter all-gathers run (param_gather.py): after the optimizer, or beside
+    # the next step's first forward (Megatron-Core's overlap_param_gather).
+    param_gather: str = "step"
     # The program the run used (stacks.py): its settings fill the options left at their defaults.
     stack: str = "program"
     model_config: ModelConfig | None = resolved_field()  # `model` resolved once (NamesAModel)
@@ -142,7 +146,7 @@ def check_request(request: EmulateRequest) -> int:
 RUN_CHOICES = (("recompute", RECOMPUTE), ("grad_accumulation", GRAD_ACCUMULATIONS), ("pipeline_p2p", PIPELINE_P2PS),
                ("grad_sync", GRAD_SYNCS), ("attention", ATTENTION_KERNELS), ("optimizer", OPTIMIZERS),
                ("precision", PRECISIONS), ("fp8_scaling", FP8_SCALINGS), ("fp8_casts", FP8_CASTS), ("elementwise", ELEMENTWISE),
-               ("memory_model", MEMORY_MODELS),
+               ("memory_model", MEMORY_MODELS), ("param_gather", PARAM_GATHERS),
                ("stack", tuple(STACKS)))
 
 
@@ -259,6 +263,7 @@ def emulate(request: EmulateRequest, *, use_cache: bool = True, progress=None) -
            if request.precision != "bf16" else {}),
         **({"elementwise": request.elementwise} if request.elementwise != "program" else {}),
         **({"memory_model": request.memory_model} if request.memory_model != "program" else {}),
+        **({"param_gather": request.param_gather} if request.param_gather != "step" else {}),
         **({"stack": request.stack} if request.stack != "program" else {}),
         "step_seconds": step, "tokens_per_second": tokens,
         **({"llm_tokens_per_second": request.global_batch * (request.seq + sum(i.tokens for i in inputs)) / step}
@@ -306,6 +311,7 @@ def as_run(traced: Trace, request: EmulateRequest) -> Trace:
     traced = with_grad_accumulation(traced, request.grad_accumulation)
     traced = with_pipeline_p2p(traced, request.pipeline_p2p, request.sequence_parallel)
     traced = with_optimizer(traced, request.optimizer, fp32_grads=request.grad_accumulation == "fused")
+    traced = with_param_gather(traced, request.param_gather)
     return with_grad_sync(traced, request.grad_sync)
 
 

@@ -170,6 +170,15 @@ def _pipeline(trace: Trace, profile: DeviceProfile, gpus_per_node: int, recomput
     ptr = [0] * pp
     parts = [dict.fromkeys(PARTS, 0.0) for _ in range(pp)]
     dp_stream = [0.0] * pp
+    # Overlapped parameter gathers (param_gather.py): the last step's, issued at its end, run on
+    # the DP stream from this step's start in chunk order; a chunk's first forward ends no
+    # earlier than its gathers (the steady state of one step after another).
+    gathered: dict[int, float] = {}
+    if trace.param_gather_overlapped:
+        for r in range(pp):
+            for k in (c * pp + r for c in range(vpp)):
+                dp_stream[r] += sum(seconds for seconds, _ in costs[k].step_syncs)
+                gathered[k] = dp_stream[r]
     events: list[Event] = []
     remaining = sum(len(o) for o in orders)
     while remaining:
@@ -191,7 +200,11 @@ def _pipeline(trace: Trace, profile: DeviceProfile, gpus_per_node: int, recomput
                 phase = costs[k].forward if kind == "F" else costs[k].first_backward if mb == 0 else costs[k].backward
                 for key, value in phase.parts.items():
                     parts[r][key] += value
-                end[(kind, mb, k)] = free[r] = start + phase.seconds
+                finish = start + phase.seconds
+                if kind == "F" and mb == 0 and gathered.get(k, 0.0) > finish:  # waits for its parameters
+                    parts[r]["dp_comm"] += gathered[k] - finish
+                    finish = gathered[k]
+                end[(kind, mb, k)] = free[r] = finish
                 if trace.p2p_blocking:  # the sender waits for its send (pipeline_p2p.py)
                     blocked = costs[k].f_send if kind == "F" else costs[k].b_send
                     free[r] += blocked
@@ -231,7 +244,7 @@ def _pipeline(trace: Trace, profile: DeviceProfile, gpus_per_node: int, recomput
         if record_events and optimizer:
             events.append(Event(r, "optimizer", t, t + optimizer))
         t += optimizer
-        for c in chunks:
+        for c in chunks if not trace.param_gather_overlapped else ():
             for seconds, category in c.step_syncs:
                 parts[r][category] += seconds
                 if record_events:

@@ -8,8 +8,9 @@ by the program it ran and, where it differed from that program's defaults, by th
   gradient reduce-scatter overlapped with the backward and Megatron's optimizer kernels,
   gradient accumulation fused into the weight-gradient GEMMs, TE's fused element-wise
   kernels (elementwise.py), what it keeps in memory (stack_memory.py), TE's FP8 casts fused
-  into its norms and activations with weights cast once a step (precision.py), asynchronous
-  pipeline sends.
+  into its norms and activations with weights cast once a step (precision.py), its parameter
+  all-gathers beside the next step's first forward (param_gather.py), asynchronous pipeline
+  sends.
 - "megatron-lm-2021": Megatron-LM as Narayanan et al. 2021 and Korthikanti et al. 2022 ran
   it: core attention unfused with dropout 0.1, hidden dropout 0.1, the synchronous pipeline
   exchange with scatter-gather, Megatron's optimizer kernels.
@@ -21,7 +22,8 @@ import dataclasses
 STACKS: dict[str, dict[str, object]] = {
     "program": {},
     "megatron-core": {"grad_sync": "overlapped", "grad_accumulation": "fused", "optimizer": "megatron",
-                      "elementwise": "fused", "memory_model": "megatron-core", "fp8_casts": "fused"},
+                      "elementwise": "fused", "memory_model": "megatron-core", "fp8_casts": "fused",
+                      "param_gather": "overlapped"},
     "megatron-lm-2021": {"attention": "unfused", "attention_dropout": 0.1, "hidden_dropout": 0.1,
                          "pipeline_p2p": "megatron", "optimizer": "megatron"},
 }

@@ -323,6 +323,10 @@ class Trace:
     # Each pipeline send keeps its sender busy until it is done (pipeline_p2p.py, Megatron's
     # synchronous exchange); False: sends are asynchronous, as the program's.
     p2p_blocking: bool = False
+    # The step's parameter all-gathers (ZeRO-1/2's, phase "step") run beside the next step's
+    # first forward, each chunk's before that forward needs it (param_gather.py, Megatron-Core's
+    # overlap_param_gather); False: after the optimizer, exposed, as the program's.
+    param_gather_overlapped: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stages", tuple(self.stages))
