@@ -284,6 +284,10 @@ def _add_compare_and_search(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--gpus-per-node", type=int, default=8,
                        help="GPUs per node: tensor-parallel groups stay within one (default 8)")
         p.add_argument("--profile", help="a calibrated device profile (JSON)")
+        p.add_argument("--stack", default="program", choices=("program", "megatron-core", "megatron-lm-2021"),
+                       help="the program every configuration runs (see `dynaplane emulate --help`)")
+        p.add_argument("--precision", default="bf16", choices=("bf16", "fp8"),
+                       help="the linear layers' GEMMs: bf16 or fp8 (h100, h200, b200)")
         p.add_argument("--json", action="store_true", help="print the result as JSON")
 
     p = sub.add_parser("compare", help="emulate several layouts side by side")

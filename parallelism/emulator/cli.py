@@ -107,7 +107,7 @@ def compare_main(args) -> int:
         first = EmulateRequest(model=args.model, layout=args.layout[0], gpus=args.gpus, gpu=args.gpu,
                                global_batch=args.global_batch, micro_batch=args.micro_batch, seq=args.seq,
                                recompute=args.recompute, gpus_per_node=args.gpus_per_node, profile=args.profile,
-                               sequence_parallel=args.sequence_parallel)
+                               sequence_parallel=args.sequence_parallel, stack=args.stack, precision=args.precision)
     except EmulatorError as exc:
         print(f"dynaplane compare: {exc}", file=sys.stderr)
         return 2
@@ -130,7 +130,8 @@ def search_main(args) -> int:
         request = SearchRequest(model=args.model, gpus=args.gpus, gpu=args.gpu, global_batch=args.global_batch,
                                 seq=args.seq, top=args.top, gpus_per_node=args.gpus_per_node,
                                 recompute=args.recompute, profile=args.profile,
-                                max_candidates=args.max_candidates, sequence_parallel=args.sequence_parallel)
+                                max_candidates=args.max_candidates, sequence_parallel=args.sequence_parallel,
+                                stack=args.stack, precision=args.precision)
         return search(request, progress=progress)
 
     result, code = _run("search", args, work)

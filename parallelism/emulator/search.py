@@ -54,7 +54,8 @@ def search(request: SearchRequest, progress=None, **narrow) -> dict:
     quota = max(1, request.max_candidates // len(kinds))
     base = EmulateRequest(request.model, "", request.gpus, request.gpu, request.global_batch, 1, request.seq,
                           request.recompute, request.gpus_per_node, request.profile,
-                          sequence_parallel=request.sequence_parallel)
+                          sequence_parallel=request.sequence_parallel, stack=request.stack,
+                          precision=request.precision)
     results: list[dict] = []
     emulated = 0
     for kind in kinds:

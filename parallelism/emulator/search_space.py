@@ -31,6 +31,9 @@ class SearchRequest(NamesAModel):
     zero: tuple[int, ...] = (1, 3)
     max_candidates: int = 24
     sequence_parallel: bool = False
+    # How every candidate runs (emulate.EmulateRequest's fields): the program it used and its precision
+    stack: str = "program"
+    precision: str = "bf16"
     model_config: ModelConfig | None = resolved_field()  # `model` resolved once (NamesAModel)
     model_error = EmulatorError
 

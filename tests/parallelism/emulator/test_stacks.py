@@ -103,3 +103,18 @@ def test_megatron_core_memory_is_its_saved_tensors_and_bf16_gradients() -> None:
 def test_the_megatron_core_memory_model_is_refused_for_moe_by_name() -> None:
     with pytest.raises(EmulatorError, match="--memory-model megatron-core is modelled for dense decoder-only"):
         emulate(EmulateRequest("tiny-moe", "tp=1", 1, "h100", 2, 1, SEQ, memory_model="megatron-core"))
+
+
+def test_compare_and_search_run_every_configuration_on_the_stack(capsys) -> None:
+    import json
+
+    from dynaplane.cli import main
+
+    assert main(["compare", "--model", "tiny-gpt", "--gpus", "2", "--gpu", "h100", "--global-batch", "4", "--seq",
+                 str(SEQ), "--layout", "tp=2", "--layout", "dp=2", "--stack", "megatron-core", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["layout"] for r in rows] == ["tp=2", "dp=2"] and all(r["stack"] == "megatron-core" for r in rows)
+    assert main(["search", "--model", "tiny-gpt", "--gpus", "2", "--gpu", "h100", "--global-batch", "4", "--seq",
+                 str(SEQ), "--precision", "fp8", "--top", "2", "--max-candidates", "4", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["top"] and all(r["precision"] == "fp8" for r in found["top"])
