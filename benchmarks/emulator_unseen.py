@@ -1,4 +1,4 @@
-"""The emulator on published runs it was never tuned on (issue 45): 2024-2025 H100/H200 runs of
+"""The emulator on published runs it was never tuned on (issue 45): 2024-2026 H100/H200 runs of
 three publishers new to it, each emulated with the options that say how it ran.
 
     .venv/bin/python -m benchmarks.emulator_unseen [--no-cache] [--only NAME ...] [--json OUT]
@@ -8,6 +8,8 @@ They were chosen for what the emulator can express today, before any was emulate
 in parallelism/emulator was changed after looking at their results. Publishers:
 - NVIDIA DGX Cloud Benchmarking recipes v25.04.01 (NeMo 25.02.01 / Megatron-Core): measured
   seconds per step of Llama 3.1 8B/70B/405B and Nemotron-4 15B/340B, BF16 and FP8;
+- NVIDIA Megatron-Bridge's performance summary (NeMo 26.02): GPT-OSS 120B, MoE with expert
+  parallelism (added after the first twelve rows, before it was run);
 - MLCommons, MLPerf Training v4.0, NVIDIA's GPT-3 175B on 512 H100 (NeMo 24.04, FP8): the
   step from the result log's block timestamps (11 steps a block);
 - Trainy on WhiteFiber (torchtitan's benchmarks folder): Llama 3.1 8B, FSDP over 32 H200,
@@ -32,6 +34,8 @@ from benchmarks.emulator_published import PublishedRun, predict, summary, table
 
 DGXC = ("NVIDIA DGX Cloud Benchmarking recipes v25.04.01 (github.com/NVIDIA/dgxc-benchmarking @85380ff, NeMo "
         "25.02.01), Expected Performance tables: training step time, 2025")
+BRIDGE = ("NVIDIA Megatron-Bridge performance summary, NeMo 26.02 container, DGX-H100 (github.com/NVIDIA-NeMo/"
+          "Megatron-Bridge docs/performance-summary-archive.md): tokens/s per GPU, 2026")
 MLPERF = ("MLCommons MLPerf Training v4.0 closed, NVIDIA GPT-3 175B on 512 H100-SXM5-80GB (eos_n64_ngc24.04_nemo, "
           "config_DGXH100_64x8x128x4x8_mbs2.sh), result log block timestamps, 2024")
 TRAINY = ("Trainy on WhiteFiber, torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md (torchtitan "
@@ -72,6 +76,12 @@ RUNS: tuple[PublishedRun, ...] = tuple(
                  precision="fp8", notes="recompute none assumed; step derived from the log (119.86 s / 11 steps)",
                  **MCORE),
     # FSDP over all 32 ranks, local batch 2 x 8192; float8 tensorwise = current scaling; op-level SAC as selective
+    # GPT-OSS 120B (MoE, 128 experts top-4, alternating windows, sinks): 64 H100, TP1 PP4 EP8, GBS 1280, seq
+    # 4096, BF16, 5993 tokens/s per GPU. The stack's fused kernels and memory refuse MoE layers: its other options.
+    PublishedRun("gpt-oss-120b BF16 H100x64 (Megatron-Bridge)", BRIDGE, f"{MODELS}/gpt-oss-120b",
+                 "tp=1,pp=4,dp=16,ep=8,zero=1", 64, "h100", 1280, 1, 4096, "none", "step", 0.0,
+                 published_step_seconds=1280 * 4096 / (5993 * 64), grad_sync="overlapped", grad_accumulation="fused",
+                 optimizer="megatron", notes="MoE: one GEMM per expert and the program's dispatch, as traced"),
     PublishedRun("llama3.1-8b FP8 H200x32 (torchtitan FSDP2)", TRAINY, "llama3-8b", "dp=32,zero=3", 32, "h200", 64,
                  2, 8192, "selective", "step", 0.0, published_step_seconds=64 * 8192 / (10938 * 32), grad_sync="program",
                  published_memory_gib=47.96, precision="fp8", fp8_scaling="current",

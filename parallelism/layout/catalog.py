@@ -55,15 +55,21 @@ def _llama_layer(c: DecoderConfig, i: int) -> list[TensorSpec]:
     out.append(_t(f"{p}attn.o.weight", (h, c.heads * hd), "llm", layer=i, tp_dim=1, tp_units=c.heads))
     if c.o_bias:
         out.append(_t(f"{p}attn.o.bias", (h,), "llm", layer=i))
+    if c.attention_sinks:  # one per query head: split over tp with the heads
+        out.append(_t(f"{p}attn.sinks", (c.heads,), "llm", layer=i, tp_dim=0, tp_units=c.heads))
     out += _norm(f"{p}mlp_norm", c, layer=i)
     if c.is_moe_layer(i):
-        e, f = c.experts, c.moe_ffn
-        out += [
-            _t(f"{p}moe.router.weight", (e, h), "llm", layer=i),  # tiny and needed whole by every TP rank
-            _t(f"{p}moe.experts.gate.weight", (e, f, h), "llm", layer=i, tp_dim=1, ep_dim=0),
-            _t(f"{p}moe.experts.up.weight", (e, f, h), "llm", layer=i, tp_dim=1, ep_dim=0),
-            _t(f"{p}moe.experts.down.weight", (e, h, f), "llm", layer=i, tp_dim=2, ep_dim=0),
-        ]
+        e, f, b = c.experts, c.moe_ffn, c.moe_bias
+        out.append(_t(f"{p}moe.router.weight", (e, h), "llm", layer=i))  # tiny and needed whole by every TP rank
+        if b:
+            out.append(_t(f"{p}moe.router.bias", (e,), "llm", layer=i))
+        for proj in ("gate", "up"):
+            out.append(_t(f"{p}moe.experts.{proj}.weight", (e, f, h), "llm", layer=i, tp_dim=1, ep_dim=0))
+            if b:
+                out.append(_t(f"{p}moe.experts.{proj}.bias", (e, f), "llm", layer=i, tp_dim=1, ep_dim=0))
+        out.append(_t(f"{p}moe.experts.down.weight", (e, h, f), "llm", layer=i, tp_dim=2, ep_dim=0))
+        if b:  # added once after the tp reduction: replicated over tp
+            out.append(_t(f"{p}moe.experts.down.bias", (e, h), "llm", layer=i, ep_dim=0))
         return out
     for proj in ("gate", "up") if c.gated_mlp else ("up",):
         out.append(_t(f"{p}mlp.{proj}.weight", (c.ffn, h), "llm", layer=i, tp_dim=0))

@@ -1,5 +1,5 @@
-"""Read a Hugging Face config.json into a catalog ModelConfig (llama, qwen2/3, qwen3_moe, mixtral, nemotron,
-gpt2). A key this module does not know for the model_type is refused by name (hf_config_keys.py)."""
+"""Read a Hugging Face config.json into a catalog ModelConfig (llama, mistral, qwen2/3, qwen3_moe, mixtral,
+nemotron, gpt_oss, gpt2). A key this module does not know for the model_type is refused by name (hf_config_keys.py)."""
 from __future__ import annotations
 
 import json
@@ -10,16 +10,17 @@ from parallelism.layout.errors import LayoutError
 from parallelism.layout.hf_config_keys import check_keys
 from parallelism.layout.model_config import ACTIVATIONS, DecoderConfig, ModelConfig, RopeScaling
 
-SUPPORTED_TYPES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "nemotron", "gpt2")
+SUPPORTED_TYPES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "nemotron", "gpt_oss",
+                                    "gpt2")
 # The model_types whose weights load and export (parallelism/hf_weights/families.py); the others
 # are read as models (to train from scratch, to emulate) only.
 WEIGHT_TYPES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gpt2")
 # transformers' per-class defaults for keys a config.json may leave out (shape keys have none: they are required).
 _TIED_DEFAULT = {"gpt2": True}  # every other supported class defaults to untied
 _HEAD_DIM_DEFAULT = {"qwen3": 128, "qwen3_moe": 128}  # others: hidden // heads
-_TOP_K_DEFAULT = {"mixtral": 2, "qwen3_moe": 8}
-_ROPE_THETA_DEFAULT = {"mixtral": 1e6, "mistral": 1e4}  # others: transformers' default_theta, 1e4
-_NORM_EPS_DEFAULT = {"llama": 1e-6, "mistral": 1e-6, "qwen2": 1e-6, "qwen3": 1e-6, "qwen3_moe": 1e-6, "mixtral": 1e-5, "nemotron": 1e-5,
+_TOP_K_DEFAULT = {"mixtral": 2, "qwen3_moe": 8, "gpt_oss": 4}
+_ROPE_THETA_DEFAULT = {"mixtral": 1e6, "mistral": 1e4, "gpt_oss": 150000.0}  # others: transformers' default_theta, 1e4
+_NORM_EPS_DEFAULT = {"gpt_oss": 1e-5, "llama": 1e-6, "mistral": 1e-6, "qwen2": 1e-6, "qwen3": 1e-6, "qwen3_moe": 1e-6, "mixtral": 1e-5, "nemotron": 1e-5,
                      "gpt2": 1e-5}
 _ACT_DEFAULT = {"nemotron": "relu2"}  # others: the style's own (silu, gelu_new)
 _ROTARY_FRACTION_DEFAULT = 0.5  # NemotronConfig.partial_rotary_factor
@@ -138,7 +139,7 @@ def _llama_like(r: _Reader) -> DecoderConfig:
         raise r.fail(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
     experts = top_k = moe_ffn = 0
     dense: set[int] = set()
-    if mt == "mixtral":
+    if mt in ("mixtral", "gpt_oss"):  # every layer MoE, experts as wide as intermediate_size
         experts, moe_ffn = r.get_int("num_local_experts"), r.get_int("intermediate_size")
     elif mt == "qwen3_moe":
         # transformers 5 saves num_experts under its attribute_map name, num_local_experts.
@@ -157,7 +158,7 @@ def _llama_like(r: _Reader) -> DecoderConfig:
     attention_bias = r.get_bool("attention_bias", False)
     theta, scaling = _rope(r)
     head_dim = _head_dim(r, hidden, heads)
-    nemotron = mt == "nemotron"
+    nemotron, oss = mt == "nemotron", mt == "gpt_oss"
     return DecoderConfig(
         "llama", hidden, layers, heads, kv, head_dim, ffn, r.get_int("vocab_size"),
         tied=r.get_bool("tie_word_embeddings", _TIED_DEFAULT.get(mt, False)),
@@ -175,6 +176,10 @@ def _llama_like(r: _Reader) -> DecoderConfig:
         gated_mlp=not nemotron, norm="layernorm" if nemotron else "rms",
         rotary_dim=_rotary_dim(r, head_dim) if nemotron else 0,
         **_windows(r, layers),
+        # GPT-OSS: sinks on every attention, biased router and experts, its clamped SwiGLU
+        attention_sinks=oss, moe_bias=oss,
+        swiglu_limit=r.get_float("swiglu_limit", default=7.0) if oss else 0.0,
+        swiglu_alpha=r.get_float("swiglu_alpha", default=1.702) if oss else 1.702,
     )
 
 

@@ -44,6 +44,7 @@ KNOWN: dict[str, frozenset[str]] = {
                                        "decoder_sparse_step", "mlp_only_layers", "norm_topk_prob"},
     "mixtral": _LLAMA | {"sliding_window", "num_local_experts", "num_experts_per_tok"},
     "mistral": _LLAMA | {"sliding_window"},
+    "gpt_oss": _LLAMA | {"sliding_window", "num_local_experts", "num_experts_per_tok", "swiglu_limit", "swiglu_alpha"},
     "nemotron": (_LLAMA - {"rms_norm_eps"}) | {"norm_eps", "partial_rotary_factor", "mlp_bias"},
     "gpt2": frozenset({"n_embd", "hidden_size", "n_head", "num_attention_heads", "n_layer", "num_hidden_layers",
                        "n_inner", "n_positions", "max_position_embeddings", "n_ctx", "vocab_size", "activation_function",

@@ -64,6 +64,13 @@ class DecoderConfig:
     # the layers in `window_layers` attend to the last `sliding_window` keys only.
     sliding_window: int = 0
     window_layers: frozenset[int] = field(default_factory=frozenset)
+    # GPT-OSS: a learned sink logit per attention head (window_attention.py); biases on the
+    # router and the experts; its SwiGLU clamped (gate <= limit, |up| <= limit) as
+    # (up + 1) * gate * sigmoid(alpha * gate) when swiglu_limit > 0.
+    attention_sinks: bool = False
+    moe_bias: bool = False
+    swiglu_limit: float = 0.0
+    swiglu_alpha: float = 1.702
 
     def layer_window(self, i: int) -> int:
         """Keys a query of layer i attends to at most (0: every earlier key)."""

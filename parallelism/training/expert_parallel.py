@@ -116,12 +116,16 @@ def shard_experts(moe: MoE, *, tp_rank: int, tp: int, ep_rank: int, ep: int) -> 
         holder = getattr(moe.experts, name)
         lo, hi = chunk(holder.weight.shape[ffn_dim], tp, tp_rank)
         holder.weight = _narrowed(holder.weight, {0: experts, ffn_dim: (int(lo), int(hi))})
+        if holder.bias is not None:  # gate/up biases [E, F] split like their rows; down's [E, H] whole
+            holder.bias = _narrowed(holder.bias, {0: experts, **({1: (int(lo), int(hi))} if name != "down" else {})})
+    moe.experts.down_bias_share = 1.0 if tp_rank == 0 else 0.0
 
 
 def parallelize_moe(stage: nn.Module, *, tp_mesh: DeviceMesh | None, sequence_parallel: bool, ep_group, ep: int,
                     ep_rank: int) -> list[str]:
     """Shard every MoE layer of `stage` for the rank and give it a ParallelDispatch; returns
-    the names of the routers (replicated over tp: their gradients are partial sums there)."""
+    the names of the tensors replicated over tp whose gradients are partial sums there: the
+    routers' (and their biases) and the experts' down-projection biases (rank 0 adds them)."""
     tp = tp_mesh.size() if tp_mesh is not None else 1
     tp_rank = tp_mesh.get_local_rank() if tp_mesh is not None else 0
     routers = []
@@ -130,4 +134,6 @@ def parallelize_moe(stage: nn.Module, *, tp_mesh: DeviceMesh | None, sequence_pa
             shard_experts(module, tp_rank=tp_rank, tp=tp, ep_rank=ep_rank, ep=ep)
             module.dispatch = ParallelDispatch(tp_mesh, sequence_parallel, ep_group, ep)
             routers.append(f"{name}.router.weight")
+            if module.router.bias is not None:
+                routers += [f"{name}.router.bias", f"{name}.experts.down.bias"]
     return routers

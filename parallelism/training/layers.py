@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from parallelism.layout.model_config import DecoderConfig, RopeScaling
-from parallelism.training.moe import MoE
+from parallelism.training.moe import MoE, clamped_swiglu
 from parallelism.training.window_attention import window_attention
 
 Factory = dict[str, Any]  # {"device": ..., "dtype": ...}: passed to every parameter's constructor
@@ -97,7 +97,7 @@ class Attention(nn.Module):
 
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, fk: Factory, *, qkv_bias: bool,
                  o_bias: bool, qk_norm: bool = False, causal: bool = True, eps: float = NORM_EPS,
-                 window: int = 0) -> None:
+                 window: int = 0, sinks: bool = False) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim, self.causal = heads, kv_heads, head_dim, causal
         self.window = window  # a causal sliding window of this many keys (0: none)
@@ -108,6 +108,9 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(head_dim, fk, eps) if qk_norm else None
         self.k_norm = RMSNorm(head_dim, fk, eps) if qk_norm else None
         self.o = nn.Linear(heads * head_dim, hidden, bias=o_bias, **fk)
+        # GPT-OSS: a learned logit per query head in every softmax's denominator (under tp the
+        # rank's heads' slice: parallel.tp_plan shards it with the heads)
+        self.sinks = nn.Parameter(torch.empty(heads, **fk)) if sinks else None
         # Context parallelism: a ContextShard (parallelism/training/context_parallel.py) whose
         # attend() gathers the sequence's keys and values; None attends over x alone.
         self.context = None
@@ -123,7 +126,10 @@ class Attention(nn.Module):
         if rope is not None:
             q, k = apply_rope(q, rope), apply_rope(k, rope)
         gqa = self.kv_heads != self.heads
-        if self.window and self.window < k.shape[2]:  # shorter sequences: the window holds every key
+        if self.sinks is not None:
+            sinks = self.sinks.to_local() if hasattr(self.sinks, "to_local") else self.sinks
+            out = window_attention(q, k, v, self.window if self.window < k.shape[2] else 0, sinks)
+        elif self.window and self.window < k.shape[2]:  # shorter sequences: the window holds every key
             out = window_attention(q, k, v, self.window)
         elif self.context is not None:
             out = self.context.attend(q, k, v, causal=self.causal, enable_gqa=gqa)
@@ -178,13 +184,15 @@ class LlamaBlock(nn.Module):
         super().__init__()
         self.attn_norm = decoder_norm(c, fk)
         self.attn = Attention(c.hidden, c.heads, c.kv_heads, c.head_dim, fk, qkv_bias=c.qkv_bias,
-                              o_bias=c.o_bias, qk_norm=c.qk_norm, eps=c.norm_eps, window=c.layer_window(index))
+                              o_bias=c.o_bias, qk_norm=c.qk_norm, eps=c.norm_eps, window=c.layer_window(index),
+                              sinks=c.attention_sinks)
         self.mlp_norm = decoder_norm(c, fk)
         moe = c.is_moe_layer(index)  # MoE layers hold `moe.*` and no `mlp.*`, as the catalog names them
         act = c.hidden_act or "silu"
         self.mlp = None if moe else SwiGLU(c.hidden, c.ffn, fk, bias=c.mlp_bias, act=act, gated=c.gated_mlp)
+        glu = clamped_swiglu(c.swiglu_limit, c.swiglu_alpha) if c.swiglu_limit else None
         self.moe = (MoE(c.hidden, c.moe_ffn, c.experts, c.top_k, fk, norm_topk_prob=c.norm_topk_prob,
-                        act=activation(act)) if moe else None)
+                        act=activation(act), bias=c.moe_bias, glu=glu) if moe else None)
 
     def forward(self, x: Tensor, rope: Rope | None = None) -> Tensor:
         x = x + self.attn(self.attn_norm(x), rope)

@@ -18,11 +18,13 @@ from torch._subclasses.fake_tensor import is_fake
 
 
 class ExpertWeight(nn.Module):
-    """One stacked expert tensor as a module's `weight`, so its name reads `moe.experts.gate.weight`."""
+    """One stacked expert tensor as a module's `weight`, so its name reads `moe.experts.gate.weight`;
+    with `bias` its per-expert bias [E, out] (GPT-OSS's experts) as `moe.experts.gate.bias`."""
 
-    def __init__(self, shape: tuple[int, ...], fk: dict[str, Any]) -> None:
+    def __init__(self, shape: tuple[int, ...], fk: dict[str, Any], bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(shape, **fk))
+        self.bias = nn.Parameter(torch.empty(shape[:2], **fk)) if bias else None
 
 
 class Experts(nn.Module):
@@ -34,17 +36,37 @@ class Experts(nn.Module):
     """
 
     def __init__(self, experts: int, hidden: int, ffn: int, fk: dict[str, Any],
-                 act: Callable[[Tensor], Tensor] = F.silu) -> None:
+                 act: Callable[[Tensor], Tensor] = F.silu, *, bias: bool = False,
+                 glu: Callable[[Tensor, Tensor], Tensor] | None = None) -> None:
         super().__init__()
         self.act = act
-        self.gate = ExpertWeight((experts, ffn, hidden), fk)
-        self.up = ExpertWeight((experts, ffn, hidden), fk)
-        self.down = ExpertWeight((experts, hidden, ffn), fk)
+        self.glu = glu or (lambda gate, up: self.act(gate) * up)
+        self.gate = ExpertWeight((experts, ffn, hidden), fk, bias)
+        self.up = ExpertWeight((experts, ffn, hidden), fk, bias)
+        self.down = ExpertWeight((experts, hidden, ffn), fk, bias)
+        # The down projection's bias is added once: under tp every rank's output is a partial sum
+        # (expert_parallel.py), so only tp rank 0 adds it (its share, 1 or 0).
+        self.down_bias_share = 1.0
+
+    def _linear(self, x: Tensor, holder: ExpertWeight, expert: int) -> Tensor:
+        return F.linear(x, holder.weight[expert], None if holder.bias is None else holder.bias[expert])
 
     def forward(self, x: Tensor, expert: int) -> Tensor:
         """Expert `expert` (this module's index) applied to the tokens x [n, H] routed to it."""
-        h = self.act(F.linear(x, self.gate.weight[expert])) * F.linear(x, self.up.weight[expert])
-        return F.linear(h, self.down.weight[expert])
+        h = self.glu(self._linear(x, self.gate, expert), self._linear(x, self.up, expert))
+        out = F.linear(h, self.down.weight[expert])
+        if self.down.bias is not None:
+            out = out + self.down.bias[expert] * self.down_bias_share
+        return out
+
+
+def clamped_swiglu(limit: float, alpha: float) -> Callable[[Tensor, Tensor], Tensor]:
+    """GPT-OSS's expert activation: (up + 1) * gate * sigmoid(alpha * gate), gate clamped from
+    above and up from both sides at `limit`."""
+    def glu(gate: Tensor, up: Tensor) -> Tensor:
+        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+    return glu
 
 
 def run_grouped(experts: Experts, x: Tensor, counts: list[int]) -> Tensor:
@@ -95,13 +117,14 @@ class MoE(nn.Module):
     """
 
     def __init__(self, hidden: int, ffn: int, experts: int, top_k: int, fk: dict[str, Any], *,
-                 norm_topk_prob: bool = True, act: Callable[[Tensor], Tensor] = F.silu) -> None:
+                 norm_topk_prob: bool = True, act: Callable[[Tensor], Tensor] = F.silu, bias: bool = False,
+                 glu: Callable[[Tensor, Tensor], Tensor] | None = None) -> None:
         super().__init__()
         if not 1 <= top_k <= experts:
             raise ValueError(f"MoE needs 1 <= top_k <= experts, got top_k={top_k}, experts={experts}")
         self.num_experts, self.top_k, self.norm_topk_prob = experts, top_k, norm_topk_prob
-        self.router = nn.Linear(hidden, experts, bias=False, **fk)
-        self.experts = Experts(experts, hidden, ffn, fk, act)
+        self.router = nn.Linear(hidden, experts, bias=bias, **fk)
+        self.experts = Experts(experts, hidden, ffn, fk, act, bias=bias, glu=glu)
         self.dispatch: Any = LocalDispatch()
 
     def route(self, flat: Tensor) -> tuple[Tensor, Tensor]:

@@ -37,7 +37,7 @@ from parallelism.engine.shards import DTYPES, Key, LocalShard, box_shape, rank_b
 from parallelism.engine.zero_pages import untouched_zeros
 from parallelism.layout.model_request import ModelConfig, NamesAModel, resolved_field
 from parallelism.layout.placement import Placement, place
-from parallelism.layout.shards import b_dim
+from parallelism.layout.shards import b_dim, chunk
 from parallelism.layout.spec import DEFAULT_MODULE, ModuleLayout
 from parallelism.layout.tensors import STATES
 from parallelism.training.context_parallel import ContextShard, context_group, parallelize_context, split_sequence
@@ -122,6 +122,9 @@ def check_trainable(config: TrainConfig, placement: Placement) -> None:
     if mc.encoder is not None:
         raise TrainingError(f"{config.model} is multimodal; the parallel trainer trains decoder-only models")
     check_interleaved(config, ml)
+    if ml.cp > 1 and mc.llm.attention_sinks:
+        raise TrainingError(f"{config.model}: attention sinks with context parallelism (cp={ml.cp}) are not "
+                            "trained: each chunk's softmax would count the sink once")
     window = mc.llm.sliding_window if mc.llm.window_layers else 0
     if ml.cp > 1 and 0 < window < config.seq_len:
         raise TrainingError(f"{config.model}: sliding-window attention ({window} keys) with context parallelism "
@@ -292,6 +295,17 @@ def tp_plan(stage: DecoderStage, sequence_parallel: bool = False, kv_units: int 
     return plan
 
 
+def shard_sinks(stage: nn.Module, tp: int, tp_rank: int) -> None:
+    """Keep each attention's sink logits of the rank's query heads (a plain parameter: the
+    heads' slice is the rank's own, its gradient needs no sum over tp)."""
+    for module in stage.modules():
+        sinks = getattr(module, "sinks", None)
+        if isinstance(sinks, nn.Parameter):
+            lo, hi = chunk(sinks.shape[0], tp, tp_rank)
+            module.sinks = nn.Parameter(sinks.detach().narrow(0, int(lo), int(hi - lo)).clone(),
+                                        requires_grad=sinks.requires_grad)
+
+
 def _local(p: Tensor) -> Tensor:
     return p.to_local() if isinstance(p, DTensor) else p
 
@@ -351,6 +365,7 @@ class ParallelTrainer:
         if self.ml.tp > 1:
             parallelize_module(self.stage, self.meshes.tp,
                                tp_plan(self.stage, sequence_parallel, replicated_units(self.placement)))
+            shard_sinks(self.stage, self.ml.tp, self.tp_rank)
         # MoE layers: experts sharded over tp and ep, tokens sent to their owners (expert_parallel.py).
         self.routers: list[str] = []
         if config.model_config.llm.experts and (self.ml.tp > 1 or self.ml.ep > 1):
