@@ -316,14 +316,20 @@ def main(argv: list[str] | None = None) -> int:
     runs = list(RUNS) + ([] if args.no_sensitivity else list(SENSITIVITY))
     if args.only:
         runs = [r for r in runs if any(o in r.name for o in args.only)]
+    return report(runs, not args.no_cache, args.json, lambda row: (
+        f"published {row['published_tflops']:.0f}, predicted {row['predicted_tflops']:.1f} TFLOP/s/GPU "
+        f"({row['error']:+.1%}), step {row['predicted_step_seconds']:.2f} s (published "
+        f"{row['published_step_seconds']:.2f} s)"))
+
+
+def report(runs, use_cache: bool, json_path: str | None, progress_line) -> int:
+    """Emulate `runs`, print one progress line each (stderr), the table of the main rows, the
+    sensitivity rows apart, the per-source summary; write every row to `json_path` if given."""
     rows = []
     for run in runs:
-        row = predict(run, use_cache=not args.no_cache)
+        row = predict(run, use_cache=use_cache)
         rows.append(row)
-        print(f"{run.name}: published {row['published_tflops']:.0f}, predicted {row['predicted_tflops']:.1f} "
-              f"TFLOP/s/GPU ({row['error']:+.1%}), step {row['predicted_step_seconds']:.2f} s "
-              f"(published {row['published_step_seconds']:.2f} s) [{row['wall_seconds']:.0f} s]",
-              file=sys.stderr, flush=True)
+        print(f"{run.name}: {progress_line(row)} [{row['wall_seconds']:.0f} s]", file=sys.stderr, flush=True)
     main_rows = [r for r in rows if "sensitivity" not in r["notes"]]
     print(table(main_rows))
     extra = [r for r in rows if "sensitivity" in r["notes"]]
@@ -333,8 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for line in summary(main_rows):
         print(line)
-    if args.json:
-        with open(args.json, "w") as f:
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump(rows, f, indent=2)
     return 0
 

@@ -27,10 +27,9 @@ activation recompute (the tables give none), FP8 with delayed scaling where NeMo
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from benchmarks.emulator_published import PublishedRun, predict, summary, table
+from benchmarks.emulator_published import PublishedRun, report
 
 DGXC = ("NVIDIA DGX Cloud Benchmarking recipes v25.04.01 (github.com/NVIDIA/dgxc-benchmarking @85380ff, NeMo "
         "25.02.01), Expected Performance tables: training step time, 2025")
@@ -106,27 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)
     runs = [r for r in RUNS + SENSITIVITY if not args.only or any(o in r.name for o in args.only)]
-    rows = []
-    for run in runs:
-        row = predict(run, use_cache=not args.no_cache)
-        rows.append(row)
-        print(f"{run.name}: step {row['predicted_step_seconds']:.2f} s predicted, {row['published_step_seconds']:.2f} s "
-              f"published ({row['error']:+.1%}), peak {row['peak_gib']:.1f} GiB [{row['wall_seconds']:.0f} s]",
-              file=sys.stderr, flush=True)
-    main_rows = [r for r in rows if "sensitivity" not in r["notes"]]
-    print(table(main_rows))
-    extra = [r for r in rows if "sensitivity" in r["notes"]]
-    if extra:
-        print("\nSensitivity (not in the means):\n")
-        print(table(extra))
-    print()
-    for line in summary(main_rows):
-        print(line)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
-    return 0
-
+    return report(runs, not args.no_cache, args.json, lambda row: (
+        f"step {row['predicted_step_seconds']:.2f} s predicted, {row['published_step_seconds']:.2f} s published "
+        f"({row['error']:+.1%}), peak {row['peak_gib']:.1f} GiB"))
 
 if __name__ == "__main__":
     sys.exit(main())

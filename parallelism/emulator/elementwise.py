@@ -46,19 +46,21 @@ FUSED_NORM = "fused_final_norm"
 
 @dataclasses.dataclass(frozen=True)
 class LayerShape:
-    """The widths of a dense decoder layer (before tp) and how its MLP runs."""
+    """A decoder's widths (before tp), how its MLP runs, its vocabulary and experts: what the
+    stack's fused kernels (here) and its memory (stack_memory.py) are sized by."""
 
     hidden: int
     q_width: int
     kv_width: int
     ffn: int
     gated: bool
+    vocab: int = 0
     experts: int = 0
 
     @classmethod
     def of(cls, llm) -> "LayerShape":
         return cls(llm.hidden, llm.heads * llm.head_dim, llm.kv_heads * llm.head_dim, llm.ffn, llm.gated_mlp,
-                   llm.experts)
+                   llm.vocab, llm.experts)
 
 
 def with_elementwise(trace: Trace, mode: str, layer: LayerShape, sequence_parallel: bool = False) -> Trace:

@@ -29,7 +29,7 @@ from parallelism.emulator.param_gather import PARAM_GATHERS, with_param_gather
 from parallelism.emulator.pipeline_p2p import PIPELINE_P2PS, with_pipeline_p2p
 from parallelism.emulator.elementwise import ELEMENTWISE, LayerShape, with_elementwise
 from parallelism.emulator.precision import FP8_CASTS, FP8_SCALINGS, PRECISIONS, Dims, with_precision
-from parallelism.emulator.stack_memory import MEMORY_MODELS, DecoderWidths, with_stack_memory
+from parallelism.emulator.stack_memory import MEMORY_MODELS, with_stack_memory
 from parallelism.emulator.stacks import STACKS, stack_defaults
 from parallelism.emulator.metrics import (hardware_tflops_per_gpu, mfu, model_flops_per_token, model_tflops_per_gpu,
                                      module_flops, tokens_per_second)
@@ -302,10 +302,10 @@ def as_run(traced: Trace, request: EmulateRequest) -> Trace:
     no-op at the program's own default)."""
     traced = with_precision(traced, request.precision, Dims.of(request.model_config.llm), request.fp8_scaling,
                             request.gpus_per_node, request.fp8_casts)
-    traced = with_elementwise(traced, request.elementwise, LayerShape.of(request.model_config.llm),
-                              request.sequence_parallel)
-    traced = with_stack_memory(traced, request.memory_model, DecoderWidths.of(request.model_config.llm),
-                               request.sequence_parallel, fp8=request.precision == "fp8")
+    layer = LayerShape.of(request.model_config.llm)
+    traced = with_elementwise(traced, request.elementwise, layer, request.sequence_parallel)
+    traced = with_stack_memory(traced, request.memory_model, layer, request.sequence_parallel,
+                               fp8=request.precision == "fp8")
     traced = with_hidden_dropout(traced, request.hidden_dropout, request.sequence_parallel)
     traced = with_attention(traced, request.attention, request.attention_dropout)
     traced = with_grad_accumulation(traced, request.grad_accumulation)

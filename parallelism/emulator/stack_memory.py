@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from parallelism.emulator.elementwise import LayerShape
 from parallelism.emulator.errors import EmulatorError, require
 from parallelism.emulator.trace import ComputeOp, StageTrace, Trace
 from parallelism.emulator.trace_edit import each_stage
@@ -44,26 +45,7 @@ from parallelism.emulator.trace_edit import each_stage
 MEMORY_MODELS = ("program", "megatron-core")
 
 
-@dataclasses.dataclass(frozen=True)
-class DecoderWidths:
-    """A dense decoder's widths (before tp) and vocabulary."""
-
-    hidden: int
-    q_width: int
-    kv_width: int
-    ffn: int
-    gated: bool
-    vocab: int
-
-    experts: int = 0
-
-    @classmethod
-    def of(cls, llm) -> "DecoderWidths":
-        return cls(llm.hidden, llm.heads * llm.head_dim, llm.kv_heads * llm.head_dim, llm.ffn, llm.gated_mlp,
-                   llm.vocab, llm.experts)
-
-
-def layer_activation_bytes(w: DecoderWidths, tp: int, tokens: int, stream: int, fp8: bool = False) -> float:
+def layer_activation_bytes(w: LayerShape, tp: int, tokens: int, stream: int, fp8: bool = False) -> float:
     """Bytes one Megatron-Core layer keeps for its backward (the module docstring)."""
     h, q, kv, f = w.hidden, w.q_width / tp, w.kv_width / tp, w.ffn / tp
     gemm_input = 1 if fp8 else 2
@@ -73,13 +55,13 @@ def layer_activation_bytes(w: DecoderWidths, tp: int, tokens: int, stream: int, 
     return norms + attention + mlp
 
 
-def transient_bytes(w: DecoderWidths, tp: int, tokens: int) -> float:
+def transient_bytes(w: LayerShape, tp: int, tokens: int) -> float:
     """A layer's transient at the peak, forward and backward (the module docstring)."""
     f_out = (2 if w.gated else 1) * w.ffn / tp
     return 2 * (2 * tokens * w.hidden + 2 * tokens * max(f_out, (w.q_width + 2 * w.kv_width) / tp))
 
 
-def with_stack_memory(trace: Trace, model: str, widths: DecoderWidths, sequence_parallel: bool = False,
+def with_stack_memory(trace: Trace, model: str, widths: LayerShape, sequence_parallel: bool = False,
                       fp8: bool = False) -> Trace:
     require(model in MEMORY_MODELS, f"memory model={model!r} not in {MEMORY_MODELS}")
     if model == "program":
